@@ -1,0 +1,1 @@
+//! Intentionally empty: the models live in tests/.

@@ -1,0 +1,13 @@
+//! Build information recorded by build.rs: version, git revision, profile.
+
+/// Crate version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Git revision the binary was built from ("unknown" outside a git checkout).
+pub const GIT_REVISION: &str = env!("ABE_GIT_REVISION");
+/// Cargo profile ("debug" or "release").
+pub const PROFILE: &str = env!("ABE_BUILD_PROFILE");
+
+/// One line for `abe --version`.
+pub fn version_line() -> String {
+    format!("{VERSION} (git {GIT_REVISION}, {PROFILE} build)")
+}

@@ -1,0 +1,690 @@
+//! The sans-IO scheduling core: admission, per-class queues, flush decisions, batch
+//! formation, worker selection, circuit breaking and outcome accounting.
+//!
+//! Driven from outside with the current time (`admit`, `poll`, `complete`), it is the same
+//! code under the live runtime and the virtual-time simulator. It must never read a clock,
+//! spawn or block, do I/O, or allocate after [`Core::new`]; `tests/no_alloc.rs` holds it to
+//! that.
+
+pub mod balancer;
+pub mod circuit;
+pub mod pool;
+pub mod request;
+pub mod settings;
+pub mod stats;
+pub mod strategy;
+pub mod table;
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use balancer::Balancer;
+use pool::WorkerView;
+pub use request::{
+    Kind, Nanos, Priority, RequestMeta, Ticket, BUCKET_COUNT, BUCKET_LABELS, CLASS_COUNT,
+};
+pub use settings::CoreConfig;
+use stats::LatencyWindow;
+pub use stats::{CoreStats, FlushReason};
+use strategy::StrategyKind;
+use table::{Fifo, RequestTable};
+
+/// Why a request was refused at admission. Nothing was queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Reject {
+    #[error("the request queue is full ({capacity} requests queued or in flight); retry later")]
+    QueueFull { capacity: usize },
+    #[error("the server is shutting down and no longer accepts requests")]
+    ShuttingDown,
+}
+
+/// Why an admitted request ended in an error instead of a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FailReason {
+    #[error("request waited in the queue past its deadline: no worker could take it")]
+    QueueTimeout,
+    #[error("the worker did not answer within the batch timeout")]
+    BatchTimeout,
+    #[error("the worker failed while processing the batch")]
+    WorkerError,
+    #[error("the request was cancelled by the client")]
+    Cancelled,
+    #[error("the server shut down before the request could be served")]
+    Aborted,
+}
+
+/// Identifies one batch handed to a worker (an index into the core's batch slots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BatchId(pub u32);
+
+/// What the driver must do after `poll`.
+#[derive(Debug)]
+pub enum Action<'a> {
+    /// Hand these requests, as one batch, to `worker`.
+    Dispatch {
+        worker: usize,
+        batch: BatchId,
+        reason: FlushReason,
+        tickets: &'a [Ticket],
+    },
+    /// Answer this request with an error now; the core has forgotten it.
+    Fail { ticket: Ticket, reason: FailReason },
+}
+
+/// How a worker finished a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchOutcome {
+    Ok,
+    Failed,
+}
+
+/// What `complete` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// The batch's requests are finished now: answer each of them (with the result on
+    /// success, with [`FailReason::WorkerError`] on failure).
+    Deliver,
+    /// The batch had already timed out and its requests were answered; drop the results.
+    Stale,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BatchState {
+    Free,
+    InFlight,
+    /// Timed out: its requests were failed, the worker still holds it.
+    Abandoned,
+}
+
+/// One batch slot. `tickets` has capacity `max_batch_size`, reserved in `new`.
+struct BatchSlot {
+    tickets: Vec<Ticket>,
+    worker: u32,
+    dispatched_at_ns: Nanos,
+    state: BatchState,
+}
+
+/// The scheduler. See the module docs for the rules it lives by.
+pub struct Core {
+    cfg: CoreConfig,
+    table: RequestTable,
+    /// One FIFO per (priority x bucket), indexed by [`request::class_index`].
+    queues: [Fifo; CLASS_COUNT],
+    /// Requests in all queues.
+    queued: usize,
+    strategy: StrategyKind,
+    workers: Vec<WorkerView>,
+    balancer: Balancer,
+    rng: SmallRng,
+    batches: Vec<BatchSlot>,
+    /// Stack of free batch slot indices.
+    free_batches: Vec<u32>,
+    in_flight_batches: usize,
+    stats: CoreStats,
+    latencies: LatencyWindow,
+    p99_refreshed_at_ns: Nanos,
+    draining: bool,
+}
+
+impl Core {
+    /// Builds a core; every table and buffer it will ever use is allocated here.
+    pub fn new(cfg: CoreConfig) -> Core {
+        assert!(cfg.workers > 0, "a core needs at least one worker");
+        assert!(cfg.max_batch_size > 0, "max_batch_size must be at least 1");
+        let max_inflight = cfg.max_inflight_per_worker.max(1);
+        // Batch slots: one per batch any worker may hold at once.
+        let slot_count = cfg.workers * max_inflight as usize;
+        let batches = (0..slot_count)
+            .map(|_| BatchSlot {
+                tickets: Vec::with_capacity(cfg.max_batch_size),
+                worker: 0,
+                dispatched_at_ns: 0,
+                state: BatchState::Free,
+            })
+            .collect();
+        let free_batches = (0..slot_count as u32).rev().collect();
+        Core {
+            table: RequestTable::new(cfg.queue_capacity),
+            queues: [Fifo::default(); CLASS_COUNT],
+            queued: 0,
+            strategy: cfg.strategy,
+            workers: vec![WorkerView::default(); cfg.workers],
+            balancer: Balancer::new(cfg.balancer),
+            rng: SmallRng::seed_from_u64(cfg.seed),
+            batches,
+            free_batches,
+            in_flight_batches: 0,
+            stats: CoreStats::default(),
+            latencies: LatencyWindow::new(cfg.latency_window),
+            p99_refreshed_at_ns: 0,
+            draining: false,
+            cfg: CoreConfig {
+                max_inflight_per_worker: max_inflight,
+                ..cfg
+            },
+        }
+    }
+
+    /// The configuration the core runs with.
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    /// Queues a request. On success the ticket identifies it until its final answer.
+    pub fn admit(&mut self, _now: Nanos, meta: RequestMeta) -> Result<Ticket, Reject> {
+        if self.draining {
+            self.stats.rejected_draining += 1;
+            return Err(Reject::ShuttingDown);
+        }
+        let Some(ticket) = self.table.insert(meta) else {
+            self.stats.rejected_full += 1;
+            return Err(Reject::QueueFull {
+                capacity: self.table.capacity(),
+            });
+        };
+        self.queues[meta.class()].push_back(&mut self.table, ticket.index);
+        self.queued += 1;
+        self.stats.admitted += 1;
+        Ok(ticket)
+    }
+
+    /// Removes a still-queued request (client went away). Returns false when the request is
+    /// unknown or already dispatched (its batch will still complete; the driver drops the
+    /// answer).
+    pub fn cancel(&mut self, ticket: Ticket) -> bool {
+        if !self.table.is_live(ticket) || self.table.state(ticket.index) != table::SlotState::Queued
+        {
+            return false;
+        }
+        let class = self.table.meta(ticket.index).class();
+        self.queues[class].unlink(&mut self.table, ticket.index);
+        self.queued -= 1;
+        self.table.remove(ticket);
+        self.stats.failed += 1;
+        self.stats.cancelled += 1;
+        true
+    }
+
+    /// Switches strategy. Queues are untouched, so nothing queued is lost or reordered.
+    pub fn set_strategy(&mut self, kind: StrategyKind) {
+        self.strategy = kind;
+    }
+
+    /// The strategy in force.
+    pub fn strategy(&self) -> StrategyKind {
+        self.strategy
+    }
+
+    /// Stops admitting; from now on every queued request is flushed as soon as a worker can
+    /// take it (reason `drain`).
+    pub fn begin_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// True once `begin_drain` was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Nothing queued and no batch out (abandoned batches included).
+    pub fn is_idle(&self) -> bool {
+        self.queued == 0 && self.in_flight_batches == 0
+    }
+
+    /// Requests queued (not yet dispatched).
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    /// Requests queued in class `class` (priority x bucket).
+    pub fn queued_in_class(&self, class: usize) -> usize {
+        self.queues[class].len()
+    }
+
+    /// Requests admitted and not yet answered.
+    pub fn live_requests(&self) -> usize {
+        self.table.live()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &CoreStats {
+        &self.stats
+    }
+
+    /// The workers as the core sees them.
+    pub fn workers(&self) -> &[WorkerView] {
+        &self.workers
+    }
+
+    /// The observed p99 latency as last refreshed, in ns.
+    pub fn observed_p99_ns(&self) -> Option<Nanos> {
+        self.latencies.p99()
+    }
+
+    /// Metadata of a live request.
+    pub fn meta(&self, ticket: Ticket) -> Option<&RequestMeta> {
+        self.table
+            .is_live(ticket)
+            .then(|| self.table.meta(ticket.index))
+    }
+
+    /// The tickets of an in-flight batch.
+    pub fn batch_tickets(&self, batch: BatchId) -> &[Ticket] {
+        &self.batches[batch.0 as usize].tickets
+    }
+
+    /// Fails every queued request and abandons every in-flight batch with
+    /// [`FailReason::Aborted`] (shutdown deadline passed). Workers still return their
+    /// batches through `complete`, which then reports them stale.
+    pub fn abort_all(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) {
+        self.draining = true;
+        for class in 0..CLASS_COUNT {
+            while let Some(index) = self.queues[class].pop_front(&mut self.table) {
+                self.queued -= 1;
+                let ticket = self.table.ticket_at(index);
+                self.table.remove(ticket);
+                self.stats.failed += 1;
+                self.stats.aborted += 1;
+                out(Action::Fail {
+                    ticket,
+                    reason: FailReason::Aborted,
+                });
+            }
+        }
+        for b in 0..self.batches.len() {
+            if self.batches[b].state == BatchState::InFlight {
+                self.abandon(b, now, FailReason::Aborted, out);
+            }
+        }
+    }
+
+    /// Runs the scheduler at `now`: fails expired work, releases every batch that is due and
+    /// has a worker, and returns the next instant it needs to run again by itself (`None`:
+    /// only an admission or a completion can change anything).
+    pub fn poll(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) -> Option<Nanos> {
+        self.expire_queued(now, out);
+        self.expire_batches(now, out);
+        if self.strategy == StrategyKind::LatencyAware
+            && now.saturating_sub(self.p99_refreshed_at_ns) >= self.cfg.p99_refresh_ns
+        {
+            self.latencies.refresh();
+            self.p99_refreshed_at_ns = now;
+        }
+        while let Some((group, reason)) = self.due_group(now) {
+            let Some(worker) = self.pick_worker(now) else {
+                break;
+            };
+            self.dispatch(now, group, reason, worker, out);
+        }
+        self.next_deadline(now)
+    }
+
+    /// A worker returned `batch`. On [`Completion::Deliver`] the driver answers every request
+    /// of the batch (`batch_tickets` lists them until the next `poll`/`admit`).
+    pub fn complete(&mut self, now: Nanos, batch: BatchId, outcome: BatchOutcome) -> Completion {
+        let b = batch.0 as usize;
+        let worker = self.batches[b].worker as usize;
+        let state = self.batches[b].state;
+        assert_ne!(
+            state,
+            BatchState::Free,
+            "complete for a batch not out: {batch:?}"
+        );
+        self.workers[worker].on_return(now);
+        self.in_flight_batches -= 1;
+        self.batches[b].state = BatchState::Free;
+        self.free_batches.push(batch.0);
+        if state == BatchState::Abandoned {
+            // Already failed and counted against the worker when it timed out.
+            return Completion::Stale;
+        }
+        let circuit = self.cfg.circuit;
+        match outcome {
+            BatchOutcome::Ok => {
+                self.workers[worker].circuit.record_success();
+                self.workers[worker].batches_ok += 1;
+            }
+            BatchOutcome::Failed => {
+                self.workers[worker].circuit.record_failure(now, &circuit);
+                self.workers[worker].batches_failed += 1;
+            }
+        }
+        for i in 0..self.batches[b].tickets.len() {
+            let ticket = self.batches[b].tickets[i];
+            let arrival = self.table.meta(ticket.index).arrival_ns;
+            self.table.remove(ticket);
+            match outcome {
+                BatchOutcome::Ok => {
+                    self.stats.completed += 1;
+                    self.latencies.record(now.saturating_sub(arrival));
+                }
+                BatchOutcome::Failed => {
+                    self.stats.failed += 1;
+                    self.stats.worker_errors += 1;
+                }
+            }
+        }
+        Completion::Deliver
+    }
+
+    // ---- internals -------------------------------------------------------------------
+
+    fn expire_queued(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) {
+        if self.queued == 0 {
+            return;
+        }
+        let limit = self.cfg.request_timeout_ns;
+        for class in 0..CLASS_COUNT {
+            while let Some(index) = self.queues[class].front() {
+                if now.saturating_sub(self.table.meta(index).arrival_ns) < limit {
+                    break;
+                }
+                self.queues[class].unlink(&mut self.table, index);
+                self.queued -= 1;
+                let ticket = self.table.ticket_at(index);
+                self.table.remove(ticket);
+                self.stats.failed += 1;
+                self.stats.expired += 1;
+                out(Action::Fail {
+                    ticket,
+                    reason: FailReason::QueueTimeout,
+                });
+            }
+        }
+    }
+
+    fn expire_batches(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) {
+        if self.in_flight_batches == 0 {
+            return;
+        }
+        for b in 0..self.batches.len() {
+            let slot = &self.batches[b];
+            if slot.state == BatchState::InFlight
+                && now.saturating_sub(slot.dispatched_at_ns) >= self.cfg.batch_timeout_ns
+            {
+                self.abandon(b, now, FailReason::BatchTimeout, out);
+            }
+        }
+    }
+
+    /// Fails every request of in-flight batch `b`; the slot stays taken until the worker
+    /// returns it.
+    fn abandon(
+        &mut self,
+        b: usize,
+        now: Nanos,
+        reason: FailReason,
+        out: &mut impl FnMut(Action<'_>),
+    ) {
+        let worker = self.batches[b].worker as usize;
+        self.batches[b].state = BatchState::Abandoned;
+        if reason == FailReason::BatchTimeout {
+            let circuit = self.cfg.circuit;
+            self.workers[worker].circuit.record_failure(now, &circuit);
+            self.workers[worker].batches_failed += 1;
+        }
+        for i in 0..self.batches[b].tickets.len() {
+            let ticket = self.batches[b].tickets[i];
+            self.table.remove(ticket);
+            self.stats.failed += 1;
+            match reason {
+                FailReason::BatchTimeout => self.stats.batch_timeouts += 1,
+                _ => self.stats.aborted += 1,
+            }
+            out(Action::Fail { ticket, reason });
+        }
+    }
+
+    /// Number of groups batches are formed from: one per bucket, or one for everything.
+    fn group_count(&self) -> usize {
+        if self.cfg.token_bucketing {
+            BUCKET_COUNT
+        } else {
+            1
+        }
+    }
+
+    /// The buckets of group `g`.
+    fn group_buckets(&self, g: usize) -> std::ops::Range<usize> {
+        if self.cfg.token_bucketing {
+            g..g + 1
+        } else {
+            0..BUCKET_COUNT
+        }
+    }
+
+    /// The strategy's flush timeout at the current queue depth, in ns.
+    fn strategy_timeout_ns(&self) -> Nanos {
+        let p99_ms = self.latencies.p99().map(|ns| ns as f64 / 1e6);
+        let ms = strategy::timeout_ms(
+            self.strategy,
+            &self.cfg.strategy_params,
+            self.queued,
+            p99_ms,
+        );
+        request::ms_to_nanos(ms)
+    }
+
+    /// The most urgent group that is due now, with why. Urgency: drain, critical, full,
+    /// max_wait, timeout, idle_worker; ties go to the group with the oldest request.
+    fn due_group(&mut self, now: Nanos) -> Option<(usize, FlushReason)> {
+        if self.queued == 0 {
+            return None;
+        }
+        let timeout_ns = self.strategy_timeout_ns();
+        let idle_worker = self.cfg.dispatch_when_idle && self.any_idle_worker(now);
+        let mut best: Option<(usize, FlushReason, u8, Nanos)> = None;
+        for g in 0..self.group_count() {
+            let mut len = 0usize;
+            let mut tokens = 0u64;
+            let mut oldest = Nanos::MAX;
+            let mut critical = false;
+            let mut max_wait_due = false;
+            for bucket in self.group_buckets(g) {
+                for p in Priority::HIGHEST_FIRST {
+                    let q = &self.queues[request::class_index(p, bucket)];
+                    let Some(head) = q.front() else { continue };
+                    len += q.len();
+                    tokens += q.tokens();
+                    let arrival = self.table.meta(head).arrival_ns;
+                    oldest = oldest.min(arrival);
+                    critical |= p == Priority::Critical;
+                    let max_wait = request::ms_to_nanos(self.cfg.priority_max_wait_ms[p.index()]);
+                    max_wait_due |= now.saturating_sub(arrival) >= max_wait;
+                }
+            }
+            if len == 0 {
+                continue;
+            }
+            let reason = if self.draining {
+                FlushReason::Drain
+            } else if critical {
+                FlushReason::Critical
+            } else if len >= self.cfg.max_batch_size
+                || tokens >= u64::from(self.cfg.max_batch_tokens)
+            {
+                FlushReason::Full
+            } else if max_wait_due {
+                FlushReason::MaxWait
+            } else if now.saturating_sub(oldest) >= timeout_ns {
+                FlushReason::Timeout
+            } else if idle_worker {
+                FlushReason::IdleWorker
+            } else {
+                continue;
+            };
+            let rank = reason_rank(reason);
+            let better = match best {
+                None => true,
+                Some((_, _, r, o)) => rank < r || (rank == r && oldest < o),
+            };
+            if better {
+                best = Some((g, reason, rank, oldest));
+            }
+        }
+        best.map(|(g, reason, _, _)| (g, reason))
+    }
+
+    fn any_idle_worker(&mut self, now: Nanos) -> bool {
+        let circuit = self.cfg.circuit;
+        self.workers.iter_mut().any(|w| w.is_idle(now, &circuit))
+    }
+
+    fn pick_worker(&mut self, now: Nanos) -> Option<usize> {
+        let circuit = self.cfg.circuit;
+        let max = self.cfg.max_inflight_per_worker;
+        // Advance every circuit to `now` first, so the balancer sees current states.
+        for w in self.workers.iter_mut() {
+            w.circuit.state(now, &circuit);
+        }
+        let workers: &[WorkerView] = &self.workers;
+        self.balancer.pick(
+            workers.len(),
+            &mut self.rng,
+            |i| workers[i].pending < max && workers[i].circuit.allows_dispatch(),
+            |i| workers[i].pending,
+        )
+    }
+
+    /// Takes the batch for group `g` (highest priority first, FIFO within a priority, across
+    /// buckets by arrival when bucketing is off) and emits the dispatch.
+    fn dispatch(
+        &mut self,
+        now: Nanos,
+        g: usize,
+        reason: FlushReason,
+        worker: usize,
+        out: &mut impl FnMut(Action<'_>),
+    ) {
+        let slot = self
+            .free_batches
+            .pop()
+            .expect("a worker with room implies a free batch slot");
+        let b = slot as usize;
+        let mut tickets = std::mem::take(&mut self.batches[b].tickets);
+        tickets.clear();
+        let mut tokens = 0u64;
+        let max_tokens = u64::from(self.cfg.max_batch_tokens);
+        let buckets = self.group_buckets(g);
+        'fill: for p in Priority::HIGHEST_FIRST {
+            loop {
+                if tickets.len() >= self.cfg.max_batch_size {
+                    break 'fill;
+                }
+                // Oldest head among this priority's queues in the group.
+                let mut pick: Option<(usize, u32, Nanos)> = None;
+                for bucket in buckets.clone() {
+                    let class = request::class_index(p, bucket);
+                    if let Some(head) = self.queues[class].front() {
+                        let arrival = self.table.meta(head).arrival_ns;
+                        if pick.is_none_or(|(_, _, a)| arrival < a) {
+                            pick = Some((class, head, arrival));
+                        }
+                    }
+                }
+                let Some((class, index, arrival)) = pick else {
+                    break;
+                };
+                let t = u64::from(self.table.meta(index).tokens_estimated);
+                if !tickets.is_empty() && tokens + t > max_tokens {
+                    break 'fill;
+                }
+                self.queues[class].unlink(&mut self.table, index);
+                self.queued -= 1;
+                self.table.set_dispatched(index);
+                self.stats.queue_wait.record(now.saturating_sub(arrival));
+                tokens += t;
+                tickets.push(self.table.ticket_at(index));
+            }
+        }
+        debug_assert!(!tickets.is_empty(), "a due group has at least one request");
+        debug_assert!(
+            tickets.len() <= tickets.capacity(),
+            "batch buffer never grows"
+        );
+        self.stats.batches_formed += 1;
+        self.stats.batched_requests += tickets.len() as u64;
+        self.stats.flush_reasons[reason.index()] += 1;
+        self.workers[worker].on_dispatch(now);
+        self.in_flight_batches += 1;
+        let slot_ref = &mut self.batches[b];
+        slot_ref.tickets = tickets;
+        slot_ref.worker = worker as u32;
+        slot_ref.dispatched_at_ns = now;
+        slot_ref.state = BatchState::InFlight;
+        out(Action::Dispatch {
+            worker,
+            batch: BatchId(slot),
+            reason,
+            tickets: &self.batches[b].tickets,
+        });
+    }
+
+    /// The earliest instant at which some time-based rule fires.
+    fn next_deadline(&mut self, now: Nanos) -> Option<Nanos> {
+        let mut next = Nanos::MAX;
+        if self.queued > 0 {
+            let timeout_ns = self.strategy_timeout_ns();
+            let can_dispatch = {
+                let circuit = self.cfg.circuit;
+                let max = self.cfg.max_inflight_per_worker;
+                self.workers
+                    .iter_mut()
+                    .any(|w| w.can_take(now, max, &circuit))
+            };
+            for class in 0..CLASS_COUNT {
+                let Some(head) = self.queues[class].front() else {
+                    continue;
+                };
+                let arrival = self.table.meta(head).arrival_ns;
+                next = next.min(arrival.saturating_add(self.cfg.request_timeout_ns));
+                if can_dispatch {
+                    let p = Priority::from_index(class / BUCKET_COUNT);
+                    let max_wait = request::ms_to_nanos(self.cfg.priority_max_wait_ms[p.index()]);
+                    next = next.min(arrival.saturating_add(max_wait.min(timeout_ns)));
+                }
+            }
+            if !can_dispatch {
+                // Work waits for a worker: an open circuit reopening is an event too.
+                let circuit = self.cfg.circuit;
+                for w in &self.workers {
+                    if let Some(t) = w.circuit.reopens_at(&circuit) {
+                        next = next.min(t);
+                    }
+                }
+            }
+        }
+        if self.in_flight_batches > 0 {
+            for slot in &self.batches {
+                if slot.state == BatchState::InFlight {
+                    next = next.min(
+                        slot.dispatched_at_ns
+                            .saturating_add(self.cfg.batch_timeout_ns),
+                    );
+                }
+            }
+        }
+        if self.strategy == StrategyKind::LatencyAware && self.queued > 0 {
+            next = next.min(
+                self.p99_refreshed_at_ns
+                    .saturating_add(self.cfg.p99_refresh_ns),
+            );
+        }
+        (next != Nanos::MAX).then_some(next.max(now))
+    }
+}
+
+/// Lower is more urgent.
+fn reason_rank(r: FlushReason) -> u8 {
+    match r {
+        FlushReason::Drain => 0,
+        FlushReason::Critical => 1,
+        FlushReason::Full => 2,
+        FlushReason::MaxWait => 3,
+        FlushReason::Timeout => 4,
+        FlushReason::IdleWorker => 5,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,69 @@
+//! The core's own settings: plain numbers, already validated by `crate::config`.
+
+use super::balancer::BalancerKind;
+use super::circuit::CircuitParams;
+use super::request::{Nanos, Priority};
+use super::strategy::{StrategyKind, StrategyParams};
+
+/// Everything the scheduling core needs to be built. All sizes are fixed at `Core::new`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoreConfig {
+    /// Requests the table holds (queued + in flight). Spec default 10000.
+    pub queue_capacity: usize,
+    /// Most requests in one batch. Spec default 32.
+    pub max_batch_size: usize,
+    /// Most estimated tokens in one batch (a single larger request still goes alone).
+    pub max_batch_tokens: u32,
+    /// A batch holds requests of one token bucket only.
+    pub token_bucketing: bool,
+    /// Strategy in force at start.
+    pub strategy: StrategyKind,
+    /// Strategy parameters.
+    pub strategy_params: StrategyParams,
+    /// Per-priority max wait in ms, indexed by [`Priority::index`] (low, normal, high, critical).
+    pub priority_max_wait_ms: [f64; Priority::COUNT],
+    /// While a worker is idle, dispatch a non-empty queue at once.
+    pub dispatch_when_idle: bool,
+    /// A request still queued this long after arrival fails (no worker could take it).
+    pub request_timeout_ns: Nanos,
+    /// A dispatched batch not answered within this long fails and counts against its worker.
+    pub batch_timeout_ns: Nanos,
+    /// Number of workers.
+    pub workers: usize,
+    /// Batches one worker may hold at once (1 = the worker only gets a batch when idle).
+    pub max_inflight_per_worker: u32,
+    /// How batches are spread over workers.
+    pub balancer: BalancerKind,
+    /// Circuit breaker settings.
+    pub circuit: CircuitParams,
+    /// Latencies kept for the observed p99 (spec `percentile_window_size`).
+    pub latency_window: usize,
+    /// How often the observed p99 is recomputed, in ns (spec `collection_interval`).
+    pub p99_refresh_ns: Nanos,
+    /// Seed for the balancer's RNG.
+    pub seed: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            queue_capacity: 10_000,
+            max_batch_size: 32,
+            max_batch_tokens: 8192,
+            token_bucketing: true,
+            strategy: StrategyKind::QueueDepth,
+            strategy_params: StrategyParams::default(),
+            priority_max_wait_ms: [100.0, 50.0, 20.0, 5.0],
+            dispatch_when_idle: true,
+            request_timeout_ns: 30_000_000_000,
+            batch_timeout_ns: 60_000_000_000,
+            workers: 4,
+            max_inflight_per_worker: 1,
+            balancer: BalancerKind::LeastLoaded,
+            circuit: CircuitParams::default(),
+            latency_window: 1000,
+            p99_refresh_ns: 100_000_000,
+            seed: 0x00ab_e5eed,
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! Behaviour tests of the core, driven with explicit time (no sleeping).
+
+use super::strategy::StrategyKind;
+use super::*;
+
+const MS: Nanos = 1_000_000;
+
+/// What a poll produced, copied out of the borrowed actions.
+#[derive(Debug, Default)]
+struct Polled {
+    dispatches: Vec<(usize, BatchId, FlushReason, Vec<Ticket>)>,
+    fails: Vec<(Ticket, FailReason)>,
+    next: Option<Nanos>,
+}
+
+fn poll(core: &mut Core, now: Nanos) -> Polled {
+    let mut p = Polled::default();
+    p.next = core.poll(now, &mut |a| match a {
+        Action::Dispatch {
+            worker,
+            batch,
+            reason,
+            tickets,
+        } => p.dispatches.push((worker, batch, reason, tickets.to_vec())),
+        Action::Fail { ticket, reason } => p.fails.push((ticket, reason)),
+    });
+    p
+}
+
+fn cfg() -> CoreConfig {
+    CoreConfig {
+        workers: 1,
+        dispatch_when_idle: false,
+        ..CoreConfig::default()
+    }
+}
+
+fn req(p: Priority, tokens: u32, at: Nanos) -> RequestMeta {
+    let mut m = RequestMeta::new(p, Kind::Completion, 0, 0, at);
+    m.tokens_estimated = tokens;
+    m
+}
+
+fn normal(at: Nanos) -> RequestMeta {
+    req(Priority::Normal, 10, at)
+}
+
+#[test]
+fn admission_is_bounded_by_queue_capacity_and_refusal_is_counted() {
+    let mut core = Core::new(CoreConfig {
+        queue_capacity: 3,
+        ..cfg()
+    });
+    for _ in 0..3 {
+        core.admit(0, normal(0)).unwrap();
+    }
+    assert_eq!(
+        core.admit(0, normal(0)),
+        Err(Reject::QueueFull { capacity: 3 })
+    );
+    assert_eq!(core.stats().rejected_full, 1);
+    assert_eq!(core.queued(), 3);
+}
+
+#[test]
+fn an_idle_worker_takes_a_lone_request_at_once_when_dispatch_when_idle_is_on() {
+    let mut core = Core::new(CoreConfig {
+        dispatch_when_idle: true,
+        ..cfg()
+    });
+    let t = core.admit(0, normal(0)).unwrap();
+    let p = poll(&mut core, 0);
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].2, FlushReason::IdleWorker);
+    assert_eq!(p.dispatches[0].3, vec![t]);
+    // The worker is now busy: the next request waits for the strategy.
+    core.admit(MS, normal(MS)).unwrap();
+    let p = poll(&mut core, MS);
+    assert!(p.dispatches.is_empty());
+    assert!(p.next.is_some());
+}
+
+#[test]
+fn fixed_window_flushes_at_max_wait_ms_when_nothing_else_fires() {
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::Fixed,
+        strategy_params: strategy::StrategyParams {
+            max_wait_ms: 30.0,
+            ..Default::default()
+        },
+        ..cfg()
+    });
+    core.admit(0, req(Priority::Low, 10, 0)).unwrap();
+    let p = poll(&mut core, 0);
+    assert!(p.dispatches.is_empty());
+    assert_eq!(p.next, Some(30 * MS));
+    assert!(poll(&mut core, 30 * MS - 1).dispatches.is_empty());
+    let p = poll(&mut core, 30 * MS);
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].2, FlushReason::Timeout);
+}
+
+#[test]
+fn priority_max_wait_flushes_before_the_strategy_timeout() {
+    // Spec defaults: fixed window 100 ms, normal max wait 50 ms, high 20 ms.
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::Fixed,
+        ..cfg()
+    });
+    core.admit(0, req(Priority::High, 10, 0)).unwrap();
+    assert_eq!(poll(&mut core, 0).next, Some(20 * MS));
+    let p = poll(&mut core, 20 * MS);
+    assert_eq!(p.dispatches[0].2, FlushReason::MaxWait);
+
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::Fixed,
+        ..cfg()
+    });
+    core.admit(0, normal(0)).unwrap();
+    assert_eq!(poll(&mut core, 0).next, Some(50 * MS));
+    assert_eq!(
+        poll(&mut core, 50 * MS).dispatches[0].2,
+        FlushReason::MaxWait
+    );
+}
+
+#[test]
+fn a_full_batch_is_released_at_once_with_max_batch_size_requests() {
+    let mut core = Core::new(cfg());
+    let tickets: Vec<_> = (0..40).map(|i| core.admit(i, normal(i)).unwrap()).collect();
+    let p = poll(&mut core, 40);
+    assert_eq!(p.dispatches.len(), 1, "one worker, one batch");
+    let (_, _, reason, batch) = &p.dispatches[0];
+    assert_eq!(*reason, FlushReason::Full);
+    assert_eq!(batch.as_slice(), &tickets[..32], "FIFO, capped at 32");
+    assert_eq!(core.queued(), 8);
+}
+
+#[test]
+fn max_batch_tokens_caps_a_batch_but_an_oversized_request_still_goes_alone() {
+    let mut core = Core::new(CoreConfig {
+        max_batch_tokens: 100,
+        token_bucketing: false,
+        ..cfg()
+    });
+    core.admit(0, req(Priority::Normal, 60, 0)).unwrap();
+    core.admit(0, req(Priority::Normal, 60, 0)).unwrap();
+    let p = poll(&mut core, 0);
+    assert_eq!(p.dispatches[0].2, FlushReason::Full, "120 tokens >= 100");
+    assert_eq!(p.dispatches[0].3.len(), 1);
+
+    let mut core = Core::new(CoreConfig {
+        max_batch_tokens: 100,
+        dispatch_when_idle: true,
+        ..cfg()
+    });
+    core.admit(0, req(Priority::Normal, 5000, 0)).unwrap();
+    let p = poll(&mut core, 0);
+    assert_eq!(p.dispatches[0].3.len(), 1);
+}
+
+#[test]
+fn a_critical_request_flushes_its_batch_at_once_and_goes_first() {
+    let mut core = Core::new(cfg());
+    let low = core.admit(0, req(Priority::Low, 10, 0)).unwrap();
+    let normal_t = core.admit(1, normal(1)).unwrap();
+    let high = core.admit(2, req(Priority::High, 10, 2)).unwrap();
+    let crit = core.admit(3, req(Priority::Critical, 10, 3)).unwrap();
+    let p = poll(&mut core, 3);
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].2, FlushReason::Critical);
+    assert_eq!(p.dispatches[0].3, vec![crit, high, normal_t, low]);
+}
+
+#[test]
+fn token_bucketing_keeps_buckets_apart_and_off_mixes_them_by_arrival() {
+    let mut core = Core::new(CoreConfig {
+        workers: 2,
+        dispatch_when_idle: true,
+        ..cfg()
+    });
+    let short = core.admit(0, req(Priority::Normal, 100, 0)).unwrap();
+    let long = core.admit(1, req(Priority::Normal, 3000, 1)).unwrap();
+    let p = poll(&mut core, 1);
+    assert_eq!(p.dispatches.len(), 2);
+    assert_eq!(p.dispatches[0].3, vec![short]);
+    assert_eq!(p.dispatches[1].3, vec![long]);
+
+    let mut core = Core::new(CoreConfig {
+        workers: 2,
+        dispatch_when_idle: true,
+        token_bucketing: false,
+        ..cfg()
+    });
+    let short = core.admit(0, req(Priority::Normal, 100, 0)).unwrap();
+    let long = core.admit(1, req(Priority::Normal, 3000, 1)).unwrap();
+    let p = poll(&mut core, 1);
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].3, vec![short, long]);
+}
+
+#[test]
+fn queue_depth_strategy_shortens_the_wait_as_the_queue_grows() {
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::QueueDepth,
+        token_bucketing: false,
+        max_batch_size: 1000,
+        max_batch_tokens: 1_000_000,
+        ..cfg()
+    });
+    // Low priority (max wait 100 ms) so only the strategy decides.
+    for _ in 0..55 {
+        core.admit(0, req(Priority::Low, 1, 0)).unwrap();
+    }
+    // depth 55 -> 100 - 0.5 * 95 = 52.5 ms.
+    assert_eq!(poll(&mut core, 0).next, Some(52_500_000));
+    let p = poll(&mut core, 52_500_000);
+    assert_eq!(p.dispatches[0].2, FlushReason::Timeout);
+    assert_eq!(p.dispatches[0].3.len(), 55);
+}
+
+#[test]
+fn switching_strategy_with_a_full_queue_loses_nothing() {
+    let mut core = Core::new(CoreConfig {
+        workers: 2,
+        ..cfg()
+    });
+    let mut admitted = vec![];
+    for i in 0..100 {
+        admitted.push(core.admit(i, normal(i)).unwrap());
+    }
+    let mut seen = vec![];
+    let mut now = 100;
+    for (step, kind) in StrategyKind::ALL.iter().cycle().take(30).enumerate() {
+        core.set_strategy(*kind);
+        now += MS * step as u64;
+        let p = poll(&mut core, now);
+        for (_, batch, _, tickets) in p.dispatches {
+            seen.extend(tickets);
+            assert_eq!(
+                core.complete(now, batch, BatchOutcome::Ok),
+                Completion::Deliver
+            );
+        }
+    }
+    seen.sort_by_key(|t| t.as_u64());
+    admitted.sort_by_key(|t| t.as_u64());
+    assert_eq!(seen, admitted);
+    assert_eq!(core.stats().completed, 100);
+    assert!(core.is_idle());
+}
+
+#[test]
+fn with_no_worker_free_the_batch_waits_and_expires_at_the_request_deadline() {
+    let mut core = Core::new(CoreConfig {
+        request_timeout_ns: 500 * MS,
+        ..cfg()
+    });
+    let first: Vec<_> = (0..32).map(|_| core.admit(0, normal(0)).unwrap()).collect();
+    let p = poll(&mut core, 0);
+    let batch = p.dispatches[0].1;
+    let waiting = core.admit(MS, normal(MS)).unwrap();
+    // The worker is busy: the request waits past its max wait, nothing is dropped.
+    let p = poll(&mut core, 100 * MS);
+    assert!(p.dispatches.is_empty() && p.fails.is_empty());
+    assert_eq!(p.next, Some(501 * MS), "only the request deadline remains");
+    let p = poll(&mut core, 501 * MS);
+    assert_eq!(p.fails, vec![(waiting, FailReason::QueueTimeout)]);
+    assert_eq!(
+        core.complete(502 * MS, batch, BatchOutcome::Ok),
+        Completion::Deliver
+    );
+    assert_eq!(core.stats().completed as usize, first.len());
+    assert_eq!(core.stats().expired, 1);
+    assert!(core.is_idle());
+}
+
+#[test]
+fn a_failing_worker_opens_its_circuit_traffic_moves_and_it_recovers_after_thirty_seconds() {
+    let mut core = Core::new(CoreConfig {
+        workers: 2,
+        dispatch_when_idle: true,
+        balancer: balancer::BalancerKind::RoundRobin,
+        ..cfg()
+    });
+    let mut now = 0;
+    let mut served_by = [0usize; 2];
+    // Worker 0 fails everything; worker 1 succeeds.
+    for _ in 0..20 {
+        core.admit(now, normal(now)).unwrap();
+        let p = poll(&mut core, now);
+        for (w, b, _, _) in p.dispatches {
+            served_by[w] += 1;
+            let outcome = if w == 0 {
+                BatchOutcome::Failed
+            } else {
+                BatchOutcome::Ok
+            };
+            core.complete(now, b, outcome);
+        }
+        now += MS;
+    }
+    assert_eq!(served_by[0], 5, "open after 5 consecutive failures");
+    assert_eq!(served_by[1], 15);
+    assert_eq!(core.workers()[0].status(), pool::WorkerStatus::Unhealthy);
+    // Worker 0 failed last at 8 ms: 30 s later a single probe goes to it; it succeeds.
+    now = 8 * MS + 30_000 * MS;
+    let mut workers = vec![];
+    let mut batches = vec![];
+    for _ in 0..2 {
+        core.admit(now, normal(now)).unwrap();
+        for (w, b, _, _) in poll(&mut core, now).dispatches {
+            workers.push(w);
+            batches.push(b);
+        }
+    }
+    assert!(workers.contains(&0), "probe sent: {workers:?}");
+    for b in batches {
+        core.complete(now, b, BatchOutcome::Ok);
+    }
+    assert_eq!(core.workers()[0].status(), pool::WorkerStatus::Idle);
+}
+
+#[test]
+fn a_batch_past_its_timeout_fails_its_requests_once_and_the_late_result_is_stale() {
+    let mut core = Core::new(CoreConfig {
+        dispatch_when_idle: true,
+        batch_timeout_ns: 1000 * MS,
+        ..cfg()
+    });
+    let t = core.admit(0, normal(0)).unwrap();
+    let p = poll(&mut core, 0);
+    let batch = p.dispatches[0].1;
+    assert_eq!(p.next, Some(1000 * MS));
+    let p = poll(&mut core, 1000 * MS);
+    assert_eq!(p.fails, vec![(t, FailReason::BatchTimeout)]);
+    // The worker still holds the batch, so it cannot take another.
+    core.admit(1001 * MS, normal(1001 * MS)).unwrap();
+    assert!(poll(&mut core, 1001 * MS).dispatches.is_empty());
+    assert_eq!(
+        core.complete(2000 * MS, batch, BatchOutcome::Ok),
+        Completion::Stale
+    );
+    assert_eq!(poll(&mut core, 2000 * MS).dispatches.len(), 1);
+    assert_eq!(core.stats().batch_timeouts, 1);
+    assert_eq!(core.stats().completed, 0);
+}
+
+#[test]
+fn drain_refuses_new_work_and_flushes_everything_queued() {
+    let mut core = Core::new(cfg());
+    for i in 0..5 {
+        core.admit(i, req(Priority::Low, 10, i)).unwrap();
+    }
+    core.begin_drain();
+    assert_eq!(core.admit(5, normal(5)), Err(Reject::ShuttingDown));
+    let p = poll(&mut core, 5);
+    assert_eq!(p.dispatches[0].2, FlushReason::Drain);
+    assert_eq!(p.dispatches[0].3.len(), 5);
+    core.complete(6, p.dispatches[0].1, BatchOutcome::Ok);
+    assert!(core.is_idle());
+}
+
+#[test]
+fn abort_all_answers_queued_and_in_flight_requests_exactly_once() {
+    let mut core = Core::new(CoreConfig {
+        dispatch_when_idle: true,
+        ..cfg()
+    });
+    core.admit(0, normal(0)).unwrap();
+    let batch = poll(&mut core, 0).dispatches[0].1;
+    core.admit(0, normal(0)).unwrap();
+    core.admit(0, normal(0)).unwrap();
+    let mut fails = 0;
+    core.abort_all(1, &mut |a| {
+        if let Action::Fail { reason, .. } = a {
+            assert_eq!(reason, FailReason::Aborted);
+            fails += 1;
+        }
+    });
+    assert_eq!(fails, 3);
+    assert_eq!(core.complete(2, batch, BatchOutcome::Ok), Completion::Stale);
+    assert!(core.is_idle());
+    assert_eq!(core.live_requests(), 0);
+}
+
+#[test]
+fn cancel_removes_a_queued_request_only() {
+    let mut core = Core::new(CoreConfig {
+        dispatch_when_idle: true,
+        ..cfg()
+    });
+    let a = core.admit(0, normal(0)).unwrap();
+    poll(&mut core, 0);
+    let b = core.admit(0, normal(0)).unwrap();
+    assert!(!core.cancel(a), "already dispatched");
+    assert!(core.cancel(b));
+    assert!(!core.cancel(b), "only once");
+    assert_eq!(core.queued(), 0);
+    assert_eq!(core.stats().cancelled, 1);
+}
+
+#[test]
+fn latency_aware_shrinks_the_timeout_when_p99_is_over_target() {
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::LatencyAware,
+        strategy_params: strategy::StrategyParams {
+            target_p99_ms: 10.0,
+            ..Default::default()
+        },
+        dispatch_when_idle: true,
+        ..cfg()
+    });
+    // Ten requests served with 50 ms latency: p99 50 ms > 1.1 x 10 ms.
+    for i in 0..10 {
+        let now = i * 100 * MS;
+        core.admit(now, req(Priority::Low, 10, now)).unwrap();
+        let b = poll(&mut core, now).dispatches[0].1;
+        core.complete(now + 50 * MS, b, BatchOutcome::Ok);
+    }
+    let now = 2000 * MS;
+    poll(&mut core, now); // refreshes p99
+    assert_eq!(core.observed_p99_ns(), Some(50 * MS));
+    // Keep the worker busy, then queue a low-priority request: 100 ms x 0.8 = 80 ms.
+    core.admit(now, req(Priority::Low, 10, now)).unwrap();
+    poll(&mut core, now);
+    core.admit(now, req(Priority::Low, 10, now)).unwrap();
+    let p = poll(&mut core, now);
+    assert!(p.dispatches.is_empty());
+    // The p99 refresh (every 100 ms) is the earliest event; the flush itself is at +80 ms.
+    let mut t = now;
+    let mut flushed_at = None;
+    while flushed_at.is_none() && t < now + 200 * MS {
+        t += MS;
+        if !poll(&mut core, t).dispatches.is_empty() {
+            flushed_at = Some(t);
+        }
+    }
+    assert_eq!(flushed_at, None, "worker busy: nothing can be sent");
+    assert!(core.stats().flush_reasons[FlushReason::IdleWorker.index()] >= 10);
+}
+
+#[test]
+fn latency_aware_timeout_is_applied_when_a_worker_is_free() {
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::LatencyAware,
+        strategy_params: strategy::StrategyParams {
+            target_p99_ms: 1000.0,
+            max_wait_ms: 50.0,
+            ..Default::default()
+        },
+        ..cfg()
+    });
+    // No observations yet: base (queue_depth at depth 1 = max_wait 50 ms) ... but low
+    // priority max wait is 100 ms, so the strategy decides.
+    core.admit(0, req(Priority::Low, 10, 0)).unwrap();
+    assert_eq!(poll(&mut core, 0).next, Some(50 * MS));
+    let p = poll(&mut core, 50 * MS);
+    core.complete(60 * MS, p.dispatches[0].1, BatchOutcome::Ok);
+    // p99 = 60 ms < 0.8 x 1000 ms: x1.2 -> 60 ms once refreshed.
+    core.admit(200 * MS, req(Priority::Low, 10, 200 * MS))
+        .unwrap();
+    let p = poll(&mut core, 200 * MS);
+    assert!(p.dispatches.is_empty());
+    assert_eq!(core.observed_p99_ns(), Some(60 * MS));
+    assert!(poll(&mut core, 259 * MS).dispatches.is_empty());
+    assert_eq!(
+        poll(&mut core, 260 * MS).dispatches[0].2,
+        FlushReason::Timeout
+    );
+}
+
+#[test]
+fn queue_waits_are_counted_per_request() {
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::Fixed,
+        ..cfg()
+    });
+    core.admit(0, normal(0)).unwrap();
+    core.admit(10 * MS, normal(10 * MS)).unwrap();
+    poll(&mut core, 50 * MS);
+    let w = core.stats().queue_wait;
+    assert_eq!(w.count, 2);
+    assert_eq!(w.sum_ns, 50 * MS + 40 * MS);
+}

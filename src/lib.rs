@@ -1,0 +1,9 @@
+//! abe: an adaptive batching engine for LLM inference.
+//!
+//! `core` is the sans-IO scheduler, `runtime` drives it with threads and a real clock,
+//! `exec` holds the executors workers run. The binary (`src/main.rs`) is a thin CLI over
+//! these; nothing in the library prints or exits.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod build_info;
+pub mod core;
