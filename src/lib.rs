@@ -7,3 +7,5 @@
 
 pub mod build_info;
 pub mod core;
+pub mod exec;
+pub mod runtime;

@@ -1,0 +1,89 @@
+//! Executors: what a worker thread does with a batch.
+//!
+//! A worker owns one `Executor` and calls it once per batch. This issue has the `sim`
+//! executor (latency models and synthetic output); `upstream` (HTTP to a real backend) comes
+//! with routing. Executors run on worker threads: they may allocate and block, the engine
+//! never waits for them.
+
+pub mod latency;
+pub mod sim;
+pub mod synth;
+
+use crate::core::{Kind, Ticket};
+
+/// What one request asks for, as the worker needs it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Work {
+    pub kind: Kind,
+    /// Prompt text (completion) or input text (embedding).
+    pub prompt: String,
+    /// Output tokens asked for (completions).
+    pub max_tokens: u32,
+    /// Embedding dimensions asked for (0: the executor's default).
+    pub dimensions: u32,
+    /// Sampling seed from the client, if any (changes synthetic output deterministically).
+    pub seed: Option<u64>,
+}
+
+/// Why a completion ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// A stop sequence or end of sequence.
+    Stop,
+}
+
+impl FinishReason {
+    /// OpenAI's wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+        }
+    }
+}
+
+/// A worker's answer for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    Text {
+        text: String,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        finish_reason: FinishReason,
+    },
+    Embedding {
+        vector: Vec<f32>,
+        prompt_tokens: u32,
+    },
+}
+
+/// One request inside a batch on its way to a worker and back.
+#[derive(Debug)]
+pub struct BatchItem {
+    pub ticket: Ticket,
+    pub work: Work,
+    /// Filled by the executor.
+    pub output: Option<Output>,
+}
+
+/// A failed batch, as reported by an executor.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    #[error("injected fault: {0}")]
+    Injected(&'static str),
+    #[error("backend error: {0}")]
+    Backend(String),
+}
+
+/// Runs batches. One instance per worker thread.
+pub trait Executor: Send {
+    /// Processes every item of a batch, filling `output`; blocks for the service time.
+    fn execute(&mut self, items: &mut [BatchItem]) -> Result<(), ExecError>;
+}
+
+/// Prompt tokens as abe estimates them: bytes / 4, rounded up.
+pub fn prompt_tokens(text: &str) -> u32 {
+    u32::try_from(text.len().div_ceil(4)).unwrap_or(u32::MAX)
+}

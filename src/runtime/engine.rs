@@ -1,0 +1,414 @@
+//! The engine thread: the only owner of the scheduling core in the live runtime.
+//!
+//! Each turn it reads the clock once, drains submitter rings (highest priority first),
+//! drains worker results, polls the core and carries out its actions, then idles per policy
+//! until the core's next deadline or a doorbell. After start-up it must not allocate, lock
+//! (other than `try_lock` to publish a snapshot), or block; `tests/no_alloc.rs` checks the
+//! allocation part over 100,000 requests.
+
+use super::clock::Clock;
+use super::doorbell::Doorbell;
+use super::idle::Idler;
+use super::messages::{
+    BatchMsg, Completion, Control, Outcome, Reply, RequestError, ResultMsg, Submission,
+};
+use super::ring::{Consumer, Producer};
+use super::snapshot::{latency_histogram, WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
+use super::Shared;
+use crate::core::{
+    Action, BatchOutcome, Completion as CoreCompletion, Core, Nanos, Priority, BUCKET_COUNT,
+    CLASS_COUNT,
+};
+use crate::exec::{BatchItem, Work};
+use hdrhistogram::Histogram;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Most submissions admitted per turn, so results keep flowing under a flood.
+const ADMIT_BUDGET_PER_TURN: usize = 4096;
+
+/// The engine's end of one submitter.
+pub struct SubmitterLink {
+    /// One ring per class, indexed by `class_index(priority, bucket)`.
+    pub inputs: Vec<Consumer<Submission>>,
+    pub completions: Producer<Completion>,
+    /// Called after completions were pushed in a turn (e.g. a mio Waker); `None` for
+    /// submitters that poll.
+    pub wake: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+/// A request the engine holds between admission and its answer, by table slot.
+struct PendingSlot {
+    work: Option<Work>,
+    reply: Option<Reply>,
+    submitter: u16,
+    arrival_ns: Nanos,
+}
+
+/// The engine's end of one worker.
+pub struct WorkerLink {
+    pub batches: Producer<BatchMsg>,
+    pub results: Consumer<ResultMsg>,
+    pub bell: Arc<Doorbell>,
+}
+
+/// Everything except the core, so closures over it can run while the core is borrowed.
+struct EngineIo {
+    clock: Clock,
+    shared: Arc<Shared>,
+    submitters: Vec<SubmitterLink>,
+    /// Submitters that got completions this turn and need a wake.
+    needs_wake: Vec<bool>,
+    pending: Vec<PendingSlot>,
+    workers: Vec<WorkerLink>,
+    free_bufs: Vec<Vec<BatchItem>>,
+    latency: Histogram<u64>,
+    batch_size: Histogram<u64>,
+    published_at_ns: Nanos,
+}
+
+/// The engine: core plus its I/O.
+pub struct Engine {
+    core: Core,
+    io: EngineIo,
+    idler: Idler,
+    drain_deadline_ns: Option<Nanos>,
+    /// Set once the drain deadline passed and everything left was aborted.
+    aborted: bool,
+    /// Tells workers (and their executors) to cut work short and exit.
+    stop: Arc<AtomicBool>,
+}
+
+impl Engine {
+    /// Builds the engine; every buffer it will use is allocated here.
+    pub fn new(
+        core: Core,
+        clock: Clock,
+        shared: Arc<Shared>,
+        workers: Vec<WorkerLink>,
+        idler: Idler,
+        max_submitters: usize,
+        stop: Arc<AtomicBool>,
+    ) -> Engine {
+        let cfg = core.config().clone();
+        let slots = workers.len() * cfg.max_inflight_per_worker as usize;
+        let pending = (0..cfg.queue_capacity.max(1))
+            .map(|_| PendingSlot {
+                work: None,
+                reply: None,
+                submitter: 0,
+                arrival_ns: 0,
+            })
+            .collect();
+        Engine {
+            core,
+            io: EngineIo {
+                clock,
+                shared,
+                submitters: Vec::with_capacity(max_submitters),
+                needs_wake: Vec::with_capacity(max_submitters),
+                pending,
+                workers,
+                free_bufs: (0..slots)
+                    .map(|_| Vec::with_capacity(cfg.max_batch_size))
+                    .collect(),
+                latency: latency_histogram(),
+                batch_size: Histogram::new_with_bounds(1, 1 << 20, 3)
+                    .expect("static histogram bounds are valid"),
+                published_at_ns: 0,
+            },
+            idler,
+            drain_deadline_ns: None,
+            aborted: false,
+            stop,
+        }
+    }
+
+    /// Runs until drained (after a `Drain` control) and every batch has come back.
+    pub fn run(mut self) {
+        self.io.shared.engine_bell.bind_current();
+        loop {
+            let now = self.io.clock.now();
+            let mut worked = self.io.accept_submitters();
+            worked |= self.read_controls(now);
+            worked |= self.admit_submissions(now);
+            worked |= self.drain_results(now);
+            if let Some(deadline) = self.drain_deadline_ns {
+                if now >= deadline && !self.aborted && !self.core.is_idle() {
+                    let io = &mut self.io;
+                    self.core.abort_all(now, &mut |a| io.act(now, a));
+                    self.aborted = true;
+                    // Executors still running abandoned batches may stop early now.
+                    self.stop.store(true, Ordering::Release);
+                }
+            }
+            let mut dispatched = false;
+            let io = &mut self.io;
+            let next = self.core.poll(now, &mut |a| {
+                dispatched = true;
+                io.act(now, a)
+            });
+            worked |= dispatched;
+            self.io.flush_wakes();
+            if now.saturating_sub(self.io.published_at_ns) >= SNAPSHOT_INTERVAL_NS {
+                self.publish(now);
+            }
+            // Done when drained; after an abort, do not wait for abandoned batches.
+            let finished = self.core.is_idle() || (self.aborted && self.core.live_requests() == 0);
+            if self.drain_deadline_ns.is_some() && finished && !self.io.any_input() {
+                self.publish(now);
+                return;
+            }
+            if worked {
+                self.idler.busy();
+            } else {
+                let io = &self.io;
+                let deadline = next.map(|n| io.clock.instant(n));
+                self.idler.idle(
+                    io.clock.instant(now),
+                    deadline,
+                    &io.shared.engine_bell,
+                    || io.has_work(),
+                );
+            }
+        }
+    }
+
+    fn read_controls(&mut self, now: Nanos) -> bool {
+        let mut worked = false;
+        while let Some(c) = self.io.shared.control.pop() {
+            worked = true;
+            match c {
+                Control::SetStrategy(kind) => self.core.set_strategy(kind),
+                Control::Drain { deadline_ns } => {
+                    // Admit what is already in the rings before refusing new work.
+                    self.admit_all(now);
+                    self.core.begin_drain();
+                    self.drain_deadline_ns = Some(deadline_ns);
+                }
+            }
+        }
+        worked
+    }
+
+    fn admit_all(&mut self, now: Nanos) {
+        while self.admit_submissions(now) {}
+    }
+
+    /// Admits up to the per-turn budget, highest priority first across all submitters.
+    fn admit_submissions(&mut self, now: Nanos) -> bool {
+        let mut budget = ADMIT_BUDGET_PER_TURN;
+        let mut worked = false;
+        for p in Priority::HIGHEST_FIRST {
+            for s in 0..self.io.submitters.len() {
+                for bucket in 0..BUCKET_COUNT {
+                    let class = crate::core::request::class_index(p, bucket);
+                    while budget > 0 {
+                        let Some(sub) = self.io.submitters[s].inputs[class].pop() else {
+                            break;
+                        };
+                        budget -= 1;
+                        worked = true;
+                        self.admit_one(now, s as u16, sub);
+                    }
+                }
+            }
+        }
+        worked
+    }
+
+    fn admit_one(&mut self, now: Nanos, submitter: u16, sub: Submission) {
+        let Submission { meta, work, reply } = sub;
+        match self.core.admit(now, meta) {
+            Ok(ticket) => {
+                let slot = &mut self.io.pending[ticket.index as usize];
+                debug_assert!(slot.reply.is_none(), "pending slot reused while live");
+                slot.work = Some(work);
+                slot.reply = Some(reply);
+                slot.submitter = submitter;
+                slot.arrival_ns = meta.arrival_ns;
+            }
+            Err(reject) => {
+                drop(work);
+                self.io
+                    .send(submitter, reply, Err(RequestError::Rejected(reject)));
+            }
+        }
+    }
+
+    fn drain_results(&mut self, now: Nanos) -> bool {
+        let mut worked = false;
+        for w in 0..self.io.workers.len() {
+            while let Some(ResultMsg {
+                batch,
+                mut items,
+                result,
+            }) = self.io.workers[w].results.pop()
+            {
+                worked = true;
+                let outcome = if result.is_ok() {
+                    BatchOutcome::Ok
+                } else {
+                    BatchOutcome::Failed
+                };
+                match self.core.complete(now, batch, outcome) {
+                    CoreCompletion::Deliver => {
+                        let error = result.err().map(|e| e.to_string());
+                        for item in items.drain(..) {
+                            let answer: Outcome = match (&error, item.output) {
+                                (None, Some(out)) => Ok(out),
+                                (None, None) => {
+                                    Err(RequestError::Worker("executor gave no output".into()))
+                                }
+                                (Some(e), _) => Err(RequestError::Worker(e.clone())),
+                            };
+                            self.io.finish(now, item.ticket.index, answer);
+                        }
+                    }
+                    CoreCompletion::Stale => items.clear(),
+                }
+                self.io.free_bufs.push(items);
+            }
+        }
+        worked
+    }
+
+    fn publish(&mut self, now: Nanos) {
+        self.io.published_at_ns = now;
+        let Ok(mut snap) = self.io.shared.snapshot.try_lock() else {
+            return;
+        };
+        snap.at_ns = now;
+        snap.stats = *self.core.stats();
+        snap.strategy = self.core.strategy();
+        for c in 0..CLASS_COUNT {
+            snap.queued_by_class[c] = self.core.queued_in_class(c);
+        }
+        snap.queued = self.core.queued();
+        snap.live_requests = self.core.live_requests();
+        snap.observed_p99_ns = self.core.observed_p99_ns();
+        for (dst, w) in snap.workers.iter_mut().zip(self.core.workers()) {
+            *dst = WorkerSnapshot::from_view(w, now);
+        }
+        snap.latency.reset();
+        let _ = snap.latency.add(&self.io.latency);
+        snap.batch_size.reset();
+        let _ = snap.batch_size.add(&self.io.batch_size);
+        snap.rejected_busy = self.io.shared.rejected_busy.load(Ordering::Relaxed);
+        snap.draining = self.core.is_draining();
+    }
+}
+
+impl EngineIo {
+    /// Takes newly registered submitters.
+    fn accept_submitters(&mut self) -> bool {
+        let mut worked = false;
+        while self.submitters.len() < self.submitters.capacity() {
+            let Some(link) = self.shared.registrations.pop() else {
+                break;
+            };
+            self.submitters.push(link);
+            self.needs_wake.push(false);
+            worked = true;
+        }
+        worked
+    }
+
+    /// Carries out one core action.
+    fn act(&mut self, now: Nanos, action: Action<'_>) {
+        match action {
+            Action::Dispatch {
+                worker,
+                batch,
+                tickets,
+                ..
+            } => {
+                let mut items = self
+                    .free_bufs
+                    .pop()
+                    .expect("one buffer per batch slot: a dispatch always finds one");
+                for t in tickets {
+                    let work = self.pending[t.index as usize]
+                        .work
+                        .take()
+                        .expect("a queued request still holds its work");
+                    items.push(BatchItem {
+                        ticket: *t,
+                        work,
+                        output: None,
+                    });
+                }
+                let _ = self.batch_size.record(tickets.len() as u64);
+                let link = &mut self.workers[worker];
+                if link.batches.push(BatchMsg { batch, items }).is_err() {
+                    unreachable!("worker ring sized to max_inflight_per_worker");
+                }
+                link.bell.ring();
+            }
+            Action::Fail { ticket, reason } => {
+                self.finish(now, ticket.index, Err(RequestError::Failed(reason)));
+            }
+        }
+    }
+
+    /// Answers the request in table slot `index`.
+    fn finish(&mut self, now: Nanos, index: u32, outcome: Outcome) {
+        let slot = &mut self.pending[index as usize];
+        let reply = slot
+            .reply
+            .take()
+            .expect("every live request has exactly one reply");
+        slot.work = None;
+        let submitter = slot.submitter;
+        if outcome.is_ok() {
+            let _ = self
+                .latency
+                .record(now.saturating_sub(slot.arrival_ns).max(1));
+        }
+        self.send(submitter, reply, outcome);
+    }
+
+    /// Delivers an outcome to its reply target.
+    fn send(&mut self, submitter: u16, reply: Reply, outcome: Outcome) {
+        match reply {
+            Reply::Waiter(w) => w.complete(outcome),
+            Reply::Tag(tag) => {
+                let s = submitter as usize;
+                if self.submitters[s]
+                    .completions
+                    .push(Completion { tag, outcome })
+                    .is_err()
+                {
+                    unreachable!("submitter in-flight limit equals its completion ring size");
+                }
+                self.needs_wake[s] = true;
+            }
+        }
+    }
+
+    /// Wakes each submitter that got completions this turn, once.
+    fn flush_wakes(&mut self) {
+        for (s, flag) in self.needs_wake.iter_mut().enumerate() {
+            if std::mem::take(flag) {
+                if let Some(wake) = &self.submitters[s].wake {
+                    wake();
+                }
+            }
+        }
+    }
+
+    /// Any submission waiting in a ring?
+    fn any_input(&self) -> bool {
+        self.submitters
+            .iter()
+            .any(|s| s.inputs.iter().any(|r| !r.is_empty()))
+    }
+
+    /// Anything at all for the engine to do (the doorbell's re-check).
+    fn has_work(&self) -> bool {
+        !self.shared.control.is_empty()
+            || !self.shared.registrations.is_empty()
+            || self.any_input()
+            || self.workers.iter().any(|w| !w.results.is_empty())
+    }
+}

@@ -1,0 +1,114 @@
+//! Idle policies: what a runtime thread does when a poll found no work.
+//!
+//! `spin` never sleeps (lowest latency, burns a core); `park` parks at once; `adaptive`
+//! (default) spins briefly with a CPU hint, then parks on its doorbell until the next deadline
+//! or a ring. On these 2-core machines the spin must stay short: a spinning engine takes a
+//! core from the io thread and the client.
+
+use super::doorbell::Doorbell;
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// How an idle thread waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IdlePolicy {
+    /// Busy-poll forever.
+    Spin,
+    /// Spin for `spin_us`, then park.
+    #[default]
+    Adaptive,
+    /// Park at once.
+    Park,
+}
+
+impl IdlePolicy {
+    /// Config name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            IdlePolicy::Spin => "spin",
+            IdlePolicy::Adaptive => "adaptive",
+            IdlePolicy::Park => "park",
+        }
+    }
+}
+
+impl fmt::Display for IdlePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for IdlePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "spin" => Ok(IdlePolicy::Spin),
+            "adaptive" => Ok(IdlePolicy::Adaptive),
+            "park" => Ok(IdlePolicy::Park),
+            _ => Err(format!(
+                "unknown idle policy '{s}': valid policies are spin, adaptive, park"
+            )),
+        }
+    }
+}
+
+/// Longest single park, so a thread re-checks its state (shutdown flags) at least this often.
+pub const MAX_PARK: Duration = Duration::from_millis(100);
+
+/// Per-thread idle state: how long we have been idle.
+pub struct Idler {
+    policy: IdlePolicy,
+    spin: Duration,
+    idle_since: Option<Instant>,
+}
+
+impl Idler {
+    /// An idler with `policy`, spinning up to `spin` before parking (adaptive only).
+    pub fn new(policy: IdlePolicy, spin: Duration) -> Self {
+        Idler {
+            policy,
+            spin,
+            idle_since: None,
+        }
+    }
+
+    /// The last poll did work: reset the spin budget.
+    #[inline]
+    pub fn busy(&mut self) {
+        self.idle_since = None;
+    }
+
+    /// The last poll did nothing. Spin, or park on `bell` until `deadline` (or at most
+    /// [`MAX_PARK`]), unless `has_work` says something arrived.
+    pub fn idle(
+        &mut self,
+        now: Instant,
+        deadline: Option<Instant>,
+        bell: &Doorbell,
+        has_work: impl Fn() -> bool,
+    ) {
+        let park = match self.policy {
+            IdlePolicy::Spin => false,
+            IdlePolicy::Park => true,
+            IdlePolicy::Adaptive => {
+                let since = *self.idle_since.get_or_insert(now);
+                now.duration_since(since) >= self.spin
+            }
+        };
+        if !park {
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+            return;
+        }
+        let timeout = deadline
+            .map(|d| d.saturating_duration_since(now))
+            .unwrap_or(MAX_PARK)
+            .min(MAX_PARK);
+        if timeout.is_zero() {
+            return;
+        }
+        bell.wait(timeout, has_work);
+    }
+}

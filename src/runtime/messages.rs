@@ -1,0 +1,166 @@
+//! Plain data that crosses threads: submissions, batches, results, replies.
+//!
+//! Payloads (prompt text, outputs) are owned by these messages and move through the rings;
+//! the engine moves them, it never copies them. Nothing here may hold a lock or a reference
+//! into another thread's state.
+
+use crate::core::{BatchId, FailReason, Kind, Priority, Reject, RequestMeta};
+use crate::exec::{BatchItem, ExecError, Output, Work};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// A request as a user of the in-process API builds it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Request {
+    pub priority: Priority,
+    pub kind: Kind,
+    /// Prompt (completion) or input text (embedding).
+    pub prompt: String,
+    /// Output tokens asked for (ignored for embeddings).
+    pub max_tokens: u32,
+    /// Embedding dimensions (0: default).
+    pub dimensions: u32,
+    /// Sampling seed, if the client gave one.
+    pub seed: Option<u64>,
+    /// Predicted output length hint (0: unknown).
+    pub predicted_output_tokens: u32,
+}
+
+/// Why a request got an error instead of an output.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Refused at admission by the scheduler.
+    #[error(transparent)]
+    Rejected(#[from] Reject),
+    /// Admitted, then failed.
+    #[error(transparent)]
+    Failed(#[from] FailReason),
+    /// The submission ring for this priority and size is full: the engine is behind.
+    #[error("the engine's intake for this priority is full; retry later")]
+    Busy,
+    /// The runtime is shutting down or stopped.
+    #[error("the server is shutting down and no longer accepts requests")]
+    ShuttingDown,
+    /// The worker reported an error for the batch.
+    #[error("the worker failed the batch: {0}")]
+    Worker(String),
+}
+
+impl RequestError {
+    /// True for errors a client should retry later (overload), as opposed to a failure.
+    pub fn is_overload(&self) -> bool {
+        matches!(
+            self,
+            RequestError::Busy | RequestError::Rejected(Reject::QueueFull { .. })
+        )
+    }
+}
+
+/// The final answer to one request.
+pub type Outcome = Result<Output, RequestError>;
+
+/// A one-shot slot a blocking caller waits on.
+#[derive(Debug, Default)]
+pub struct Waiter {
+    slot: Mutex<Option<Outcome>>,
+    ready: Condvar,
+}
+
+impl Waiter {
+    /// Stores the outcome and wakes the waiting thread. Called exactly once, by the engine.
+    pub fn complete(&self, outcome: Outcome) {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        debug_assert!(slot.is_none(), "a request is answered exactly once");
+        *slot = Some(outcome);
+        drop(slot);
+        self.ready.notify_one();
+    }
+
+    /// Blocks until the outcome arrives.
+    pub fn wait(&self) -> Outcome {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(o) = slot.take() {
+                return o;
+            }
+            slot = self.ready.wait(slot).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Blocks up to `timeout`; `None` if nothing arrived in time.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Outcome> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(o) = slot.take() {
+                return Some(o);
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            slot = self
+                .ready
+                .wait_timeout(slot, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Where the engine sends a request's answer.
+#[derive(Debug)]
+pub enum Reply {
+    /// Wake a blocking caller.
+    Waiter(std::sync::Arc<Waiter>),
+    /// Push `(tag, outcome)` to the submitting thread's completion ring.
+    Tag(u64),
+}
+
+/// One request on its way from a submitter to the engine.
+#[derive(Debug)]
+pub struct Submission {
+    pub meta: RequestMeta,
+    pub work: Work,
+    pub reply: Reply,
+}
+
+/// An answer for a tagged submission, on its way back to the submitter.
+#[derive(Debug)]
+pub struct Completion {
+    pub tag: u64,
+    pub outcome: Outcome,
+}
+
+/// A batch on its way to a worker. `items` is a recycled buffer of capacity
+/// `max_batch_size`.
+#[derive(Debug)]
+pub struct BatchMsg {
+    pub batch: BatchId,
+    pub items: Vec<BatchItem>,
+}
+
+/// A batch on its way back from a worker, outputs filled (or an error).
+#[derive(Debug)]
+pub struct ResultMsg {
+    pub batch: BatchId,
+    pub items: Vec<BatchItem>,
+    pub result: Result<(), ExecError>,
+}
+
+/// A control message for the engine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Control {
+    SetStrategy(crate::core::strategy::StrategyKind),
+    /// Stop admitting, finish everything; abort what remains at `deadline_ns`.
+    Drain {
+        deadline_ns: u64,
+    },
+}
+
+/// Which runtime thread is starting (for `RuntimeConfig::on_thread_start`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadRole {
+    Engine,
+    Worker(usize),
+}

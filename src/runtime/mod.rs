@@ -1,0 +1,521 @@
+//! The live runtime: a pinned engine thread driving the core over lock-free rings, feeding
+//! pinned worker threads, behind an in-process handle.
+//!
+//! `start(config)` spawns everything and returns a [`Handle`]. Callers submit through a
+//! [`Submitter`] (one per thread: its own SPSC rings per class, its own completion ring) or
+//! through `Handle::submit`, which blocks-free returns a [`Pending`] to wait on. Nothing in
+//! this module may block the engine thread.
+
+pub mod clock;
+pub mod doorbell;
+pub mod engine;
+pub mod idle;
+pub mod messages;
+pub mod pin;
+pub mod ring;
+pub mod snapshot;
+pub mod sync;
+pub mod worker;
+
+use crate::core::strategy::StrategyKind;
+use crate::core::{request, Core, CoreConfig, RequestMeta, CLASS_COUNT};
+use crate::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
+use crate::exec::Work;
+use clock::Clock;
+use crossbeam_queue::ArrayQueue;
+use doorbell::Doorbell;
+use engine::{Engine, SubmitterLink, WorkerLink};
+use idle::{IdlePolicy, Idler};
+pub use messages::{Completion, Outcome, Request, RequestError, ThreadRole, Waiter};
+use messages::{Control, Reply, Submission};
+use ring::{Consumer, Producer};
+pub use snapshot::Snapshot;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use worker::WorkerThread;
+
+/// Settings of the live runtime.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    pub core: CoreConfig,
+    pub sim: SimConfig,
+    /// Faults injected into every worker at start.
+    pub faults: FaultSettings,
+    /// Pin the engine and workers to cores.
+    pub pin: bool,
+    /// How the engine and workers wait when idle.
+    pub idle: IdlePolicy,
+    /// How long `adaptive` spins before parking.
+    pub spin_us: u64,
+    /// Capacity of each submitter ring (per class) and of each completion ring.
+    pub ring_capacity: usize,
+    /// Most submitters (io threads, `Handle::submitter` callers) at once.
+    pub max_submitters: usize,
+    /// Called first thing on each runtime thread (tests use it to mark threads).
+    pub on_thread_start: Option<fn(ThreadRole)>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            core: CoreConfig::default(),
+            sim: SimConfig::default(),
+            faults: FaultSettings::default(),
+            pin: true,
+            idle: IdlePolicy::Adaptive,
+            spin_us: 20,
+            ring_capacity: 1024,
+            max_submitters: 64,
+            on_thread_start: None,
+        }
+    }
+}
+
+const STATE_RUNNING: u8 = 0;
+const STATE_DRAINING: u8 = 1;
+const STATE_STOPPED: u8 = 2;
+
+/// State shared by the handle, submitters and the engine. Lock-free except the snapshot,
+/// which the engine only ever `try_lock`s.
+pub struct Shared {
+    pub(crate) engine_bell: Arc<Doorbell>,
+    pub(crate) control: ArrayQueue<Control>,
+    pub(crate) registrations: ArrayQueue<SubmitterLink>,
+    pub(crate) snapshot: Mutex<Snapshot>,
+    pub(crate) rejected_busy: AtomicU64,
+    state: AtomicU8,
+    submitters: AtomicUsize,
+    max_submitters: usize,
+    ring_capacity: usize,
+    clock: Clock,
+    faults: Vec<Arc<Faults>>,
+}
+
+/// Why the runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("could not spawn thread '{name}': {source}")]
+    Spawn {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("invalid runtime config: {0}")]
+    Config(String),
+}
+
+/// Why a submission was refused before reaching the scheduler.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error(transparent)]
+    Refused(#[from] RequestError),
+}
+
+/// Starts the engine and worker threads with `sim` executors.
+pub fn start(cfg: RuntimeConfig) -> Result<Handle, StartError> {
+    let workers = cfg.core.workers;
+    let faults: Vec<Arc<Faults>> = (0..workers).map(|_| Faults::new(cfg.faults)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let executors: Vec<Box<dyn crate::exec::Executor>> = (0..workers)
+        .map(|i| {
+            let sim = SimConfig {
+                seed: cfg.sim.seed.wrapping_add(i as u64),
+                ..cfg.sim.clone()
+            };
+            Box::new(SimExecutor::new(sim, faults[i].clone(), stop.clone()))
+                as Box<dyn crate::exec::Executor>
+        })
+        .collect();
+    start_with_executors(cfg, executors, faults, stop)
+}
+
+/// Starts the runtime with the given executors (one per worker).
+pub fn start_with_executors(
+    cfg: RuntimeConfig,
+    executors: Vec<Box<dyn crate::exec::Executor>>,
+    faults: Vec<Arc<Faults>>,
+    stop: Arc<AtomicBool>,
+) -> Result<Handle, StartError> {
+    if executors.len() != cfg.core.workers || cfg.core.workers == 0 {
+        return Err(StartError::Config(format!(
+            "{} executors for {} workers (need at least one, one per worker)",
+            executors.len(),
+            cfg.core.workers
+        )));
+    }
+    if cfg.ring_capacity == 0 || cfg.max_submitters == 0 {
+        return Err(StartError::Config(
+            "ring_capacity and max_submitters must be at least 1".into(),
+        ));
+    }
+    let clock = Clock::new();
+    let strategy = cfg.core.strategy;
+    let shared = Arc::new(Shared {
+        engine_bell: Arc::new(Doorbell::new()),
+        control: ArrayQueue::new(64),
+        registrations: ArrayQueue::new(cfg.max_submitters),
+        snapshot: Mutex::new(Snapshot::new(cfg.core.workers, strategy)),
+        rejected_busy: AtomicU64::new(0),
+        state: AtomicU8::new(STATE_RUNNING),
+        submitters: AtomicUsize::new(0),
+        max_submitters: cfg.max_submitters,
+        ring_capacity: cfg.ring_capacity,
+        clock,
+        faults,
+    });
+    let placement = pin::plan(cfg.pin, pin::core_count(), cfg.core.workers);
+    let per_worker = cfg.core.max_inflight_per_worker.max(1) as usize;
+    let spin = Duration::from_micros(cfg.spin_us);
+    let mut worker_links = Vec::with_capacity(cfg.core.workers);
+    let mut worker_handles = Vec::with_capacity(cfg.core.workers);
+    for (id, executor) in executors.into_iter().enumerate() {
+        let (batch_tx, batch_rx) = ring::ring(per_worker);
+        let (result_tx, result_rx) = ring::ring(per_worker);
+        let bell = Arc::new(Doorbell::new());
+        worker_links.push(WorkerLink {
+            batches: batch_tx,
+            results: result_rx,
+            bell: bell.clone(),
+        });
+        let thread = WorkerThread {
+            id,
+            batches: batch_rx,
+            results: result_tx,
+            executor,
+            bell,
+            engine_bell: shared.engine_bell.clone(),
+            stop: stop.clone(),
+            idle: cfg.idle,
+            spin,
+        };
+        let name = format!("abe-worker-{id}");
+        let core_id = placement.workers[id];
+        let hook = cfg.on_thread_start;
+        let handle = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                if let Some(h) = hook {
+                    h(ThreadRole::Worker(id));
+                }
+                pin::pin_current(&name, core_id);
+                thread.run();
+            })
+            .map_err(|source| StartError::Spawn {
+                name: format!("abe-worker-{id}"),
+                source,
+            })?;
+        worker_handles.push(handle);
+    }
+    let core = Core::new(cfg.core.clone());
+    let engine = Engine::new(
+        core,
+        clock,
+        shared.clone(),
+        worker_links,
+        Idler::new(cfg.idle, spin),
+        cfg.max_submitters,
+        stop.clone(),
+    );
+    let hook = cfg.on_thread_start;
+    let engine_core = placement.engine;
+    let engine_stop = stop.clone();
+    let engine_handle = std::thread::Builder::new()
+        .name("abe-engine".into())
+        .spawn(move || {
+            if let Some(h) = hook {
+                h(ThreadRole::Engine);
+            }
+            pin::pin_current("abe-engine", engine_core);
+            engine.run();
+            engine_stop.store(true, Ordering::Release);
+            for h in worker_handles {
+                h.thread().unpark();
+                let _ = h.join();
+            }
+        })
+        .map_err(|source| StartError::Spawn {
+            name: "abe-engine".into(),
+            source,
+        })?;
+    let shared_submitter =
+        Submitter::register(shared.clone(), None).map_err(|e| StartError::Config(e.to_string()))?;
+    Ok(Handle {
+        shared,
+        engine: Mutex::new(Some(engine_handle)),
+        shared_submitter: Mutex::new(shared_submitter),
+    })
+}
+
+/// The in-process API of a running abe.
+pub struct Handle {
+    shared: Arc<Shared>,
+    engine: Mutex<Option<JoinHandle<()>>>,
+    shared_submitter: Mutex<Submitter>,
+}
+
+/// A request submitted through `Handle::submit`; wait on it for the answer.
+pub struct Pending {
+    waiter: Arc<Waiter>,
+}
+
+impl Pending {
+    /// Blocks until the request is answered.
+    pub fn wait(self) -> Outcome {
+        self.waiter.wait()
+    }
+
+    /// Blocks up to `timeout`; gives the pending request back if it is not answered yet.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Outcome, Pending> {
+        match self.waiter.wait_timeout(timeout) {
+            Some(o) => Ok(o),
+            None => Err(self),
+        }
+    }
+}
+
+/// What `shutdown` observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// True when everything finished before the deadline (nothing aborted).
+    pub clean: bool,
+    pub completed: u64,
+    pub failed: u64,
+    pub aborted: u64,
+}
+
+impl Handle {
+    /// Submits one request; the returned [`Pending`] yields exactly one outcome. Refusals at
+    /// the door (shutting down, intake full) come back as an already-answered `Pending`.
+    pub fn submit(&self, request: Request) -> Pending {
+        let waiter = Arc::new(Waiter::default());
+        let mut sub = self
+            .shared_submitter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = sub.submit_reply(request, Reply::Waiter(waiter.clone())) {
+            waiter.complete(Err(e));
+        }
+        Pending { waiter }
+    }
+
+    /// A new submitter for the calling thread (an io thread, a load generator). `wake` is
+    /// called from the engine after it pushed completions for this submitter.
+    pub fn submitter(
+        &self,
+        wake: Option<Arc<dyn Fn() + Send + Sync>>,
+    ) -> Result<Submitter, RequestError> {
+        Submitter::register(self.shared.clone(), wake)
+    }
+
+    /// Switches the batching strategy; nothing queued is lost.
+    pub fn set_strategy(&self, kind: StrategyKind) -> Result<(), RequestError> {
+        self.shared
+            .control
+            .push(Control::SetStrategy(kind))
+            .map_err(|_| RequestError::Busy)?;
+        self.shared.engine_bell.ring();
+        Ok(())
+    }
+
+    /// Changes the faults injected into worker `worker` (tests and chaos runs).
+    pub fn set_faults(&self, worker: usize, faults: FaultSettings) {
+        if let Some(f) = self.shared.faults.get(worker) {
+            f.set(faults);
+        }
+    }
+
+    /// The latest published snapshot (at most ~50 ms old).
+    pub fn snapshot(&self) -> Snapshot {
+        self.shared
+            .snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The runtime's clock (for stamping arrivals and reading snapshot times).
+    pub fn clock(&self) -> Clock {
+        self.shared.clock
+    }
+
+    /// True while new requests are accepted.
+    pub fn is_accepting(&self) -> bool {
+        self.shared.state.load(Ordering::Acquire) == STATE_RUNNING
+    }
+
+    /// Stops admitting, finishes queued and in-flight work, answers everything; whatever is
+    /// still unanswered at `deadline` is answered with an error. Returns when all threads
+    /// have exited. Calling it again returns at once.
+    pub fn shutdown(&self, deadline: Duration) -> ShutdownReport {
+        let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(engine) = engine {
+            self.shared.state.store(STATE_DRAINING, Ordering::Release);
+            let deadline_ns = self
+                .shared
+                .clock
+                .now()
+                .saturating_add(deadline.as_nanos() as u64);
+            while self
+                .shared
+                .control
+                .push(Control::Drain { deadline_ns })
+                .is_err()
+            {
+                self.shared.engine_bell.ring();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.shared.engine_bell.ring();
+            let _ = engine.join();
+            self.shared.state.store(STATE_STOPPED, Ordering::Release);
+        }
+        let s = self.snapshot().stats;
+        ShutdownReport {
+            clean: s.aborted == 0,
+            completed: s.completed,
+            failed: s.failed,
+            aborted: s.aborted,
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shutdown(Duration::from_secs(5));
+    }
+}
+
+/// One thread's way in: its own ring per class into the engine, and its own completion
+/// ring back for tagged submissions.
+///
+/// Invariant: `in_flight <= completion ring capacity`, so the engine never finds the
+/// completion ring full.
+pub struct Submitter {
+    shared: Arc<Shared>,
+    inputs: Vec<Producer<Submission>>,
+    completions: Consumer<Completion>,
+    in_flight: usize,
+    max_in_flight: usize,
+}
+
+impl Submitter {
+    fn register(
+        shared: Arc<Shared>,
+        wake: Option<Arc<dyn Fn() + Send + Sync>>,
+    ) -> Result<Submitter, RequestError> {
+        let n = shared.submitters.fetch_add(1, Ordering::AcqRel);
+        if n >= shared.max_submitters {
+            shared.submitters.fetch_sub(1, Ordering::AcqRel);
+            return Err(RequestError::Busy);
+        }
+        let mut inputs = Vec::with_capacity(CLASS_COUNT);
+        let mut consumers = Vec::with_capacity(CLASS_COUNT);
+        for _ in 0..CLASS_COUNT {
+            let (p, c): (Producer<Submission>, Consumer<Submission>) =
+                ring::ring(shared.ring_capacity);
+            inputs.push(p);
+            consumers.push(c);
+        }
+        let (ctx, crx) = ring::ring(shared.ring_capacity);
+        let max_in_flight = crx.capacity();
+        let link = SubmitterLink {
+            inputs: consumers,
+            completions: ctx,
+            wake,
+        };
+        if shared.registrations.push(link).is_err() {
+            return Err(RequestError::Busy);
+        }
+        shared.engine_bell.ring();
+        Ok(Submitter {
+            shared,
+            inputs,
+            completions: crx,
+            in_flight: 0,
+            max_in_flight,
+        })
+    }
+
+    /// Submits a request whose answer comes back through [`Submitter::drain_completions`]
+    /// with `tag`.
+    pub fn submit(&mut self, request: Request, tag: u64) -> Result<(), RequestError> {
+        if self.in_flight >= self.max_in_flight {
+            self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
+            return Err(RequestError::Busy);
+        }
+        self.submit_reply(request, Reply::Tag(tag))?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    fn submit_reply(&mut self, request: Request, reply: Reply) -> Result<(), RequestError> {
+        if self.shared.state.load(Ordering::Acquire) != STATE_RUNNING {
+            return Err(RequestError::ShuttingDown);
+        }
+        let Request {
+            priority,
+            kind,
+            prompt,
+            max_tokens,
+            dimensions,
+            seed,
+            predicted_output_tokens,
+        } = request;
+        let max_tokens = if kind == crate::core::Kind::Embedding {
+            0
+        } else {
+            max_tokens
+        };
+        let mut meta = RequestMeta::new(
+            priority,
+            kind,
+            prompt.len(),
+            max_tokens,
+            self.shared.clock.now(),
+        );
+        meta.predicted_output_tokens = predicted_output_tokens;
+        let class = request::class_index(priority, meta.bucket());
+        let sub = Submission {
+            meta,
+            work: Work {
+                kind,
+                prompt,
+                max_tokens,
+                dimensions,
+                seed,
+            },
+            reply,
+        };
+        match self.inputs[class].push(sub) {
+            Ok(()) => {
+                self.shared.engine_bell.ring();
+                Ok(())
+            }
+            Err(_) => {
+                self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
+                Err(RequestError::Busy)
+            }
+        }
+    }
+
+    /// Hands every completion that arrived to `f`; returns how many.
+    pub fn drain_completions(&mut self, mut f: impl FnMut(Completion)) -> usize {
+        let mut n = 0;
+        while let Some(c) = self.completions.pop() {
+            n += 1;
+            f(c);
+        }
+        self.in_flight -= n;
+        n
+    }
+
+    /// Tagged submissions not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The runtime's clock.
+    pub fn clock(&self) -> Clock {
+        self.shared.clock
+    }
+}

@@ -1,0 +1,96 @@
+//! Snapshots the engine publishes for readers (metrics, admin, tests).
+//!
+//! The engine copies its counters into a preallocated snapshot every `SNAPSHOT_INTERVAL`
+//! with `try_lock`: it never waits for a reader and never allocates to publish. Readers clone
+//! the snapshot out under the lock.
+
+use crate::core::pool::{WorkerStatus, WorkerView};
+use crate::core::strategy::StrategyKind;
+use crate::core::{CoreStats, Nanos, CLASS_COUNT};
+use hdrhistogram::Histogram;
+
+/// How often the engine publishes (ns).
+pub const SNAPSHOT_INTERVAL_NS: Nanos = 50_000_000;
+
+/// Highest latency the histograms track exactly: 1 hour in ns; larger values saturate.
+pub const LATENCY_MAX_NS: u64 = 3_600_000_000_000;
+
+/// A new latency histogram in ns, 3 significant digits, fixed range (never resizes).
+pub fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_MAX_NS, 3).expect("static histogram bounds are valid")
+}
+
+/// One worker as published.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerSnapshot {
+    pub status: WorkerStatus,
+    pub circuit: crate::core::circuit::CircuitState,
+    pub pending: u32,
+    pub busy_ns: Nanos,
+    pub batches_ok: u64,
+    pub batches_failed: u64,
+}
+
+impl WorkerSnapshot {
+    /// From the core's view at `now`.
+    pub fn from_view(w: &WorkerView, now: Nanos) -> Self {
+        WorkerSnapshot {
+            status: w.status(),
+            circuit: w.circuit.last_state(),
+            pending: w.pending,
+            busy_ns: w.busy_ns(now),
+            batches_ok: w.batches_ok,
+            batches_failed: w.batches_failed,
+        }
+    }
+}
+
+/// Everything the engine publishes.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// Engine clock at publication.
+    pub at_ns: Nanos,
+    pub stats: CoreStats,
+    pub strategy: StrategyKind,
+    pub queued_by_class: [usize; CLASS_COUNT],
+    pub queued: usize,
+    pub live_requests: usize,
+    pub observed_p99_ns: Option<Nanos>,
+    pub workers: Vec<WorkerSnapshot>,
+    /// End-to-end latency of completed requests (ns), since start.
+    pub latency: Histogram<u64>,
+    /// Batch sizes, since start.
+    pub batch_size: Histogram<u64>,
+    /// Requests refused before reaching the core (intake ring full).
+    pub rejected_busy: u64,
+    pub draining: bool,
+}
+
+impl Snapshot {
+    /// An empty snapshot for `workers` workers (allocates once).
+    pub fn new(workers: usize, strategy: StrategyKind) -> Self {
+        let idle = WorkerSnapshot {
+            status: WorkerStatus::Idle,
+            circuit: crate::core::circuit::CircuitState::Closed,
+            pending: 0,
+            busy_ns: 0,
+            batches_ok: 0,
+            batches_failed: 0,
+        };
+        Snapshot {
+            at_ns: 0,
+            stats: CoreStats::default(),
+            strategy,
+            queued_by_class: [0; CLASS_COUNT],
+            queued: 0,
+            live_requests: 0,
+            observed_p99_ns: None,
+            workers: vec![idle; workers],
+            latency: latency_histogram(),
+            batch_size: Histogram::new_with_bounds(1, 1 << 20, 3)
+                .expect("static histogram bounds are valid"),
+            rejected_busy: 0,
+            draining: false,
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! A worker thread: takes batches from its ring, runs its executor, returns the results.
+//!
+//! The worker never talks to the scheduler directly; it only moves buffers between its two
+//! rings and rings the engine's doorbell. It must never drop a batch: every batch it takes
+//! goes back, answered or failed.
+
+use super::doorbell::Doorbell;
+use super::idle::{IdlePolicy, Idler};
+use super::messages::{BatchMsg, ResultMsg};
+use super::ring::{Consumer, Producer};
+use crate::exec::{ExecError, Executor};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything one worker thread owns.
+pub struct WorkerThread {
+    pub id: usize,
+    pub batches: Consumer<BatchMsg>,
+    pub results: Producer<ResultMsg>,
+    pub executor: Box<dyn Executor>,
+    pub bell: Arc<Doorbell>,
+    pub engine_bell: Arc<Doorbell>,
+    /// Set by the engine when it exits; the worker finishes what it holds and stops.
+    pub stop: Arc<AtomicBool>,
+    pub idle: IdlePolicy,
+    pub spin: Duration,
+}
+
+impl WorkerThread {
+    /// The worker's loop; returns when `stop` is set and its ring is empty.
+    pub fn run(mut self) {
+        self.bell.bind_current();
+        let mut idler = Idler::new(self.idle, self.spin);
+        loop {
+            if let Some(BatchMsg { batch, mut items }) = self.batches.pop() {
+                idler.busy();
+                let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.executor.execute(&mut items)
+                })) {
+                    Ok(r) => r,
+                    Err(_) => Err(ExecError::Backend("executor panicked".into())),
+                };
+                let msg = ResultMsg {
+                    batch,
+                    items,
+                    result,
+                };
+                // The engine sends at most `capacity` batches before it gets them back, and
+                // the result ring has the same capacity, so this cannot be full.
+                if self.results.push(msg).is_err() {
+                    unreachable!(
+                        "worker {} result ring full: engine invariant broken",
+                        self.id
+                    );
+                }
+                self.engine_bell.ring();
+                continue;
+            }
+            if self.stop.load(Ordering::Acquire) && self.batches.is_empty() {
+                return;
+            }
+            let batches = &self.batches;
+            let stop = &self.stop;
+            idler.idle(Instant::now(), None, &self.bell, || {
+                !batches.is_empty() || stop.load(Ordering::Acquire)
+            });
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Zero allocations on the engine thread (and in the core) in steady state.
+//!
+//! A counting global allocator counts allocations made by threads marked through the
+//! runtime's `on_thread_start` hook (the engine), and by the test thread while it drives a
+//! bare core. Warm-up first (first-touch growth is allowed), then 100,000 requests each.
+
+use abe::core::{Action, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
+use abe::exec::latency::LatencyModel;
+use abe::runtime::{self, Request, RuntimeConfig, ThreadRole};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Counting;
+
+static COUNTED: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static TRACKED: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: defers to the system allocator; the bookkeeping touches only a const-initialised
+// thread-local and an atomic, neither of which allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if TRACKED.try_with(|t| t.get()).unwrap_or(false) {
+            COUNTED.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if TRACKED.try_with(|t| t.get()).unwrap_or(false) {
+            COUNTED.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn mark_engine(role: ThreadRole) {
+    if role == ThreadRole::Engine {
+        TRACKED.with(|t| t.set(true));
+    }
+}
+
+/// Runs `n` requests through a submitter with at most `window` in flight.
+fn drive(sub: &mut runtime::Submitter, n: u64, window: usize, prompt: &str) {
+    let mut sent = 0u64;
+    let mut done = 0u64;
+    while done < n {
+        while sent < n && sub.in_flight() < window {
+            let req = Request {
+                priority: if sent % 10 == 0 {
+                    Priority::High
+                } else {
+                    Priority::Normal
+                },
+                kind: Kind::Completion,
+                prompt: prompt.to_string(),
+                max_tokens: 4,
+                ..Default::default()
+            };
+            match sub.submit(req, sent) {
+                Ok(()) => sent += 1,
+                Err(_) => break,
+            }
+        }
+        let got = sub.drain_completions(|c| {
+            assert!(
+                c.outcome.is_ok(),
+                "request {} failed: {:?}",
+                c.tag,
+                c.outcome
+            );
+        });
+        done += got as u64;
+        if got == 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn engine_thread_allocates_nothing_over_100k_requests_in_steady_state() {
+    let mut cfg = RuntimeConfig::default();
+    cfg.core.workers = 2;
+    cfg.sim.latency = LatencyModel::None;
+    cfg.pin = false;
+    cfg.on_thread_start = Some(mark_engine);
+    let handle = runtime::start(cfg).expect("runtime starts");
+    let mut sub = handle.submitter(None).expect("submitter");
+    drive(&mut sub, 20_000, 256, "warm up the engine");
+    let before = COUNTED.load(Ordering::Relaxed);
+    drive(&mut sub, 100_000, 256, "steady state");
+    let after = COUNTED.load(Ordering::Relaxed);
+    let report = handle.shutdown(std::time::Duration::from_secs(10));
+    assert!(report.clean);
+    assert_eq!(
+        after - before,
+        0,
+        "engine thread allocated {} times over 100,000 requests",
+        after - before
+    );
+}
+
+#[test]
+fn core_allocates_nothing_over_100k_requests() {
+    let mut core = Core::new(CoreConfig {
+        workers: 2,
+        ..CoreConfig::default()
+    });
+    let mut out = Vec::with_capacity(64);
+    let mut run = |core: &mut Core, n: u64, start: u64| {
+        let mut now = start;
+        for i in 0..n {
+            now += 1000;
+            let p = if i % 7 == 0 {
+                Priority::Critical
+            } else {
+                Priority::Normal
+            };
+            core.admit(now, RequestMeta::new(p, Kind::Completion, 40, 16, now))
+                .expect("room in the queue");
+            core.poll(now, &mut |a| {
+                if let Action::Dispatch { batch, .. } = a {
+                    out.push(batch);
+                }
+            });
+            for b in out.drain(..) {
+                core.complete(now, b, BatchOutcome::Ok);
+            }
+        }
+        now
+    };
+    let now = run(&mut core, 1000, 0);
+    TRACKED.with(|t| t.set(true));
+    let before = COUNTED.load(Ordering::Relaxed);
+    run(&mut core, 100_000, now);
+    let after = COUNTED.load(Ordering::Relaxed);
+    TRACKED.with(|t| t.set(false));
+    assert_eq!(after - before, 0, "core allocated {} times", after - before);
+    assert_eq!(core.stats().completed, 101_000);
+}

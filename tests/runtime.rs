@@ -1,0 +1,308 @@
+//! The live runtime end to end, in process: every submission gets exactly one answer under
+//! concurrency, strategy switches, worker faults and shutdown.
+
+use abe::core::circuit::CircuitState;
+use abe::core::strategy::StrategyKind;
+use abe::core::{FailReason, Kind, Priority};
+use abe::exec::latency::LatencyModel;
+use abe::exec::sim::FaultSettings;
+use abe::exec::Output;
+use abe::runtime::{self, Handle, Pending, Request, RequestError, RuntimeConfig};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn config(workers: usize, latency: LatencyModel) -> RuntimeConfig {
+    let mut cfg = RuntimeConfig::default();
+    cfg.core.workers = workers;
+    cfg.sim.latency = latency;
+    cfg.pin = false;
+    cfg.ring_capacity = 16_384;
+    cfg
+}
+
+fn completion(prompt: &str, priority: Priority) -> Request {
+    Request {
+        priority,
+        kind: Kind::Completion,
+        prompt: prompt.to_string(),
+        max_tokens: 8,
+        ..Default::default()
+    }
+}
+
+/// Waits for every pending request (bounded: a hang fails the test instead of blocking).
+fn wait_all(pending: Vec<Pending>) -> Vec<runtime::Outcome> {
+    pending
+        .into_iter()
+        .map(|p| {
+            p.wait_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("a request got no answer within 60 s"))
+        })
+        .collect()
+}
+
+fn wait_for(handle: &Handle, what: &str, mut cond: impl FnMut(&runtime::Snapshot) -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snap = handle.snapshot();
+        if cond(&snap) {
+            return;
+        }
+        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn ten_thousand_concurrent_submissions_each_get_exactly_one_result() {
+    let handle = Arc::new(runtime::start(config(4, LatencyModel::None)).unwrap());
+    let threads: Vec<_> = (0..20)
+        .map(|t| {
+            let handle = handle.clone();
+            std::thread::spawn(move || {
+                let pending: Vec<Pending> = (0..500)
+                    .map(|i| {
+                        let p = Priority::from_index((t + i) % 4);
+                        handle.submit(completion(&format!("thread {t} request {i}"), p))
+                    })
+                    .collect();
+                wait_all(pending)
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in threads {
+        for outcome in t.join().unwrap() {
+            match outcome {
+                Ok(Output::Text {
+                    completion_tokens, ..
+                }) => {
+                    assert_eq!(completion_tokens, 8);
+                    ok += 1;
+                }
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+    }
+    assert_eq!(ok, 10_000);
+    let report = handle.shutdown(Duration::from_secs(10));
+    assert!(report.clean);
+    assert_eq!(report.completed, 10_000);
+    assert_eq!(report.failed, 0);
+    let snap = handle.snapshot();
+    assert_eq!(snap.stats.admitted, 10_000);
+    assert_eq!(snap.live_requests, 0);
+}
+
+#[test]
+fn a_strategy_switch_under_load_loses_nothing() {
+    let latency = LatencyModel::Linear {
+        base_ms: 1.0,
+        per_token_ms: 0.001,
+        variance: 0.1,
+    };
+    let mut cfg = config(2, latency);
+    cfg.core.dispatch_when_idle = false;
+    cfg.core.strategy_params.max_wait_ms = 5.0;
+    cfg.core.strategy_params.min_wait_ms = 1.0;
+    let handle = Arc::new(runtime::start(cfg).unwrap());
+    let switcher = {
+        let handle = handle.clone();
+        std::thread::spawn(move || {
+            for i in 0..200 {
+                let kind = StrategyKind::ALL[i % StrategyKind::ALL.len()];
+                handle.set_strategy(kind).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let pending: Vec<Pending> = (0..3000)
+        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::from_index(i % 3))))
+        .collect();
+    let outcomes = wait_all(pending);
+    switcher.join().unwrap();
+    assert!(outcomes.iter().all(|o| o.is_ok()), "every request served");
+    wait_for(&handle, "stats published", |s| s.stats.completed == 3000);
+    let snap = handle.snapshot();
+    assert_eq!(snap.stats.failed, 0);
+    assert!(snap.stats.batches_formed < 3000, "requests were batched");
+}
+
+#[test]
+fn a_failing_worker_opens_its_circuit_traffic_moves_and_it_comes_back() {
+    let mut cfg = config(3, LatencyModel::None);
+    cfg.core.circuit.recovery_ns = 300_000_000; // 300 ms, to keep the test short
+    cfg.core.balancer = abe::core::balancer::BalancerKind::RoundRobin;
+    let handle = runtime::start(cfg).unwrap();
+    handle.set_faults(
+        0,
+        FaultSettings {
+            error_rate: 1.0,
+            ..Default::default()
+        },
+    );
+    // One request at a time, so round-robin spreads batches over the workers.
+    let mut worker_errors = 0;
+    for i in 0..60 {
+        match handle
+            .submit(completion(&format!("r{i}"), Priority::Normal))
+            .wait()
+        {
+            Ok(_) => {}
+            Err(RequestError::Worker(_)) => worker_errors += 1,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!(
+        worker_errors, 5,
+        "exactly the failures that opened the circuit"
+    );
+    wait_for(&handle, "worker 0 open", |s| {
+        s.workers[0].circuit == CircuitState::Open && s.stats.completed == 55
+    });
+    let served_by_others: u64 = handle.snapshot().workers[1..]
+        .iter()
+        .map(|w| w.batches_ok)
+        .sum();
+    assert_eq!(served_by_others, 55);
+    // Heal worker 0; after the recovery time a probe succeeds and it takes traffic again.
+    handle.set_faults(0, FaultSettings::default());
+    std::thread::sleep(Duration::from_millis(350));
+    for i in 0..30 {
+        handle
+            .submit(completion(&format!("after {i}"), Priority::Normal))
+            .wait()
+            .expect("served after recovery");
+    }
+    wait_for(&handle, "worker 0 closed and serving", |s| {
+        s.workers[0].circuit == CircuitState::Closed && s.workers[0].batches_ok > 0
+    });
+}
+
+#[test]
+fn shutdown_under_load_answers_every_request() {
+    let latency = LatencyModel::Linear {
+        base_ms: 2.0,
+        per_token_ms: 0.01,
+        variance: 0.1,
+    };
+    let handle = Arc::new(runtime::start(config(2, latency)).unwrap());
+    let pending: Vec<Pending> = (0..2000)
+        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::from_index(i % 4))))
+        .collect();
+    let report = handle.shutdown(Duration::from_secs(30));
+    assert!(report.clean, "{report:?}");
+    let outcomes = wait_all(pending);
+    assert_eq!(outcomes.iter().filter(|o| o.is_ok()).count(), 2000);
+    // After shutdown, new work is refused with a clear error, not dropped.
+    let late = handle.submit(completion("late", Priority::Normal)).wait();
+    assert_eq!(late.unwrap_err(), RequestError::ShuttingDown);
+}
+
+#[test]
+fn shutdown_deadline_aborts_hung_work_with_an_error_and_still_answers_everything() {
+    let handle = runtime::start(config(1, LatencyModel::None)).unwrap();
+    handle.set_faults(
+        0,
+        FaultSettings {
+            hang_rate: 1.0,
+            hang_ms: 60_000.0,
+            ..Default::default()
+        },
+    );
+    let pending: Vec<Pending> = (0..50)
+        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::Normal)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let started = Instant::now();
+    let report = handle.shutdown(Duration::from_millis(200));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "shutdown returned"
+    );
+    assert!(!report.clean);
+    let outcomes = wait_all(pending);
+    assert_eq!(outcomes.len(), 50);
+    for o in outcomes {
+        assert_eq!(o.unwrap_err(), RequestError::Failed(FailReason::Aborted));
+    }
+}
+
+#[test]
+fn a_tagged_submitter_gets_completions_back_and_its_wake_is_called() {
+    let handle = runtime::start(config(2, LatencyModel::None)).unwrap();
+    let wakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = wakes.clone();
+    let mut sub = handle
+        .submitter(Some(Arc::new(move || {
+            w.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        })))
+        .unwrap();
+    for tag in 0..100 {
+        let kind = if tag % 2 == 0 {
+            Kind::Completion
+        } else {
+            Kind::Embedding
+        };
+        let req = Request {
+            kind,
+            prompt: format!("input {tag}"),
+            max_tokens: 3,
+            dimensions: 16,
+            ..Default::default()
+        };
+        sub.submit(req, tag).unwrap();
+    }
+    let mut seen = vec![false; 100];
+    let until = Instant::now() + Duration::from_secs(30);
+    while seen.iter().any(|s| !s) {
+        assert!(Instant::now() < until, "completions did not arrive");
+        sub.drain_completions(|c| {
+            assert!(!seen[c.tag as usize], "tag {} answered twice", c.tag);
+            seen[c.tag as usize] = true;
+            match c.outcome.unwrap() {
+                Output::Embedding { vector, .. } => {
+                    assert_eq!(c.tag % 2, 1);
+                    assert_eq!(vector.len(), 16);
+                }
+                Output::Text { text, .. } => {
+                    assert_eq!(c.tag % 2, 0);
+                    assert_eq!(text.split(' ').count(), 3);
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(sub.in_flight(), 0);
+    assert!(wakes.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn a_full_queue_refuses_with_an_overload_error_and_serves_the_rest() {
+    let mut cfg = config(
+        1,
+        LatencyModel::Linear {
+            base_ms: 200.0,
+            per_token_ms: 0.0,
+            variance: 0.0,
+        },
+    );
+    cfg.core.queue_capacity = 40;
+    cfg.core.max_batch_size = 8;
+    let handle = runtime::start(cfg).unwrap();
+    let pending: Vec<Pending> = (0..100)
+        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::Normal)))
+        .collect();
+    let outcomes = wait_all(pending);
+    let ok = outcomes.iter().filter(|o| o.is_ok()).count();
+    let overload = outcomes
+        .iter()
+        .filter(|o| matches!(o, Err(e) if e.is_overload()))
+        .count();
+    assert_eq!(
+        ok + overload,
+        100,
+        "every request is served or refused as overload"
+    );
+    assert!((40..100).contains(&ok), "ok {ok}");
+}
