@@ -6,8 +6,12 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const GIT_REVISION: &str = env!("ABE_GIT_REVISION");
 /// Cargo profile ("debug" or "release").
 pub const PROFILE: &str = env!("ABE_BUILD_PROFILE");
-
 /// One line for `abe --version`.
-pub fn version_line() -> String {
-    format!("{VERSION} (git {GIT_REVISION}, {PROFILE} build)")
-}
+pub const VERSION_LINE: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("ABE_GIT_REVISION"),
+    ", ",
+    env!("ABE_BUILD_PROFILE"),
+    " build)"
+);

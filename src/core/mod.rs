@@ -171,7 +171,10 @@ impl Core {
     }
 
     /// Queues a request. On success the ticket identifies it until its final answer.
-    pub fn admit(&mut self, _now: Nanos, meta: RequestMeta) -> Result<Ticket, Reject> {
+    pub fn admit(&mut self, _now: Nanos, mut meta: RequestMeta) -> Result<Ticket, Reject> {
+        if !self.cfg.priority_enabled {
+            meta.priority = Priority::Normal;
+        }
         if self.draining {
             self.stats.rejected_draining += 1;
             return Err(Reject::ShuttingDown);
@@ -506,7 +509,7 @@ impl Core {
                 FlushReason::Full
             } else if max_wait_due {
                 FlushReason::MaxWait
-            } else if now.saturating_sub(oldest) >= timeout_ns {
+            } else if now.saturating_sub(oldest) >= timeout_ns && len >= self.cfg.min_batch_size {
                 FlushReason::Timeout
             } else if idle_worker {
                 FlushReason::IdleWorker
@@ -632,16 +635,26 @@ impl Core {
                     .iter_mut()
                     .any(|w| w.can_take(now, max, &circuit))
             };
-            for class in 0..CLASS_COUNT {
-                let Some(head) = self.queues[class].front() else {
-                    continue;
-                };
-                let arrival = self.table.meta(head).arrival_ns;
-                next = next.min(arrival.saturating_add(self.cfg.request_timeout_ns));
-                if can_dispatch {
-                    let p = Priority::from_index(class / BUCKET_COUNT);
-                    let max_wait = request::ms_to_nanos(self.cfg.priority_max_wait_ms[p.index()]);
-                    next = next.min(arrival.saturating_add(max_wait.min(timeout_ns)));
+            for g in 0..self.group_count() {
+                let mut len = 0usize;
+                let mut oldest = Nanos::MAX;
+                for bucket in self.group_buckets(g) {
+                    for p in Priority::HIGHEST_FIRST {
+                        let q = &self.queues[request::class_index(p, bucket)];
+                        let Some(head) = q.front() else { continue };
+                        len += q.len();
+                        let arrival = self.table.meta(head).arrival_ns;
+                        oldest = oldest.min(arrival);
+                        next = next.min(arrival.saturating_add(self.cfg.request_timeout_ns));
+                        if can_dispatch {
+                            let max_wait =
+                                request::ms_to_nanos(self.cfg.priority_max_wait_ms[p.index()]);
+                            next = next.min(arrival.saturating_add(max_wait));
+                        }
+                    }
+                }
+                if can_dispatch && len >= self.cfg.min_batch_size && oldest != Nanos::MAX {
+                    next = next.min(oldest.saturating_add(timeout_ns));
                 }
             }
             if !can_dispatch {

@@ -12,10 +12,15 @@ pub struct CoreConfig {
     pub queue_capacity: usize,
     /// Most requests in one batch. Spec default 32.
     pub max_batch_size: usize,
+    /// A strategy timeout releases a batch only once it holds this many requests (max wait,
+    /// critical, full, idle worker and drain still release smaller ones). Spec default 1.
+    pub min_batch_size: usize,
     /// Most estimated tokens in one batch (a single larger request still goes alone).
     pub max_batch_tokens: u32,
     /// A batch holds requests of one token bucket only.
     pub token_bucketing: bool,
+    /// When false every request is treated as `normal` priority.
+    pub priority_enabled: bool,
     /// Strategy in force at start.
     pub strategy: StrategyKind,
     /// Strategy parameters.
@@ -49,6 +54,8 @@ impl Default for CoreConfig {
         CoreConfig {
             queue_capacity: 10_000,
             max_batch_size: 32,
+            min_batch_size: 1,
+            priority_enabled: true,
             max_batch_tokens: 8192,
             token_bucketing: true,
             strategy: StrategyKind::QueueDepth,

@@ -483,3 +483,40 @@ fn queue_waits_are_counted_per_request() {
     assert_eq!(w.count, 2);
     assert_eq!(w.sum_ns, 50 * MS + 40 * MS);
 }
+
+#[test]
+fn min_batch_size_holds_a_timeout_flush_until_enough_requests_wait() {
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::Fixed,
+        min_batch_size: 3,
+        strategy_params: strategy::StrategyParams {
+            max_wait_ms: 10.0,
+            ..Default::default()
+        },
+        ..cfg()
+    });
+    core.admit(0, req(Priority::Low, 10, 0)).unwrap();
+    core.admit(0, req(Priority::Low, 10, 0)).unwrap();
+    // Two requests: the 10 ms timeout does not release them; low's 100 ms max wait does.
+    assert_eq!(poll(&mut core, 0).next, Some(100 * MS));
+    assert!(poll(&mut core, 50 * MS).dispatches.is_empty());
+    core.admit(60 * MS, req(Priority::Low, 10, 60 * MS))
+        .unwrap();
+    let p = poll(&mut core, 60 * MS);
+    assert_eq!(p.dispatches[0].2, FlushReason::Timeout);
+    assert_eq!(p.dispatches[0].3.len(), 3);
+}
+
+#[test]
+fn with_priorities_disabled_everything_is_normal() {
+    let mut core = Core::new(CoreConfig {
+        priority_enabled: false,
+        ..cfg()
+    });
+    let t = core.admit(0, req(Priority::Critical, 10, 0)).unwrap();
+    assert_eq!(core.meta(t).unwrap().priority, Priority::Normal);
+    assert!(
+        poll(&mut core, 0).dispatches.is_empty(),
+        "no critical flush"
+    );
+}
