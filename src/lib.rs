@@ -6,6 +6,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod build_info;
+pub mod config;
 pub mod core;
 pub mod exec;
 pub mod runtime;
