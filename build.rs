@@ -19,9 +19,9 @@ fn main() {
         .map(|o| !o.stdout.is_empty())
         .unwrap_or(false);
     let rev = if dirty { format!("{rev}-dirty") } else { rev };
-    println!("cargo:rustc-env=ABE_GIT_REVISION={rev}");
+    println!("cargo:rustc-env=BUILDINFO_GIT_REVISION={rev}");
     println!(
-        "cargo:rustc-env=ABE_BUILD_PROFILE={}",
+        "cargo:rustc-env=BUILDINFO_PROFILE={}",
         std::env::var("PROFILE").unwrap_or_else(|_| "unknown".into())
     );
     println!("cargo:rerun-if-changed=.git/HEAD");

@@ -3,15 +3,15 @@
 /// Crate version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Git revision the binary was built from ("unknown" outside a git checkout).
-pub const GIT_REVISION: &str = env!("ABE_GIT_REVISION");
+pub const GIT_REVISION: &str = env!("BUILDINFO_GIT_REVISION");
 /// Cargo profile ("debug" or "release").
-pub const PROFILE: &str = env!("ABE_BUILD_PROFILE");
+pub const PROFILE: &str = env!("BUILDINFO_PROFILE");
 /// One line for `abe --version`.
 pub const VERSION_LINE: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (git ",
-    env!("ABE_GIT_REVISION"),
+    env!("BUILDINFO_GIT_REVISION"),
     ", ",
-    env!("ABE_BUILD_PROFILE"),
+    env!("BUILDINFO_PROFILE"),
     " build)"
 );

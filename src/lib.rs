@@ -5,8 +5,12 @@
 //! these; nothing in the library prints or exits.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod api;
 pub mod build_info;
 pub mod config;
 pub mod core;
 pub mod exec;
+pub mod http;
+pub mod metrics;
 pub mod runtime;
+pub mod serve;

@@ -253,7 +253,7 @@ fn a_tagged_submitter_gets_completions_back_and_its_wake_is_called() {
         };
         sub.submit(req, tag).unwrap();
     }
-    let mut seen = vec![false; 100];
+    let mut seen = [false; 100];
     let until = Instant::now() + Duration::from_secs(30);
     while seen.iter().any(|s| !s) {
         assert!(Instant::now() < until, "completions did not arrive");

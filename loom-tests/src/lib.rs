@@ -1,1 +1,52 @@
-//! Intentionally empty: the models live in tests/.
+//! Shared helpers for the loom models in `tests/`; the models themselves live there.
+//!
+//! Everything here exists only under `--cfg loom`; a plain build of this crate is empty.
+//! Run the models with:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=2 \
+//!     cargo test -p loom-tests --release
+//! ```
+
+/// Preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set. Unbounded exploration of
+/// even these small models takes far longer than CI allows; 2 finds the classic
+/// lost-wake-up and publish-ordering bugs (tokio and crossbeam use the same bound).
+#[cfg(loom)]
+pub const DEFAULT_MAX_PREEMPTIONS: usize = 2;
+
+/// Runs `f` under loom with the environment's settings (`LOOM_MAX_PREEMPTIONS`,
+/// `LOOM_MAX_BRANCHES`, ...), falling back to [`DEFAULT_MAX_PREEMPTIONS`], so a bare
+/// `cargo test` under `--cfg loom` cannot run unbounded by accident.
+///
+/// # Panics
+///
+/// When loom finds a failing execution (the model's own panic, a deadlock, a leak or a
+/// causality violation), and when the model explored only one execution (nothing raced).
+#[cfg(loom)]
+pub fn model<F>(f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(DEFAULT_MAX_PREEMPTIONS);
+    }
+    // A plain std counter, outside the model: loom runs executions one after another on
+    // this thread, so Relaxed is enough and loom does not track it.
+    let executions = Arc::new(AtomicUsize::new(0));
+    let counter = executions.clone();
+    builder.check(move || {
+        counter.fetch_add(1, Ordering::Relaxed);
+        f();
+    });
+    let executions = executions.load(Ordering::Relaxed);
+    // Shown with `--nocapture`; a model that explores a single execution checks nothing.
+    println!(
+        "loom explored {executions} executions (preemption bound {:?})",
+        builder.preemption_bound
+    );
+    assert!(executions > 1, "the model has no interleavings to explore");
+}

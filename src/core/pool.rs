@@ -28,7 +28,7 @@ impl WorkerStatus {
 /// One worker as the scheduler sees it.
 ///
 /// Invariant: `pending <= max_inflight`; `busy_since_ns` is meaningful only while `pending > 0`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct WorkerView {
     /// Batches handed over and not yet returned (including abandoned ones still running).
     pub pending: u32,
@@ -40,19 +40,6 @@ pub struct WorkerView {
     pub busy_ns_total: Nanos,
     busy_since_ns: Nanos,
     pub circuit: CircuitBreaker,
-}
-
-impl Default for WorkerView {
-    fn default() -> Self {
-        WorkerView {
-            pending: 0,
-            batches_ok: 0,
-            batches_failed: 0,
-            busy_ns_total: 0,
-            busy_since_ns: 0,
-            circuit: CircuitBreaker::default(),
-        }
-    }
 }
 
 impl WorkerView {

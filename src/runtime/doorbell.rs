@@ -47,7 +47,15 @@ impl Doorbell {
         // SeqCst fence: orders our publish (an earlier Release store) before the load of
         // `sleeping`, pairing with the consumer's fence between its store and its re-check.
         fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) && self.sleeping.swap(false, Ordering::Relaxed) {
+        // compare_exchange rather than swap: the same meaning (a failed CAS writes nothing),
+        // and loom checks it correctly (loom 0.7 lets a swap's read and write straddle a racing
+        // store, tokio-rs/loom#254, which shows up as a false lost wake-up).
+        if self.sleeping.load(Ordering::Relaxed)
+            && self
+                .sleeping
+                .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
             unpark_in(&self.consumer);
         }
     }

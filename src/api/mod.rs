@@ -1,0 +1,374 @@
+//! The OpenAI-compatible API: routes a parsed request to an immediate response or to a
+//! [`Job`] of engine requests, and renders a job's outcomes as OpenAI JSON.
+//!
+//! Runs on io threads. It may allocate and parse; it must never block (the only calls into
+//! the runtime are non-blocking: snapshot reads, strategy control pushes).
+
+pub mod render;
+pub mod wire;
+
+use crate::config::Config;
+use crate::core::strategy::StrategyKind;
+use crate::core::{FailReason, Kind, Reject};
+use crate::http::parse::{Head, Method};
+use crate::http::response::{Response, Status};
+use crate::metrics::http_stats::HttpStats;
+use crate::runtime::{Handle, Outcome, Request, RequestError};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use wire::{BodyError, CompletionBody, EmbeddingBody};
+
+/// What the io threads share to answer requests.
+pub struct ApiContext {
+    pub handle: Arc<Handle>,
+    pub config: Arc<Config>,
+    pub http_stats: Arc<HttpStats>,
+}
+
+/// What a request turns into.
+pub enum Routed {
+    /// Answer now.
+    Now(Response),
+    /// Submit these engine requests; render the answer when all are back.
+    Submit(Job),
+}
+
+/// How to render a job's outcomes.
+#[derive(Clone, Debug)]
+pub enum JobKind {
+    Completion,
+    Embedding { base64: bool },
+}
+
+/// Engine requests from one HTTP request, and how to answer once they are done.
+pub struct Job {
+    pub kind: JobKind,
+    pub model: String,
+    pub requests: Vec<Request>,
+    pub created_unix: u64,
+}
+
+impl Job {
+    /// The HTTP response for the outcomes, in request order. Any error answers the whole
+    /// request with that error (the first one).
+    pub fn render(&self, outcomes: Vec<Outcome>, id: u64) -> Response {
+        let mut outputs = Vec::with_capacity(outcomes.len());
+        for o in outcomes {
+            match o {
+                Ok(out) => outputs.push(out),
+                Err(e) => return error_response(&e),
+            }
+        }
+        match self.kind {
+            JobKind::Completion => render::completion(&self.model, self.created_unix, id, &outputs),
+            JobKind::Embedding { base64 } => render::embedding(&self.model, base64, &outputs),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The HTTP error for an engine outcome error.
+pub fn error_response(e: &RequestError) -> Response {
+    let (status, code) = match e {
+        RequestError::Busy => (Status::TooManyRequests, "engine_busy"),
+        RequestError::Rejected(Reject::QueueFull { .. }) => (Status::TooManyRequests, "queue_full"),
+        RequestError::Rejected(Reject::ShuttingDown) | RequestError::ShuttingDown => {
+            (Status::ServiceUnavailable, "shutting_down")
+        }
+        RequestError::Failed(FailReason::QueueTimeout) => {
+            (Status::ServiceUnavailable, "queue_timeout")
+        }
+        RequestError::Failed(FailReason::BatchTimeout) => (Status::GatewayTimeout, "batch_timeout"),
+        RequestError::Failed(FailReason::WorkerError) | RequestError::Worker(_) => {
+            (Status::InternalError, "worker_error")
+        }
+        RequestError::Failed(FailReason::Cancelled) => (Status::BadRequest, "cancelled"),
+        RequestError::Failed(FailReason::Aborted) => (Status::ServiceUnavailable, "aborted"),
+    };
+    Response::error(status, code, e.to_string())
+}
+
+fn bad(e: BodyError) -> Routed {
+    Routed::Now(Response::error(Status::BadRequest, e.code, e.message))
+}
+
+/// Routes one request.
+pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
+    let path = head.path.as_str();
+    let allow = |allowed: &'static str| {
+        Routed::Now(
+            Response::error(
+                Status::MethodNotAllowed,
+                "method_not_allowed",
+                format!("{path} supports {allowed} only"),
+            )
+            .with_header(format!("Allow: {allowed}")),
+        )
+    };
+    let is_get = matches!(head.method, Method::Get | Method::Head);
+    match path {
+        "/v1/completions" | "/v1/embeddings" => {
+            if head.method != Method::Post {
+                return allow("POST");
+            }
+            if !ctx.handle.is_accepting() {
+                return Routed::Now(Response::error(
+                    Status::ServiceUnavailable,
+                    "shutting_down",
+                    "the server is shutting down and no longer accepts requests",
+                ));
+            }
+            let routed = if path == "/v1/completions" {
+                completions(ctx, head, body)
+            } else {
+                embeddings(ctx, head, body)
+            };
+            routed.unwrap_or_else(|r| r)
+        }
+        "/v1/models" if is_get => Routed::Now(render::models(&ctx.config.server.model_name)),
+        "/health" if is_get => {
+            Routed::Now(Response::json(Status::Ok, br#"{"status":"ok"}"#.to_vec()))
+        }
+        "/ready" if is_get => {
+            if ctx.handle.is_accepting() {
+                Routed::Now(Response::json(
+                    Status::Ok,
+                    br#"{"status":"ready"}"#.to_vec(),
+                ))
+            } else {
+                Routed::Now(Response::error(
+                    Status::ServiceUnavailable,
+                    "not_ready",
+                    "the server is shutting down",
+                ))
+            }
+        }
+        "/metrics" if is_get => {
+            let snap = ctx.handle.snapshot();
+            let mut out = String::with_capacity(16 * 1024);
+            crate::metrics::prometheus::render(&snap, &ctx.http_stats, &mut out);
+            Routed::Now(Response::text(
+                Status::Ok,
+                "text/plain; version=0.0.4; charset=utf-8",
+                out.into_bytes(),
+            ))
+        }
+        "/metrics/json" if is_get => {
+            let snap = ctx.handle.snapshot();
+            let now_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            let v = crate::metrics::json::render(&snap, &ctx.http_stats, now_ms);
+            Routed::Now(Response::json(
+                Status::Ok,
+                serde_json::to_vec(&v).unwrap_or_default(),
+            ))
+        }
+        "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" => allow("GET, HEAD"),
+        p if p.starts_with("/admin/") => Routed::Now(admin(ctx, head, p)),
+        "/v1/chat/completions" => Routed::Now(Response::error(
+            Status::NotFound,
+            "not_implemented",
+            "/v1/chat/completions is not available yet in this build; use /v1/completions",
+        )),
+        _ => Routed::Now(Response::error(
+            Status::NotFound,
+            "not_found",
+            format!(
+                "no such endpoint: {path}; endpoints are /v1/completions, /v1/embeddings, \
+                 /v1/models, /metrics, /metrics/json, /health, /ready, /admin/strategy/{{name}}"
+            ),
+        )),
+    }
+}
+
+fn check_model(ctx: &ApiContext, model: Option<&str>) -> Result<String, Routed> {
+    let served = &ctx.config.server.model_name;
+    match model {
+        None => Ok(served.clone()),
+        Some("") => Err(Routed::Now(Response::error(
+            Status::BadRequest,
+            "invalid_value",
+            "'model' must not be empty",
+        ))),
+        Some(m) if m == served => Ok(served.clone()),
+        Some(m) => Err(Routed::Now(Response::error(
+            Status::NotFound,
+            "model_not_found",
+            format!("Model '{m}' not found; this server serves '{served}'"),
+        ))),
+    }
+}
+
+fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
+    let b: CompletionBody = wire::parse_body(body).map_err(bad)?;
+    let model = check_model(ctx, b.model.as_deref())?;
+    let limit = ctx.config.server.max_tokens_limit;
+    let max_tokens = match b.max_tokens {
+        None => 16,
+        Some(n) if n < 1 || n > i64::from(limit) => {
+            return Err(bad(wire::body_error(
+                "invalid_value",
+                format!("'max_tokens' must be between 1 and {limit}, got {n}"),
+            )))
+        }
+        Some(n) => n as u32,
+    };
+    if let Some(n) = b.n {
+        if n != 1 {
+            return Err(bad(wire::body_error(
+                "invalid_value",
+                format!("'n' must be 1 (got {n}): one choice per prompt is supported"),
+            )));
+        }
+    }
+    if b.stream == Some(true) {
+        return Err(bad(wire::body_error(
+            "unsupported_value",
+            "'stream': true is not supported yet; send stream: false or omit it",
+        )));
+    }
+    let priority = wire::priority(b.priority.as_deref(), head.priority.as_deref()).map_err(bad)?;
+    let prompts =
+        wire::inputs("prompt", b.prompt, ctx.config.server.max_batch_inputs).map_err(bad)?;
+    let seed = b.seed.map(|s| s as u64);
+    let requests = prompts
+        .into_iter()
+        .map(|prompt| Request {
+            priority,
+            kind: Kind::Completion,
+            prompt,
+            max_tokens,
+            dimensions: 0,
+            seed,
+            predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
+        })
+        .collect();
+    Ok(Routed::Submit(Job {
+        kind: JobKind::Completion,
+        model,
+        requests,
+        created_unix: unix_now(),
+    }))
+}
+
+fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
+    let b: EmbeddingBody = wire::parse_body(body).map_err(bad)?;
+    let model = check_model(ctx, b.model.as_deref())?;
+    let base64 = match b.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(bad(wire::body_error(
+                "invalid_value",
+                format!("'encoding_format' must be \"float\" or \"base64\", got \"{other}\""),
+            )))
+        }
+    };
+    let dimensions = match b.dimensions {
+        None => 0,
+        Some(d) if !(1..=65_536).contains(&d) => {
+            return Err(bad(wire::body_error(
+                "invalid_value",
+                format!("'dimensions' must be between 1 and 65536, got {d}"),
+            )))
+        }
+        Some(d) => d as u32,
+    };
+    let priority = wire::priority(b.priority.as_deref(), head.priority.as_deref()).map_err(bad)?;
+    let inputs = wire::inputs("input", b.input, ctx.config.server.max_batch_inputs).map_err(bad)?;
+    let requests = inputs
+        .into_iter()
+        .map(|prompt| Request {
+            priority,
+            kind: Kind::Embedding,
+            prompt,
+            max_tokens: 0,
+            dimensions,
+            seed: None,
+            predicted_output_tokens: 0,
+        })
+        .collect();
+    Ok(Routed::Submit(Job {
+        kind: JobKind::Embedding { base64 },
+        model,
+        requests,
+        created_unix: unix_now(),
+    }))
+}
+
+/// `/admin/*`: bearer-token protected control endpoints.
+fn admin(ctx: &ApiContext, head: &Head, path: &str) -> Response {
+    let server = &ctx.config.server;
+    if !server.admin_enabled {
+        return Response::error(
+            Status::NotFound,
+            "not_found",
+            "admin endpoints are disabled (server.admin_enabled = false)",
+        );
+    }
+    if !server.admin_token.is_empty() {
+        let expected = format!("Bearer {}", server.admin_token);
+        if head.authorization.as_deref() != Some(expected.as_str()) {
+            return Response::error(
+                Status::Unauthorized,
+                "unauthorized",
+                "admin endpoints need 'Authorization: Bearer <server.admin_token>'",
+            )
+            .with_header("WWW-Authenticate: Bearer");
+        }
+    }
+    if path == "/admin/strategy" {
+        if !matches!(head.method, Method::Get | Method::Head) {
+            return Response::error(
+                Status::MethodNotAllowed,
+                "method_not_allowed",
+                "/admin/strategy supports GET; switch with POST /admin/strategy/{name}",
+            )
+            .with_header("Allow: GET, HEAD");
+        }
+        let snap = ctx.handle.snapshot();
+        let body = serde_json::json!({
+            "strategy": snap.strategy.as_str(),
+            "valid": StrategyKind::ALL.map(|k| k.as_str()),
+        });
+        return Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default());
+    }
+    let Some(name) = path.strip_prefix("/admin/strategy/") else {
+        return Response::error(
+            Status::NotFound,
+            "not_found",
+            format!("no such admin endpoint: {path}; try POST /admin/strategy/{{name}}"),
+        );
+    };
+    if head.method != Method::Post {
+        return Response::error(
+            Status::MethodNotAllowed,
+            "method_not_allowed",
+            format!("{path} supports POST only"),
+        )
+        .with_header("Allow: POST");
+    }
+    let kind: StrategyKind = match name.parse() {
+        Ok(k) => k,
+        Err(e) => {
+            return Response::error(Status::BadRequest, "unknown_strategy", format!("{e}"));
+        }
+    };
+    match ctx.handle.set_strategy(kind) {
+        Ok(()) => {
+            tracing::info!(strategy = kind.as_str(), "strategy switched via admin API");
+            let body = serde_json::json!({ "strategy": kind.as_str() });
+            Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
+        }
+        Err(e) => error_response(&e),
+    }
+}

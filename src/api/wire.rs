@@ -1,0 +1,229 @@
+//! OpenAI wire types for request bodies, with validation that names the offending field.
+//!
+//! Unknown fields are ignored, as OpenAI-compatible servers do. Parsing happens on io
+//! threads; nothing here touches the engine.
+
+use crate::core::Priority;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+
+/// `prompt` / `input`: one string or an array of strings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TextInputs(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for TextInputs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TextInputs;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TextInputs, E> {
+                Ok(TextInputs(vec![v.to_string()]))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<TextInputs, E> {
+                Ok(TextInputs(vec![v]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextInputs, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1));
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(TextInputs(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Body of `POST /v1/completions`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CompletionBody {
+    pub model: Option<String>,
+    pub prompt: Option<TextInputs>,
+    pub max_tokens: Option<i64>,
+    pub priority: Option<String>,
+    pub stream: Option<bool>,
+    pub seed: Option<i64>,
+    pub n: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// abe extension: predicted output length hint for length-aware strategies.
+    pub predicted_output_tokens: Option<u32>,
+}
+
+/// Body of `POST /v1/embeddings`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct EmbeddingBody {
+    pub model: Option<String>,
+    pub input: Option<TextInputs>,
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<i64>,
+    pub priority: Option<String>,
+}
+
+/// A request body problem: HTTP 400 with `code` and `message`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BodyError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+pub(crate) fn body_error(code: &'static str, message: impl Into<String>) -> BodyError {
+    BodyError {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Parses a JSON body into `T`, naming the field on a type error.
+pub fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BodyError> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(body_error(
+            "invalid_json",
+            "request body is empty: send a JSON object",
+        ));
+    }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(body_error(
+            "invalid_json",
+            "request body must be a JSON object, like {\"prompt\": \"...\"}",
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            body_error(
+                "invalid_json",
+                format!("request body is not valid JSON: {inner}"),
+            )
+        } else if path == "." || path.is_empty() {
+            body_error(
+                "invalid_json",
+                format!("request body must be a JSON object: {inner}"),
+            )
+        } else {
+            body_error(
+                "invalid_type",
+                format!(
+                    "invalid value for '{path}': {}",
+                    strip_position(&inner.to_string())
+                ),
+            )
+        }
+    })
+}
+
+/// Drops serde_json's " at line L column C" suffix (the field path says where).
+fn strip_position(msg: &str) -> &str {
+    msg.find(" at line ").map(|i| &msg[..i]).unwrap_or(msg)
+}
+
+/// Priority from the body field, else the `X-Priority` header, else normal.
+pub fn priority(body: Option<&str>, header: Option<&str>) -> Result<Priority, BodyError> {
+    match body.or(header) {
+        None => Ok(Priority::Normal),
+        Some(s) => s
+            .parse()
+            .map_err(|e: crate::core::request::UnknownPriority| {
+                body_error("invalid_priority", e.to_string())
+            }),
+    }
+}
+
+/// Validates text inputs: present, non-empty list, no empty string, at most `max` items.
+pub fn inputs(
+    field: &str,
+    value: Option<TextInputs>,
+    max: usize,
+) -> Result<Vec<String>, BodyError> {
+    let Some(TextInputs(items)) = value else {
+        return Err(body_error(
+            "missing_field",
+            format!("missing required field '{field}'"),
+        ));
+    };
+    if items.is_empty() {
+        return Err(body_error(
+            "invalid_value",
+            format!("'{field}' must not be an empty array"),
+        ));
+    }
+    if items.len() > max {
+        return Err(body_error(
+            "invalid_value",
+            format!(
+                "'{field}' has {} items; at most {max} are allowed",
+                items.len()
+            ),
+        ));
+    }
+    if let Some(i) = items.iter().position(|s| s.is_empty()) {
+        let at = if items.len() == 1 {
+            String::new()
+        } else {
+            format!(" (item {i})")
+        };
+        return Err(body_error(
+            "invalid_value",
+            format!("'{field}' must not be an empty string{at}"),
+        ));
+    }
+    Ok(items)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_accepts_a_string_or_an_array_and_names_bad_types() {
+        let b: CompletionBody = parse_body(br#"{"prompt":"hi","extra":{"x":1}}"#).unwrap();
+        assert_eq!(b.prompt, Some(TextInputs(vec!["hi".into()])));
+        let b: CompletionBody = parse_body(br#"{"prompt":["a","b"]}"#).unwrap();
+        assert_eq!(b.prompt.unwrap().0.len(), 2);
+        let e = parse_body::<CompletionBody>(br#"{"prompt":5}"#).unwrap_err();
+        assert_eq!(e.code, "invalid_type");
+        assert!(
+            e.message.contains("'prompt'") && e.message.contains("a string or an array of strings"),
+            "{}",
+            e.message
+        );
+        let e = parse_body::<CompletionBody>(br#"{"max_tokens":"ten"}"#).unwrap_err();
+        assert!(
+            e.message.starts_with("invalid value for 'max_tokens'"),
+            "{}",
+            e.message
+        );
+        let e = parse_body::<CompletionBody>(br#"{"prompt": "x""#).unwrap_err();
+        assert_eq!(e.code, "invalid_json");
+        let e = parse_body::<CompletionBody>(b"[1,2]").unwrap_err();
+        assert_eq!(e.code, "invalid_json");
+        let e = parse_body::<CompletionBody>(b"").unwrap_err();
+        assert!(e.message.contains("empty"));
+    }
+
+    #[test]
+    fn inputs_and_priority_are_validated_with_actionable_messages() {
+        assert_eq!(
+            inputs("prompt", None, 10).unwrap_err().message,
+            "missing required field 'prompt'"
+        );
+        let e = inputs("prompt", Some(TextInputs(vec!["a".into(), "".into()])), 10).unwrap_err();
+        assert_eq!(e.message, "'prompt' must not be an empty string (item 1)");
+        let e = inputs("input", Some(TextInputs(vec!["a".into(); 3])), 2).unwrap_err();
+        assert!(e.message.contains("at most 2"));
+        assert_eq!(priority(None, Some("high")).unwrap(), Priority::High);
+        assert_eq!(priority(Some("low"), Some("high")).unwrap(), Priority::Low);
+        assert!(priority(Some("urgent"), None)
+            .unwrap_err()
+            .message
+            .contains("low, normal, high, critical"));
+    }
+}

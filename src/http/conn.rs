@@ -1,0 +1,181 @@
+//! One HTTP/1.1 connection: its buffers, the requests it has in flight (pipelining), and
+//! the deadlines that bound it.
+//!
+//! Responses leave in request order: each parsed request gets a [`Slot`] at the back of the
+//! queue; only finished slots at the front are written. Buffers never grow past the limits
+//! (a head larger than `max_header_bytes` is 431, a body larger than `max_body_bytes` is
+//! 413), so a connection's memory is bounded.
+
+use super::parse::Head;
+use super::response::Response;
+use crate::api::Job;
+use crate::metrics::http_stats::Endpoint;
+use crate::runtime::Outcome;
+use mio::net::TcpStream;
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::time::Instant;
+
+/// One request's place in the response order.
+pub struct Slot {
+    pub seq: u64,
+    pub endpoint: Endpoint,
+    /// Close the connection after writing this response.
+    pub close: bool,
+    /// HEAD request: write the head only.
+    pub head_only: bool,
+    /// Set once the response is known.
+    pub response: Option<Response>,
+    /// For engine jobs: how to render, and the outcomes gathered so far.
+    pub job: Option<Job>,
+    pub outcomes: Vec<Option<Outcome>>,
+    pub remaining: usize,
+}
+
+/// A request head parsed, waiting for its body.
+pub struct Partial {
+    pub head: Head,
+    pub continue_sent: bool,
+}
+
+/// Connection state.
+pub struct Conn {
+    pub stream: TcpStream,
+    /// Distinguishes this connection from an earlier one in the same slab slot.
+    pub generation: u32,
+    /// Bytes read and not yet consumed by the parser.
+    pub read_buf: Vec<u8>,
+    /// Bytes to write; `written` of them are already on the wire.
+    pub write_buf: Vec<u8>,
+    pub written: usize,
+    pub slots: VecDeque<Slot>,
+    pub next_seq: u64,
+    /// The head of the request being read, once parsed.
+    pub partial: Option<Partial>,
+    /// When the first byte of the request being read arrived (for the read deadline).
+    pub request_started: Option<Instant>,
+    /// Last time anything was read or written.
+    pub last_activity: Instant,
+    /// When the write buffer last became non-empty (for the write deadline).
+    pub write_started: Option<Instant>,
+    /// No more requests are read (an error, `Connection: close`, or peer EOF).
+    pub read_done: bool,
+    /// Close once every slot is written.
+    pub close_when_flushed: bool,
+}
+
+/// What a read found.
+pub enum ReadResult {
+    /// Read some bytes (maybe zero); the socket would block now.
+    Open,
+    /// The peer closed its side.
+    Eof,
+}
+
+impl Conn {
+    /// A connection for an accepted stream.
+    pub fn new(stream: TcpStream, generation: u32, now: Instant) -> Conn {
+        Conn {
+            stream,
+            generation,
+            read_buf: Vec::with_capacity(4096),
+            write_buf: Vec::with_capacity(4096),
+            written: 0,
+            slots: VecDeque::new(),
+            next_seq: 0,
+            partial: None,
+            request_started: None,
+            last_activity: now,
+            write_started: None,
+            read_done: false,
+            close_when_flushed: false,
+        }
+    }
+
+    /// Reads until the socket would block or `limit` bytes are buffered.
+    pub fn read_available(
+        &mut self,
+        limit: usize,
+        now: Instant,
+    ) -> io::Result<(ReadResult, usize)> {
+        let mut chunk = [0u8; 16 * 1024];
+        let mut total = 0;
+        while self.read_buf.len() < limit {
+            let want = chunk.len().min(limit - self.read_buf.len());
+            match self.stream.read(&mut chunk[..want]) {
+                Ok(0) => return Ok((ReadResult::Eof, total)),
+                Ok(n) => {
+                    if self.read_buf.is_empty() && self.partial.is_none() {
+                        self.request_started = Some(now);
+                    }
+                    self.read_buf.extend_from_slice(&chunk[..n]);
+                    self.last_activity = now;
+                    total += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((ReadResult::Open, total))
+    }
+
+    /// Moves finished responses from the front of the queue into the write buffer, in
+    /// order, reporting (endpoint, status) of each to `on_response` for stats.
+    pub fn stage_ready(&mut self, mut on_response: impl FnMut(Endpoint, u16)) {
+        while let Some(front) = self.slots.front() {
+            if front.response.is_none() {
+                break;
+            }
+            let slot = self.slots.pop_front().expect("front exists");
+            let response = slot.response.expect("checked above");
+            let close = slot.close;
+            if self.write_buf.len() == self.written {
+                self.write_started = None;
+            }
+            response.write_to(&mut self.write_buf, close, slot.head_only);
+            on_response(slot.endpoint, response.status.code());
+            if slot.close {
+                self.close_when_flushed = true;
+                self.slots.clear();
+                break;
+            }
+        }
+    }
+
+    /// Writes as much of the write buffer as the socket takes.
+    pub fn flush(&mut self, now: Instant) -> io::Result<usize> {
+        let mut total = 0;
+        while self.written < self.write_buf.len() {
+            match self.stream.write(&self.write_buf[self.written..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.written += n;
+                    total += n;
+                    self.last_activity = now;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        if self.written == self.write_buf.len() {
+            self.write_buf.clear();
+            self.written = 0;
+            self.write_started = None;
+        } else if self.write_started.is_none() {
+            self.write_started = Some(now);
+        }
+        Ok(total)
+    }
+
+    /// Everything answered and written.
+    pub fn is_quiet(&self) -> bool {
+        self.slots.is_empty() && self.write_buf.is_empty()
+    }
+
+    /// True once the connection should be closed: asked to close and fully flushed.
+    pub fn should_close(&self) -> bool {
+        self.close_when_flushed && self.slots.is_empty() && self.write_buf.is_empty()
+    }
+}

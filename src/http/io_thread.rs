@@ -1,0 +1,539 @@
+//! One io thread: a mio event loop that accepts connections, parses every pipelined request,
+//! submits engine work through its own [`Submitter`], and writes responses in order.
+//!
+//! Events are hints: every readable connection is read until WouldBlock, every response
+//! batch is written once. Nothing here may block: the engine's answers arrive on this
+//! thread's completion ring and a mio `Waker` says when to look.
+
+use super::conn::{Conn, Partial, ReadResult, Slot};
+use super::parse::{self, Method};
+use super::response::{Response, Status};
+use crate::api::{self, ApiContext, Routed};
+use crate::metrics::http_stats::Endpoint;
+use crate::runtime::Submitter;
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+
+/// How often deadlines are checked.
+const TICK: Duration = Duration::from_millis(50);
+
+/// State shared by all io threads of a server.
+pub struct ServerShared {
+    /// Stop accepting and exit once every admitted request is answered and written.
+    pub stopping: AtomicBool,
+    /// Exit now, closing what is left (after the drain deadline).
+    pub hard_stop: AtomicBool,
+    /// Connections open across all io threads.
+    pub open_connections: AtomicUsize,
+}
+
+/// One engine request in flight for a connection slot.
+#[derive(Clone, Copy)]
+struct InFlight {
+    conn: usize,
+    generation: u32,
+    seq: u64,
+    part: usize,
+}
+
+/// Everything one io thread owns.
+pub struct IoThread {
+    pub poll: Poll,
+    pub listener: Option<TcpListener>,
+    pub submitter: Submitter,
+    pub ctx: Arc<ApiContext>,
+    pub shared: Arc<ServerShared>,
+    conns: Vec<Option<Conn>>,
+    free_conns: Vec<usize>,
+    generation: u32,
+    inflight: Vec<Option<InFlight>>,
+    free_inflight: Vec<usize>,
+    inflight_count: usize,
+    touched: Vec<usize>,
+    next_response_id: u64,
+}
+
+impl IoThread {
+    /// An io thread over `listener`, submitting through `submitter`.
+    pub fn new(
+        poll: Poll,
+        mut listener: TcpListener,
+        submitter: Submitter,
+        ctx: Arc<ApiContext>,
+        shared: Arc<ServerShared>,
+        thread_index: u64,
+    ) -> std::io::Result<IoThread> {
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        Ok(IoThread {
+            poll,
+            listener: Some(listener),
+            submitter,
+            ctx,
+            shared,
+            conns: Vec::new(),
+            free_conns: Vec::new(),
+            generation: 0,
+            inflight: Vec::new(),
+            free_inflight: Vec::new(),
+            inflight_count: 0,
+            touched: Vec::new(),
+            next_response_id: thread_index << 48,
+        })
+    }
+
+    /// Runs the event loop until the server stops.
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut last_tick = Instant::now();
+        loop {
+            if let Err(e) = self.poll.poll(&mut events, Some(TICK)) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "io thread poll failed; stopping");
+                    return;
+                }
+            }
+            let now = Instant::now();
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept(now),
+                    WAKER => {}
+                    Token(t) => {
+                        let idx = t - FIRST_CONN;
+                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                            self.on_readable(idx, now);
+                        }
+                        if ev.is_writable() {
+                            self.touched.push(idx);
+                        }
+                    }
+                }
+            }
+            // Completions may arrive without a waker event if they raced with this turn.
+            self.drain_completions();
+            self.flush_touched(now);
+            if now.duration_since(last_tick) >= TICK {
+                last_tick = now;
+                self.check_deadlines(now);
+            }
+            if self.shared.stopping.load(Ordering::Acquire) {
+                if let Some(mut l) = self.listener.take() {
+                    let _ = self.poll.registry().deregister(&mut l);
+                }
+                let quiet = self.inflight_count == 0
+                    && self.conns.iter().flatten().all(|c| c.write_buf.is_empty());
+                if quiet || self.shared.hard_stop.load(Ordering::Acquire) {
+                    self.close_all();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, now: Instant) {
+        loop {
+            let Some(listener) = &self.listener else {
+                return;
+            };
+            let (mut stream, _) = match listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            };
+            let max = self.ctx.config.server.max_connections;
+            if self.shared.open_connections.load(Ordering::Relaxed) >= max {
+                self.ctx.http_stats.connection_refused();
+                let mut out = Vec::new();
+                Response::error(
+                    Status::ServiceUnavailable,
+                    "too_many_connections",
+                    format!("the server is at its connection limit ({max}); retry later"),
+                )
+                .write_to(&mut out, true, false);
+                let _ = stream.write(&out);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let idx = match self.free_conns.pop() {
+                Some(i) => i,
+                None => {
+                    self.conns.push(None);
+                    self.conns.len() - 1
+                }
+            };
+            if let Err(e) = self.poll.registry().register(
+                &mut stream,
+                Token(idx + FIRST_CONN),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                tracing::warn!(error = %e, "could not register connection");
+                self.free_conns.push(idx);
+                continue;
+            }
+            self.generation = self.generation.wrapping_add(1);
+            self.conns[idx] = Some(Conn::new(stream, self.generation, now));
+            self.shared.open_connections.fetch_add(1, Ordering::Relaxed);
+            self.ctx.http_stats.connection_opened();
+        }
+    }
+
+    fn on_readable(&mut self, idx: usize, now: Instant) {
+        self.touched.push(idx);
+        self.read_and_process(idx, now);
+    }
+
+    /// Reads what the socket has (unless paused) and handles every complete request.
+    fn read_and_process(&mut self, idx: usize, now: Instant) {
+        let limits = &self.ctx.config.server;
+        let buffer_limit = limits.max_header_bytes + limits.max_body_bytes + 1;
+        let max_pipelined = limits.max_pipelined;
+        let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
+            return;
+        };
+        if !conn.read_done && conn.slots.len() < max_pipelined {
+            match conn.read_available(buffer_limit, now) {
+                Ok((ReadResult::Open, n)) => self.ctx.http_stats.add_bytes_in(n as u64),
+                Ok((ReadResult::Eof, n)) => {
+                    self.ctx.http_stats.add_bytes_in(n as u64);
+                    conn.read_done = true;
+                    conn.close_when_flushed = true;
+                }
+                Err(_) => {
+                    self.close(idx);
+                    return;
+                }
+            }
+        }
+        self.process(idx, now);
+    }
+
+    /// Parses and routes every complete request in the read buffer (up to `max_pipelined`
+    /// unanswered).
+    fn process(&mut self, idx: usize, now: Instant) {
+        let max_header = self.ctx.config.server.max_header_bytes;
+        let max_body = self.ctx.config.server.max_body_bytes;
+        let max_pipelined = self.ctx.config.server.max_pipelined;
+        loop {
+            let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
+                return;
+            };
+            if conn.close_when_flushed && conn.read_done && conn.read_buf.is_empty() {
+                return;
+            }
+            if conn.slots.len() >= max_pipelined || conn.slots.back().is_some_and(|s| s.close) {
+                return;
+            }
+            if conn.partial.is_none() {
+                if conn.read_buf.is_empty() {
+                    conn.request_started = None;
+                    return;
+                }
+                match parse::parse_head(&conn.read_buf, max_header, max_body) {
+                    Ok(None) => return,
+                    Ok(Some(head)) => {
+                        conn.partial = Some(Partial {
+                            head,
+                            continue_sent: false,
+                        })
+                    }
+                    Err(e) => {
+                        let endpoint = Endpoint::Other;
+                        let response = Response::error(e.status, "bad_request", e.message);
+                        conn.read_buf.clear();
+                        conn.read_done = true;
+                        self.push_ready(idx, endpoint, response, true, false);
+                        return;
+                    }
+                }
+            }
+            let conn = self.conns[idx].as_mut().expect("checked above");
+            let partial = conn.partial.as_mut().expect("set above");
+            let need = partial.head.head_len + partial.head.content_length;
+            if conn.read_buf.len() < need {
+                if partial.head.expect_continue
+                    && !partial.continue_sent
+                    && conn.slots.is_empty()
+                    && conn.write_buf.is_empty()
+                {
+                    partial.continue_sent = true;
+                    conn.write_buf
+                        .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                }
+                if conn.read_done {
+                    // Peer closed mid-body: nothing to answer.
+                    conn.read_buf.clear();
+                    conn.partial = None;
+                }
+                return;
+            }
+            let Partial { head, .. } = conn.partial.take().expect("set above");
+            let body: Vec<u8> = conn.read_buf[head.head_len..need].to_vec();
+            conn.read_buf.drain(..need);
+            conn.request_started = if conn.read_buf.is_empty() {
+                None
+            } else {
+                Some(now)
+            };
+            let close = head.close;
+            if close {
+                conn.read_done = true;
+            }
+            let endpoint = Endpoint::from_path(&head.path);
+            let head_only = head.method == Method::Head;
+            match api::route(&self.ctx, &head, &body) {
+                Routed::Now(response) => self.push_ready(idx, endpoint, response, close, head_only),
+                Routed::Submit(job) => self.submit_job(idx, endpoint, job, close),
+            }
+        }
+    }
+
+    /// Appends a slot whose response is already known.
+    fn push_ready(
+        &mut self,
+        idx: usize,
+        endpoint: Endpoint,
+        response: Response,
+        close: bool,
+        head_only: bool,
+    ) {
+        let conn = self.conns[idx].as_mut().expect("live connection");
+        let seq = conn.next_seq;
+        conn.next_seq += 1;
+        conn.slots.push_back(Slot {
+            seq,
+            endpoint,
+            close,
+            head_only,
+            response: Some(response),
+            job: None,
+            outcomes: Vec::new(),
+            remaining: 0,
+        });
+        self.touched.push(idx);
+    }
+
+    /// Appends a slot for an engine job and submits its requests.
+    fn submit_job(&mut self, idx: usize, endpoint: Endpoint, mut job: api::Job, close: bool) {
+        let requests = std::mem::take(&mut job.requests);
+        let parts = requests.len();
+        let (seq, generation) = {
+            let conn = self.conns[idx].as_mut().expect("live connection");
+            let seq = conn.next_seq;
+            conn.next_seq += 1;
+            conn.slots.push_back(Slot {
+                seq,
+                endpoint,
+                close,
+                head_only: false,
+                response: None,
+                job: Some(job),
+                outcomes: (0..parts).map(|_| None).collect(),
+                remaining: parts,
+            });
+            (seq, conn.generation)
+        };
+        for (part, request) in requests.into_iter().enumerate() {
+            let tag = self.alloc_inflight(InFlight {
+                conn: idx,
+                generation,
+                seq,
+                part,
+            });
+            if let Err(e) = self.submitter.submit(request, tag as u64) {
+                self.free_inflight_tag(tag);
+                self.complete_part(idx, generation, seq, part, Err(e));
+            }
+        }
+    }
+
+    fn alloc_inflight(&mut self, f: InFlight) -> usize {
+        self.inflight_count += 1;
+        match self.free_inflight.pop() {
+            Some(i) => {
+                self.inflight[i] = Some(f);
+                i
+            }
+            None => {
+                self.inflight.push(Some(f));
+                self.inflight.len() - 1
+            }
+        }
+    }
+
+    fn free_inflight_tag(&mut self, tag: usize) -> Option<InFlight> {
+        let f = self.inflight.get_mut(tag)?.take()?;
+        self.free_inflight.push(tag);
+        self.inflight_count -= 1;
+        Some(f)
+    }
+
+    /// Records one part's outcome; renders the response when the job is complete.
+    fn complete_part(
+        &mut self,
+        idx: usize,
+        generation: u32,
+        seq: u64,
+        part: usize,
+        outcome: crate::runtime::Outcome,
+    ) {
+        let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
+            return; // connection gone: the answer has nobody to go to
+        };
+        if conn.generation != generation {
+            return;
+        }
+        let Some(front) = conn.slots.front() else {
+            return;
+        };
+        let Some(slot) = conn.slots.get_mut((seq - front.seq) as usize) else {
+            return;
+        };
+        debug_assert_eq!(slot.seq, seq);
+        if slot.outcomes[part].is_none() {
+            slot.outcomes[part] = Some(outcome);
+            slot.remaining -= 1;
+        }
+        if slot.remaining == 0 {
+            let outcomes = slot
+                .outcomes
+                .iter_mut()
+                .map(|o| o.take().expect("all parts answered"))
+                .collect();
+            let job = slot.job.take().expect("engine slot has a job");
+            self.next_response_id += 1;
+            slot.response = Some(job.render(outcomes, self.next_response_id));
+            self.touched.push(idx);
+        }
+    }
+
+    fn drain_completions(&mut self) {
+        let mut done = Vec::new();
+        self.submitter.drain_completions(|c| done.push(c));
+        for c in done {
+            if let Some(f) = self.free_inflight_tag(c.tag as usize) {
+                self.complete_part(f.conn, f.generation, f.seq, f.part, c.outcome);
+            }
+        }
+    }
+
+    /// Stages and writes responses for every connection touched this turn; re-reads
+    /// connections whose pipelining window opened up.
+    fn flush_touched(&mut self, now: Instant) {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        let max_pipelined = self.ctx.config.server.max_pipelined;
+        for idx in touched.iter().copied() {
+            let stats = self.ctx.http_stats.clone();
+            let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
+                continue;
+            };
+            let was_full = conn.slots.len() >= max_pipelined;
+            conn.stage_ready(|endpoint, code| stats.record_response(endpoint, code));
+            match conn.flush(now) {
+                Ok(n) => stats.add_bytes_out(n as u64),
+                Err(_) => {
+                    self.close(idx);
+                    continue;
+                }
+            }
+            if conn.should_close() {
+                self.close(idx);
+                continue;
+            }
+            if was_full && conn.slots.len() < max_pipelined {
+                // The window reopened: parse what is buffered and read what is waiting.
+                self.read_and_process(idx, now);
+                if let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) {
+                    conn.stage_ready(|endpoint, code| stats.record_response(endpoint, code));
+                    if let Ok(n) = conn.flush(now) {
+                        stats.add_bytes_out(n as u64);
+                    }
+                }
+            }
+        }
+        touched.clear();
+        self.touched = touched;
+    }
+
+    /// Enforces the read deadline (408), the keep-alive idle timeout, and the write deadline.
+    fn check_deadlines(&mut self, now: Instant) {
+        let server = &self.ctx.config.server;
+        let read_timeout = server.read_timeout.duration();
+        let idle_timeout = server.keep_alive_timeout.duration();
+        let write_timeout = server.write_timeout.duration();
+        let mut to_close = Vec::new();
+        let mut timed_out = Vec::new();
+        for (idx, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
+            if conn
+                .write_started
+                .is_some_and(|t| now.duration_since(t) > write_timeout)
+            {
+                to_close.push(idx);
+            } else if !conn.read_done
+                && conn
+                    .request_started
+                    .is_some_and(|t| now.duration_since(t) > read_timeout)
+            {
+                timed_out.push(idx);
+            } else if conn.is_quiet()
+                && conn.read_buf.is_empty()
+                && conn.partial.is_none()
+                && now.duration_since(conn.last_activity) > idle_timeout
+            {
+                to_close.push(idx);
+            }
+        }
+        for idx in timed_out {
+            if let Some(conn) = self.conns[idx].as_mut() {
+                conn.read_buf.clear();
+                conn.partial = None;
+                conn.read_done = true;
+                conn.request_started = None;
+            }
+            let secs = read_timeout.as_secs_f64();
+            self.push_ready(
+                idx,
+                Endpoint::Other,
+                Response::error(
+                    Status::RequestTimeout,
+                    "request_timeout",
+                    format!("the request was not received within {secs} s (server.read_timeout)"),
+                ),
+                true,
+                false,
+            );
+        }
+        for idx in to_close {
+            self.close(idx);
+        }
+        self.flush_touched(now);
+    }
+
+    fn close(&mut self, idx: usize) {
+        if let Some(mut conn) = self.conns.get_mut(idx).and_then(|c| c.take()) {
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            self.free_conns.push(idx);
+            self.shared.open_connections.fetch_sub(1, Ordering::Relaxed);
+            self.ctx.http_stats.connection_closed();
+        }
+    }
+
+    fn close_all(&mut self) {
+        for idx in 0..self.conns.len() {
+            self.close(idx);
+        }
+    }
+}

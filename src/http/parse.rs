@@ -1,0 +1,245 @@
+//! Request head parsing and framing (RFC 9112) with hard limits.
+//!
+//! A partial head is "not yet", not an error. Only what the server needs is extracted from
+//! the head; client bytes are never `unwrap()`ed. Limits reject instead of growing:
+//! head bytes (431), header count (431), body bytes (413), chunked bodies (411).
+
+use super::response::Status;
+
+/// Most headers in one request head (more is 431).
+pub const MAX_HEADERS: usize = 64;
+
+/// Request method, as far as routing cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Post,
+    Head,
+    Other,
+}
+
+/// What the server keeps of a parsed request head.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    pub method: Method,
+    /// Path without the query string.
+    pub path: String,
+    /// Bytes of the head, including the final CRLFCRLF.
+    pub head_len: usize,
+    /// Body length from Content-Length (0 when absent).
+    pub content_length: usize,
+    /// The client asked to close after this request (or HTTP/1.0 without keep-alive).
+    pub close: bool,
+    /// `Expect: 100-continue` was sent.
+    pub expect_continue: bool,
+    /// Value of `X-Priority`, if any.
+    pub priority: Option<String>,
+    /// Value of `Authorization`, if any.
+    pub authorization: Option<String>,
+}
+
+/// Why a head was refused; the connection answers with `status` and closes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeadError {
+    pub status: Status,
+    pub message: String,
+}
+
+fn head_error(status: Status, message: impl Into<String>) -> HeadError {
+    HeadError {
+        status,
+        message: message.into(),
+    }
+}
+
+/// Parses a request head from the front of `buf`. `Ok(None)`: incomplete, read more (the
+/// caller enforces `max_header_bytes` on what it buffers before a head completes).
+pub fn parse_head(
+    buf: &[u8],
+    max_header_bytes: usize,
+    max_body_bytes: usize,
+) -> Result<Option<Head>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > max_header_bytes {
+                return Err(head_error(
+                    Status::HeaderTooLarge,
+                    format!("request head exceeds {max_header_bytes} bytes"),
+                ));
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(head_error(
+                Status::HeaderTooLarge,
+                format!("more than {MAX_HEADERS} request headers"),
+            ))
+        }
+        Err(e) => {
+            return Err(head_error(
+                Status::BadRequest,
+                format!("malformed HTTP request: {e}"),
+            ))
+        }
+    };
+    if head_len > max_header_bytes {
+        return Err(head_error(
+            Status::HeaderTooLarge,
+            format!("request head exceeds {max_header_bytes} bytes"),
+        ));
+    }
+    let method = match req.method.unwrap_or("") {
+        "GET" => Method::Get,
+        "POST" => Method::Post,
+        "HEAD" => Method::Head,
+        _ => Method::Other,
+    };
+    let target = req.path.unwrap_or("/");
+    let path = target.split('?').next().unwrap_or("/").to_string();
+    let http10 = req.version == Some(0);
+    let mut close = http10;
+    let mut content_length: Option<usize> = None;
+    let mut expect_continue = false;
+    let mut priority = None;
+    let mut authorization = None;
+    for h in req.headers.iter() {
+        let name = h.name;
+        let value = std::str::from_utf8(h.value).map_err(|_| {
+            head_error(
+                Status::BadRequest,
+                format!("header {name} is not valid UTF-8"),
+            )
+        })?;
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            let n: usize = value.parse().map_err(|_| {
+                head_error(
+                    Status::BadRequest,
+                    format!("invalid Content-Length '{value}'"),
+                )
+            })?;
+            if content_length.is_some_and(|c| c != n) {
+                return Err(head_error(
+                    Status::BadRequest,
+                    "conflicting Content-Length headers",
+                ));
+            }
+            content_length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            // RFC 9112 6.1: we do not implement chunked request bodies; refuse clearly.
+            return Err(head_error(
+                Status::LengthRequired,
+                "chunked request bodies are not supported: send Content-Length",
+            ));
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in value.split(',') {
+                let t = token.trim();
+                if t.eq_ignore_ascii_case("close") {
+                    close = true;
+                } else if t.eq_ignore_ascii_case("keep-alive") {
+                    close = false;
+                }
+            }
+        } else if name.eq_ignore_ascii_case("expect") {
+            if value.eq_ignore_ascii_case("100-continue") {
+                expect_continue = true;
+            } else {
+                return Err(head_error(
+                    Status::ExpectationFailed,
+                    format!("unsupported Expect: {value}"),
+                ));
+            }
+        } else if name.eq_ignore_ascii_case("x-priority") {
+            priority = Some(value.to_string());
+        } else if name.eq_ignore_ascii_case("authorization") {
+            authorization = Some(value.to_string());
+        }
+    }
+    // RFC 9112 6.3: no Content-Length and no Transfer-Encoding means an empty body.
+    let content_length = content_length.unwrap_or(0);
+    if content_length > max_body_bytes {
+        return Err(head_error(
+            Status::PayloadTooLarge,
+            format!("request body of {content_length} bytes exceeds the limit of {max_body_bytes} bytes"),
+        ));
+    }
+    Ok(Some(Head {
+        method,
+        path,
+        head_len,
+        content_length,
+        close,
+        expect_continue,
+        priority,
+        authorization,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Option<Head>, HeadError> {
+        parse_head(s.as_bytes(), 1024, 100)
+    }
+
+    #[test]
+    fn a_partial_head_is_not_an_error() {
+        assert_eq!(
+            parse("POST /v1/completions HTTP/1.1\r\nContent-Len"),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn a_complete_head_yields_framing_and_the_headers_we_use() {
+        let h = parse(
+            "POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nX-Priority: high\r\nExpect: 100-continue\r\n\r\n{\"prompt\":1}",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(h.method, Method::Post);
+        assert_eq!(h.path, "/v1/completions");
+        assert_eq!(h.content_length, 12);
+        assert_eq!(h.priority.as_deref(), Some("high"));
+        assert!(h.expect_continue && !h.close);
+    }
+
+    #[test]
+    fn limits_and_unsupported_framing_are_refused_with_the_right_status() {
+        let big = format!("GET / HTTP/1.1\r\nX-A: {}\r\n\r\n", "a".repeat(2000));
+        assert_eq!(parse(&big).unwrap_err().status, Status::HeaderTooLarge);
+        let partial_big = format!("GET / HTTP/1.1\r\nX-A: {}", "a".repeat(2000));
+        assert_eq!(
+            parse(&partial_big).unwrap_err().status,
+            Status::HeaderTooLarge
+        );
+        let chunked = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(parse(chunked).unwrap_err().status, Status::LengthRequired);
+        let no_len = parse("POST / HTTP/1.1\r\n\r\n").unwrap().unwrap();
+        assert_eq!(no_len.content_length, 0, "no Content-Length: empty body");
+        let too_long = "POST / HTTP/1.1\r\nContent-Length: 101\r\n\r\n";
+        assert_eq!(parse(too_long).unwrap_err().status, Status::PayloadTooLarge);
+        let garbage = "\x01\x02 nonsense\r\n\r\n";
+        assert_eq!(parse(garbage).unwrap_err().status, Status::BadRequest);
+        let conflicting = "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
+        assert_eq!(parse(conflicting).unwrap_err().status, Status::BadRequest);
+    }
+
+    #[test]
+    fn http10_closes_unless_keep_alive() {
+        let h = parse("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert!(h.close);
+        let h = parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.close);
+        let h = parse("GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(h.close);
+    }
+}

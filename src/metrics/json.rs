@@ -1,0 +1,297 @@
+//! The /metrics/json page: a snapshot and the HTTP counters as one JSON object for
+//! dashboards and scripts (latency percentiles in ms, throughput, per-worker state).
+//!
+//! Runs on io threads and allocates the returned value; never on the engine thread. The
+//! wall-clock time for `timestamp` is passed in: nothing here reads a clock. Figures shared
+//! with the Prometheus page come from `derived`, so both pages agree.
+
+use super::derived::{
+    ns_to_ms, ns_to_seconds, quantile_ms, rejected_total, request_outcomes, throughput_rps,
+    utilization_ratio, worker_id, NANOS_PER_MS_F64,
+};
+use super::http_stats::{Endpoint, HttpStats, STATUS_SLOTS, STATUS_SLOT_LABELS};
+use super::timestamp::rfc3339_utc_from_unix_ms;
+use crate::core::request::{class_index, Priority, BUCKET_LABELS};
+use crate::core::FlushReason;
+use crate::runtime::Snapshot;
+use serde_json::{json, Map, Value};
+
+/// `Content-Type` of the rendered page.
+pub const CONTENT_TYPE: &str = "application/json";
+
+/// The page for `snapshot` and `http`, stamped with `now_unix_ms` (wall clock, ms since the
+/// Unix epoch).
+pub fn render(snapshot: &Snapshot, http: &HttpStats, now_unix_ms: u64) -> Value {
+    let stats = &snapshot.stats;
+    let latency = &snapshot.latency;
+    json!({
+        "timestamp": rfc3339_utc_from_unix_ms(now_unix_ms),
+        "uptime_seconds": ns_to_seconds(snapshot.at_ns),
+        "strategy": snapshot.strategy.as_str(),
+        "draining": snapshot.draining,
+        "queue_depth": snapshot.queued,
+        "queue_depth_by_class": queue_depth_by_class(snapshot),
+        "live_requests": snapshot.live_requests,
+        "latency_p50_ms": quantile_ms(latency, 0.5),
+        "latency_p90_ms": quantile_ms(latency, 0.9),
+        "latency_p99_ms": quantile_ms(latency, 0.99),
+        "latency_p999_ms": quantile_ms(latency, 0.999),
+        "latency_mean_ms": latency.mean() / NANOS_PER_MS_F64,
+        "observed_p99_ms": snapshot.observed_p99_ns.map(ns_to_ms),
+        "queue_wait_mean_ms": stats.queue_wait.mean_ns() / NANOS_PER_MS_F64,
+        "throughput_rps": throughput_rps(stats.completed, snapshot.at_ns),
+        "batches_formed": stats.batches_formed,
+        "avg_batch_size": stats.avg_batch_size(),
+        "requests": requests(snapshot),
+        "flush_reasons": flush_reasons(snapshot),
+        "workers": workers(snapshot),
+        "http": http_json(http),
+    })
+}
+
+/// `{"critical": {"128": n, ..., "inf": n}, "high": {...}, ...}`, highest priority first.
+fn queue_depth_by_class(snapshot: &Snapshot) -> Value {
+    let mut by_priority = Map::new();
+    for priority in Priority::HIGHEST_FIRST {
+        let mut by_bucket = Map::new();
+        for (bucket, label) in BUCKET_LABELS.iter().enumerate() {
+            let depth = snapshot.queued_by_class[class_index(priority, bucket)];
+            by_bucket.insert((*label).to_string(), depth.into());
+        }
+        by_priority.insert(priority.as_str().to_string(), Value::Object(by_bucket));
+    }
+    Value::Object(by_priority)
+}
+
+/// Admissions, failures and refusals: the outcome counts plus their totals.
+fn requests(snapshot: &Snapshot) -> Value {
+    let mut map = Map::new();
+    map.insert("admitted".into(), snapshot.stats.admitted.into());
+    map.insert("failed".into(), snapshot.stats.failed.into());
+    map.insert("rejected".into(), rejected_total(snapshot).into());
+    for (outcome, n) in request_outcomes(snapshot) {
+        map.insert(outcome.into(), n.into());
+    }
+    Value::Object(map)
+}
+
+/// `{"full": n, "timeout": n, ...}`.
+fn flush_reasons(snapshot: &Snapshot) -> Value {
+    let map = FlushReason::ALL
+        .iter()
+        .map(|r| {
+            (
+                r.as_str().to_string(),
+                snapshot.stats.flush_reasons[r.index()].into(),
+            )
+        })
+        .collect();
+    Value::Object(map)
+}
+
+/// One object per worker, in worker order.
+fn workers(snapshot: &Snapshot) -> Value {
+    let list = snapshot.workers.iter().enumerate().map(|(i, w)| {
+        json!({
+            "id": worker_id(i),
+            "status": w.status.as_str(),
+            "utilization": utilization_ratio(w.busy_ns, snapshot.at_ns),
+            "busy_seconds": ns_to_seconds(w.busy_ns),
+            "circuit": w.circuit.as_str(),
+            "pending": w.pending,
+            "batches_ok": w.batches_ok,
+            "batches_failed": w.batches_failed,
+        })
+    });
+    Value::Array(list.collect())
+}
+
+/// Connections, bytes, and responses per endpoint (codes with no responses are left out).
+fn http_json(http: &HttpStats) -> Value {
+    let mut responses = Map::new();
+    for endpoint in Endpoint::ALL {
+        let by_code: Map<String, Value> = (0..STATUS_SLOTS)
+            .map(|slot| {
+                (
+                    STATUS_SLOT_LABELS[slot],
+                    http.responses_in_slot(endpoint, slot),
+                )
+            })
+            .filter(|&(_, n)| n > 0)
+            .map(|(code, n)| (code.to_string(), n.into()))
+            .collect();
+        responses.insert(endpoint.as_str().to_string(), Value::Object(by_code));
+    }
+    json!({
+        "connections_open": http.connections_open(),
+        "connections_accepted": http.connections_accepted(),
+        "connections_refused": http.connections_refused(),
+        "connections_closed": http.connections_closed(),
+        "bytes_in": http.bytes_in(),
+        "bytes_out": http.bytes_out(),
+        "responses": responses,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::circuit::CircuitState;
+    use crate::core::pool::WorkerStatus;
+    use crate::core::strategy::StrategyKind;
+
+    fn busy_snapshot() -> Snapshot {
+        let mut snap = Snapshot::new(2, StrategyKind::QueueDepth);
+        snap.at_ns = 4_000_000_000;
+        snap.queued = 7;
+        snap.queued_by_class[class_index(Priority::High, 1)] = 7;
+        snap.stats.admitted = 120;
+        snap.stats.completed = 100;
+        snap.stats.failed = 3;
+        snap.stats.expired = 2;
+        snap.stats.cancelled = 1;
+        snap.stats.rejected_full = 5;
+        snap.rejected_busy = 1;
+        snap.stats.batches_formed = 25;
+        snap.stats.batched_requests = 100;
+        snap.stats.flush_reasons[FlushReason::Full.index()] = 20;
+        snap.stats.flush_reasons[FlushReason::Timeout.index()] = 5;
+        for ms in 1..=100u64 {
+            snap.latency.record(ms * 1_000_000).unwrap();
+        }
+        snap.workers[1].status = WorkerStatus::Unhealthy;
+        snap.workers[1].circuit = CircuitState::Open;
+        snap.workers[1].busy_ns = 1_000_000_000;
+        snap.workers[1].pending = 2;
+        snap.workers[1].batches_failed = 5;
+        snap
+    }
+
+    #[test]
+    fn summary_fields() {
+        let http = HttpStats::new();
+        let v = render(&busy_snapshot(), &http, 1_700_000_000_123);
+        assert_eq!(v["timestamp"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(v["strategy"], "queue_depth");
+        assert_eq!(v["queue_depth"], 7);
+        assert_eq!(v["queue_depth_by_class"]["high"]["512"], 7);
+        assert_eq!(v["queue_depth_by_class"]["low"]["inf"], 0);
+        assert_eq!(v["throughput_rps"], 25.0);
+        assert_eq!(v["batches_formed"], 25);
+        assert_eq!(v["avg_batch_size"], 4.0);
+        assert_eq!(v["uptime_seconds"], 4.0);
+        assert_eq!(v["draining"], false);
+        assert_eq!(v["observed_p99_ms"], Value::Null);
+    }
+
+    #[test]
+    fn latency_percentiles_are_in_milliseconds() {
+        let v = render(&busy_snapshot(), &HttpStats::new(), 0);
+        // 1..=100 ms recorded once each; hdrhistogram answers with the bucket's highest
+        // equivalent value, within 0.1 %.
+        for (key, want_ms) in [
+            ("latency_p50_ms", 50.0),
+            ("latency_p90_ms", 90.0),
+            ("latency_p99_ms", 99.0),
+            ("latency_p999_ms", 100.0),
+        ] {
+            let got = v[key].as_f64().unwrap();
+            assert!((got - want_ms).abs() <= want_ms * 1e-3, "{key}: {got}");
+        }
+    }
+
+    #[test]
+    fn empty_snapshot_reports_zeros_not_nulls() {
+        let v = render(&Snapshot::new(1, StrategyKind::Fixed), &HttpStats::new(), 0);
+        for key in [
+            "latency_p50_ms",
+            "latency_p99_ms",
+            "latency_p999_ms",
+            "throughput_rps",
+            "avg_batch_size",
+            "latency_mean_ms",
+            "queue_wait_mean_ms",
+        ] {
+            assert_eq!(v[key].as_f64(), Some(0.0), "{key}");
+        }
+        assert_eq!(v["workers"][0]["utilization"].as_f64(), Some(0.0));
+    }
+
+    #[test]
+    fn requests_and_flush_reasons() {
+        let v = render(&busy_snapshot(), &HttpStats::new(), 0);
+        let r = &v["requests"];
+        assert_eq!(r["admitted"], 120);
+        assert_eq!(r["completed"], 100);
+        assert_eq!(r["failed"], 3);
+        assert_eq!(r["expired"], 2);
+        assert_eq!(r["cancelled"], 1);
+        assert_eq!(r["failed_other"], 0);
+        assert_eq!(r["rejected_full"], 5);
+        assert_eq!(r["rejected_busy"], 1);
+        assert_eq!(r["rejected"], 6);
+        assert_eq!(v["flush_reasons"]["full"], 20);
+        assert_eq!(v["flush_reasons"]["timeout"], 5);
+        assert_eq!(v["flush_reasons"]["drain"], 0);
+        assert_eq!(
+            v["flush_reasons"].as_object().unwrap().len(),
+            FlushReason::COUNT
+        );
+    }
+
+    #[test]
+    fn workers_are_listed_in_order() {
+        let v = render(&busy_snapshot(), &HttpStats::new(), 0);
+        let w = v["workers"].as_array().unwrap();
+        assert_eq!(w.len(), 2);
+        assert_eq!(w[0]["id"], "worker-0");
+        assert_eq!(w[0]["status"], "idle");
+        assert_eq!(w[0]["circuit"], "closed");
+        assert_eq!(w[1]["id"], "worker-1");
+        assert_eq!(w[1]["status"], "unhealthy");
+        assert_eq!(w[1]["circuit"], "open");
+        assert_eq!(w[1]["utilization"], 0.25);
+        assert_eq!(w[1]["pending"], 2);
+        assert_eq!(w[1]["batches_ok"], 0);
+        assert_eq!(w[1]["batches_failed"], 5);
+    }
+
+    #[test]
+    fn http_counters() {
+        let http = HttpStats::new();
+        http.record_response(Endpoint::ChatCompletions, 200);
+        http.record_response(Endpoint::ChatCompletions, 429);
+        http.record_response(Endpoint::ChatCompletions, 418);
+        http.connection_opened();
+        http.connection_refused();
+        http.add_bytes_in(10);
+        http.add_bytes_out(20);
+        let v = render(&busy_snapshot(), &http, 0);
+        let h = &v["http"];
+        assert_eq!(h["responses"]["chat_completions"]["200"], 1);
+        assert_eq!(h["responses"]["chat_completions"]["429"], 1);
+        assert_eq!(h["responses"]["chat_completions"]["other"], 1);
+        assert_eq!(
+            h["responses"]["chat_completions"]
+                .as_object()
+                .unwrap()
+                .len(),
+            3
+        );
+        assert_eq!(h["responses"]["embeddings"], json!({}));
+        assert_eq!(h["responses"].as_object().unwrap().len(), Endpoint::COUNT);
+        assert_eq!(h["connections_open"], 1);
+        assert_eq!(h["connections_refused"], 1);
+        assert_eq!(
+            (h["bytes_in"].clone(), h["bytes_out"].clone()),
+            (json!(10), json!(20))
+        );
+    }
+
+    #[test]
+    fn page_serializes() {
+        let text = render(&busy_snapshot(), &HttpStats::new(), 0).to_string();
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["strategy"], "queue_depth");
+    }
+}

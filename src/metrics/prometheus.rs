@@ -1,0 +1,710 @@
+//! The /metrics page: the runtime's published [`Snapshot`] and the server's [`HttpStats`]
+//! as Prometheus text exposition format 0.0.4, clean under `promtool check metrics`.
+//!
+//! Rendering reads a snapshot the engine already published, so it runs on io threads and may
+//! allocate; it must never run on the engine thread, and callers clone the snapshot out of
+//! the engine's lock first rather than render while holding it. Every family has HELP and TYPE, counters end in `_total`, durations
+//! are in seconds, and every label set is fixed (no label value comes from a client).
+
+use super::derived::{
+    approx_sum, ns_to_seconds, request_outcomes, utilization_ratio, worker_id, CIRCUIT_STATES,
+    NANOS_PER_SECOND_F64, WORKER_STATUSES,
+};
+use super::exposition::{family, histogram, sample, single, MetricType};
+use super::http_stats::{Endpoint, HttpStats, STATUS_SLOT_LABELS};
+use crate::build_info;
+use crate::core::request::{class_index, Priority, BUCKET_LABELS};
+use crate::core::stats::{WaitHistogram, WAIT_BUCKETS};
+use crate::core::strategy::StrategyKind;
+use crate::core::{FlushReason, Nanos};
+use crate::runtime::Snapshot;
+use hdrhistogram::Histogram;
+
+/// `Content-Type` of the rendered page.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Upper bounds (ns) of the end-to-end latency buckets: 0.5 ms to 60 s.
+pub const LATENCY_BOUNDS_NS: [Nanos; 16] = [
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+    30_000_000_000,
+    60_000_000_000,
+];
+
+/// Upper bounds of the batch-size buckets (requests per batch).
+pub const BATCH_SIZE_BOUNDS: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+/// Queue-wait bucket bounds as powers of two in ns, every second log2 bucket of the core's
+/// [`WaitHistogram`]: 2^10 ns (1.024 us) to 2^36 ns (68.7 s), a factor of 4 apart.
+pub const QUEUE_WAIT_BOUND_LOG2_NS: [u32; 14] =
+    [10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36];
+
+const _: () =
+    assert!(QUEUE_WAIT_BOUND_LOG2_NS[QUEUE_WAIT_BOUND_LOG2_NS.len() - 1] < WAIT_BUCKETS as u32);
+
+/// Appends the whole page for `snapshot` and `http` to `out`.
+pub fn render(snapshot: &Snapshot, http: &HttpStats, out: &mut String) {
+    render_process(snapshot, out);
+    render_queue(snapshot, out);
+    render_requests(snapshot, out);
+    render_batches(snapshot, out);
+    render_workers(snapshot, out);
+    render_http(http, out);
+}
+
+/// Build, uptime, draining, strategy.
+fn render_process(snapshot: &Snapshot, out: &mut String) {
+    let name = "abe_build_info";
+    family(
+        out,
+        name,
+        MetricType::Gauge,
+        "Build of the running abe; always 1.",
+    );
+    let labels = [
+        ("version", build_info::VERSION),
+        ("revision", build_info::GIT_REVISION),
+        ("profile", build_info::PROFILE),
+    ];
+    sample(out, name, &labels, 1u64);
+    single(
+        out,
+        "abe_uptime_seconds",
+        MetricType::Gauge,
+        "Engine clock at the last published snapshot: seconds since the runtime started.",
+        ns_to_seconds(snapshot.at_ns),
+    );
+    single(
+        out,
+        "abe_draining",
+        MetricType::Gauge,
+        "1 while the engine drains for shutdown and refuses new requests, else 0.",
+        snapshot.draining,
+    );
+    let name = "abe_strategy";
+    let help = "Flush strategy in use: 1 for the active strategy, 0 for the others.";
+    family(out, name, MetricType::Gauge, help);
+    for kind in StrategyKind::ALL {
+        sample(
+            out,
+            name,
+            &[("strategy", kind.as_str())],
+            kind == snapshot.strategy,
+        );
+    }
+}
+
+/// Queue depth per class, live requests, queue wait, observed p99.
+fn render_queue(snapshot: &Snapshot, out: &mut String) {
+    let name = "abe_queue_depth";
+    let help = "Requests waiting to be batched, by priority and token bucket \
+                (bucket: upper bound of estimated tokens; inf: larger).";
+    family(out, name, MetricType::Gauge, help);
+    for priority in Priority::HIGHEST_FIRST {
+        for (bucket, bucket_label) in BUCKET_LABELS.iter().enumerate() {
+            let depth = snapshot.queued_by_class[class_index(priority, bucket)];
+            let labels = [("priority", priority.as_str()), ("bucket", *bucket_label)];
+            sample(out, name, &labels, depth);
+        }
+    }
+    single(
+        out,
+        "abe_live_requests",
+        MetricType::Gauge,
+        "Requests admitted and not yet answered (queued or in a batch).",
+        snapshot.live_requests,
+    );
+    let name = "abe_queue_wait_seconds";
+    let help = "Time requests waited in the queue before dispatch. Bounds are powers of two \
+                in ns; a wait of exactly a bound counts in the next bucket.";
+    family(out, name, MetricType::Histogram, help);
+    render_wait_histogram(&snapshot.stats.queue_wait, name, out);
+    let name = "abe_observed_p99_seconds";
+    let help = "p99 end-to-end latency over the latency-aware strategy's recent window; \
+                absent until a request completes.";
+    family(out, name, MetricType::Gauge, help);
+    if let Some(p99_ns) = snapshot.observed_p99_ns {
+        sample(out, name, &[], ns_to_seconds(p99_ns));
+    }
+}
+
+/// Writes the core's log2 queue-wait histogram with the merged bounds.
+fn render_wait_histogram(waits: &WaitHistogram, name: &str, out: &mut String) {
+    let count: u64 = waits.counts.iter().sum();
+    debug_assert_eq!(count, waits.count, "bucket counts must add up to the total");
+    // Bucket i holds waits in [2^(i-1), 2^i) ns, so every wait in buckets 0..=k is < 2^k ns.
+    let cumulative = QUEUE_WAIT_BOUND_LOG2_NS.iter().map(|&k| {
+        let below: u64 = waits.counts[..=k as usize].iter().sum();
+        (
+            ns_to_seconds(WaitHistogram::bucket_upper_ns(k as usize)),
+            below,
+        )
+    });
+    histogram(
+        out,
+        name,
+        &[],
+        cumulative,
+        count,
+        ns_to_seconds(waits.sum_ns),
+    );
+}
+
+/// Admissions, outcomes, end-to-end latency.
+fn render_requests(snapshot: &Snapshot, out: &mut String) {
+    single(
+        out,
+        "abe_requests_admitted_total",
+        MetricType::Counter,
+        "Requests accepted into the engine.",
+        snapshot.stats.admitted,
+    );
+    let name = "abe_requests_total";
+    let help = "Requests by final outcome: completed, a failure reason (expired, \
+                batch_timeout, worker_error, cancelled, aborted, failed_other), or a \
+                refusal before admission (rejected_full, rejected_draining, rejected_busy).";
+    family(out, name, MetricType::Counter, help);
+    for (outcome, n) in request_outcomes(snapshot) {
+        sample(out, name, &[("outcome", outcome)], n);
+    }
+    let name = "abe_request_duration_seconds";
+    let help = "End-to-end latency of completed requests, admission to answer. _sum is \
+                approximated from an hdrhistogram (3 significant digits).";
+    family(out, name, MetricType::Histogram, help);
+    render_hdr_histogram(
+        &snapshot.latency,
+        &LATENCY_BOUNDS_NS,
+        NANOS_PER_SECOND_F64,
+        name,
+        out,
+    );
+}
+
+/// Batch sizes and flush reasons.
+fn render_batches(snapshot: &Snapshot, out: &mut String) {
+    let name = "abe_batch_size_requests";
+    family(
+        out,
+        name,
+        MetricType::Histogram,
+        "Requests per batch handed to a worker.",
+    );
+    render_hdr_histogram(&snapshot.batch_size, &BATCH_SIZE_BOUNDS, 1.0, name, out);
+    let name = "abe_batches_total";
+    let help = "Batches handed to workers, by the reason the batch was released.";
+    family(out, name, MetricType::Counter, help);
+    for reason in FlushReason::ALL {
+        let n = snapshot.stats.flush_reasons[reason.index()];
+        sample(out, name, &[("reason", reason.as_str())], n);
+    }
+}
+
+/// Writes an hdrhistogram with fixed `bounds` (in the histogram's unit), each bound and the
+/// sum divided by `per_exported_unit` (1e9 for ns to seconds; dividing keeps 30 s at "30").
+fn render_hdr_histogram(
+    h: &Histogram<u64>,
+    bounds: &[u64],
+    per_exported_unit: f64,
+    name: &str,
+    out: &mut String,
+) {
+    let cumulative = cumulative_counts(h, bounds);
+    let buckets = bounds
+        .iter()
+        .zip(cumulative)
+        .map(|(&b, c)| (b as f64 / per_exported_unit, c));
+    histogram(
+        out,
+        name,
+        &[],
+        buckets,
+        h.len(),
+        approx_sum(h) / per_exported_unit,
+    );
+}
+
+/// Cumulative count of `h` at each of the ascending `bounds`. A value counts at a bound when
+/// the two are in the same hdrhistogram bucket or the value's bucket is lower (so a value
+/// recorded exactly at a bound counts at that bound; resolution is 3 significant digits).
+fn cumulative_counts(h: &Histogram<u64>, bounds: &[u64]) -> Vec<u64> {
+    debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]));
+    let mut counts = vec![0u64; bounds.len()];
+    for v in h.iter_recorded() {
+        let lowest_ns = h.lowest_equivalent(v.value_iterated_to());
+        let first = bounds.partition_point(|&b| b < lowest_ns);
+        if let Some(c) = counts.get_mut(first) {
+            *c += v.count_at_value();
+        }
+    }
+    for i in 1..counts.len() {
+        counts[i] += counts[i - 1];
+    }
+    counts
+}
+
+/// Per-worker status, circuit, utilisation, busy time, pending and finished batches.
+fn render_workers(snapshot: &Snapshot, out: &mut String) {
+    let ids: Vec<String> = (0..snapshot.workers.len()).map(worker_id).collect();
+    single(
+        out,
+        "abe_workers",
+        MetricType::Gauge,
+        "Worker threads.",
+        snapshot.workers.len(),
+    );
+    let name = "abe_worker_status";
+    family(
+        out,
+        name,
+        MetricType::Gauge,
+        "Worker status: 1 for the current one, 0 for the others.",
+    );
+    for (id, w) in ids.iter().zip(&snapshot.workers) {
+        for status in WORKER_STATUSES {
+            sample(
+                out,
+                name,
+                &[("worker", id), ("status", status.as_str())],
+                w.status == status,
+            );
+        }
+    }
+    let name = "abe_worker_circuit_state";
+    let help = "Worker circuit breaker state: 1 for the current one, 0 for the others.";
+    family(out, name, MetricType::Gauge, help);
+    for (id, w) in ids.iter().zip(&snapshot.workers) {
+        for state in CIRCUIT_STATES {
+            sample(
+                out,
+                name,
+                &[("worker", id), ("state", state.as_str())],
+                w.circuit == state,
+            );
+        }
+    }
+    let name = "abe_worker_utilization_ratio";
+    let help = "Fraction of the time since start a worker had at least one batch pending.";
+    family(out, name, MetricType::Gauge, help);
+    for (id, w) in ids.iter().zip(&snapshot.workers) {
+        sample(
+            out,
+            name,
+            &[("worker", id)],
+            utilization_ratio(w.busy_ns, snapshot.at_ns),
+        );
+    }
+    let name = "abe_worker_busy_seconds_total";
+    let help = "Time a worker had at least one batch pending (rate() gives recent utilisation).";
+    family(out, name, MetricType::Counter, help);
+    for (id, w) in ids.iter().zip(&snapshot.workers) {
+        sample(out, name, &[("worker", id)], ns_to_seconds(w.busy_ns));
+    }
+    let name = "abe_worker_pending_batches";
+    family(
+        out,
+        name,
+        MetricType::Gauge,
+        "Batches handed to a worker and not yet returned.",
+    );
+    for (id, w) in ids.iter().zip(&snapshot.workers) {
+        sample(out, name, &[("worker", id)], w.pending);
+    }
+    let name = "abe_worker_batches_total";
+    family(
+        out,
+        name,
+        MetricType::Counter,
+        "Batches a worker finished, by result (ok, failed).",
+    );
+    for (id, w) in ids.iter().zip(&snapshot.workers) {
+        sample(out, name, &[("worker", id), ("result", "ok")], w.batches_ok);
+        sample(
+            out,
+            name,
+            &[("worker", id), ("result", "failed")],
+            w.batches_failed,
+        );
+    }
+}
+
+/// HTTP responses, connections, bytes.
+fn render_http(http: &HttpStats, out: &mut String) {
+    let name = "abe_http_responses_total";
+    let help = "HTTP responses by endpoint and status code (code other: any untracked code).";
+    family(out, name, MetricType::Counter, help);
+    for endpoint in Endpoint::ALL {
+        for (slot, code) in STATUS_SLOT_LABELS.iter().enumerate() {
+            let labels = [("endpoint", endpoint.as_str()), ("code", *code)];
+            sample(out, name, &labels, http.responses_in_slot(endpoint, slot));
+        }
+    }
+    let counters = [
+        (
+            "abe_http_connections_accepted_total",
+            "Connections accepted.",
+            http.connections_accepted(),
+        ),
+        (
+            "abe_http_connections_refused_total",
+            "Connections refused because the connection limit was reached.",
+            http.connections_refused(),
+        ),
+        (
+            "abe_http_connections_closed_total",
+            "Accepted connections closed.",
+            http.connections_closed(),
+        ),
+        (
+            "abe_http_received_bytes_total",
+            "Bytes read from clients.",
+            http.bytes_in(),
+        ),
+        (
+            "abe_http_sent_bytes_total",
+            "Bytes written to clients.",
+            http.bytes_out(),
+        ),
+    ];
+    for (name, help, value) in counters {
+        single(out, name, MetricType::Counter, help, value);
+    }
+    single(
+        out,
+        "abe_http_connections_open",
+        MetricType::Gauge,
+        "Connections open now.",
+        http.connections_open(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::circuit::CircuitState;
+    use crate::core::pool::WorkerStatus;
+    use crate::metrics::exposition_check::check;
+    use crate::metrics::http_stats::STATUS_SLOTS;
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+
+    fn page(snapshot: &Snapshot, http: &HttpStats) -> String {
+        let mut out = String::new();
+        render(snapshot, http, &mut out);
+        if let Err(e) = check(&out) {
+            panic!("invalid exposition: {e}\n{out}");
+        }
+        out
+    }
+
+    fn assert_line(page: &str, line: &str) {
+        assert!(
+            page.lines().any(|l| l == line),
+            "missing line {line:?} in\n{page}"
+        );
+    }
+
+    /// A snapshot with something in every family.
+    fn busy_snapshot() -> Snapshot {
+        let mut snap = Snapshot::new(2, StrategyKind::QueueDepth);
+        snap.at_ns = 10_000_000_000;
+        snap.queued_by_class[class_index(Priority::High, 2)] = 5;
+        snap.queued_by_class[class_index(Priority::Critical, 0)] = 1;
+        snap.queued = 6;
+        snap.live_requests = 9;
+        snap.observed_p99_ns = Some(42_000_000);
+        snap.stats.admitted = 20;
+        snap.stats.completed = 4;
+        snap.stats.failed = 2;
+        snap.stats.expired = 1;
+        snap.stats.worker_errors = 1;
+        snap.stats.rejected_draining = 3;
+        snap.rejected_busy = 7;
+        snap.stats.flush_reasons[FlushReason::MaxWait.index()] = 2;
+        snap.stats.flush_reasons[FlushReason::Critical.index()] = 1;
+        for wait_ns in [0, 900, 1024, 5_000, 1_000_000, 1 << 40] {
+            snap.stats.queue_wait.record(wait_ns);
+        }
+        for latency_ns in [300_000, 1_000_000, 2_000_000, 2_000_000, 70_000_000_000] {
+            snap.latency.record(latency_ns).unwrap();
+        }
+        for size in [1, 3, 3, 300] {
+            snap.batch_size.record(size).unwrap();
+        }
+        snap.workers[0].busy_ns = 2_500_000_000;
+        snap.workers[0].status = WorkerStatus::Busy;
+        snap.workers[0].pending = 1;
+        snap.workers[0].batches_ok = 3;
+        snap.workers[1].circuit = CircuitState::HalfOpen;
+        snap.workers[1].status = WorkerStatus::Unhealthy;
+        snap.workers[1].batches_failed = 2;
+        snap
+    }
+
+    fn busy_http() -> HttpStats {
+        let http = HttpStats::new();
+        http.record_response(Endpoint::Completions, 200);
+        http.record_response(Endpoint::Completions, 200);
+        http.record_response(Endpoint::Admin, 503);
+        http.record_response(Endpoint::Other, 418);
+        http.connection_opened();
+        http.connection_opened();
+        http.connection_closed();
+        http.connection_refused();
+        http.add_bytes_in(123);
+        http.add_bytes_out(4567);
+        http
+    }
+
+    #[test]
+    fn active_strategy_is_one_and_others_zero() {
+        let out = page(&busy_snapshot(), &HttpStats::new());
+        assert_line(&out, "abe_strategy{strategy=\"queue_depth\"} 1");
+        assert_line(&out, "abe_strategy{strategy=\"fixed\"} 0");
+        assert_line(&out, "abe_strategy{strategy=\"latency_aware\"} 0");
+    }
+
+    #[test]
+    fn queue_depth_has_every_class() {
+        let out = page(&busy_snapshot(), &HttpStats::new());
+        assert_line(&out, "abe_queue_depth{priority=\"high\",bucket=\"1024\"} 5");
+        assert_line(
+            &out,
+            "abe_queue_depth{priority=\"critical\",bucket=\"128\"} 1",
+        );
+        assert_line(&out, "abe_queue_depth{priority=\"low\",bucket=\"inf\"} 0");
+        let classes = out
+            .lines()
+            .filter(|l| l.starts_with("abe_queue_depth{"))
+            .count();
+        assert_eq!(classes, crate::core::CLASS_COUNT);
+        assert_line(&out, "abe_live_requests 9");
+        assert_line(&out, "abe_observed_p99_seconds 0.042");
+        assert_line(&out, "abe_draining 0");
+        assert_line(&out, "abe_uptime_seconds 10");
+    }
+
+    #[test]
+    fn latency_buckets_are_cumulative_seconds() {
+        let out = page(&busy_snapshot(), &HttpStats::new());
+        let h = "abe_request_duration_seconds";
+        assert_line(&out, &format!("{h}_bucket{{le=\"0.0005\"}} 1"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"0.001\"}} 2"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"0.0025\"}} 4"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"60\"}} 4"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"+Inf\"}} 5"));
+        assert_line(&out, &format!("{h}_count 5"));
+        let sum_line = out
+            .lines()
+            .find(|l| l.starts_with("abe_request_duration_seconds_sum "))
+            .unwrap();
+        let sum: f64 = sum_line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!((sum - 70.0053).abs() < 70.0053 * 1e-3, "{sum}");
+    }
+
+    #[test]
+    fn batch_sizes_and_flush_reasons() {
+        let out = page(&busy_snapshot(), &HttpStats::new());
+        assert_line(&out, "abe_batch_size_requests_bucket{le=\"1\"} 1");
+        assert_line(&out, "abe_batch_size_requests_bucket{le=\"2\"} 1");
+        assert_line(&out, "abe_batch_size_requests_bucket{le=\"4\"} 3");
+        assert_line(&out, "abe_batch_size_requests_bucket{le=\"256\"} 3");
+        assert_line(&out, "abe_batch_size_requests_bucket{le=\"+Inf\"} 4");
+        assert_line(&out, "abe_batch_size_requests_sum 307");
+        assert_line(&out, "abe_batches_total{reason=\"max_wait\"} 2");
+        assert_line(&out, "abe_batches_total{reason=\"critical\"} 1");
+        assert_line(&out, "abe_batches_total{reason=\"idle_worker\"} 0");
+    }
+
+    #[test]
+    fn queue_wait_uses_power_of_two_bounds() {
+        let out = page(&busy_snapshot(), &HttpStats::new());
+        let h = "abe_queue_wait_seconds";
+        // 0 and 900 ns are below 2^10 ns; 1024 ns is exactly the bound, so it counts above.
+        assert_line(&out, &format!("{h}_bucket{{le=\"0.000001024\"}} 2"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"0.000004096\"}} 3"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"0.000016384\"}} 4"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"0.001048576\"}} 5"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"68.719476736\"}} 5"));
+        assert_line(&out, &format!("{h}_bucket{{le=\"+Inf\"}} 6"));
+        assert_line(&out, &format!("{h}_count 6"));
+        let buckets = out
+            .lines()
+            .filter(|l| l.starts_with("abe_queue_wait_seconds_bucket"))
+            .count();
+        assert_eq!(buckets, QUEUE_WAIT_BOUND_LOG2_NS.len() + 1);
+    }
+
+    #[test]
+    fn outcomes_are_labelled() {
+        let out = page(&busy_snapshot(), &HttpStats::new());
+        assert_line(&out, "abe_requests_admitted_total 20");
+        assert_line(&out, "abe_requests_total{outcome=\"completed\"} 4");
+        assert_line(&out, "abe_requests_total{outcome=\"expired\"} 1");
+        assert_line(&out, "abe_requests_total{outcome=\"worker_error\"} 1");
+        assert_line(&out, "abe_requests_total{outcome=\"failed_other\"} 0");
+        assert_line(&out, "abe_requests_total{outcome=\"rejected_draining\"} 3");
+        assert_line(&out, "abe_requests_total{outcome=\"rejected_busy\"} 7");
+    }
+
+    #[test]
+    fn workers_report_utilisation_status_and_circuit() {
+        let out = page(&busy_snapshot(), &HttpStats::new());
+        assert_line(&out, "abe_workers 2");
+        assert_line(
+            &out,
+            "abe_worker_utilization_ratio{worker=\"worker-0\"} 0.25",
+        );
+        assert_line(&out, "abe_worker_utilization_ratio{worker=\"worker-1\"} 0");
+        assert_line(
+            &out,
+            "abe_worker_busy_seconds_total{worker=\"worker-0\"} 2.5",
+        );
+        assert_line(
+            &out,
+            "abe_worker_status{worker=\"worker-0\",status=\"busy\"} 1",
+        );
+        assert_line(
+            &out,
+            "abe_worker_status{worker=\"worker-0\",status=\"idle\"} 0",
+        );
+        assert_line(
+            &out,
+            "abe_worker_status{worker=\"worker-1\",status=\"unhealthy\"} 1",
+        );
+        assert_line(
+            &out,
+            "abe_worker_circuit_state{worker=\"worker-0\",state=\"closed\"} 1",
+        );
+        assert_line(
+            &out,
+            "abe_worker_circuit_state{worker=\"worker-1\",state=\"half_open\"} 1",
+        );
+        assert_line(
+            &out,
+            "abe_worker_circuit_state{worker=\"worker-1\",state=\"closed\"} 0",
+        );
+        assert_line(&out, "abe_worker_pending_batches{worker=\"worker-0\"} 1");
+        assert_line(
+            &out,
+            "abe_worker_batches_total{worker=\"worker-0\",result=\"ok\"} 3",
+        );
+        assert_line(
+            &out,
+            "abe_worker_batches_total{worker=\"worker-1\",result=\"failed\"} 2",
+        );
+    }
+
+    #[test]
+    fn http_counters_cover_every_endpoint_and_code() {
+        let out = page(&busy_snapshot(), &busy_http());
+        assert_line(
+            &out,
+            "abe_http_responses_total{endpoint=\"completions\",code=\"200\"} 2",
+        );
+        assert_line(
+            &out,
+            "abe_http_responses_total{endpoint=\"admin\",code=\"503\"} 1",
+        );
+        assert_line(
+            &out,
+            "abe_http_responses_total{endpoint=\"other\",code=\"other\"} 1",
+        );
+        assert_line(
+            &out,
+            "abe_http_responses_total{endpoint=\"ready\",code=\"200\"} 0",
+        );
+        let series = out
+            .lines()
+            .filter(|l| l.starts_with("abe_http_responses_total{"))
+            .count();
+        assert_eq!(series, Endpoint::COUNT * STATUS_SLOTS);
+        assert_line(&out, "abe_http_connections_accepted_total 2");
+        assert_line(&out, "abe_http_connections_closed_total 1");
+        assert_line(&out, "abe_http_connections_refused_total 1");
+        assert_line(&out, "abe_http_connections_open 1");
+        assert_line(&out, "abe_http_received_bytes_total 123");
+        assert_line(&out, "abe_http_sent_bytes_total 4567");
+    }
+
+    #[test]
+    fn empty_snapshot_is_valid_and_omits_the_unknown_p99() {
+        let out = page(&Snapshot::new(0, StrategyKind::Fixed), &HttpStats::new());
+        assert_line(&out, "abe_request_duration_seconds_bucket{le=\"+Inf\"} 0");
+        assert_line(&out, "abe_request_duration_seconds_sum 0");
+        assert_line(&out, "abe_workers 0");
+        assert!(!out
+            .lines()
+            .any(|l| l.starts_with("abe_observed_p99_seconds ")));
+    }
+
+    #[test]
+    fn every_family_is_documented_once() {
+        let out = page(&busy_snapshot(), &busy_http());
+        let summary = check(&out).unwrap();
+        let helps = out.lines().filter(|l| l.starts_with("# HELP ")).count();
+        let types = out.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        assert_eq!((helps, types), (summary.families, summary.families));
+        assert_eq!(summary.families, 27);
+    }
+
+    /// Runs `promtool check metrics` on `text`; `None` when promtool is not installed.
+    fn promtool_check(text: &str) -> Option<std::process::Output> {
+        let child = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("could not run promtool: {e}"),
+        };
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        Some(child.wait_with_output().unwrap())
+    }
+
+    #[test]
+    fn promtool_accepts_the_page() {
+        let pages = [
+            page(&busy_snapshot(), &busy_http()),
+            page(
+                &Snapshot::new(1, StrategyKind::LatencyAware),
+                &HttpStats::new(),
+            ),
+        ];
+        for text in pages {
+            let Some(output) = promtool_check(&text) else {
+                eprintln!(
+                    "SKIPPED promtool_accepts_the_page: promtool is not on PATH \
+                     (install Debian's `prometheus` package to run it)"
+                );
+                return;
+            };
+            assert!(
+                output.status.success() && output.stderr.is_empty(),
+                "promtool check metrics failed ({}):\n{}{}\n--- page ---\n{text}",
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr),
+            );
+        }
+    }
+}

@@ -1,0 +1,524 @@
+//! The HTTP front end and OpenAI API over real TCP on 127.0.0.1: every endpoint, every
+//! error, pipelining, many connections, slow senders.
+
+mod common;
+
+use base64::Engine as _;
+use common::{request_bytes, start, test_config, Client};
+use std::time::{Duration, Instant};
+
+#[test]
+fn completions_answer_one_choice_per_prompt_with_usage() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"model":"abe-sim","prompt":"Hello there, abe","max_tokens":7}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["model"], "abe-sim");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 1);
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(text.split(' ').count(), 7);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    assert_eq!(v["usage"]["prompt_tokens"], 4); // 15 bytes / 4, rounded up
+    assert_eq!(v["usage"]["total_tokens"], 11);
+
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt":["one","two","three"],"max_tokens":2,"priority":"high","some_unknown_field":[1,2]}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, ch) in choices.iter().enumerate() {
+        assert_eq!(ch["index"], i);
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    // Same prompt and seed: same text (deterministic synthetic output).
+    let a = c
+        .request(
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt":"x","seed":3}"#),
+        )
+        .json();
+    let b = c
+        .request(
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt":"x","seed":3}"#),
+        )
+        .json();
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    abe.shutdown();
+}
+
+#[test]
+fn embeddings_come_as_unit_float_vectors_or_base64_little_endian() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    let r = c.request(
+        "POST",
+        "/v1/embeddings",
+        Some(r#"{"input":["alpha","beta"],"dimensions":8}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    let floats: Vec<f64> = data[1]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(floats.len(), 8);
+    let norm: f64 = floats.iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
+    assert_eq!(data[1]["index"], 1);
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+
+    let r = c.request(
+        "POST",
+        "/v1/embeddings",
+        Some(r#"{"input":"beta","dimensions":8,"encoding_format":"base64"}"#),
+    );
+    assert_eq!(r.status, 200);
+    let b64 = r.json()["data"][0]["embedding"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap();
+    let decoded: Vec<f64> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+        .collect();
+    assert_eq!(decoded.len(), 8);
+    for (a, b) in decoded.iter().zip(&floats) {
+        assert!((a - b).abs() < 1e-6, "base64 and float encodings agree");
+    }
+    abe.shutdown();
+}
+
+#[test]
+fn models_health_ready_and_metrics_endpoints_answer() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    let r = c.request("GET", "/v1/models", None);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["data"][0]["id"], "abe-sim");
+    assert_eq!(c.request("GET", "/health", None).status, 200);
+    assert_eq!(c.request("GET", "/ready", None).status, 200);
+    c.request("POST", "/v1/completions", Some(r#"{"prompt":"warm"}"#));
+    std::thread::sleep(Duration::from_millis(150)); // one snapshot interval
+    let r = c.request("GET", "/metrics", None);
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").unwrap().starts_with("text/plain"));
+    let text = r.text();
+    assert!(text.contains("abe_queue_depth{priority=\"normal\",bucket=\"128\"}"));
+    assert!(text.contains("abe_batches_total{reason=\"idle_worker\"}"));
+    let r = c.request("GET", "/metrics/json", None);
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    for key in [
+        "timestamp",
+        "queue_depth",
+        "latency_p50_ms",
+        "latency_p90_ms",
+        "latency_p99_ms",
+        "latency_p999_ms",
+        "throughput_rps",
+        "batches_formed",
+        "avg_batch_size",
+        "workers",
+    ] {
+        assert!(!v[key].is_null(), "metrics/json lacks {key}: {v}");
+    }
+    assert!(v["batches_formed"].as_u64().unwrap() >= 1);
+    assert_eq!(v["workers"].as_array().unwrap().len(), 2);
+    assert!(v["workers"][0]["status"].is_string() && v["workers"][0]["circuit"].is_string());
+    // HEAD gets the head only.
+    c.send_raw(b"HEAD /health HTTP/1.1\r\nHost: t\r\n\r\n");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut c.reader, &mut line).unwrap();
+    assert!(line.starts_with("HTTP/1.1 200"));
+    abe.shutdown();
+}
+
+#[test]
+fn bad_requests_get_openai_shaped_errors_that_say_what_is_wrong() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    let cases: &[(&str, &str, u16, &str)] = &[
+        ("/v1/completions", "{not json", 400, "not valid JSON"),
+        (
+            "/v1/completions",
+            r#"{"max_tokens":5}"#,
+            400,
+            "missing required field 'prompt'",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":42}"#,
+            400,
+            "invalid value for 'prompt'",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"x","max_tokens":"many"}"#,
+            400,
+            "invalid value for 'max_tokens'",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"x","priority":"urgent"}"#,
+            400,
+            "unknown priority 'urgent'",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"x","max_tokens":-1}"#,
+            400,
+            "'max_tokens' must be between 1 and 32768, got -1",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"x","max_tokens":100000000}"#,
+            400,
+            "'max_tokens' must be between 1 and 32768",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":""}"#,
+            400,
+            "'prompt' must not be an empty string",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":[]}"#,
+            400,
+            "'prompt' must not be an empty array",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"x","model":"gpt-9"}"#,
+            404,
+            "Model 'gpt-9' not found",
+        ),
+        ("/v1/completions", "", 400, "request body is empty"),
+        (
+            "/v1/embeddings",
+            r#"{"input":"x","encoding_format":"hex"}"#,
+            400,
+            "'encoding_format' must be",
+        ),
+        (
+            "/v1/embeddings",
+            r#"{}"#,
+            400,
+            "missing required field 'input'",
+        ),
+        (
+            "/v1/embeddings",
+            r#"{"input":"x","dimensions":0}"#,
+            400,
+            "'dimensions' must be between 1",
+        ),
+    ];
+    for (path, body, status, needle) in cases {
+        let r = c.request("POST", path, Some(body));
+        assert_eq!(r.status, *status, "{path} {body}: {}", r.text());
+        let msg = r.error_message();
+        assert!(
+            msg.contains(needle),
+            "{body}: expected '{needle}' in '{msg}'"
+        );
+    }
+    // Priority from the header works, and a bad one is refused.
+    let r = c.request_with(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt":"x"}"#),
+        &[("X-Priority", "critical")],
+    );
+    assert_eq!(r.status, 200);
+    let r = c.request_with(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt":"x"}"#),
+        &[("X-Priority", "asap")],
+    );
+    assert_eq!(r.status, 400);
+    // Unknown path and wrong method.
+    let r = c.request("GET", "/v2/everything", None);
+    assert_eq!(r.status, 404);
+    assert!(r.error_message().contains("/v2/everything"));
+    let r = c.request("GET", "/v1/completions", None);
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("allow"), Some("POST"));
+    let r = c.request("DELETE", "/metrics", None);
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("allow"), Some("GET, HEAD"));
+    abe.shutdown();
+}
+
+#[test]
+fn admin_switches_strategy_lists_valid_names_and_checks_the_token() {
+    let mut cfg = test_config();
+    cfg.server.admin_token = "s3cret".into();
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    let r = c.request("POST", "/admin/strategy/fixed", None);
+    assert_eq!(r.status, 401);
+    let auth = [("Authorization", "Bearer s3cret")];
+    let r = c.request_with("POST", "/admin/strategy/fastest", None, &auth);
+    assert_eq!(r.status, 400);
+    assert!(r
+        .error_message()
+        .contains("valid strategies are fixed, queue_depth, latency_aware"));
+    let r = c.request_with("POST", "/admin/strategy/latency_aware", None, &auth);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["strategy"], "latency_aware");
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = c.request_with("GET", "/admin/strategy", None, &auth);
+        if r.json()["strategy"] == "latency_aware" {
+            break;
+        }
+        assert!(Instant::now() < until, "strategy switch not visible");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = c.request("GET", "/metrics", None).text();
+    assert!(text.contains("abe_strategy{strategy=\"latency_aware\"} 1"));
+    abe.shutdown();
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_request_order() {
+    let mut cfg = test_config();
+    cfg.workers.latency_model = "linear".into();
+    cfg.workers.base_latency_ms = 1.0;
+    cfg.workers.per_token_latency_ms = 0.01;
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    let mut bytes = Vec::new();
+    for i in 0..40 {
+        // Mixed kinds and priorities, so the engine finishes them out of order.
+        let (path, body) = if i % 3 == 0 {
+            (
+                "/v1/embeddings",
+                format!(r#"{{"input":"p{i}","dimensions":{}}}"#, i + 1),
+            )
+        } else {
+            let pr = ["low", "normal", "high", "critical"][i % 4];
+            (
+                "/v1/completions",
+                format!(
+                    r#"{{"prompt":"p{i}","max_tokens":{},"priority":"{pr}"}}"#,
+                    1 + i % 5
+                ),
+            )
+        };
+        bytes.extend(request_bytes("POST", path, Some(&body), &[]));
+        if i == 20 {
+            bytes.extend(request_bytes("GET", "/health", None, &[]));
+        }
+    }
+    c.send_raw(&bytes);
+    for i in 0..40 {
+        let r = c.read_response().expect("response");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        if i % 3 == 0 {
+            assert_eq!(v["data"][0]["embedding"].as_array().unwrap().len(), i + 1);
+        } else {
+            assert_eq!(v["usage"]["completion_tokens"], 1 + i % 5);
+        }
+        if i == 20 {
+            assert_eq!(c.read_response().unwrap().json()["status"], "ok");
+        }
+    }
+    abe.shutdown();
+}
+
+#[test]
+fn a_thousand_concurrent_keep_alive_connections_are_all_served() {
+    let mut cfg = test_config();
+    cfg.workers.latency_model = "linear".into();
+    cfg.workers.base_latency_ms = 2.0;
+    cfg.workers.per_token_latency_ms = 0.0;
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    let mut clients: Vec<Client> = (0..1000).map(|_| Client::connect(addr)).collect();
+    for round in 0..2 {
+        for (i, c) in clients.iter_mut().enumerate() {
+            c.send_raw(&request_bytes(
+                "POST",
+                "/v1/completions",
+                Some(&format!(r#"{{"prompt":"c{i} r{round}","max_tokens":2}}"#)),
+                &[],
+            ));
+        }
+        for c in clients.iter_mut() {
+            let r = c.read_response().expect("every connection answered");
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    }
+    let snap = abe.handle.snapshot();
+    assert!(snap.stats.avg_batch_size() > 1.0, "load was batched");
+    abe.shutdown();
+}
+
+#[test]
+fn a_slow_sender_is_cut_off_with_408_and_the_connection_closed() {
+    let mut cfg = test_config();
+    cfg.server.read_timeout = abe::config::Millis(300);
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    c.send_raw(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"prompt\":");
+    let started = Instant::now();
+    let r = c.read_response().expect("a 408");
+    assert_eq!(r.status, 408);
+    assert!(r.error_message().contains("server.read_timeout"));
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.is_closed());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // A half-sent head is cut off the same way.
+    let mut c = Client::connect(abe.local_addr());
+    c.send_raw(b"GET /health HTTP/1.1\r\nHost: x\r\n");
+    assert_eq!(c.read_response().unwrap().status, 408);
+    abe.shutdown();
+}
+
+#[test]
+fn oversized_heads_bodies_and_chunked_bodies_are_refused() {
+    let mut cfg = test_config();
+    cfg.server.max_body_bytes = 1000;
+    cfg.server.max_header_bytes = 1024;
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    let mut c = Client::connect(addr);
+    let big = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(2000));
+    let r = c.request("POST", "/v1/completions", Some(&big));
+    assert_eq!(r.status, 413);
+    assert!(r
+        .error_message()
+        .contains("exceeds the limit of 1000 bytes"));
+    let mut c = Client::connect(addr);
+    c.send_raw(
+        format!(
+            "GET /health HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+            "y".repeat(3000)
+        )
+        .as_bytes(),
+    );
+    assert_eq!(c.read_response().unwrap().status, 431);
+    let mut c = Client::connect(addr);
+    c.send_raw(b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+    let r = c.read_response().unwrap();
+    assert_eq!(r.status, 411);
+    assert!(r.error_message().contains("Content-Length"));
+    let mut c = Client::connect(addr);
+    c.send_raw(b"\x16\x03\x01 not http at all\r\n\r\n");
+    assert_eq!(c.read_response().unwrap().status, 400);
+    abe.shutdown();
+}
+
+#[test]
+fn expect_100_continue_gets_an_interim_response_before_the_body() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    let body = r#"{"prompt":"after continue"}"#;
+    c.send_raw(
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut c.reader, &mut line).unwrap();
+    assert_eq!(line, "HTTP/1.1 100 Continue\r\n");
+    let mut blank = String::new();
+    std::io::BufRead::read_line(&mut c.reader, &mut blank).unwrap();
+    c.send_raw(body.as_bytes());
+    assert_eq!(c.read_response().unwrap().status, 200);
+    abe.shutdown();
+}
+
+#[test]
+fn connections_past_the_limit_are_refused_politely() {
+    let mut cfg = test_config();
+    cfg.server.max_connections = 3;
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    let mut held: Vec<Client> = (0..3).map(|_| Client::connect(addr)).collect();
+    for c in held.iter_mut() {
+        assert_eq!(c.request("GET", "/health", None).status, 200);
+    }
+    let mut extra = Client::connect(addr);
+    let r = extra.read_response().expect("a refusal, not a hang");
+    assert_eq!(r.status, 503);
+    assert!(r.error_message().contains("connection limit (3)"));
+    drop(held);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut again = Client::connect(addr);
+    assert_eq!(again.request("GET", "/health", None).status, 200);
+    abe.shutdown();
+}
+
+#[test]
+fn overload_is_429_with_retry_after() {
+    let mut cfg = test_config();
+    cfg.batching.queue_capacity = 4;
+    cfg.batching.max_batch_size = 1;
+    cfg.workers.count = 1;
+    cfg.workers.latency_model = "linear".into();
+    cfg.workers.base_latency_ms = 300.0;
+    cfg.workers.per_token_latency_ms = 0.0;
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    let mut bytes = Vec::new();
+    for i in 0..10 {
+        bytes.extend(request_bytes(
+            "POST",
+            "/v1/completions",
+            Some(&format!(r#"{{"prompt":"{i}"}}"#)),
+            &[],
+        ));
+    }
+    c.send_raw(&bytes);
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let r = c.read_response().unwrap();
+        if r.status == 429 {
+            assert_eq!(r.header("retry-after"), Some("1"));
+            assert!(r.error_message().contains("queue is full"));
+        }
+        statuses.push(r.status);
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+    assert!(statuses.contains(&200), "{statuses:?}");
+    abe.shutdown();
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed_after_the_timeout() {
+    let mut cfg = test_config();
+    cfg.server.keep_alive_timeout = abe::config::Millis(200);
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    assert_eq!(c.request("GET", "/health", None).status, 200);
+    assert!(c.is_closed(), "closed after the idle timeout");
+    abe.shutdown();
+}

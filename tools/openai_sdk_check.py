@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Drive a running abe with the official OpenAI Python SDK: models, completions,
+embeddings (float and the SDK's default base64), and an error.
+
+Usage: tools/openai_sdk_check.py http://127.0.0.1:PORT
+Exits non-zero with a message on the first thing that is not as a client expects.
+"""
+import math
+import sys
+
+import openai
+from openai import OpenAI
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+    print(f"ok: {what}")
+
+
+def main():
+    base = sys.argv[1].rstrip("/") + "/v1"
+    client = OpenAI(base_url=base, api_key="not-needed", max_retries=0, timeout=30)
+
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    check("abe-sim" in ids, f"models.list lists abe-sim ({ids})")
+
+    c = client.completions.create(model="abe-sim", prompt="Say something", max_tokens=6)
+    check(len(c.choices) == 1, "one choice for one prompt")
+    check(len(c.choices[0].text.split()) == 6, "six tokens of text")
+    check(c.choices[0].finish_reason == "length", "finish_reason length")
+    check(c.usage.completion_tokens == 6, "usage.completion_tokens")
+    check(c.usage.total_tokens == c.usage.prompt_tokens + 6, "usage.total_tokens")
+
+    c = client.completions.create(model="abe-sim", prompt=["a", "b", "c"], max_tokens=2,
+                                  extra_body={"priority": "high"})
+    check([ch.index for ch in c.choices] == [0, 1, 2], "one choice per prompt, in order")
+
+    # The SDK asks for base64 by default and decodes it to floats.
+    e = client.embeddings.create(model="abe-sim", input=["hello", "world"])
+    check(len(e.data) == 2, "two embeddings")
+    norm = math.sqrt(sum(x * x for x in e.data[0].embedding))
+    check(abs(norm - 1.0) < 1e-4, f"unit-norm embedding (norm {norm:.6f})")
+    e2 = client.embeddings.create(model="abe-sim", input="hello", encoding_format="float",
+                                  dimensions=16)
+    check(len(e2.data[0].embedding) == 16, "dimensions honoured")
+    e3 = client.embeddings.create(model="abe-sim", input="hello", dimensions=16)
+    diff = max(abs(a - b) for a, b in zip(e2.data[0].embedding, e3.data[0].embedding))
+    check(diff < 1e-6, "base64 and float encodings agree")
+
+    try:
+        client.completions.create(model="abe-sim", prompt="x", max_tokens=-5)
+        check(False, "negative max_tokens is refused")
+    except openai.BadRequestError as err:
+        check("max_tokens" in str(err), "negative max_tokens gives a 400 naming the field")
+
+    try:
+        client.completions.create(model="no-such-model", prompt="x")
+        check(False, "unknown model is refused")
+    except openai.NotFoundError as err:
+        check("no-such-model" in str(err), "unknown model gives a 404 naming it")
+
+    print("openai sdk check: all passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# abe's whole test suite: the README's test command.
+#   1. cargo test --workspace --all-targets (unit, integration over loopback, benches once)
+#   2. loom models of the cross-thread protocols (RUSTFLAGS="--cfg loom")
+#   3. the OpenAI Python SDK against a live `abe serve`
+#   4. promtool check metrics against a live `abe serve`
+# Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`).
+# .ci/run installs the last two on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ulimit -n 8192 2>/dev/null || true
+
+echo "== cargo test (workspace, all targets)"
+cargo test --workspace --all-targets
+
+echo "== loom models"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
+  cargo test -p loom-tests --release
+
+echo "== OpenAI Python SDK against abe serve"
+cargo build --bin abe
+tools/with_server.sh python3 tools/openai_sdk_check.py
+
+echo "== promtool check metrics against abe serve"
+tools/with_server.sh tools/promtool_check.sh
+
+echo "== all suites passed"
