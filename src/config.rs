@@ -362,7 +362,7 @@ pub struct EngineConfig {
     pub pin: bool,
     /// spin | adaptive | park
     pub idle: String,
-    /// How long `adaptive` spins before parking, in microseconds.
+    /// How long `adaptive` yields before parking, in microseconds.
     pub spin_us: u64,
     /// Capacity of each submission ring (per priority x bucket, per io thread).
     pub ring_capacity: usize,

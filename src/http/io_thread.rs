@@ -10,6 +10,7 @@ use super::parse::{self, Method};
 use super::response::{Response, Status};
 use crate::api::{self, ApiContext, Routed};
 use crate::metrics::http_stats::Endpoint;
+use crate::runtime::doorbell::SleepFlag;
 use crate::runtime::Submitter;
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -49,6 +50,8 @@ pub struct IoThread {
     pub poll: Poll,
     pub listener: Option<TcpListener>,
     pub submitter: Submitter,
+    /// Set while this thread sleeps in `poll`; the engine wakes it only then.
+    sleep_flag: Arc<SleepFlag>,
     pub ctx: Arc<ApiContext>,
     pub shared: Arc<ServerShared>,
     conns: Vec<Option<Conn>>,
@@ -67,6 +70,7 @@ impl IoThread {
         poll: Poll,
         mut listener: TcpListener,
         submitter: Submitter,
+        sleep_flag: Arc<SleepFlag>,
         ctx: Arc<ApiContext>,
         shared: Arc<ServerShared>,
         thread_index: u64,
@@ -77,6 +81,7 @@ impl IoThread {
             poll,
             listener: Some(listener),
             submitter,
+            sleep_flag,
             ctx,
             shared,
             conns: Vec::new(),
@@ -95,7 +100,17 @@ impl IoThread {
         let mut events = Events::with_capacity(1024);
         let mut last_tick = Instant::now();
         loop {
-            if let Err(e) = self.poll.poll(&mut events, Some(TICK)) {
+            self.sleep_flag.before_sleep();
+            // Re-check after announcing the sleep: completions pushed before the engine could
+            // see the flag must not wait for the next tick.
+            let timeout = if self.submitter.has_completions() {
+                Duration::ZERO
+            } else {
+                TICK
+            };
+            let polled = self.poll.poll(&mut events, Some(timeout));
+            self.sleep_flag.after_sleep();
+            if let Err(e) = polled {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "io thread poll failed; stopping");
                     return;

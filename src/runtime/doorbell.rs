@@ -13,10 +13,57 @@
 use super::sync::{fence, park_timeout, unpark_in, AtomicBool, OnceSlot, Ordering, Thread};
 use std::time::Duration;
 
+/// The sleeping half of the doorbell protocol, for consumers that sleep in something other
+/// than `park` (an io thread sleeping in `epoll_wait`, woken by a mio `Waker`).
+///
+/// Consumer: [`SleepFlag::before_sleep`], re-check for work (do not sleep if any), sleep,
+/// [`SleepFlag::after_sleep`]. Producer: publish, then wake only if
+/// [`SleepFlag::take_sleeper`] says the consumer sleeps. Same fences as [`Doorbell`].
+#[derive(Debug, Default)]
+pub struct SleepFlag {
+    sleeping: AtomicBool,
+}
+
+impl SleepFlag {
+    /// A flag for a consumer that is awake.
+    pub fn new() -> Self {
+        SleepFlag {
+            sleeping: AtomicBool::new(false),
+        }
+    }
+
+    /// Consumer: announce the sleep. Re-check every source of work after this.
+    pub fn before_sleep(&self) {
+        self.sleeping.store(true, Ordering::Relaxed);
+        // SeqCst fence: pairs with the producer's fence in `take_sleeper` (see module docs).
+        fence(Ordering::SeqCst);
+    }
+
+    /// Consumer: awake again.
+    pub fn after_sleep(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
+    }
+
+    /// Producer, after publishing: true (once) if the consumer sleeps and must be woken.
+    #[inline]
+    pub fn take_sleeper(&self) -> bool {
+        // SeqCst fence: orders our publish before the load of `sleeping`.
+        fence(Ordering::SeqCst);
+        // compare_exchange rather than swap: the same meaning (a failed CAS writes nothing),
+        // and loom checks it correctly (loom 0.7 lets a swap's read and write straddle a
+        // racing store, tokio-rs/loom#254, which shows up as a false lost wake-up).
+        self.sleeping.load(Ordering::Relaxed)
+            && self
+                .sleeping
+                .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
 /// One consumer's doorbell, shared by all its producers.
 pub struct Doorbell {
-    /// True while the consumer is (about to be) parked.
-    sleeping: AtomicBool,
+    /// Set while the consumer is (about to be) parked.
+    sleeping: SleepFlag,
     /// The consumer thread, bound once by the consumer before its first wait.
     consumer: OnceSlot<Thread>,
 }
@@ -31,7 +78,7 @@ impl Doorbell {
     /// A doorbell with no consumer bound yet.
     pub fn new() -> Self {
         Doorbell {
-            sleeping: AtomicBool::new(false),
+            sleeping: SleepFlag::new(),
             consumer: OnceSlot::new(),
         }
     }
@@ -44,18 +91,7 @@ impl Doorbell {
     /// Producer side: call after publishing work. Cheap when the consumer is awake.
     #[inline]
     pub fn ring(&self) {
-        // SeqCst fence: orders our publish (an earlier Release store) before the load of
-        // `sleeping`, pairing with the consumer's fence between its store and its re-check.
-        fence(Ordering::SeqCst);
-        // compare_exchange rather than swap: the same meaning (a failed CAS writes nothing),
-        // and loom checks it correctly (loom 0.7 lets a swap's read and write straddle a racing
-        // store, tokio-rs/loom#254, which shows up as a false lost wake-up).
-        if self.sleeping.load(Ordering::Relaxed)
-            && self
-                .sleeping
-                .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.sleeping.take_sleeper() {
             unpark_in(&self.consumer);
         }
     }
@@ -63,18 +99,15 @@ impl Doorbell {
     /// Consumer side: park for at most `timeout` unless `has_work()` says there is work.
     /// Returns early on a ring, a timeout, or a spurious wake-up; the caller re-polls.
     pub fn wait(&self, timeout: Duration, has_work: impl Fn() -> bool) {
-        self.sleeping.store(true, Ordering::Relaxed);
-        // SeqCst fence: our `sleeping = true` is ordered before the re-check below, pairing
-        // with the producer's fence between its publish and its load of `sleeping`.
-        fence(Ordering::SeqCst);
+        self.sleeping.before_sleep();
         if !has_work() {
             park_timeout(timeout);
         }
-        self.sleeping.store(false, Ordering::Relaxed);
+        self.sleeping.after_sleep();
     }
 
     /// True while the consumer is parked or about to park (for tests and metrics).
     pub fn is_sleeping(&self) -> bool {
-        self.sleeping.load(Ordering::Relaxed)
+        self.sleeping.sleeping.load(Ordering::Relaxed)
     }
 }

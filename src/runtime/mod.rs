@@ -47,7 +47,7 @@ pub struct RuntimeConfig {
     pub pin: bool,
     /// How the engine and workers wait when idle.
     pub idle: IdlePolicy,
-    /// How long `adaptive` spins before parking.
+    /// How long `adaptive` yields before parking.
     pub spin_us: u64,
     /// Capacity of each submitter ring (per class) and of each completion ring.
     pub ring_capacity: usize,
@@ -507,6 +507,11 @@ impl Submitter {
         }
         self.in_flight -= n;
         n
+    }
+
+    /// True when completions are waiting to be drained.
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
     }
 
     /// Tagged submissions not yet answered.
