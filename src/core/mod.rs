@@ -112,6 +112,8 @@ pub struct Core {
     queues: [Fifo; CLASS_COUNT],
     /// Requests in all queues.
     queued: usize,
+    /// Bit `c` set iff `queues[c]` is non-empty, so scans touch only occupied classes.
+    nonempty: u32,
     strategy: StrategyKind,
     workers: Vec<WorkerView>,
     balancer: Balancer,
@@ -147,6 +149,7 @@ impl Core {
             table: RequestTable::new(cfg.queue_capacity),
             queues: [Fifo::default(); CLASS_COUNT],
             queued: 0,
+            nonempty: 0,
             strategy: cfg.strategy,
             workers: vec![WorkerView::default(); cfg.workers],
             balancer: Balancer::new(cfg.balancer),
@@ -185,7 +188,9 @@ impl Core {
                 capacity: self.table.capacity(),
             });
         };
-        self.queues[meta.class()].push_back(&mut self.table, ticket.index);
+        let class = meta.class();
+        self.queues[class].push_back(&mut self.table, ticket.index);
+        self.sync_class(class);
         self.queued += 1;
         self.stats.admitted += 1;
         Ok(ticket)
@@ -201,6 +206,7 @@ impl Core {
         }
         let class = self.table.meta(ticket.index).class();
         self.queues[class].unlink(&mut self.table, ticket.index);
+        self.sync_class(class);
         self.queued -= 1;
         self.table.remove(ticket);
         self.stats.failed += 1;
@@ -283,6 +289,7 @@ impl Core {
         self.draining = true;
         for class in 0..CLASS_COUNT {
             while let Some(index) = self.queues[class].pop_front(&mut self.table) {
+                self.sync_class(class);
                 self.queued -= 1;
                 let ticket = self.table.ticket_at(index);
                 self.table.remove(ticket);
@@ -377,12 +384,16 @@ impl Core {
             return;
         }
         let limit = self.cfg.request_timeout_ns;
-        for class in 0..CLASS_COUNT {
+        let mut mask = self.nonempty;
+        while mask != 0 {
+            let class = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
             while let Some(index) = self.queues[class].front() {
                 if now.saturating_sub(self.table.meta(index).arrival_ns) < limit {
                     break;
                 }
                 self.queues[class].unlink(&mut self.table, index);
+                self.sync_class(class);
                 self.queued -= 1;
                 let ticket = self.table.ticket_at(index);
                 self.table.remove(ticket);
@@ -438,15 +449,6 @@ impl Core {
         }
     }
 
-    /// Number of groups batches are formed from: one per bucket, or one for everything.
-    fn group_count(&self) -> usize {
-        if self.cfg.token_bucketing {
-            BUCKET_COUNT
-        } else {
-            1
-        }
-    }
-
     /// The buckets of group `g`.
     fn group_buckets(&self, g: usize) -> std::ops::Range<usize> {
         if self.cfg.token_bucketing {
@@ -468,6 +470,44 @@ impl Core {
         request::ms_to_nanos(ms)
     }
 
+    /// Keeps the non-empty mask in step with `queues[class]`.
+    #[inline]
+    fn sync_class(&mut self, class: usize) {
+        if self.queues[class].is_empty() {
+            self.nonempty &= !(1 << class);
+        } else {
+            self.nonempty |= 1 << class;
+        }
+    }
+
+    /// One pass over the occupied classes: per group, size, tokens, oldest arrival, whether
+    /// a critical request waits, and the earliest priority max-wait deadline.
+    fn summarize(&self) -> [GroupSummary; BUCKET_COUNT] {
+        let mut groups = [GroupSummary::EMPTY; BUCKET_COUNT];
+        let mut mask = self.nonempty;
+        while mask != 0 {
+            let class = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            let q = &self.queues[class];
+            let Some(head) = q.front() else { continue };
+            let priority = Priority::from_index(class / BUCKET_COUNT);
+            let g = if self.cfg.token_bucketing {
+                class % BUCKET_COUNT
+            } else {
+                0
+            };
+            let arrival = self.table.meta(head).arrival_ns;
+            let max_wait = request::ms_to_nanos(self.cfg.priority_max_wait_ms[priority.index()]);
+            let s = &mut groups[g];
+            s.len += q.len();
+            s.tokens += q.tokens();
+            s.oldest = s.oldest.min(arrival);
+            s.critical |= priority == Priority::Critical;
+            s.max_wait_at = s.max_wait_at.min(arrival.saturating_add(max_wait));
+        }
+        groups
+    }
+
     /// The most urgent group that is due now, with why. Urgency: drain, critical, full,
     /// max_wait, timeout, idle_worker; ties go to the group with the oldest request.
     fn due_group(&mut self, now: Nanos) -> Option<(usize, FlushReason)> {
@@ -477,39 +517,22 @@ impl Core {
         let timeout_ns = self.strategy_timeout_ns();
         let idle_worker = self.cfg.dispatch_when_idle && self.any_idle_worker(now);
         let mut best: Option<(usize, FlushReason, u8, Nanos)> = None;
-        for g in 0..self.group_count() {
-            let mut len = 0usize;
-            let mut tokens = 0u64;
-            let mut oldest = Nanos::MAX;
-            let mut critical = false;
-            let mut max_wait_due = false;
-            for bucket in self.group_buckets(g) {
-                for p in Priority::HIGHEST_FIRST {
-                    let q = &self.queues[request::class_index(p, bucket)];
-                    let Some(head) = q.front() else { continue };
-                    len += q.len();
-                    tokens += q.tokens();
-                    let arrival = self.table.meta(head).arrival_ns;
-                    oldest = oldest.min(arrival);
-                    critical |= p == Priority::Critical;
-                    let max_wait = request::ms_to_nanos(self.cfg.priority_max_wait_ms[p.index()]);
-                    max_wait_due |= now.saturating_sub(arrival) >= max_wait;
-                }
-            }
-            if len == 0 {
+        for (g, s) in self.summarize().iter().enumerate() {
+            if s.len == 0 {
                 continue;
             }
             let reason = if self.draining {
                 FlushReason::Drain
-            } else if critical {
+            } else if s.critical {
                 FlushReason::Critical
-            } else if len >= self.cfg.max_batch_size
-                || tokens >= u64::from(self.cfg.max_batch_tokens)
+            } else if s.len >= self.cfg.max_batch_size
+                || s.tokens >= u64::from(self.cfg.max_batch_tokens)
             {
                 FlushReason::Full
-            } else if max_wait_due {
+            } else if now >= s.max_wait_at {
                 FlushReason::MaxWait
-            } else if now.saturating_sub(oldest) >= timeout_ns && len >= self.cfg.min_batch_size {
+            } else if now.saturating_sub(s.oldest) >= timeout_ns && s.len >= self.cfg.min_batch_size
+            {
                 FlushReason::Timeout
             } else if idle_worker {
                 FlushReason::IdleWorker
@@ -519,10 +542,10 @@ impl Core {
             let rank = reason_rank(reason);
             let better = match best {
                 None => true,
-                Some((_, _, r, o)) => rank < r || (rank == r && oldest < o),
+                Some((_, _, r, o)) => rank < r || (rank == r && s.oldest < o),
             };
             if better {
-                best = Some((g, reason, rank, oldest));
+                best = Some((g, reason, rank, s.oldest));
             }
         }
         best.map(|(g, reason, _, _)| (g, reason))
@@ -593,6 +616,7 @@ impl Core {
                     break 'fill;
                 }
                 self.queues[class].unlink(&mut self.table, index);
+                self.sync_class(class);
                 self.queued -= 1;
                 self.table.set_dispatched(index);
                 self.stats.queue_wait.record(now.saturating_sub(arrival));
@@ -635,26 +659,13 @@ impl Core {
                     .iter_mut()
                     .any(|w| w.can_take(now, max, &circuit))
             };
-            for g in 0..self.group_count() {
-                let mut len = 0usize;
-                let mut oldest = Nanos::MAX;
-                for bucket in self.group_buckets(g) {
-                    for p in Priority::HIGHEST_FIRST {
-                        let q = &self.queues[request::class_index(p, bucket)];
-                        let Some(head) = q.front() else { continue };
-                        len += q.len();
-                        let arrival = self.table.meta(head).arrival_ns;
-                        oldest = oldest.min(arrival);
-                        next = next.min(arrival.saturating_add(self.cfg.request_timeout_ns));
-                        if can_dispatch {
-                            let max_wait =
-                                request::ms_to_nanos(self.cfg.priority_max_wait_ms[p.index()]);
-                            next = next.min(arrival.saturating_add(max_wait));
-                        }
+            for summary in self.summarize().iter().filter(|s| s.len > 0) {
+                next = next.min(summary.oldest.saturating_add(self.cfg.request_timeout_ns));
+                if can_dispatch {
+                    next = next.min(summary.max_wait_at);
+                    if summary.len >= self.cfg.min_batch_size {
+                        next = next.min(summary.oldest.saturating_add(timeout_ns));
                     }
-                }
-                if can_dispatch && len >= self.cfg.min_batch_size && oldest != Nanos::MAX {
-                    next = next.min(oldest.saturating_add(timeout_ns));
                 }
             }
             if !can_dispatch {
@@ -685,6 +696,27 @@ impl Core {
         }
         (next != Nanos::MAX).then_some(next.max(now))
     }
+}
+
+/// What a scan of one group's queues found.
+#[derive(Clone, Copy, Debug)]
+struct GroupSummary {
+    len: usize,
+    tokens: u64,
+    oldest: Nanos,
+    critical: bool,
+    /// Earliest instant a queued head reaches its priority's max wait.
+    max_wait_at: Nanos,
+}
+
+impl GroupSummary {
+    const EMPTY: GroupSummary = GroupSummary {
+        len: 0,
+        tokens: 0,
+        oldest: Nanos::MAX,
+        critical: false,
+        max_wait_at: Nanos::MAX,
+    };
 }
 
 /// Lower is more urgent.
