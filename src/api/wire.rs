@@ -94,30 +94,37 @@ pub fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BodyError
             "request body must be a JSON object, like {\"prompt\": \"...\"}",
         ));
     }
+    // Fast path: plain serde_json. Only a failed parse pays for serde_path_to_error, which
+    // re-parses to name the offending field.
+    if let Ok(v) = serde_json::from_slice(body) {
+        return Ok(v);
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            body_error(
-                "invalid_json",
-                format!("request body is not valid JSON: {inner}"),
-            )
-        } else if path == "." || path.is_empty() {
-            body_error(
-                "invalid_json",
-                format!("request body must be a JSON object: {inner}"),
-            )
-        } else {
-            body_error(
-                "invalid_type",
-                format!(
-                    "invalid value for '{path}': {}",
-                    strip_position(&inner.to_string())
-                ),
-            )
-        }
-    })
+    let err = match serde_path_to_error::deserialize::<_, T>(de) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let path = err.path().to_string();
+    let inner = err.into_inner();
+    if inner.is_syntax() || inner.is_eof() {
+        Err(body_error(
+            "invalid_json",
+            format!("request body is not valid JSON: {inner}"),
+        ))
+    } else if path == "." || path.is_empty() {
+        Err(body_error(
+            "invalid_json",
+            format!("request body must be a JSON object: {inner}"),
+        ))
+    } else {
+        Err(body_error(
+            "invalid_type",
+            format!(
+                "invalid value for '{path}': {}",
+                strip_position(&inner.to_string())
+            ),
+        ))
+    }
 }
 
 /// Drops serde_json's " at line L column C" suffix (the field path says where).

@@ -120,6 +120,8 @@ pub const BUCKET_LABELS: [&str; BUCKET_COUNT] = ["128", "512", "1024", "2048", "
 
 /// Number of (priority x bucket) classes: one FIFO and one input ring each.
 pub const CLASS_COUNT: usize = Priority::COUNT * BUCKET_COUNT;
+// Class sets are u32 bitmasks (the core's non-empty mask, the submitters' ready masks).
+const _: () = assert!(CLASS_COUNT <= 32);
 
 /// The token bucket a request with `tokens` estimated tokens falls in (`0..BUCKET_COUNT`).
 pub fn bucket_for_tokens(tokens: u32) -> usize {

@@ -92,13 +92,14 @@ impl Conn {
         }
     }
 
-    /// Reads until the socket would block or `limit` bytes are buffered.
+    /// Reads until the socket would block or `limit` bytes are buffered, through `chunk`
+    /// (the io thread's scratch buffer, reused so nothing is zeroed per read).
     pub fn read_available(
         &mut self,
+        chunk: &mut [u8],
         limit: usize,
         now: Instant,
     ) -> io::Result<(ReadResult, usize)> {
-        let mut chunk = [0u8; 16 * 1024];
         let mut total = 0;
         while self.read_buf.len() < limit {
             let want = chunk.len().min(limit - self.read_buf.len());

@@ -62,6 +62,8 @@ pub struct IoThread {
     inflight_count: usize,
     touched: Vec<usize>,
     next_response_id: u64,
+    /// Read scratch, allocated once (a stack array would be zeroed on every read).
+    read_chunk: Vec<u8>,
 }
 
 impl IoThread {
@@ -92,6 +94,7 @@ impl IoThread {
             inflight_count: 0,
             touched: Vec::new(),
             next_response_id: thread_index << 48,
+            read_chunk: vec![0; 16 * 1024],
         })
     }
 
@@ -217,7 +220,7 @@ impl IoThread {
             return;
         };
         if !conn.read_done && conn.slots.len() < max_pipelined {
-            match conn.read_available(buffer_limit, now) {
+            match conn.read_available(&mut self.read_chunk, buffer_limit, now) {
                 Ok((ReadResult::Open, n)) => self.ctx.http_stats.add_bytes_in(n as u64),
                 Ok((ReadResult::Eof, n)) => {
                     self.ctx.http_stats.add_bytes_in(n as u64);

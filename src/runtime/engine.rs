@@ -13,7 +13,7 @@ use super::messages::{
     BatchMsg, Completion, Control, Outcome, Reply, RequestError, ResultMsg, Submission,
 };
 use super::ring::{Consumer, Producer};
-use super::snapshot::{latency_histogram, WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
+use super::snapshot::{WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
 use super::Shared;
 use crate::core::{
     Action, BatchOutcome, Completion as CoreCompletion, Core, Nanos, Priority, BUCKET_COUNT,
@@ -21,8 +21,18 @@ use crate::core::{
 };
 use crate::exec::{BatchItem, Work};
 use hdrhistogram::Histogram;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+
+/// Samples buffered between publishes (latencies and batch sizes each).
+const SAMPLE_BUFFER: usize = 16 * 1024;
+
+/// Which sample buffer a value goes to.
+#[derive(Clone, Copy)]
+enum SampleKind {
+    Latency,
+    BatchSize,
+}
 
 /// Most submissions admitted per turn, so results keep flowing under a flood.
 const ADMIT_BUDGET_PER_TURN: usize = 4096;
@@ -35,6 +45,12 @@ pub struct SubmitterLink {
     /// Called after completions were pushed in a turn (e.g. a mio Waker); `None` for
     /// submitters that poll.
     pub wake: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Bit `c` is set by the submitter after it pushes into `inputs[c]` (Release), and taken
+    /// by the engine with a swap (Acquire), so an idle submitter costs one load per turn
+    /// instead of a look at every ring.
+    pub ready: Arc<AtomicU32>,
+    /// Engine-local: classes that may still hold items (taken from `ready`, not yet drained).
+    pub unread: u32,
 }
 
 /// A request the engine holds between admission and its answer, by table slot.
@@ -62,8 +78,14 @@ struct EngineIo {
     pending: Vec<PendingSlot>,
     workers: Vec<WorkerLink>,
     free_bufs: Vec<Vec<BatchItem>>,
-    latency: Histogram<u64>,
-    batch_size: Histogram<u64>,
+    /// Latencies (ns) and batch sizes recorded since the last publish. Moved into the
+    /// snapshot's histograms at publish time, so publishing costs O(new samples), not
+    /// O(histogram size). Capacity fixed at start; when full, the engine publishes at once.
+    new_latencies_ns: Vec<u64>,
+    new_batch_sizes: Vec<u64>,
+    /// Samples that could not be published because a reader held the snapshot lock while
+    /// the buffers were full (exported, expected to stay 0).
+    samples_dropped: u64,
     published_at_ns: Nanos,
 }
 
@@ -112,9 +134,9 @@ impl Engine {
                 free_bufs: (0..slots)
                     .map(|_| Vec::with_capacity(cfg.max_batch_size))
                     .collect(),
-                latency: latency_histogram(),
-                batch_size: Histogram::new_with_bounds(1, 1 << 20, 3)
-                    .expect("static histogram bounds are valid"),
+                new_latencies_ns: Vec::with_capacity(SAMPLE_BUFFER),
+                new_batch_sizes: Vec::with_capacity(SAMPLE_BUFFER),
+                samples_dropped: 0,
                 published_at_ns: 0,
             },
             idler,
@@ -197,14 +219,30 @@ impl Engine {
 
     /// Admits up to the per-turn budget, highest priority first across all submitters.
     fn admit_submissions(&mut self, now: Nanos) -> bool {
+        let mut any = 0u32;
+        for link in self.io.submitters.iter_mut() {
+            // Acquire: pairs with the submitter's Release fetch_or after its push.
+            link.unread |= link.ready.swap(0, Ordering::Acquire);
+            any |= link.unread;
+        }
+        if any == 0 {
+            return false;
+        }
         let mut budget = ADMIT_BUDGET_PER_TURN;
         let mut worked = false;
         for p in Priority::HIGHEST_FIRST {
+            let priority_bits = ((1u32 << BUCKET_COUNT) - 1) << (p.index() * BUCKET_COUNT);
             for s in 0..self.io.submitters.len() {
-                for bucket in 0..BUCKET_COUNT {
-                    let class = crate::core::request::class_index(p, bucket);
-                    while budget > 0 {
+                let mut classes = self.io.submitters[s].unread & priority_bits;
+                while classes != 0 && budget > 0 {
+                    let class = classes.trailing_zeros() as usize;
+                    classes &= classes - 1;
+                    loop {
+                        if budget == 0 {
+                            break;
+                        }
                         let Some(sub) = self.io.submitters[s].inputs[class].pop() else {
+                            self.io.submitters[s].unread &= !(1 << class);
                             break;
                         };
                         budget -= 1;
@@ -290,10 +328,9 @@ impl Engine {
         for (dst, w) in snap.workers.iter_mut().zip(self.core.workers()) {
             *dst = WorkerSnapshot::from_view(w, now);
         }
-        snap.latency.reset();
-        let _ = snap.latency.add(&self.io.latency);
-        snap.batch_size.reset();
-        let _ = snap.batch_size.add(&self.io.batch_size);
+        EngineIo::move_samples(&mut self.io.new_latencies_ns, &mut snap.latency);
+        EngineIo::move_samples(&mut self.io.new_batch_sizes, &mut snap.batch_size);
+        snap.samples_dropped = self.io.samples_dropped;
         snap.rejected_busy = self.io.shared.rejected_busy.load(Ordering::Relaxed);
         snap.draining = self.core.is_draining();
     }
@@ -338,7 +375,7 @@ impl EngineIo {
                         output: None,
                     });
                 }
-                let _ = self.batch_size.record(tickets.len() as u64);
+                self.record_sample(SampleKind::BatchSize, tickets.len() as u64);
                 let link = &mut self.workers[worker];
                 if link.batches.push(BatchMsg { batch, items }).is_err() {
                     unreachable!("worker ring sized to max_inflight_per_worker");
@@ -361,11 +398,44 @@ impl EngineIo {
         slot.work = None;
         let submitter = slot.submitter;
         if outcome.is_ok() {
-            let _ = self
-                .latency
-                .record(now.saturating_sub(slot.arrival_ns).max(1));
+            let latency_ns = now.saturating_sub(slot.arrival_ns).max(1);
+            self.record_sample(SampleKind::Latency, latency_ns);
         }
         self.send(submitter, reply, outcome);
+    }
+
+    /// Buffers one sample for the next publish; a full buffer is flushed into the snapshot
+    /// at once (`try_lock`: if a reader holds the lock, the sample is counted as dropped).
+    fn record_sample(&mut self, kind: SampleKind, value: u64) {
+        let full = match kind {
+            SampleKind::Latency => self.new_latencies_ns.len() == self.new_latencies_ns.capacity(),
+            SampleKind::BatchSize => self.new_batch_sizes.len() == self.new_batch_sizes.capacity(),
+        };
+        if full && !self.flush_samples() {
+            self.samples_dropped += 1;
+            return;
+        }
+        match kind {
+            SampleKind::Latency => self.new_latencies_ns.push(value),
+            SampleKind::BatchSize => self.new_batch_sizes.push(value),
+        }
+    }
+
+    /// Moves buffered samples into the snapshot's histograms. False if the lock was busy.
+    fn flush_samples(&mut self) -> bool {
+        let Ok(mut snap) = self.shared.snapshot.try_lock() else {
+            return false;
+        };
+        Self::move_samples(&mut self.new_latencies_ns, &mut snap.latency);
+        Self::move_samples(&mut self.new_batch_sizes, &mut snap.batch_size);
+        true
+    }
+
+    fn move_samples(samples: &mut Vec<u64>, into: &mut Histogram<u64>) {
+        for &v in samples.iter() {
+            let _ = into.record(v);
+        }
+        samples.clear();
     }
 
     /// Delivers an outcome to its reply target.
@@ -401,7 +471,7 @@ impl EngineIo {
     fn any_input(&self) -> bool {
         self.submitters
             .iter()
-            .any(|s| s.inputs.iter().any(|r| !r.is_empty()))
+            .any(|s| s.unread != 0 || s.ready.load(Ordering::Relaxed) != 0)
     }
 
     /// Anything at all for the engine to do (the doorbell's re-check).

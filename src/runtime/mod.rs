@@ -30,7 +30,7 @@ pub use messages::{Completion, Outcome, Request, RequestError, ThreadRole, Waite
 use messages::{Control, Reply, Submission};
 use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -392,6 +392,8 @@ impl Drop for Handle {
 /// completion ring full.
 pub struct Submitter {
     shared: Arc<Shared>,
+    /// Classes pushed into since the engine last looked (see `SubmitterLink::ready`).
+    ready: Arc<AtomicU32>,
     inputs: Vec<Producer<Submission>>,
     completions: Consumer<Completion>,
     in_flight: usize,
@@ -418,10 +420,13 @@ impl Submitter {
         }
         let (ctx, crx) = ring::ring(shared.ring_capacity);
         let max_in_flight = crx.capacity();
+        let ready = Arc::new(AtomicU32::new(0));
         let link = SubmitterLink {
             inputs: consumers,
             completions: ctx,
             wake,
+            ready: ready.clone(),
+            unread: 0,
         };
         if shared.registrations.push(link).is_err() {
             return Err(RequestError::Busy);
@@ -429,6 +434,7 @@ impl Submitter {
         shared.engine_bell.ring();
         Ok(Submitter {
             shared,
+            ready,
             inputs,
             completions: crx,
             in_flight: 0,
@@ -488,6 +494,8 @@ impl Submitter {
         };
         match self.inputs[class].push(sub) {
             Ok(()) => {
+                // Release: the push above is visible to an engine that sees this bit.
+                self.ready.fetch_or(1 << class, Ordering::Release);
                 self.shared.engine_bell.ring();
                 Ok(())
             }

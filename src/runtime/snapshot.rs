@@ -63,6 +63,9 @@ pub struct Snapshot {
     pub batch_size: Histogram<u64>,
     /// Requests refused before reaching the core (intake ring full).
     pub rejected_busy: u64,
+    /// Latency / batch-size samples lost because a reader held the snapshot lock while the
+    /// engine's sample buffer was full (expected 0).
+    pub samples_dropped: u64,
     pub draining: bool,
 }
 
@@ -90,6 +93,7 @@ impl Snapshot {
             batch_size: Histogram::new_with_bounds(1, 1 << 20, 3)
                 .expect("static histogram bounds are valid"),
             rejected_busy: 0,
+            samples_dropped: 0,
             draining: false,
         }
     }
