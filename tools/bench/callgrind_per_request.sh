@@ -14,7 +14,7 @@ measure() { # requests
   local reqs=$1 port=18500
   ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_IDLE=park ABE_ENGINE_PIN=false RUST_LOG=warn \
     valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
-    ./target/release/abe serve --port $port >/dev/null 2>"$out/vg.log" &
+    "${CARGO_TARGET_DIR:-target}/release/abe" serve --port $port >/dev/null 2>"$out/vg.log" &
   local pid=$!
   for _ in $(seq 1 200); do
     python3 - "$port" <<'PY' 2>/dev/null && break
