@@ -8,6 +8,7 @@
 
 pub mod balancer;
 pub mod circuit;
+pub mod continuous;
 pub mod pool;
 pub mod request;
 pub mod settings;

@@ -1,0 +1,547 @@
+//! Iteration-level (continuous) batching: slots per replica, one step per tick mixing decode
+//! tokens and prefill chunks under a token budget, KV-capacity admission and preemption.
+//!
+//! Like [`crate::core::Core`] this is sans-IO: the driver passes time in, carries out the
+//! [`StepAction`]s, and reports each finished step with [`Continuous::complete_step`]. A tick's
+//! work is proportional to the replica's slots; nothing here allocates after `new`, reads a
+//! clock or blocks.
+
+use super::request::{Priority, RequestMeta, Ticket};
+use super::table::{Fifo, RequestTable};
+
+/// Settings of the continuous scheduler.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContinuousConfig {
+    /// Model replicas (one worker each).
+    pub replicas: usize,
+    /// Slots per replica (`max_slots`, default 16).
+    pub max_slots: usize,
+    /// Most prompt tokens one slot prefills in one step (`prefill_chunk`, default 512).
+    pub prefill_chunk: u32,
+    /// Token budget of one step: decode tokens plus prefill tokens (`n_batch`, default 2048).
+    pub n_batch: u32,
+    /// KV cache capacity per replica in tokens (after the safety buffer).
+    pub kv_capacity_tokens: u64,
+    /// Requests waiting for a slot, at most (`max_queue`); more are refused.
+    pub max_queue: usize,
+}
+
+impl Default for ContinuousConfig {
+    fn default() -> Self {
+        ContinuousConfig {
+            replicas: 1,
+            max_slots: 16,
+            prefill_chunk: 512,
+            n_batch: 2048,
+            // The multi-bin spec's memory model: (12 GB - 4 GB) / 1.875e-4 GB per token,
+            // less a 10 % safety buffer.
+            kv_capacity_tokens: kv_capacity_tokens(12.0, 4.0, 1.875e-4, 0.1),
+            max_queue: 1024,
+        }
+    }
+}
+
+/// A replica's KV capacity in tokens: `(m_max - m_model) / kv_per_token`, less `safety`.
+pub fn kv_capacity_tokens(
+    m_max_gb: f64,
+    m_model_gb: f64,
+    kv_gb_per_token: f64,
+    safety: f64,
+) -> u64 {
+    if kv_gb_per_token <= 0.0 || m_max_gb <= m_model_gb {
+        return 0;
+    }
+    let eta = (m_max_gb - m_model_gb) / kv_gb_per_token;
+    (eta * (1.0 - safety.clamp(0.0, 1.0))).floor() as u64
+}
+
+/// Why a request was refused by the continuous scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ContinuousReject {
+    #[error("the wait queue is full ({max_queue} requests waiting for a slot); retry later")]
+    QueueFull { max_queue: usize },
+    #[error("the request needs {needed} KV tokens but a replica holds at most {capacity}")]
+    TooLarge { needed: u64, capacity: u64 },
+    #[error("the server is shutting down and no longer accepts requests")]
+    ShuttingDown,
+}
+
+/// What a slot of a step does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepWork {
+    /// Generate one token.
+    Decode,
+    /// Process `tokens` prompt tokens starting at `offset`; `last` means the prompt is then
+    /// complete and the step also samples the first output token.
+    Prefill {
+        offset: u32,
+        tokens: u32,
+        last: bool,
+    },
+}
+
+/// One slot's part in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepEntry {
+    pub slot: u32,
+    pub ticket: Ticket,
+    pub work: StepWork,
+    /// Output tokens generated before this step (the index of the token this step samples).
+    pub generated: u32,
+    /// First time this request runs in this slot (the worker sets up its state).
+    pub admitted: bool,
+}
+
+impl StepEntry {
+    /// Does this entry sample a token in this step?
+    pub fn samples(&self) -> bool {
+        matches!(
+            self.work,
+            StepWork::Decode | StepWork::Prefill { last: true, .. }
+        )
+    }
+}
+
+/// What the driver must do after `tick`.
+#[derive(Debug)]
+pub enum StepAction<'a> {
+    /// Run one forward pass on `replica` with these entries (decode entries first).
+    Step {
+        replica: usize,
+        entries: &'a [StepEntry],
+        decode_tokens: u32,
+        prefill_tokens: u32,
+    },
+    /// This request was preempted (KV exhausted) and re-queued at the front; the worker
+    /// drops its state, the request will be prefilled again.
+    Preempted {
+        replica: usize,
+        slot: u32,
+        ticket: Ticket,
+    },
+}
+
+/// How one entry of a finished step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryResult {
+    /// Still going (prefill chunk done, or a token generated and more to come).
+    Continue,
+    /// The request finished in this step (max_tokens, stop sequence or EOS).
+    Finished,
+    /// The client went away: free the slot.
+    Cancelled,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotPhase {
+    Idle,
+    Prefilling,
+    Generating,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    phase: SlotPhase,
+    ticket: Ticket,
+    prompt_tokens: u32,
+    prefilled: u32,
+    generated: u32,
+    max_tokens: u32,
+    /// Admission order on this replica (youngest = largest), for preemption.
+    admitted_seq: u64,
+    fresh: bool,
+}
+
+const IDLE_SLOT: Slot = Slot {
+    phase: SlotPhase::Idle,
+    ticket: Ticket {
+        index: u32::MAX,
+        generation: 0,
+    },
+    prompt_tokens: 0,
+    prefilled: 0,
+    generated: 0,
+    max_tokens: 0,
+    admitted_seq: 0,
+    fresh: false,
+};
+
+struct Replica {
+    slots: Vec<Slot>,
+    /// A step is running; no tick until it completes.
+    busy: bool,
+    /// Entries of the step in flight (capacity `max_slots`).
+    entries: Vec<StepEntry>,
+    admitted_seq: u64,
+}
+
+/// Counters for metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ContinuousStats {
+    pub admitted: u64,
+    pub rejected_full: u64,
+    pub completed: u64,
+    pub cancelled: u64,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub decode_tokens: u64,
+    pub prefill_tokens: u64,
+}
+
+/// The continuous-batching scheduler.
+pub struct Continuous {
+    cfg: ContinuousConfig,
+    table: RequestTable,
+    /// Waiting requests by priority (index: [`Priority::index`]).
+    waiting: [Fifo; Priority::COUNT],
+    waiting_len: usize,
+    replicas: Vec<Replica>,
+    stats: ContinuousStats,
+    draining: bool,
+}
+
+impl Continuous {
+    /// A scheduler with every buffer it needs.
+    pub fn new(cfg: ContinuousConfig) -> Continuous {
+        assert!(
+            cfg.replicas > 0 && cfg.max_slots > 0,
+            "need replicas and slots"
+        );
+        let capacity = cfg.max_queue + cfg.replicas * cfg.max_slots;
+        let replicas = (0..cfg.replicas)
+            .map(|_| Replica {
+                slots: vec![IDLE_SLOT; cfg.max_slots],
+                busy: false,
+                entries: Vec::with_capacity(cfg.max_slots),
+                admitted_seq: 0,
+            })
+            .collect();
+        Continuous {
+            table: RequestTable::new(capacity),
+            waiting: [Fifo::default(); Priority::COUNT],
+            waiting_len: 0,
+            replicas,
+            stats: ContinuousStats::default(),
+            draining: false,
+            cfg,
+        }
+    }
+
+    /// Settings.
+    pub fn config(&self) -> &ContinuousConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ContinuousStats {
+        &self.stats
+    }
+
+    /// Requests waiting for a slot.
+    pub fn waiting(&self) -> usize {
+        self.waiting_len
+    }
+
+    /// Slots in use on `replica`.
+    pub fn active_slots(&self, replica: usize) -> usize {
+        self.replicas[replica]
+            .slots
+            .iter()
+            .filter(|s| s.phase != SlotPhase::Idle)
+            .count()
+    }
+
+    /// KV tokens in use on `replica` (prompt prefilled + generated, over active slots).
+    pub fn kv_used(&self, replica: usize) -> u64 {
+        self.replicas[replica]
+            .slots
+            .iter()
+            .filter(|s| s.phase != SlotPhase::Idle)
+            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
+            .sum()
+    }
+
+    /// Stop admitting new requests; queued and active ones still run to completion.
+    pub fn begin_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// Nothing waiting, nothing active, no step out.
+    pub fn is_idle(&self) -> bool {
+        self.waiting_len == 0
+            && self
+                .replicas
+                .iter()
+                .all(|r| !r.busy && r.slots.iter().all(|s| s.phase == SlotPhase::Idle))
+    }
+
+    /// Queues a request. `meta.tokens_estimated - meta.max_tokens` is its prompt length.
+    pub fn admit(&mut self, meta: RequestMeta) -> Result<Ticket, ContinuousReject> {
+        if self.draining {
+            return Err(ContinuousReject::ShuttingDown);
+        }
+        let needed = u64::from(meta.tokens_estimated);
+        if needed > self.cfg.kv_capacity_tokens {
+            return Err(ContinuousReject::TooLarge {
+                needed,
+                capacity: self.cfg.kv_capacity_tokens,
+            });
+        }
+        if self.waiting_len >= self.cfg.max_queue {
+            self.stats.rejected_full += 1;
+            return Err(ContinuousReject::QueueFull {
+                max_queue: self.cfg.max_queue,
+            });
+        }
+        let Some(ticket) = self.table.insert(meta) else {
+            self.stats.rejected_full += 1;
+            return Err(ContinuousReject::QueueFull {
+                max_queue: self.cfg.max_queue,
+            });
+        };
+        self.waiting[meta.priority.index()].push_back(&mut self.table, ticket.index);
+        self.waiting_len += 1;
+        self.stats.admitted += 1;
+        Ok(ticket)
+    }
+
+    /// Removes a request that is still waiting (client went away). Active requests are
+    /// cancelled through their step result instead.
+    pub fn cancel_waiting(&mut self, ticket: Ticket) -> bool {
+        if !self.table.is_live(ticket)
+            || self.table.state(ticket.index) != super::table::SlotState::Queued
+        {
+            return false;
+        }
+        let p = self.table.meta(ticket.index).priority.index();
+        self.waiting[p].unlink(&mut self.table, ticket.index);
+        self.waiting_len -= 1;
+        self.table.remove(ticket);
+        self.stats.cancelled += 1;
+        true
+    }
+
+    /// Runs a tick on every idle replica that has work: admit into free slots, then build
+    /// and emit one step. Returns true if any step was emitted.
+    pub fn tick(&mut self, out: &mut impl FnMut(StepAction<'_>)) -> bool {
+        let mut any = false;
+        for r in 0..self.replicas.len() {
+            if self.replicas[r].busy {
+                continue;
+            }
+            self.admit_into_slots(r);
+            self.ensure_kv(r, out);
+            if self.build_step(r) {
+                let rep = &self.replicas[r];
+                let (decode, prefill) = step_tokens(&rep.entries);
+                self.replicas[r].busy = true;
+                self.stats.steps += 1;
+                self.stats.decode_tokens += u64::from(decode);
+                self.stats.prefill_tokens += u64::from(prefill);
+                out(StepAction::Step {
+                    replica: r,
+                    entries: &self.replicas[r].entries,
+                    decode_tokens: decode,
+                    prefill_tokens: prefill,
+                });
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// The step on `replica` finished; `results[i]` answers `entries[i]` of that step.
+    /// Calls `finished(ticket, result)` for every request that left its slot.
+    pub fn complete_step(
+        &mut self,
+        replica: usize,
+        results: &[EntryResult],
+        finished: &mut impl FnMut(Ticket, EntryResult),
+    ) {
+        let rep = &mut self.replicas[replica];
+        assert!(
+            rep.busy,
+            "complete_step for replica {replica} without a step out"
+        );
+        rep.busy = false;
+        debug_assert_eq!(results.len(), rep.entries.len());
+        for (entry, result) in rep.entries.iter().zip(results) {
+            let slot = &mut rep.slots[entry.slot as usize];
+            if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
+                continue; // preempted while the step ran
+            }
+            match entry.work {
+                StepWork::Prefill { tokens, last, .. } => {
+                    slot.prefilled += tokens;
+                    if last {
+                        slot.phase = SlotPhase::Generating;
+                        slot.generated += 1;
+                    }
+                }
+                StepWork::Decode => slot.generated += 1,
+            }
+            let done = match result {
+                EntryResult::Continue => {
+                    slot.phase == SlotPhase::Generating && slot.generated >= slot.max_tokens
+                }
+                EntryResult::Finished | EntryResult::Cancelled => true,
+            };
+            if done {
+                let ticket = slot.ticket;
+                *slot = IDLE_SLOT;
+                self.table.remove(ticket);
+                let r = if *result == EntryResult::Cancelled {
+                    self.stats.cancelled += 1;
+                    EntryResult::Cancelled
+                } else {
+                    self.stats.completed += 1;
+                    EntryResult::Finished
+                };
+                finished(ticket, r);
+            }
+        }
+        rep.entries.clear();
+    }
+
+    /// Admits waiting requests (highest priority first, FIFO within) into free slots while
+    /// their prompt + max_tokens fit in the replica's free KV.
+    fn admit_into_slots(&mut self, r: usize) {
+        let capacity = self.cfg.kv_capacity_tokens;
+        let mut used = self.kv_used(r);
+        for p in Priority::HIGHEST_FIRST {
+            loop {
+                let Some(free) = self.replicas[r]
+                    .slots
+                    .iter()
+                    .position(|s| s.phase == SlotPhase::Idle)
+                else {
+                    return;
+                };
+                let Some(index) = self.waiting[p.index()].front() else {
+                    break;
+                };
+                let meta = *self.table.meta(index);
+                let need = u64::from(meta.tokens_estimated);
+                if used + need > capacity {
+                    return; // FIFO: do not let a smaller request jump the head
+                }
+                self.waiting[p.index()].unlink(&mut self.table, index);
+                self.waiting_len -= 1;
+                self.table.set_dispatched(index);
+                let rep = &mut self.replicas[r];
+                rep.admitted_seq += 1;
+                rep.slots[free] = Slot {
+                    phase: SlotPhase::Prefilling,
+                    ticket: self.table.ticket_at(index),
+                    prompt_tokens: meta.tokens_estimated - meta.max_tokens,
+                    prefilled: 0,
+                    generated: 0,
+                    max_tokens: meta.max_tokens.max(1),
+                    admitted_seq: rep.admitted_seq,
+                    fresh: true,
+                };
+                used += need;
+            }
+        }
+    }
+
+    /// Preempts the youngest slots while the next step would not fit in KV: each generating
+    /// slot grows by one token and each prefilling slot by its chunk.
+    fn ensure_kv(&mut self, r: usize, out: &mut impl FnMut(StepAction<'_>)) {
+        let capacity = self.cfg.kv_capacity_tokens;
+        loop {
+            let rep = &self.replicas[r];
+            let used: u64 = rep
+                .slots
+                .iter()
+                .filter(|s| s.phase != SlotPhase::Idle)
+                .map(|s| {
+                    let grow = match s.phase {
+                        SlotPhase::Generating => 1,
+                        _ => (s.prompt_tokens - s.prefilled).min(self.cfg.prefill_chunk),
+                    };
+                    u64::from(s.prefilled) + u64::from(s.generated) + u64::from(grow)
+                })
+                .sum();
+            if used <= capacity {
+                return;
+            }
+            let Some((victim, _)) = rep
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.phase != SlotPhase::Idle)
+                .max_by_key(|(_, s)| s.admitted_seq)
+            else {
+                return;
+            };
+            let ticket = self.replicas[r].slots[victim].ticket;
+            self.replicas[r].slots[victim] = IDLE_SLOT;
+            let p = self.table.meta(ticket.index).priority.index();
+            self.waiting[p].push_front(&mut self.table, ticket.index);
+            self.waiting_len += 1;
+            self.stats.preemptions += 1;
+            out(StepAction::Preempted {
+                replica: r,
+                slot: victim as u32,
+                ticket,
+            });
+        }
+    }
+
+    /// Fills the replica's entry buffer: decode for every generating slot first, then prefill
+    /// chunks, never past `n_batch` tokens. Returns false if there is nothing to run.
+    fn build_step(&mut self, r: usize) -> bool {
+        let chunk = self.cfg.prefill_chunk.max(1);
+        let mut budget = self.cfg.n_batch.max(1);
+        let rep = &mut self.replicas[r];
+        rep.entries.clear();
+        for (i, s) in rep.slots.iter_mut().enumerate() {
+            if s.phase == SlotPhase::Generating && budget > 0 {
+                rep.entries.push(StepEntry {
+                    slot: i as u32,
+                    ticket: s.ticket,
+                    work: StepWork::Decode,
+                    generated: s.generated,
+                    admitted: std::mem::take(&mut s.fresh),
+                });
+                budget -= 1;
+            }
+        }
+        for (i, s) in rep.slots.iter_mut().enumerate() {
+            if s.phase == SlotPhase::Prefilling && budget > 0 {
+                let remaining = s.prompt_tokens - s.prefilled;
+                let tokens = remaining.min(chunk).min(budget);
+                rep.entries.push(StepEntry {
+                    slot: i as u32,
+                    ticket: s.ticket,
+                    work: StepWork::Prefill {
+                        offset: s.prefilled,
+                        tokens,
+                        last: tokens == remaining,
+                    },
+                    generated: s.generated,
+                    admitted: std::mem::take(&mut s.fresh),
+                });
+                budget -= tokens;
+            }
+        }
+        !rep.entries.is_empty()
+    }
+}
+
+/// (decode tokens, prefill tokens) of a step.
+pub fn step_tokens(entries: &[StepEntry]) -> (u32, u32) {
+    let mut decode = 0;
+    let mut prefill = 0;
+    for e in entries {
+        match e.work {
+            StepWork::Decode => decode += 1,
+            StepWork::Prefill { tokens, .. } => prefill += tokens,
+        }
+    }
+    (decode, prefill)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,245 @@
+//! Behaviour of the continuous scheduler, driven step by step.
+
+use super::*;
+use crate::core::request::Kind;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+fn meta(prompt_tokens: u32, max_tokens: u32, p: Priority) -> RequestMeta {
+    let mut m = RequestMeta::new(p, Kind::Completion, 0, max_tokens, 0);
+    m.tokens_estimated = prompt_tokens + max_tokens;
+    m
+}
+
+fn cfg() -> ContinuousConfig {
+    ContinuousConfig {
+        replicas: 1,
+        max_slots: 4,
+        prefill_chunk: 8,
+        n_batch: 16,
+        kv_capacity_tokens: 10_000,
+        max_queue: 8,
+    }
+}
+
+/// Runs one tick and returns the step's entries (empty if none) and preemptions.
+fn tick(c: &mut Continuous) -> (Vec<StepEntry>, Vec<Ticket>) {
+    let mut entries = vec![];
+    let mut preempted = vec![];
+    c.tick(&mut |a| match a {
+        StepAction::Step { entries: e, .. } => entries = e.to_vec(),
+        StepAction::Preempted { ticket, .. } => preempted.push(ticket),
+    });
+    (entries, preempted)
+}
+
+fn finish_all(c: &mut Continuous, entries: &[StepEntry]) -> Vec<Ticket> {
+    let results = vec![EntryResult::Continue; entries.len()];
+    let mut done = vec![];
+    c.complete_step(0, &results, &mut |t, _| done.push(t));
+    done
+}
+
+#[test]
+fn decode_tokens_come_before_prefill_and_the_budget_is_never_exceeded() {
+    let mut rng = SmallRng::seed_from_u64(11);
+    for seed in 0..50u64 {
+        let mut c = Continuous::new(ContinuousConfig {
+            max_slots: 6,
+            max_queue: 64,
+            ..cfg()
+        });
+        let mut rng2 = SmallRng::seed_from_u64(seed);
+        for _ in 0..20 {
+            let _ = c.admit(meta(
+                rng2.gen_range(1..60),
+                rng2.gen_range(1..20),
+                Priority::Normal,
+            ));
+        }
+        let mut steps = 0;
+        while !c.is_idle() {
+            let (entries, _) = tick(&mut c);
+            assert!(!entries.is_empty(), "work exists, so a step runs");
+            let first_prefill = entries
+                .iter()
+                .position(|e| matches!(e.work, StepWork::Prefill { .. }))
+                .unwrap_or(entries.len());
+            assert!(
+                entries[first_prefill..]
+                    .iter()
+                    .all(|e| matches!(e.work, StepWork::Prefill { .. })),
+                "decode entries precede prefill entries"
+            );
+            let (d, p) = step_tokens(&entries);
+            assert!(d + p <= 16, "budget exceeded: {d} + {p}");
+            let results: Vec<EntryResult> = entries
+                .iter()
+                .map(|_| {
+                    if rng.gen_bool(0.05) {
+                        EntryResult::Finished
+                    } else {
+                        EntryResult::Continue
+                    }
+                })
+                .collect();
+            c.complete_step(0, &results, &mut |_, _| {});
+            steps += 1;
+            assert!(steps < 10_000);
+        }
+        assert_eq!(c.stats().completed, 20);
+    }
+}
+
+#[test]
+fn a_long_prompt_arriving_does_not_stall_generating_slots() {
+    let mut c = Continuous::new(cfg());
+    let a = c.admit(meta(4, 50, Priority::Normal)).unwrap();
+    let b = c.admit(meta(4, 50, Priority::Normal)).unwrap();
+    // Prefill both (4 + 4 tokens fit one step), then they generate.
+    let (e, _) = tick(&mut c);
+    assert_eq!(e.len(), 2);
+    finish_all(&mut c, &e);
+    let long = c.admit(meta(1000, 5, Priority::Normal)).unwrap();
+    // Every following step carries one decode token for a and b: inter-token gap one tick,
+    // while the long prompt is prefilled in chunks of at most the remaining budget.
+    let mut prefilled = 0;
+    for _ in 0..20 {
+        let (e, _) = tick(&mut c);
+        let decodes: Vec<Ticket> = e
+            .iter()
+            .filter(|x| x.work == StepWork::Decode)
+            .map(|x| x.ticket)
+            .collect();
+        assert!(decodes.contains(&a) && decodes.contains(&b), "{e:?}");
+        for x in &e {
+            if let StepWork::Prefill { tokens, .. } = x.work {
+                assert_eq!(x.ticket, long);
+                assert!(tokens <= 8, "chunked");
+                prefilled += tokens;
+            }
+        }
+        finish_all(&mut c, &e);
+    }
+    assert!(prefilled > 0);
+}
+
+#[test]
+fn admission_is_fifo_within_priority_and_higher_priorities_go_first() {
+    let mut c = Continuous::new(ContinuousConfig {
+        max_slots: 2,
+        ..cfg()
+    });
+    let n1 = c.admit(meta(2, 100, Priority::Normal)).unwrap();
+    let n2 = c.admit(meta(2, 100, Priority::Normal)).unwrap();
+    let n3 = c.admit(meta(2, 100, Priority::Normal)).unwrap();
+    let h = c.admit(meta(2, 100, Priority::High)).unwrap();
+    let (e, _) = tick(&mut c);
+    let admitted: Vec<Ticket> = e.iter().map(|x| x.ticket).collect();
+    assert_eq!(admitted, vec![h, n1], "high first, then the oldest normal");
+    assert!(e.iter().all(|x| x.admitted));
+    c.complete_step(
+        0,
+        &[EntryResult::Finished, EntryResult::Continue],
+        &mut |_, _| {},
+    );
+    let (e, _) = tick(&mut c);
+    let tickets: Vec<Ticket> = e.iter().map(|x| x.ticket).collect();
+    assert!(tickets.contains(&n2) && !tickets.contains(&n3));
+}
+
+#[test]
+fn max_queue_refuses_and_oversized_requests_are_refused_with_their_size() {
+    let mut c = Continuous::new(ContinuousConfig {
+        max_queue: 2,
+        kv_capacity_tokens: 100,
+        ..cfg()
+    });
+    c.admit(meta(1, 1, Priority::Normal)).unwrap();
+    c.admit(meta(1, 1, Priority::Normal)).unwrap();
+    assert_eq!(
+        c.admit(meta(1, 1, Priority::Normal)),
+        Err(ContinuousReject::QueueFull { max_queue: 2 })
+    );
+    assert_eq!(
+        c.admit(meta(90, 20, Priority::Normal)),
+        Err(ContinuousReject::TooLarge {
+            needed: 110,
+            capacity: 100
+        })
+    );
+}
+
+#[test]
+fn kv_exhaustion_preempts_the_youngest_which_is_requeued_and_still_completes() {
+    // Capacity 30 KV tokens. Admission counts what active slots use now, so the second
+    // request (4 + 16 = 20 needed, 5 used) gets in while the first is small; together they
+    // grow to 40 > 30, and the youngest must give way.
+    let mut c = Continuous::new(ContinuousConfig {
+        kv_capacity_tokens: 30,
+        max_slots: 2,
+        ..cfg()
+    });
+    let old = c.admit(meta(4, 16, Priority::Normal)).unwrap();
+    let (e, _) = tick(&mut c); // old alone: 20 <= 40
+    finish_all(&mut c, &e);
+    let young = c.admit(meta(4, 16, Priority::Normal)).unwrap(); // 5 used + 20 <= 40: admitted
+    let mut preempted = vec![];
+    let mut done = vec![];
+    for _ in 0..200 {
+        if c.is_idle() {
+            break;
+        }
+        let (e, p) = tick(&mut c);
+        preempted.extend(p);
+        if e.is_empty() {
+            continue;
+        }
+        done.extend(finish_all(&mut c, &e));
+        assert!(c.kv_used(0) <= 30, "never past capacity");
+    }
+    assert!(c.is_idle());
+    assert_eq!(done.len(), 2, "both complete");
+    assert!(done.contains(&old) && done.contains(&young));
+    assert!(
+        !preempted.is_empty(),
+        "the cache ran out, so someone was preempted"
+    );
+    assert!(
+        preempted.iter().all(|t| *t == young),
+        "the youngest is the victim"
+    );
+    assert_eq!(c.stats().preemptions as usize, preempted.len());
+}
+
+#[test]
+fn a_cancelled_request_frees_its_slot_at_the_next_step() {
+    let mut c = Continuous::new(ContinuousConfig {
+        max_slots: 1,
+        ..cfg()
+    });
+    let a = c.admit(meta(2, 100, Priority::Normal)).unwrap();
+    let b = c.admit(meta(2, 100, Priority::Normal)).unwrap();
+    let (e, _) = tick(&mut c);
+    assert_eq!(e[0].ticket, a);
+    let mut ended = vec![];
+    c.complete_step(0, &[EntryResult::Cancelled], &mut |t, r| ended.push((t, r)));
+    assert_eq!(ended, vec![(a, EntryResult::Cancelled)]);
+    let (e, _) = tick(&mut c);
+    assert_eq!(e[0].ticket, b, "the freed slot goes to the next request");
+    assert!(!c.cancel_waiting(b), "b is active, not waiting");
+}
+
+#[test]
+fn max_tokens_ends_a_request_with_exactly_that_many_tokens() {
+    let mut c = Continuous::new(cfg());
+    let t = c.admit(meta(3, 5, Priority::Normal)).unwrap();
+    let mut sampled = 0;
+    let mut done = false;
+    while !done {
+        let (e, _) = tick(&mut c);
+        sampled += e.iter().filter(|x| x.samples()).count();
+        done = finish_all(&mut c, &e).contains(&t);
+    }
+    assert_eq!(sampled, 5);
+}
