@@ -8,6 +8,10 @@
 
 use crate::core::balancer::BalancerKind;
 use crate::core::circuit::CircuitParams;
+use crate::core::research::ResearchConfig;
+use crate::core::strategy::bins::{BinPolicy, PredictorKind, BIN_COUNT_MAX};
+use crate::core::strategy::memory::MemoryModel;
+use crate::core::strategy::sla::SlaParams;
 use crate::core::strategy::{StrategyKind, StrategyParams};
 use crate::core::CoreConfig;
 use crate::exec::latency::LatencyModel;
@@ -209,6 +213,121 @@ impl Default for PriorityWaits {
     }
 }
 
+/// `[batching.dynamic]`: the `dynamic` and `multi_bin` strategies (memory model, SLA
+/// controller, bins).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DynamicConfig {
+    /// multi_bin: number of bins K (1..=64).
+    pub bins: usize,
+    /// multi_bin: round_robin | longest_queue
+    pub bin_policy: String,
+    /// Predicted output length: max_tokens | ema_by_prompt_bucket (a request's
+    /// `predicted_output_tokens` hint wins).
+    pub predictor: String,
+    /// Bin boundaries are recomputed (equal mass) every this many completed requests.
+    pub recompute_every: u32,
+    pub m_max_gb: f64,
+    pub m_model_gb: f64,
+    pub kv_gb_per_token: f64,
+    pub memory_margin_gb: f64,
+    pub safety_fraction: f64,
+    pub b_min: u32,
+    pub b_max: u32,
+    pub sla_tbt_ms: f64,
+    pub sla_epsilon_ms: f64,
+    pub sla_alpha: u32,
+    pub sla_delta: u32,
+}
+
+impl Default for DynamicConfig {
+    fn default() -> Self {
+        let m = MemoryModel::default();
+        let s = SlaParams::default();
+        DynamicConfig {
+            bins: 4,
+            bin_policy: BinPolicy::RoundRobin.as_str().into(),
+            predictor: PredictorKind::MaxTokens.as_str().into(),
+            recompute_every: 1000,
+            m_max_gb: m.m_max_gb,
+            m_model_gb: m.m_model_gb,
+            kv_gb_per_token: m.kv_gb_per_token,
+            memory_margin_gb: m.margin_gb,
+            safety_fraction: m.safety_fraction,
+            b_min: m.b_min,
+            b_max: m.b_max,
+            sla_tbt_ms: s.d_sla_ms,
+            sla_epsilon_ms: s.epsilon_ms,
+            sla_alpha: s.alpha,
+            sla_delta: s.delta,
+        }
+    }
+}
+
+impl DynamicConfig {
+    /// The core's settings, validated.
+    pub fn research_config(&self, max_tokens_limit: u32) -> Result<ResearchConfig, ConfigError> {
+        let k = "batching.dynamic";
+        if !(1..=BIN_COUNT_MAX).contains(&self.bins) {
+            return Err(invalid(
+                &format!("{k}.bins"),
+                self.bins,
+                format!("must be between 1 and {BIN_COUNT_MAX}"),
+            ));
+        }
+        let bin_policy: BinPolicy =
+            self.bin_policy
+                .parse()
+                .map_err(|e: crate::core::strategy::bins::UnknownName| {
+                    invalid(&format!("{k}.bin_policy"), &self.bin_policy, e.to_string())
+                })?;
+        let predictor: PredictorKind =
+            self.predictor
+                .parse()
+                .map_err(|e: crate::core::strategy::bins::UnknownName| {
+                    invalid(&format!("{k}.predictor"), &self.predictor, e.to_string())
+                })?;
+        at_least(
+            &format!("{k}.recompute_every"),
+            self.recompute_every as usize,
+            1,
+        )?;
+        let memory = MemoryModel {
+            m_max_gb: self.m_max_gb,
+            m_model_gb: self.m_model_gb,
+            kv_gb_per_token: self.kv_gb_per_token,
+            margin_gb: self.memory_margin_gb,
+            safety_fraction: self.safety_fraction,
+            b_min: self.b_min,
+            b_max: self.b_max,
+            ..MemoryModel::default()
+        };
+        memory
+            .validate()
+            .map_err(|e| invalid(&format!("{k} ({})", e.param), "(see key)", e.reason))?;
+        let sla = SlaParams {
+            d_sla_ms: self.sla_tbt_ms,
+            epsilon_ms: self.sla_epsilon_ms,
+            alpha: self.sla_alpha,
+            delta: self.sla_delta,
+            b_min: self.b_min,
+            b_max: self.b_max,
+            ..SlaParams::default()
+        };
+        sla.validate()
+            .map_err(|e| invalid(&format!("{k} ({})", e.param), "(see key)", e.reason))?;
+        Ok(ResearchConfig {
+            memory,
+            sla,
+            bins: self.bins,
+            bin_policy,
+            predictor,
+            max_tokens_limit,
+            recompute_every: self.recompute_every,
+        })
+    }
+}
+
 /// `[batching]`: queueing and flush rules.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -230,6 +349,7 @@ pub struct BatchingConfig {
     /// A request still queued this long fails with a clear error.
     pub request_timeout: Millis,
     pub priority_max_wait_ms: PriorityWaits,
+    pub dynamic: DynamicConfig,
 }
 
 impl Default for BatchingConfig {
@@ -250,6 +370,7 @@ impl Default for BatchingConfig {
             dispatch_when_idle: true,
             request_timeout: Millis(30_000),
             priority_max_wait_ms: PriorityWaits::default(),
+            dynamic: DynamicConfig::default(),
         }
     }
 }
@@ -669,6 +790,7 @@ impl Config {
             latency_window: m.percentile_window_size,
             p99_refresh_ns: m.collection_interval.nanos(),
             seed: w.seed,
+            research: b.dynamic.research_config(self.server.max_tokens_limit)?,
         };
         Ok(RuntimeConfig {
             core,

@@ -11,6 +11,7 @@ pub mod circuit;
 pub mod continuous;
 pub mod pool;
 pub mod request;
+pub mod research;
 pub mod settings;
 pub mod stats;
 pub mod strategy;
@@ -24,6 +25,7 @@ use pool::WorkerView;
 pub use request::{
     Kind, Nanos, Priority, RequestMeta, Ticket, BUCKET_COUNT, BUCKET_LABELS, CLASS_COUNT,
 };
+use research::Research;
 pub use settings::CoreConfig;
 use stats::LatencyWindow;
 pub use stats::{CoreStats, FlushReason};
@@ -127,6 +129,8 @@ pub struct Core {
     latencies: LatencyWindow,
     p99_refreshed_at_ns: Nanos,
     draining: bool,
+    /// `dynamic` / `multi_bin` state; its bins hold the queue while `multi_bin` is active.
+    research: Research,
 }
 
 impl Core {
@@ -137,9 +141,10 @@ impl Core {
         let max_inflight = cfg.max_inflight_per_worker.max(1);
         // Batch slots: one per batch any worker may hold at once.
         let slot_count = cfg.workers * max_inflight as usize;
+        let batch_len = max_batch_len(&cfg);
         let batches = (0..slot_count)
             .map(|_| BatchSlot {
-                tickets: Vec::with_capacity(cfg.max_batch_size),
+                tickets: Vec::with_capacity(batch_len),
                 worker: 0,
                 dispatched_at_ns: 0,
                 state: BatchState::Free,
@@ -162,6 +167,7 @@ impl Core {
             latencies: LatencyWindow::new(cfg.latency_window),
             p99_refreshed_at_ns: 0,
             draining: false,
+            research: Research::new(cfg.research.clone()),
             cfg: CoreConfig {
                 max_inflight_per_worker: max_inflight,
                 ..cfg
@@ -189,9 +195,7 @@ impl Core {
                 capacity: self.table.capacity(),
             });
         };
-        let class = meta.class();
-        self.queues[class].push_back(&mut self.table, ticket.index);
-        self.sync_class(class);
+        self.enqueue(ticket.index);
         self.queued += 1;
         self.stats.admitted += 1;
         Ok(ticket)
@@ -205,9 +209,7 @@ impl Core {
         {
             return false;
         }
-        let class = self.table.meta(ticket.index).class();
-        self.queues[class].unlink(&mut self.table, ticket.index);
-        self.sync_class(class);
+        self.dequeue(ticket.index);
         self.queued -= 1;
         self.table.remove(ticket);
         self.stats.failed += 1;
@@ -215,9 +217,83 @@ impl Core {
         true
     }
 
-    /// Switches strategy. Queues are untouched, so nothing queued is lost or reordered.
+    /// Switches strategy. Nothing queued is lost: switching into or out of `multi_bin`
+    /// moves every queued request between the class queues and the bins, in arrival order.
     pub fn set_strategy(&mut self, kind: StrategyKind) {
-        self.strategy = kind;
+        let was_bins = self.strategy == StrategyKind::MultiBin;
+        let to_bins = kind == StrategyKind::MultiBin;
+        if was_bins && !to_bins {
+            self.strategy = kind;
+            self.move_bins_to_classes();
+        } else if !was_bins && to_bins {
+            self.strategy = kind;
+            self.move_classes_to_bins();
+        } else {
+            self.strategy = kind;
+        }
+    }
+
+    fn move_bins_to_classes(&mut self) {
+        let k = self.research.cfg.bins;
+        let queues = &mut self.queues;
+        let mut mask = self.nonempty;
+        Research::drain_in_arrival_order(&mut self.table, &mut self.research.bins[..k], |t, i| {
+            let class = t.meta(i).class();
+            queues[class].push_back(t, i);
+            mask |= 1 << class;
+        });
+        self.nonempty = mask;
+        self.research.queued = 0;
+    }
+
+    fn move_classes_to_bins(&mut self) {
+        let research = &mut self.research;
+        let mut moved = 0;
+        Research::drain_in_arrival_order(&mut self.table, &mut self.queues, |t, i| {
+            let bin = research.bin_for(t.meta(i));
+            t.set_tag(i, bin as u32);
+            research.bins[bin].push_back(t, i);
+            moved += 1;
+        });
+        research.queued += moved;
+        self.nonempty = 0;
+    }
+
+    /// Puts table slot `index` in the queue the current strategy uses.
+    fn enqueue(&mut self, index: u32) {
+        if self.strategy == StrategyKind::MultiBin {
+            let bin = self.research.bin_for(self.table.meta(index));
+            self.table.set_tag(index, bin as u32);
+            self.research.bins[bin].push_back(&mut self.table, index);
+            self.research.queued += 1;
+        } else {
+            let class = self.table.meta(index).class();
+            self.queues[class].push_back(&mut self.table, index);
+            self.sync_class(class);
+        }
+    }
+
+    /// Takes queued table slot `index` out of whichever queue holds it.
+    fn dequeue(&mut self, index: u32) {
+        if self.strategy == StrategyKind::MultiBin {
+            let bin = self.table.tag(index) as usize;
+            self.research.bins[bin].unlink(&mut self.table, index);
+            self.research.queued -= 1;
+        } else {
+            let class = self.table.meta(index).class();
+            self.queues[class].unlink(&mut self.table, index);
+            self.sync_class(class);
+        }
+    }
+
+    /// Controller state of the research strategies (for metrics).
+    pub fn research_snapshot(&self) -> research::ResearchSnapshot {
+        self.research.snapshot()
+    }
+
+    /// Longest batch this core forms (buffers handed to workers need this capacity).
+    pub fn max_batch_len(&self) -> usize {
+        max_batch_len(&self.cfg)
     }
 
     /// The strategy in force.
@@ -288,6 +364,9 @@ impl Core {
     /// batches through `complete`, which then reports them stale.
     pub fn abort_all(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) {
         self.draining = true;
+        if self.strategy == StrategyKind::MultiBin {
+            self.move_bins_to_classes(); // emptied just below
+        }
         for class in 0..CLASS_COUNT {
             while let Some(index) = self.queues[class].pop_front(&mut self.table) {
                 self.sync_class(class);
@@ -321,11 +400,15 @@ impl Core {
             self.latencies.refresh();
             self.p99_refreshed_at_ns = now;
         }
-        while let Some((group, reason)) = self.due_group(now) {
-            let Some(worker) = self.pick_worker(now) else {
-                break;
-            };
-            self.dispatch(now, group, reason, worker, out);
+        if self.strategy.is_research() {
+            self.dispatch_research(now, out);
+        } else {
+            while let Some((group, reason)) = self.due_group(now) {
+                let Some(worker) = self.pick_worker(now) else {
+                    break;
+                };
+                self.dispatch(now, group, reason, worker, out);
+            }
         }
         self.next_deadline(now)
     }
@@ -350,6 +433,16 @@ impl Core {
             return Completion::Stale;
         }
         let circuit = self.cfg.circuit;
+        if outcome == BatchOutcome::Ok {
+            // Algorithm 7: statistics and SLA controller after every completed batch.
+            let table = &self.table;
+            let requests = self.batches[b].tickets.iter().map(|t| {
+                let m = table.meta(t.index);
+                (m.tokens_estimated - m.max_tokens, m.max_tokens)
+            });
+            let service_ns = now.saturating_sub(self.batches[b].dispatched_at_ns);
+            self.research.observe_batch(requests, service_ns);
+        }
         match outcome {
             BatchOutcome::Ok => {
                 self.workers[worker].circuit.record_success();
@@ -385,6 +478,26 @@ impl Core {
             return;
         }
         let limit = self.cfg.request_timeout_ns;
+        if self.strategy == StrategyKind::MultiBin {
+            for bin in 0..self.research.cfg.bins {
+                while let Some(index) = self.research.bins[bin].front() {
+                    if now.saturating_sub(self.table.meta(index).arrival_ns) < limit {
+                        break;
+                    }
+                    self.dequeue(index);
+                    self.queued -= 1;
+                    let ticket = self.table.ticket_at(index);
+                    self.table.remove(ticket);
+                    self.stats.failed += 1;
+                    self.stats.expired += 1;
+                    out(Action::Fail {
+                        ticket,
+                        reason: FailReason::QueueTimeout,
+                    });
+                }
+            }
+            return;
+        }
         let mut mask = self.nonempty;
         while mask != 0 {
             let class = mask.trailing_zeros() as usize;
@@ -583,19 +696,75 @@ impl Core {
         worker: usize,
         out: &mut impl FnMut(Action<'_>),
     ) {
-        let slot = self
-            .free_batches
-            .pop()
-            .expect("a worker with room implies a free batch slot");
-        let b = slot as usize;
-        let mut tickets = std::mem::take(&mut self.batches[b].tickets);
-        tickets.clear();
-        let mut tokens = 0u64;
-        let max_tokens = u64::from(self.cfg.max_batch_tokens);
         let buckets = self.group_buckets(g);
+        let limit = BatchLimit::Tokens(u64::from(self.cfg.max_batch_tokens));
+        let (slot, tickets) = self.fill_from_classes(now, buckets, self.cfg.max_batch_size, limit);
+        self.emit_dispatch(now, slot, tickets, reason, worker, out);
+    }
+
+    /// `dynamic` and `multi_bin`: whenever a worker can take a batch, form one of up to
+    /// `b_target = min(b_mem, b_SLA)` requests (FIFO; for `multi_bin` from the bin the bin
+    /// policy picks) that passes the memory check.
+    fn dispatch_research(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) {
+        while self.queued > 0 {
+            let Some(worker) = self.pick_worker(now) else {
+                return;
+            };
+            let (slot, tickets, target) = if self.strategy == StrategyKind::MultiBin {
+                let Some(bin) = self.research.choose_bin() else {
+                    return;
+                };
+                let target = self.research.b_target(Some(bin)) as usize;
+                let (slot, tickets) = self.fill_from_bin(now, bin, target);
+                (slot, tickets, target)
+            } else {
+                let target = self.research.b_target(None) as usize;
+                let (slot, tickets) =
+                    self.fill_from_classes(now, 0..BUCKET_COUNT, target, BatchLimit::Memory);
+                (slot, tickets, target)
+            };
+            let reason = if self.draining {
+                FlushReason::Drain
+            } else if tickets.len() >= target {
+                FlushReason::Full
+            } else {
+                FlushReason::IdleWorker
+            };
+            self.emit_dispatch(now, slot, tickets, reason, worker, out);
+        }
+    }
+
+    /// Would a request of `t` tokens still fit a batch already holding `tokens` tokens?
+    /// Counts a memory-limit hit when the memory check says no.
+    fn fits(&mut self, limit: BatchLimit, tokens: u64, t: u64) -> bool {
+        match limit {
+            BatchLimit::Tokens(max) => tokens + t <= max,
+            BatchLimit::Memory => {
+                let ok = self.research.cfg.memory.fits(tokens + t);
+                if !ok {
+                    self.research.memory_limit_hits += 1;
+                }
+                ok
+            }
+        }
+    }
+
+    /// Takes a free batch slot and fills it from the class queues of `buckets`: highest
+    /// priority first, oldest first across buckets, up to `max_len` requests and `limit`.
+    /// A first request larger than the limit still goes alone.
+    fn fill_from_classes(
+        &mut self,
+        now: Nanos,
+        buckets: std::ops::Range<usize>,
+        max_len: usize,
+        limit: BatchLimit,
+    ) -> (u32, Vec<Ticket>) {
+        let (slot, mut tickets) = self.take_batch_slot();
+        let max_len = max_len.min(tickets.capacity());
+        let mut tokens = 0u64;
         'fill: for p in Priority::HIGHEST_FIRST {
             loop {
-                if tickets.len() >= self.cfg.max_batch_size {
+                if tickets.len() >= max_len {
                     break 'fill;
                 }
                 // Oldest head among this priority's queues in the group.
@@ -613,23 +782,78 @@ impl Core {
                     break;
                 };
                 let t = u64::from(self.table.meta(index).tokens_estimated);
-                if !tickets.is_empty() && tokens + t > max_tokens {
+                if !tickets.is_empty() && !self.fits(limit, tokens, t) {
                     break 'fill;
                 }
                 self.queues[class].unlink(&mut self.table, index);
                 self.sync_class(class);
-                self.queued -= 1;
-                self.table.set_dispatched(index);
-                self.stats.queue_wait.record(now.saturating_sub(arrival));
+                self.take_queued(now, index, arrival, &mut tickets);
                 tokens += t;
-                tickets.push(self.table.ticket_at(index));
             }
         }
-        debug_assert!(!tickets.is_empty(), "a due group has at least one request");
+        (slot, tickets)
+    }
+
+    /// Takes a free batch slot and fills it from bin `bin` (FIFO) up to `max_len` requests
+    /// that pass the memory check; the rest stay at the front of the bin.
+    fn fill_from_bin(&mut self, now: Nanos, bin: usize, max_len: usize) -> (u32, Vec<Ticket>) {
+        let (slot, mut tickets) = self.take_batch_slot();
+        let max_len = max_len.min(tickets.capacity());
+        let mut tokens = 0u64;
+        while tickets.len() < max_len {
+            let Some(index) = self.research.bins[bin].front() else {
+                break;
+            };
+            let meta = self.table.meta(index);
+            let (t, arrival) = (u64::from(meta.tokens_estimated), meta.arrival_ns);
+            if !tickets.is_empty() && !self.fits(BatchLimit::Memory, tokens, t) {
+                break;
+            }
+            self.research.bins[bin].unlink(&mut self.table, index);
+            self.research.queued -= 1;
+            self.take_queued(now, index, arrival, &mut tickets);
+            tokens += t;
+        }
+        (slot, tickets)
+    }
+
+    fn take_batch_slot(&mut self) -> (u32, Vec<Ticket>) {
+        let slot = self
+            .free_batches
+            .pop()
+            .expect("a worker with room implies a free batch slot");
+        let mut tickets = std::mem::take(&mut self.batches[slot as usize].tickets);
+        tickets.clear();
+        (slot, tickets)
+    }
+
+    /// Bookkeeping for a request leaving its queue for a batch.
+    fn take_queued(&mut self, now: Nanos, index: u32, arrival: Nanos, tickets: &mut Vec<Ticket>) {
+        self.queued -= 1;
+        self.table.set_dispatched(index);
+        self.stats.queue_wait.record(now.saturating_sub(arrival));
         debug_assert!(
-            tickets.len() <= tickets.capacity(),
+            tickets.len() < tickets.capacity(),
             "batch buffer never grows"
         );
+        tickets.push(self.table.ticket_at(index));
+    }
+
+    /// Hands a filled batch slot to `worker` and emits the dispatch.
+    fn emit_dispatch(
+        &mut self,
+        now: Nanos,
+        slot: u32,
+        tickets: Vec<Ticket>,
+        reason: FlushReason,
+        worker: usize,
+        out: &mut impl FnMut(Action<'_>),
+    ) {
+        debug_assert!(
+            !tickets.is_empty(),
+            "a dispatched batch has at least one request"
+        );
+        let b = slot as usize;
         self.stats.batches_formed += 1;
         self.stats.batched_requests += tickets.len() as u64;
         self.stats.flush_reasons[reason.index()] += 1;
@@ -660,7 +884,21 @@ impl Core {
                     .iter_mut()
                     .any(|w| w.can_take(now, max, &circuit))
             };
+            if self.strategy == StrategyKind::MultiBin {
+                for bin in 0..self.research.cfg.bins {
+                    if let Some(head) = self.research.bins[bin].front() {
+                        let arrival = self.table.meta(head).arrival_ns;
+                        next = next.min(arrival.saturating_add(self.cfg.request_timeout_ns));
+                    }
+                }
+            }
+            let research = self.strategy.is_research();
             for summary in self.summarize().iter().filter(|s| s.len > 0) {
+                if research {
+                    // Work-conserving: only the request deadline is a timer.
+                    next = next.min(summary.oldest.saturating_add(self.cfg.request_timeout_ns));
+                    continue;
+                }
                 next = next.min(summary.oldest.saturating_add(self.cfg.request_timeout_ns));
                 if can_dispatch {
                     next = next.min(summary.max_wait_at);
@@ -697,6 +935,21 @@ impl Core {
         }
         (next != Nanos::MAX).then_some(next.max(now))
     }
+}
+
+/// What bounds a batch besides its length.
+#[derive(Clone, Copy, Debug)]
+enum BatchLimit {
+    /// `max_batch_tokens` estimated tokens.
+    Tokens(u64),
+    /// The research strategies' memory check (Algorithm 3).
+    Memory,
+}
+
+/// Longest batch `cfg` can form: `max_batch_size`, or the research strategies' `b_max`.
+fn max_batch_len(cfg: &CoreConfig) -> usize {
+    let research = cfg.research.memory.b_max.max(cfg.research.sla.b_max) as usize;
+    cfg.max_batch_size.max(research).max(1)
 }
 
 /// What a scan of one group's queues found.

@@ -47,6 +47,8 @@ pub struct CoreConfig {
     pub p99_refresh_ns: Nanos,
     /// Seed for the balancer's RNG.
     pub seed: u64,
+    /// Settings of the `dynamic` and `multi_bin` strategies.
+    pub research: super::research::ResearchConfig,
 }
 
 impl Default for CoreConfig {
@@ -71,6 +73,7 @@ impl Default for CoreConfig {
             latency_window: 1000,
             p99_refresh_ns: 100_000_000,
             seed: 0x00ab_e5eed,
+            research: super::research::ResearchConfig::default(),
         }
     }
 }

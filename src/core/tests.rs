@@ -520,3 +520,155 @@ fn with_priorities_disabled_everything_is_normal() {
         "no critical flush"
     );
 }
+
+fn research_cfg(kind: StrategyKind) -> CoreConfig {
+    CoreConfig {
+        strategy: kind,
+        ..cfg()
+    }
+}
+
+fn with_max_tokens(max_tokens: u32, at: Nanos) -> RequestMeta {
+    RequestMeta::new(Priority::Normal, Kind::Completion, 40, max_tokens, at)
+}
+
+#[test]
+fn dynamic_sends_min_of_b_mem_and_b_sla_as_soon_as_a_worker_is_free() {
+    let mut core = Core::new(research_cfg(StrategyKind::Dynamic));
+    // No statistics: b_mem = floor(0.9 x 42,667 / 500) = 76, b_SLA = warm-up midpoint 64.
+    let snap = core.research_snapshot();
+    assert_eq!((snap.b_mem, snap.b_sla), (76, 64));
+    for i in 0..100 {
+        core.admit(i, normal(i)).unwrap();
+    }
+    let p = poll(&mut core, 100);
+    assert_eq!(p.dispatches.len(), 1);
+    assert_eq!(p.dispatches[0].3.len(), 64, "b_target = min(76, 64)");
+    assert_eq!(p.dispatches[0].2, FlushReason::Full);
+    // The rest waits for the worker; no flush timer is armed, only the request deadline.
+    assert_eq!(p.next, Some(core.config().request_timeout_ns + 64));
+    core.complete(200, p.dispatches[0].1, BatchOutcome::Ok);
+    let p = poll(&mut core, 200);
+    assert_eq!(p.dispatches[0].3.len(), 36);
+    assert_eq!(p.dispatches[0].2, FlushReason::IdleWorker);
+}
+
+#[test]
+fn the_memory_check_shrinks_a_batch_and_counts_the_hit() {
+    let mut c = research_cfg(StrategyKind::Dynamic);
+    // 4 GB model in 4.5 GB with a 0.1 GB margin: 0.4 GB / 1.875e-4 = 2133 tokens per batch.
+    c.research.memory.m_max_gb = 4.5;
+    c.research.memory.margin_gb = 0.1;
+    let mut core = Core::new(c);
+    for i in 0..10 {
+        let mut m = with_max_tokens(0, i);
+        m.tokens_estimated = 1000;
+        core.admit(i, m).unwrap();
+    }
+    let p = poll(&mut core, 10);
+    assert_eq!(p.dispatches[0].3.len(), 2, "2 x 1000 tokens fit, 3 do not");
+    assert_eq!(core.research_snapshot().memory_limit_hits, 1);
+}
+
+#[test]
+fn multi_bin_keeps_each_batch_within_one_bin_and_alternates_bins_round_robin() {
+    let mut c = research_cfg(StrategyKind::MultiBin);
+    c.workers = 4;
+    c.research.bins = 2;
+    c.research.max_tokens_limit = 1000;
+    let mut core = Core::new(c);
+    // Before statistics the 2 bins split [1, 1000] in equal widths: short and long.
+    let mut short = vec![];
+    let mut long = vec![];
+    for i in 0..6 {
+        short.push(core.admit(i, with_max_tokens(10, i)).unwrap());
+        long.push(core.admit(i, with_max_tokens(900, i)).unwrap());
+    }
+    let p = poll(&mut core, 10);
+    assert_eq!(
+        p.dispatches.len(),
+        2,
+        "one batch per non-empty bin, then the bins are empty"
+    );
+    let first = &p.dispatches[0].3;
+    let second = &p.dispatches[1].3;
+    assert!(first.iter().all(|t| short.contains(t)) || first.iter().all(|t| long.contains(t)));
+    assert!(second.iter().all(|t| short.contains(t)) || second.iter().all(|t| long.contains(t)));
+    assert_ne!(
+        short.contains(&first[0]),
+        short.contains(&second[0]),
+        "round robin serves the other bin next"
+    );
+}
+
+#[test]
+fn switching_into_and_out_of_multi_bin_under_load_loses_nothing_and_keeps_fifo() {
+    let mut c = cfg();
+    c.workers = 2;
+    c.research.bins = 8;
+    let mut core = Core::new(c);
+    let mut admitted = vec![];
+    let mut seen = vec![];
+    let kinds = [
+        StrategyKind::MultiBin,
+        StrategyKind::Fixed,
+        StrategyKind::Dynamic,
+        StrategyKind::MultiBin,
+        StrategyKind::QueueDepth,
+    ];
+    let mut now = 0;
+    for round in 0..40 {
+        for j in 0..7 {
+            now += 1;
+            let p = Priority::from_index((round + j) % 4);
+            let mut m = RequestMeta::new(p, Kind::Completion, 40, 1 + (j as u32 * 97) % 500, now);
+            m.predicted_output_tokens = (round as u32 * 13) % 600;
+            admitted.push(core.admit(now, m).unwrap());
+        }
+        core.set_strategy(kinds[round % kinds.len()]);
+        now += 60 * MS;
+        let p = poll(&mut core, now);
+        for (_, batch, _, tickets) in p.dispatches {
+            seen.extend(tickets);
+            core.complete(now, batch, BatchOutcome::Ok);
+        }
+    }
+    core.begin_drain();
+    while !core.is_idle() {
+        now += MS;
+        let p = poll(&mut core, now);
+        for (_, batch, _, tickets) in p.dispatches {
+            seen.extend(tickets);
+            core.complete(now, batch, BatchOutcome::Ok);
+        }
+    }
+    seen.sort_by_key(|t| t.as_u64());
+    admitted.sort_by_key(|t| t.as_u64());
+    assert_eq!(seen, admitted, "every request served exactly once");
+    assert_eq!(core.stats().failed, 0);
+}
+
+#[test]
+fn completed_batches_feed_the_sla_controller_and_the_length_statistics() {
+    let mut core = Core::new(research_cfg(StrategyKind::Dynamic));
+    // Batches of 10 requests, 20 output tokens each, taking 400 ms: 20 ms per token, twice
+    // the 10 ms SLA: after the warm-up the controller pulls the batch size down.
+    let mut now = 0;
+    for _ in 0..10 {
+        for _ in 0..10 {
+            core.admit(now, with_max_tokens(20, now)).unwrap();
+        }
+        let p = poll(&mut core, now);
+        now += 400 * MS;
+        core.complete(now, p.dispatches[0].1, BatchOutcome::Ok);
+    }
+    let snap = core.research_snapshot();
+    assert_eq!(snap.tbt_ms_ema.map(|x| x.round()), Some(20.0));
+    assert!(
+        snap.b_sla < 64,
+        "slower than the SLA: smaller batches ({})",
+        snap.b_sla
+    );
+    // Mean request: 10 prompt tokens (40 bytes / 4) + 20 output tokens.
+    assert!(snap.mean_tokens_per_request.unwrap() < 500.0);
+}

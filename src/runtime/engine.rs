@@ -113,6 +113,7 @@ impl Engine {
         stop: Arc<AtomicBool>,
     ) -> Engine {
         let cfg = core.config().clone();
+        let batch_len = core.max_batch_len();
         let slots = workers.len() * cfg.max_inflight_per_worker as usize;
         let pending = (0..cfg.queue_capacity.max(1))
             .map(|_| PendingSlot {
@@ -131,9 +132,7 @@ impl Engine {
                 needs_wake: Vec::with_capacity(max_submitters),
                 pending,
                 workers,
-                free_bufs: (0..slots)
-                    .map(|_| Vec::with_capacity(cfg.max_batch_size))
-                    .collect(),
+                free_bufs: (0..slots).map(|_| Vec::with_capacity(batch_len)).collect(),
                 new_latencies_ns: Vec::with_capacity(SAMPLE_BUFFER),
                 new_batch_sizes: Vec::with_capacity(SAMPLE_BUFFER),
                 samples_dropped: 0,

@@ -9,6 +9,13 @@ mod fixed;
 mod latency_aware;
 mod queue_depth;
 
+pub mod batch_stats;
+pub mod bins;
+#[cfg(test)]
+mod dynamic_tests;
+pub mod memory;
+pub mod sla;
+
 pub use fixed::fixed_timeout_ms;
 pub use latency_aware::latency_aware_timeout_ms;
 pub use queue_depth::queue_depth_timeout_ms;
@@ -25,15 +32,29 @@ pub enum StrategyKind {
     QueueDepth,
     /// The queue-depth timeout scaled by observed p99 against a target.
     LatencyAware,
+    /// Pang et al.: batch size `min(b_mem, b_SLA)` from the KV-memory model and the SLA
+    /// controller, FIFO, released whenever a worker is free (Algorithms 1-3).
+    Dynamic,
+    /// Guldogan et al.: `dynamic` plus K bins by predicted output length, one bin per batch
+    /// (Algorithms 1-7).
+    MultiBin,
 }
 
 impl StrategyKind {
     /// Every strategy, in the order they are listed to users.
-    pub const ALL: [StrategyKind; 3] = [
+    pub const ALL: [StrategyKind; 5] = [
         StrategyKind::Fixed,
         StrategyKind::QueueDepth,
         StrategyKind::LatencyAware,
+        StrategyKind::Dynamic,
+        StrategyKind::MultiBin,
     ];
+
+    /// `dynamic` or `multi_bin`: batch size from the memory model and SLA controller,
+    /// released when a worker is free, rather than a flush timeout.
+    pub const fn is_research(self) -> bool {
+        matches!(self, StrategyKind::Dynamic | StrategyKind::MultiBin)
+    }
 
     /// Wire and config name.
     pub const fn as_str(self) -> &'static str {
@@ -41,6 +62,8 @@ impl StrategyKind {
             StrategyKind::Fixed => "fixed",
             StrategyKind::QueueDepth => "queue_depth",
             StrategyKind::LatencyAware => "latency_aware",
+            StrategyKind::Dynamic => "dynamic",
+            StrategyKind::MultiBin => "multi_bin",
         }
     }
 
@@ -122,6 +145,8 @@ pub fn timeout_ms(
                 None => base,
             }
         }
+        // Work-conserving: a batch goes whenever a worker is free; no flush timer.
+        StrategyKind::Dynamic | StrategyKind::MultiBin => 0.0,
     }
 }
 
@@ -137,7 +162,7 @@ mod tests {
         let e = "fastest".parse::<StrategyKind>().unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown strategy 'fastest': valid strategies are fixed, queue_depth, latency_aware"
+            "unknown strategy 'fastest': valid strategies are fixed, queue_depth, latency_aware, dynamic, multi_bin"
         );
     }
 

@@ -1,0 +1,353 @@
+//! Algorithms 4-6 of the multi-bin research strategy: bin boundaries over predicted output
+//! length (equal-mass quantiles of a bounded sample), the partition of a request into a bin,
+//! the choice of which bin forms the next batch, and the output-length predictor that
+//! supplies the key.
+//!
+//! Sources: Guldogan, Kunde, Lee, Pedarsani, arXiv 2412.04504 (P1), as implemented by
+//! TravisLeeTS/llm-scheduler-sim `config.py::compute_equal_mass_boundaries` and
+//! `schedulers.py::MultiBinScheduler`.
+//!
+//! Everything is sized in `new` (at most [`BIN_COUNT_MAX`] bins, a scratch buffer for the
+//! quantiles); recomputing boundaries, partitioning, choosing and predicting never allocate.
+//! No clock reads.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::core::request::{bucket_for_tokens, RequestMeta, BUCKET_COUNT};
+
+/// Most bins a [`BinBoundaries`] holds.
+pub const BIN_COUNT_MAX: usize = 64;
+
+/// `K` bins over output length: bin `i` is `[edges[i], edges[i + 1])`.
+#[derive(Debug)]
+pub struct BinBoundaries {
+    /// Invariant: `edges[..=bin_count]` non-decreasing, `edges[bin_count] ==
+    /// max_tokens_limit`; entries past `bin_count` unused.
+    edges: [u32; BIN_COUNT_MAX + 1],
+    /// `K`. Invariant: `1..=BIN_COUNT_MAX`.
+    bin_count: usize,
+    /// Upper edge of the last bin, tokens (the reference's 10000 sentinel).
+    max_tokens_limit: u32,
+    /// Sort buffer for quantiles; its length (fixed in `new`) bounds the samples used.
+    scratch: Box<[u32]>,
+}
+
+impl BinBoundaries {
+    /// `bin_count` equal-width bins over `[1, max_tokens_limit]` (the uniform case
+    /// `l_i = l_min + (i / K)(l_max - l_min)`, used until statistics exist), and room to
+    /// sort `sample_capacity` samples.
+    pub fn new(bin_count: usize, max_tokens_limit: u32, sample_capacity: usize) -> Self {
+        assert!(
+            (1..=BIN_COUNT_MAX).contains(&bin_count),
+            "bin count must be in 1..={BIN_COUNT_MAX}, got {bin_count}"
+        );
+        assert!(max_tokens_limit > 0, "max_tokens_limit must be at least 1");
+        let mut b = BinBoundaries {
+            edges: [0; BIN_COUNT_MAX + 1],
+            bin_count,
+            max_tokens_limit,
+            scratch: vec![0; sample_capacity].into_boxed_slice(),
+        };
+        b.reset_equal_width();
+        b
+    }
+
+    /// Back to equal-width bins over `[1, max_tokens_limit]`:
+    /// `edges[i] = 1 + floor(i (limit - 1) / K)`. With `limit < K` some bins are empty.
+    pub fn reset_equal_width(&mut self) {
+        let k = self.bin_count as u64;
+        let width = u64::from(self.max_tokens_limit - 1);
+        for i in 0..=self.bin_count {
+            // i (limit - 1) / K <= limit - 1, so the sum fits u32.
+            self.edges[i] = 1 + (i as u64 * width / k) as u32;
+        }
+    }
+
+    /// Algorithm 6: equal-mass boundaries, `edges[i]` = the `i / K` quantile of `samples`
+    /// (linear interpolation between order statistics, numpy's default, truncated to an
+    /// integer like the reference's `int()`), clamped to `max_tokens_limit`; the last edge
+    /// is `max_tokens_limit`. Computed in exact integer arithmetic, so a quantile that is a
+    /// whole number is never truncated one below it by float rounding.
+    ///
+    /// Uses at most the scratch capacity's worth of `samples` (the first ones). Returns
+    /// false, keeping the boundaries, when `samples` is empty. Repeated values give empty
+    /// bins `[a, a)`, as in the reference. Runs periodically, not per request: it sorts.
+    pub fn recompute_equal_mass(&mut self, samples: &[u32]) -> bool {
+        let n = samples.len().min(self.scratch.len());
+        if n == 0 {
+            return false;
+        }
+        let sorted = &mut self.scratch[..n];
+        sorted.copy_from_slice(&samples[..n]);
+        sorted.sort_unstable(); // in place: no allocation
+        let k = self.bin_count as u64;
+        for i in 0..self.bin_count {
+            // Position h = (n - 1) i / K = lo + rem / K.
+            let scaled = (n as u64 - 1) * i as u64;
+            let lo = (scaled / k) as usize;
+            let rem = scaled % k;
+            let base = sorted[lo];
+            let q = if rem == 0 {
+                base
+            } else {
+                // rem > 0 implies lo < n - 1; base + rem/K x gap <= sorted[lo + 1].
+                let gap = u64::from(sorted[lo + 1] - base);
+                base + (rem * gap / k) as u32
+            };
+            self.edges[i] = q.min(self.max_tokens_limit);
+        }
+        self.edges[self.bin_count] = self.max_tokens_limit;
+        true
+    }
+
+    /// `K`.
+    pub fn bin_count(&self) -> usize {
+        self.bin_count
+    }
+
+    /// The `K + 1` edges.
+    pub fn edges(&self) -> &[u32] {
+        &self.edges[..=self.bin_count]
+    }
+
+    /// Bin `bin` as `[lo, hi)` tokens.
+    pub fn bounds(&self, bin: usize) -> (u32, u32) {
+        assert!(
+            bin < self.bin_count,
+            "bin {bin} out of 0..{}",
+            self.bin_count
+        );
+        (self.edges[bin], self.edges[bin + 1])
+    }
+
+    /// Algorithm 4: the bin `i` with `edges[i] <= predicted_len < edges[i + 1]`; a length at
+    /// or above the last edge goes to the last bin, one below the first edge to bin 0.
+    /// (The reference sends a length below bin 0's lower edge to the last bin too; a short
+    /// request belongs with the short ones.) With empty bins `[a, a)`, `a` goes to the
+    /// first non-empty bin starting at `a`.
+    pub fn bin_of(&self, predicted_len: u32) -> usize {
+        // Number of inner edges <= predicted_len; binary search, no allocation.
+        self.edges[1..self.bin_count].partition_point(|&e| e <= predicted_len)
+    }
+}
+
+/// How the next batch's bin is chosen (Algorithm 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum BinPolicy {
+    /// The next non-empty bin after the one served last (the reference's default).
+    #[default]
+    RoundRobin,
+    /// The bin with the most queued requests; ties go to the lowest index.
+    LongestQueue,
+}
+
+impl BinPolicy {
+    /// Every policy, in the order listed to users.
+    pub const ALL: [BinPolicy; 2] = [BinPolicy::RoundRobin, BinPolicy::LongestQueue];
+
+    /// Config name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BinPolicy::RoundRobin => "round_robin",
+            BinPolicy::LongestQueue => "longest_queue",
+        }
+    }
+}
+
+impl fmt::Display for BinPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not one of the listed choices (bin policy or length predictor). Unlike
+/// the reference, which silently falls back to round robin, a typo is an error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} '{name}': valid values are {valid}")]
+pub struct UnknownName {
+    pub what: &'static str,
+    pub name: String,
+    pub valid: &'static str,
+}
+
+impl FromStr for BinPolicy {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownName {
+                what: "bin policy",
+                name: s.to_string(),
+                valid: "round_robin, longest_queue",
+            })
+    }
+}
+
+/// Picks the bin the next batch comes from. A batch always comes from a single bin.
+#[derive(Clone, Copy, Debug)]
+pub struct BinSelector {
+    policy: BinPolicy,
+    /// Where round robin starts its next scan. Reduced modulo the bin count on use.
+    next_bin: usize,
+}
+
+impl BinSelector {
+    pub fn new(policy: BinPolicy) -> Self {
+        BinSelector {
+            policy,
+            next_bin: 0,
+        }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> BinPolicy {
+        self.policy
+    }
+
+    /// The bin to serve given each bin's queue length, or `None` when all are empty (then
+    /// nothing changes). Round robin advances past the chosen bin.
+    pub fn choose(&mut self, bin_lens: &[usize]) -> Option<usize> {
+        let k = bin_lens.len();
+        match self.policy {
+            BinPolicy::RoundRobin => {
+                let start = if k == 0 { 0 } else { self.next_bin % k };
+                let i = (start..k).chain(0..start).find(|&i| bin_lens[i] > 0)?;
+                self.next_bin = if i + 1 == k { 0 } else { i + 1 };
+                Some(i)
+            }
+            BinPolicy::LongestQueue => {
+                let mut best: Option<(usize, usize)> = None;
+                for (i, &len) in bin_lens.iter().enumerate() {
+                    if len > 0 && best.is_none_or(|(_, l)| len > l) {
+                        best = Some((i, len));
+                    }
+                }
+                best.map(|(i, _)| i)
+            }
+        }
+    }
+}
+
+/// Where a request's predicted output length comes from when it carries no hint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum PredictorKind {
+    /// Predict `max_tokens` (an upper bound: no statistics needed).
+    #[default]
+    MaxTokens,
+    /// EMA of observed output lengths per prompt-length token bucket
+    /// ([`bucket_for_tokens`]); `max_tokens` for a bucket with no observation yet.
+    EmaByPromptBucket,
+}
+
+impl PredictorKind {
+    /// Every predictor, in the order listed to users.
+    pub const ALL: [PredictorKind; 2] =
+        [PredictorKind::MaxTokens, PredictorKind::EmaByPromptBucket];
+
+    /// Config name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PredictorKind::MaxTokens => "max_tokens",
+            PredictorKind::EmaByPromptBucket => "ema_by_prompt_bucket",
+        }
+    }
+}
+
+impl fmt::Display for PredictorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PredictorKind {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownName {
+                what: "length predictor",
+                name: s.to_string(),
+                valid: "max_tokens, ema_by_prompt_bucket",
+            })
+    }
+}
+
+/// EMA weight of the newest observed output length.
+pub const PREDICTOR_EMA_WEIGHT: f64 = 0.2;
+
+/// Predicts a request's output length, the key multi-bin batching partitions on.
+#[derive(Clone, Copy, Debug)]
+pub struct LengthPredictor {
+    kind: PredictorKind,
+    /// EMA of observed output tokens per prompt bucket; seeded by the bucket's first
+    /// observation, meaningless while `observed[b] == 0`.
+    output_tokens_ema: [f64; BUCKET_COUNT],
+    /// Observations per prompt bucket (saturating).
+    observed: [u64; BUCKET_COUNT],
+}
+
+impl LengthPredictor {
+    pub fn new(kind: PredictorKind) -> Self {
+        LengthPredictor {
+            kind,
+            output_tokens_ema: [0.0; BUCKET_COUNT],
+            observed: [0; BUCKET_COUNT],
+        }
+    }
+
+    /// The predictor in force.
+    pub fn kind(&self) -> PredictorKind {
+        self.kind
+    }
+
+    /// Switches predictor; observations are kept (both kinds record them).
+    pub fn set_kind(&mut self, kind: PredictorKind) {
+        self.kind = kind;
+    }
+
+    /// Predicted output tokens: the hint when `hint_tokens > 0`, else the policy's value
+    /// (the bucket EMA rounded to the nearest token); always capped at `max_tokens`, since
+    /// a request never generates more (so an embedding, `max_tokens = 0`, predicts 0).
+    pub fn predict(&self, prompt_tokens: u32, max_tokens: u32, hint_tokens: u32) -> u32 {
+        let raw = if hint_tokens > 0 {
+            hint_tokens
+        } else {
+            match self.kind {
+                PredictorKind::MaxTokens => max_tokens,
+                PredictorKind::EmaByPromptBucket => self
+                    .bucket_ema(bucket_for_tokens(prompt_tokens))
+                    // `as` saturates; the EMA of u32 values fits anyway.
+                    .map_or(max_tokens, |ema| ema.round() as u32),
+            }
+        };
+        raw.min(max_tokens)
+    }
+
+    /// [`LengthPredictor::predict`] for a request: prompt tokens are its estimate minus
+    /// `max_tokens`, the hint is `predicted_output_tokens`.
+    pub fn predict_for(&self, meta: &RequestMeta) -> u32 {
+        let prompt = meta.tokens_estimated.saturating_sub(meta.max_tokens);
+        self.predict(prompt, meta.max_tokens, meta.predicted_output_tokens)
+    }
+
+    /// Feeds back a finished request's true output length.
+    pub fn observe(&mut self, prompt_tokens: u32, output_tokens: u32) {
+        let b = bucket_for_tokens(prompt_tokens);
+        let x = f64::from(output_tokens);
+        self.output_tokens_ema[b] = if self.observed[b] == 0 {
+            x
+        } else {
+            PREDICTOR_EMA_WEIGHT * x + (1.0 - PREDICTOR_EMA_WEIGHT) * self.output_tokens_ema[b]
+        };
+        self.observed[b] = self.observed[b].saturating_add(1);
+    }
+
+    /// The EMA of output tokens for prompt bucket `bucket`; `None` before its first
+    /// observation.
+    pub fn bucket_ema(&self, bucket: usize) -> Option<f64> {
+        (self.observed[bucket] > 0).then_some(self.output_tokens_ema[bucket])
+    }
+}
