@@ -61,7 +61,93 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, out: &mut String) {
     render_requests(snapshot, out);
     render_batches(snapshot, out);
     render_workers(snapshot, out);
+    render_research(snapshot, out);
     render_http(http, out);
+}
+
+/// Controller state of the `dynamic` and `multi_bin` strategies.
+fn render_research(snapshot: &Snapshot, out: &mut String) {
+    let r = &snapshot.research;
+    let gauges = [
+        (
+            "abe_dynamic_batch_size_memory_limit",
+            "dynamic/multi_bin: memory-constrained batch size b_mem (Algorithm 1).",
+            r.b_mem,
+        ),
+        (
+            "abe_dynamic_batch_size_sla_limit",
+            "dynamic/multi_bin: SLA-constrained batch size b_SLA (Algorithm 2).",
+            r.b_sla,
+        ),
+        (
+            "abe_dynamic_batch_size_interval_low",
+            "dynamic/multi_bin: lower end of the SLA controller's batch-size interval.",
+            r.b_low,
+        ),
+        (
+            "abe_dynamic_batch_size_interval_high",
+            "dynamic/multi_bin: upper end of the SLA controller's batch-size interval.",
+            r.b_high,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        single(out, name, MetricType::Gauge, help, u64::from(value));
+    }
+    if let Some(tbt_ms) = r.tbt_ms_ema {
+        single(
+            out,
+            "abe_dynamic_decode_tbt_seconds",
+            MetricType::Gauge,
+            "dynamic/multi_bin: EMA of decode time between tokens seen by the SLA controller.",
+            tbt_ms / 1000.0,
+        );
+    }
+    single(
+        out,
+        "abe_dynamic_memory_limit_hits_total",
+        MetricType::Counter,
+        "dynamic/multi_bin: batches cut short by the memory check (Algorithm 3).",
+        r.memory_limit_hits,
+    );
+    single(
+        out,
+        "abe_multibin_boundary_recomputes_total",
+        MetricType::Counter,
+        "multi_bin: times the equal-mass bin boundaries were recomputed.",
+        r.boundary_recomputes,
+    );
+    let name = "abe_multibin_queue_depth";
+    family(
+        out,
+        name,
+        MetricType::Gauge,
+        "multi_bin: requests waiting per bin (bins by predicted output length).",
+    );
+    for bin in 0..r.bins {
+        let label = bin.to_string();
+        sample(
+            out,
+            name,
+            &[("bin", label.as_str())],
+            r.bin_lens[bin] as u64,
+        );
+    }
+    let name = "abe_multibin_bin_upper_tokens";
+    family(
+        out,
+        name,
+        MetricType::Gauge,
+        "multi_bin: exclusive upper bound of each bin, in predicted output tokens.",
+    );
+    for bin in 0..r.bins {
+        let label = bin.to_string();
+        sample(
+            out,
+            name,
+            &[("bin", label.as_str())],
+            u64::from(r.bin_upper_tokens[bin]),
+        );
+    }
 }
 
 /// Build, uptime, draining, strategy.
@@ -650,13 +736,33 @@ mod tests {
     }
 
     #[test]
+    fn research_controller_state_is_exported() {
+        let mut snap = busy_snapshot();
+        snap.research.b_mem = 76;
+        snap.research.b_sla = 64;
+        snap.research.tbt_ms_ema = Some(12.5);
+        snap.research.bins = 2;
+        snap.research.bin_lens[1] = 7;
+        snap.research.bin_upper_tokens[0] = 100;
+        let out = page(&snap, &busy_http());
+        assert_line(&out, "abe_dynamic_batch_size_memory_limit 76");
+        assert_line(&out, "abe_dynamic_batch_size_sla_limit 64");
+        assert_line(&out, "abe_dynamic_decode_tbt_seconds 0.0125");
+        assert_line(&out, "abe_multibin_queue_depth{bin=\"1\"} 7");
+        assert_line(&out, "abe_multibin_bin_upper_tokens{bin=\"0\"} 100");
+        check(&out).unwrap();
+    }
+
+    #[test]
     fn every_family_is_documented_once() {
         let out = page(&busy_snapshot(), &busy_http());
         let summary = check(&out).unwrap();
         let helps = out.lines().filter(|l| l.starts_with("# HELP ")).count();
         let types = out.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!((helps, types), (summary.families, summary.families));
-        assert_eq!(summary.families, 27);
+        // 27 engine and HTTP families + 8 of the research controllers (a ninth, the decode-TBT
+        // gauge, appears once the SLA controller has an observation).
+        assert_eq!(summary.families, 35);
     }
 
     /// Runs `promtool check metrics` on `text`; `None` when promtool is not installed.

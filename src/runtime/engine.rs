@@ -332,6 +332,7 @@ impl Engine {
         snap.samples_dropped = self.io.samples_dropped;
         snap.rejected_busy = self.io.shared.rejected_busy.load(Ordering::Relaxed);
         snap.draining = self.core.is_draining();
+        snap.research = self.core.research_snapshot();
     }
 }
 

@@ -67,6 +67,8 @@ pub struct Snapshot {
     /// engine's sample buffer was full (expected 0).
     pub samples_dropped: u64,
     pub draining: bool,
+    /// State of the `dynamic` / `multi_bin` controllers (kept current whatever the strategy).
+    pub research: crate::core::research::ResearchSnapshot,
 }
 
 impl Snapshot {
@@ -95,6 +97,7 @@ impl Snapshot {
             rejected_busy: 0,
             samples_dropped: 0,
             draining: false,
+            research: Default::default(),
         }
     }
 }
