@@ -522,3 +522,34 @@ fn idle_keep_alive_connections_are_closed_after_the_timeout() {
     assert!(c.is_closed(), "closed after the idle timeout");
     abe.shutdown();
 }
+
+#[test]
+fn chat_completions_answer_with_an_assistant_message_and_validate_messages() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    let r = c.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(r#"{"model":"abe-sim","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello!"}],"max_completion_tokens":4}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(text.split(' ').count(), 4);
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+    // "<|system|>\nBe brief.\n<|user|>\nHello!\n<|assistant|>\n" is 51 bytes: 13 tokens.
+    assert_eq!(v["usage"]["prompt_tokens"], 13);
+    let r = c.request("POST", "/v1/chat/completions", Some(r#"{"messages":[]}"#));
+    assert_eq!(r.status, 400);
+    assert!(r.error_message().contains("at least one message"));
+    let r = c.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#),
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.error_message().contains("'max_tokens' must be between 1"));
+    abe.shutdown();
+}

@@ -38,6 +38,15 @@ def main():
                                   extra_body={"priority": "high"})
     check([ch.index for ch in c.choices] == [0, 1, 2], "one choice per prompt, in order")
 
+    chat = client.chat.completions.create(
+        model="abe-sim",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        max_tokens=5,
+    )
+    check(chat.choices[0].message.role == "assistant", "chat: an assistant message")
+    check(len(chat.choices[0].message.content.split()) == 5, "chat: five tokens")
+    check(chat.usage.completion_tokens == 5, "chat: usage")
+
     # The SDK asks for base64 by default and decodes it to floats.
     e = client.embeddings.create(model="abe-sim", input=["hello", "world"])
     check(len(e.data) == 2, "two embeddings")

@@ -4,6 +4,7 @@
 //! Runs on io threads. It may allocate and parse; it must never block (the only calls into
 //! the runtime are non-blocking: snapshot reads, strategy control pushes).
 
+pub mod chat;
 pub mod render;
 pub mod wire;
 
@@ -37,6 +38,7 @@ pub enum Routed {
 #[derive(Clone, Debug)]
 pub enum JobKind {
     Completion,
+    Chat,
     Embedding { base64: bool },
 }
 
@@ -61,6 +63,7 @@ impl Job {
         }
         match self.kind {
             JobKind::Completion => render::completion(&self.model, self.created_unix, id, &outputs),
+            JobKind::Chat => render::chat_completion(&self.model, self.created_unix, id, &outputs),
             JobKind::Embedding { base64 } => render::embedding(&self.model, base64, &outputs),
         }
     }
@@ -114,7 +117,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
     };
     let is_get = matches!(head.method, Method::Get | Method::Head);
     match path {
-        "/v1/completions" | "/v1/embeddings" => {
+        "/v1/completions" | "/v1/chat/completions" | "/v1/embeddings" => {
             if head.method != Method::Post {
                 return allow("POST");
             }
@@ -125,10 +128,10 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                     "the server is shutting down and no longer accepts requests",
                 ));
             }
-            let routed = if path == "/v1/completions" {
-                completions(ctx, head, body)
-            } else {
-                embeddings(ctx, head, body)
+            let routed = match path {
+                "/v1/completions" => completions(ctx, head, body),
+                "/v1/chat/completions" => chat_completions(ctx, head, body),
+                _ => embeddings(ctx, head, body),
             };
             routed.unwrap_or_else(|r| r)
         }
@@ -174,17 +177,12 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
         }
         "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" => allow("GET, HEAD"),
         p if p.starts_with("/admin/") => Routed::Now(admin(ctx, head, p)),
-        "/v1/chat/completions" => Routed::Now(Response::error(
-            Status::NotFound,
-            "not_implemented",
-            "/v1/chat/completions is not available yet in this build; use /v1/completions",
-        )),
         _ => Routed::Now(Response::error(
             Status::NotFound,
             "not_found",
             format!(
-                "no such endpoint: {path}; endpoints are /v1/completions, /v1/embeddings, \
-                 /v1/models, /metrics, /metrics/json, /health, /ready, /admin/strategy/{{name}}"
+                "no such endpoint: {path}; endpoints are /v1/completions, \
+                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /health, /ready, /admin/strategy/{{name}}"
             ),
         )),
     }
@@ -208,21 +206,49 @@ fn check_model(ctx: &ApiContext, model: Option<&str>) -> Result<String, Routed> 
     }
 }
 
-fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
-    let b: CompletionBody = wire::parse_body(body).map_err(bad)?;
-    let model = check_model(ctx, b.model.as_deref())?;
+/// Generation settings shared by completions and chat completions, validated.
+struct Generation {
+    max_tokens: u32,
+    priority: crate::core::Priority,
+    seed: Option<u64>,
+}
+
+/// The generation fields of a body, as sent.
+struct GenerationFields<'a> {
+    /// Name of the max-tokens field the client used (for messages).
+    field: &'a str,
+    max_tokens: Option<i64>,
+    n: Option<i64>,
+    stream: Option<bool>,
+    priority: Option<&'a str>,
+    seed: Option<i64>,
+}
+
+fn generation(
+    ctx: &ApiContext,
+    head: &Head,
+    f: GenerationFields<'_>,
+) -> Result<Generation, Routed> {
+    let GenerationFields {
+        field,
+        max_tokens,
+        n,
+        stream,
+        priority,
+        seed,
+    } = f;
     let limit = ctx.config.server.max_tokens_limit;
-    let max_tokens = match b.max_tokens {
+    let max_tokens = match max_tokens {
         None => 16,
         Some(n) if n < 1 || n > i64::from(limit) => {
             return Err(bad(wire::body_error(
                 "invalid_value",
-                format!("'max_tokens' must be between 1 and {limit}, got {n}"),
+                format!("'{field}' must be between 1 and {limit}, got {n}"),
             )))
         }
         Some(n) => n as u32,
     };
-    if let Some(n) = b.n {
+    if let Some(n) = n {
         if n != 1 {
             return Err(bad(wire::body_error(
                 "invalid_value",
@@ -230,25 +256,46 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             )));
         }
     }
-    if b.stream == Some(true) {
+    if stream == Some(true) {
         return Err(bad(wire::body_error(
             "unsupported_value",
             "'stream': true is not supported yet; send stream: false or omit it",
         )));
     }
-    let priority = wire::priority(b.priority.as_deref(), head.priority.as_deref()).map_err(bad)?;
+    let priority = wire::priority(priority, head.priority.as_deref()).map_err(bad)?;
+    Ok(Generation {
+        max_tokens,
+        priority,
+        seed: seed.map(|s| s as u64),
+    })
+}
+
+fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
+    let b: CompletionBody = wire::parse_body(body).map_err(bad)?;
+    let model = check_model(ctx, b.model.as_deref())?;
+    let g = generation(
+        ctx,
+        head,
+        GenerationFields {
+            field: "max_tokens",
+            max_tokens: b.max_tokens,
+            n: b.n,
+            stream: b.stream,
+            priority: b.priority.as_deref(),
+            seed: b.seed,
+        },
+    )?;
     let prompts =
         wire::inputs("prompt", b.prompt, ctx.config.server.max_batch_inputs).map_err(bad)?;
-    let seed = b.seed.map(|s| s as u64);
     let requests = prompts
         .into_iter()
         .map(|prompt| Request {
-            priority,
+            priority: g.priority,
             kind: Kind::Completion,
             prompt,
-            max_tokens,
+            max_tokens: g.max_tokens,
             dimensions: 0,
-            seed,
+            seed: g.seed,
             predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
         })
         .collect();
@@ -256,6 +303,42 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
         kind: JobKind::Completion,
         model,
         requests,
+        created_unix: unix_now(),
+    }))
+}
+
+fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
+    let b: chat::ChatBody = wire::parse_body(body).map_err(bad)?;
+    let model = check_model(ctx, b.model.as_deref())?;
+    let (field, max_tokens) = match (b.max_completion_tokens, b.max_tokens) {
+        (Some(n), _) => ("max_completion_tokens", Some(n)),
+        (None, n) => ("max_tokens", n),
+    };
+    let g = generation(
+        ctx,
+        head,
+        GenerationFields {
+            field,
+            max_tokens,
+            n: b.n,
+            stream: b.stream,
+            priority: b.priority.as_deref(),
+            seed: b.seed,
+        },
+    )?;
+    let prompt = chat::render_prompt(b.messages).map_err(bad)?;
+    Ok(Routed::Submit(Job {
+        kind: JobKind::Chat,
+        model,
+        requests: vec![Request {
+            priority: g.priority,
+            kind: Kind::Completion,
+            prompt,
+            max_tokens: g.max_tokens,
+            dimensions: 0,
+            seed: g.seed,
+            predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
+        }],
         created_unix: unix_now(),
     }))
 }

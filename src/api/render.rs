@@ -79,6 +79,76 @@ pub fn completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Res
 }
 
 #[derive(Serialize)]
+struct ChatMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct ChatChoice<'a> {
+    index: usize,
+    message: ChatMessage<'a>,
+    logprobs: Option<()>,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct ChatResponse<'a> {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<ChatChoice<'a>>,
+    usage: Usage,
+}
+
+/// `POST /v1/chat/completions` answer: one assistant message.
+pub fn chat_completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
+    let mut prompt = 0u64;
+    let mut completion = 0u64;
+    let mut choices = Vec::with_capacity(outputs.len());
+    for (index, out) in outputs.iter().enumerate() {
+        let Output::Text {
+            text,
+            prompt_tokens,
+            completion_tokens,
+            finish_reason,
+        } = out
+        else {
+            return Response::error(
+                Status::InternalError,
+                "internal_error",
+                "the executor answered a chat completion with an embedding",
+            );
+        };
+        prompt += u64::from(*prompt_tokens);
+        completion += u64::from(*completion_tokens);
+        choices.push(ChatChoice {
+            index,
+            message: ChatMessage {
+                role: "assistant",
+                content: text,
+            },
+            logprobs: None,
+            finish_reason: finish_reason.as_str(),
+        });
+    }
+    let body = ChatResponse {
+        id: format!("chatcmpl-{id:016x}"),
+        object: "chat.completion",
+        created,
+        model,
+        choices,
+        usage: Usage {
+            prompt_tokens: prompt,
+            completion_tokens: Some(completion),
+            total_tokens: prompt + completion,
+        },
+    };
+    Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
+}
+
+#[derive(Serialize)]
 #[serde(untagged)]
 enum EmbeddingValue<'a> {
     Float(&'a [f32]),

@@ -1,0 +1,169 @@
+//! `POST /v1/chat/completions`: message validation and the prompt template.
+//!
+//! The simulated model needs one prompt string; messages are rendered with a simple,
+//! documented template (one block per message, then the assistant's turn):
+//!
+//! ```text
+//! <|system|>
+//! You are terse.
+//! <|user|>
+//! Hello
+//! <|assistant|>
+//! ```
+//!
+//! Content may be a string or an array of parts; text parts are concatenated, image parts
+//! are counted (for routing's vision capability) but contribute no text.
+
+use super::wire::{body_error, BodyError};
+use serde::Deserialize;
+
+/// Roles OpenAI's chat API accepts.
+pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// One content part of a message.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// A message's content: a string or an array of parts.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One chat message.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ChatBody {
+    pub model: Option<String>,
+    pub messages: Option<Vec<Message>>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub priority: Option<String>,
+    pub stream: Option<bool>,
+    pub seed: Option<i64>,
+    pub n: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// abe extension: predicted output length hint.
+    pub predicted_output_tokens: Option<u32>,
+}
+
+/// Renders validated messages into the prompt template.
+pub fn render_prompt(messages: Option<Vec<Message>>) -> Result<String, BodyError> {
+    let Some(messages) = messages else {
+        return Err(body_error(
+            "missing_field",
+            "missing required field 'messages'",
+        ));
+    };
+    if messages.is_empty() {
+        return Err(body_error(
+            "invalid_value",
+            "'messages' must contain at least one message",
+        ));
+    }
+    let mut prompt = String::new();
+    for (i, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(body_error(
+                "invalid_value",
+                format!(
+                    "'messages[{i}].role' is '{}': expected one of {}",
+                    m.role,
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+        let text = match &m.content {
+            None if m.role == "assistant" => String::new(),
+            None => {
+                return Err(body_error(
+                    "missing_field",
+                    format!("missing required field 'messages[{i}].content'"),
+                ))
+            }
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut t = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(s)) => t.push_str(s),
+                        ("text", None) => {
+                            return Err(body_error(
+                                "missing_field",
+                                format!("missing 'messages[{i}].content[{j}].text'"),
+                            ))
+                        }
+                        _ => {}
+                    }
+                }
+                t
+            }
+        };
+        prompt.push_str("<|");
+        prompt.push_str(&m.role);
+        prompt.push_str("|>\n");
+        prompt.push_str(&text);
+        prompt.push('\n');
+    }
+    prompt.push_str("<|assistant|>\n");
+    Ok(prompt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::wire::parse_body;
+
+    #[test]
+    fn messages_render_with_the_documented_template() {
+        let b: ChatBody = parse_body(
+            br#"{"messages":[{"role":"system","content":"Be terse."},
+                {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            render_prompt(b.messages).unwrap(),
+            "<|system|>\nBe terse.\n<|user|>\nHi\n<|assistant|>\n"
+        );
+    }
+
+    #[test]
+    fn bad_messages_name_what_is_wrong() {
+        assert_eq!(
+            render_prompt(None).unwrap_err().message,
+            "missing required field 'messages'"
+        );
+        assert!(render_prompt(Some(vec![]))
+            .unwrap_err()
+            .message
+            .contains("at least one"));
+        let b: ChatBody = parse_body(br#"{"messages":[{"role":"wizard","content":"x"}]}"#).unwrap();
+        let e = render_prompt(b.messages).unwrap_err();
+        assert!(
+            e.message.contains("'messages[0].role' is 'wizard'"),
+            "{}",
+            e.message
+        );
+        let b: ChatBody = parse_body(br#"{"messages":[{"role":"user"}]}"#).unwrap();
+        assert!(render_prompt(b.messages)
+            .unwrap_err()
+            .message
+            .contains("messages[0].content"));
+    }
+}
