@@ -714,11 +714,12 @@ impl Core {
                 let Some(bin) = self.research.choose_bin() else {
                     return;
                 };
-                let target = self.research.b_target(Some(bin)) as usize;
+                let backlog = self.research.bins[bin].len();
+                let target = self.research.b_target(Some(bin), backlog) as usize;
                 let (slot, tickets) = self.fill_from_bin(now, bin, target);
                 (slot, tickets, target)
             } else {
-                let target = self.research.b_target(None) as usize;
+                let target = self.research.b_target(None, self.queued) as usize;
                 let (slot, tickets) =
                     self.fill_from_classes(now, 0..BUCKET_COUNT, target, BatchLimit::Memory);
                 (slot, tickets, target)

@@ -538,19 +538,28 @@ fn dynamic_sends_min_of_b_mem_and_b_sla_as_soon_as_a_worker_is_free() {
     // No statistics: b_mem = floor(0.9 x 42,667 / 500) = 76, b_SLA = warm-up midpoint 64.
     let snap = core.research_snapshot();
     assert_eq!((snap.b_mem, snap.b_sla), (76, 64));
-    for i in 0..100 {
+    for i in 0..40 {
         core.admit(i, normal(i)).unwrap();
     }
-    let p = poll(&mut core, 100);
+    // 40 waiting, fewer than b_SLA's midpoint: one batch of all 40, as soon as possible.
+    let p = poll(&mut core, 40);
     assert_eq!(p.dispatches.len(), 1);
-    assert_eq!(p.dispatches[0].3.len(), 64, "b_target = min(76, 64)");
+    assert_eq!(p.dispatches[0].3.len(), 40);
+    assert_eq!(p.dispatches[0].2, FlushReason::IdleWorker);
+    core.complete(50, p.dispatches[0].1, BatchOutcome::Ok);
+    // A backlog larger than the midpoint probes the interval's upper end (128 while
+    // warming up), capped by b_mem: min(76, 128) = 76.
+    for i in 0..100 {
+        core.admit(100 + i, normal(100 + i)).unwrap();
+    }
+    let p = poll(&mut core, 200);
+    assert_eq!(p.dispatches[0].3.len(), 76);
     assert_eq!(p.dispatches[0].2, FlushReason::Full);
     // The rest waits for the worker; no flush timer is armed, only the request deadline.
-    assert_eq!(p.next, Some(core.config().request_timeout_ns + 64));
-    core.complete(200, p.dispatches[0].1, BatchOutcome::Ok);
-    let p = poll(&mut core, 200);
-    assert_eq!(p.dispatches[0].3.len(), 36);
-    assert_eq!(p.dispatches[0].2, FlushReason::IdleWorker);
+    assert_eq!(p.next, Some(core.config().request_timeout_ns + 176));
+    core.complete(300, p.dispatches[0].1, BatchOutcome::Ok);
+    let p = poll(&mut core, 300);
+    assert_eq!(p.dispatches[0].3.len(), 24);
 }
 
 #[test]
