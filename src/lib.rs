@@ -11,6 +11,8 @@ pub mod config;
 pub mod core;
 pub mod exec;
 pub mod http;
+pub mod loadgen;
 pub mod metrics;
 pub mod runtime;
 pub mod serve;
+pub mod sim;

@@ -3,6 +3,7 @@
 
 use abe::config::{Config, FlagOverrides};
 use clap::{Args, Parser, Subcommand};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,6 +25,26 @@ enum Command {
     /// Validate or print configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Compare strategies on one workload in virtual time (deterministic simulator).
+    #[command(
+        long_about = "Runs one workload through several batching strategies with the real \
+scheduling core in virtual time (no sleeping), each strategy on the identical request \
+sequence generated from --seed, and reports throughput, latency percentiles, queue wait, \
+SLA attainment, batch sizes, utilisation and refusals.",
+        after_long_help = abe::sim::help::AFTER_HELP
+    )]
+    Simulate(SimulateArgs),
+    /// Play a simulator workload open-loop against a live OpenAI-compatible server.
+    #[command(
+        long_about = "Sends the request sequence of a simulator scenario (same --scenario and \
+--seed as `abe simulate`, so the same requests) to a live server's POST /v1/completions, each \
+at its scheduled time whatever the server does (open loop: no coordinated omission), over a \
+fixed pool of keep-alive connections. Latency runs from the scheduled send time to the \
+response's last byte. Prints progress on stderr every second and the simulator's report \
+columns at the end. This sends real traffic to --url; only loopback targets are accepted \
+unless --allow-remote is given."
+    )]
+    Loadgen(LoadgenArgs),
     /// Print build information (version, git revision, profile).
     Version,
 }
@@ -45,6 +66,108 @@ struct ServeArgs {
     /// Number of simulated workers (overrides workers.count).
     #[arg(long)]
     workers: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct SimulateArgs {
+    /// Built-in scenario name or path of a scenario TOML file.
+    #[arg(long, default_value = "steady_state")]
+    scenario: String,
+    /// Comma-separated strategies to compare (default: all).
+    #[arg(long, value_delimiter = ',')]
+    strategies: Vec<String>,
+    /// Seed for the workload, the latency noise and the core.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Requests to simulate (default: the scenario's).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Latency model: none, linear, calibrated, max_of_batch, affine_step (default: the scenario's).
+    #[arg(long, value_name = "MODEL")]
+    latency_model: Option<String>,
+    /// Latency-model parameter, key=value (repeatable; keys listed below).
+    #[arg(long = "latency", value_name = "KEY=VALUE")]
+    latency_params: Vec<String>,
+    /// Number of workers (overrides the scenario).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Most requests per batch (overrides the scenario).
+    #[arg(long)]
+    max_batch_size: Option<usize>,
+    /// Latency target for SLA attainment, ms (default: the scenario's, 1000).
+    #[arg(long)]
+    sla_ms: Option<f64>,
+    /// Sweep a key over values, key=v1,v2,... (repeatable: grid).
+    #[arg(long, value_name = "KEY=V1,V2,...")]
+    sweep: Vec<String>,
+    /// Time-series window, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    window_ms: f64,
+    /// Runs executed in parallel (0: one per core). Results do not depend on it.
+    #[arg(long, default_value_t = 0)]
+    jobs: usize,
+    /// Write the report as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write the per-window time series as CSV.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+    /// Write SVG charts into this folder.
+    #[arg(long, value_name = "DIR")]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct LoadgenArgs {
+    /// Base URL of the target server (plain http; loopback unless --allow-remote).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// Built-in scenario name or path of a scenario TOML file (as for `abe simulate`).
+    #[arg(long, default_value = "steady_state")]
+    scenario: String,
+    /// Seed of the workload (same seed, same requests as `abe simulate`).
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Requests to send (default: the scenario's).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Send only the requests scheduled within this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    duration: Option<f64>,
+    /// Connections (one thread and one keep-alive connection each).
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Play the schedule this many times faster (arrival times divided by it).
+    #[arg(long, default_value_t = 1.0)]
+    rate_scale: f64,
+    /// Switch the target to this strategy first (POST /admin/strategy/NAME).
+    #[arg(long, value_name = "NAME")]
+    strategy: Option<String>,
+    /// Bearer token for the target's /admin endpoints (default: $ABE_LOADGEN_ADMIN_TOKEN,
+    /// which keeps it out of the process list).
+    #[arg(long, value_name = "TOKEN")]
+    admin_token: Option<String>,
+    /// `model` field of every request (default: omitted).
+    #[arg(long)]
+    model: Option<String>,
+    /// Latency target for SLA attainment, ms (default: the scenario's).
+    #[arg(long)]
+    sla_ms: Option<f64>,
+    /// A request not answered within this many ms of its send fails with `timeout`.
+    #[arg(long, default_value_t = 60_000.0)]
+    timeout_ms: f64,
+    /// Omit abe's request extensions (`priority`, `predicted_output_tokens`).
+    #[arg(long)]
+    no_extensions: bool,
+    /// Allow a target that is not a loopback address.
+    #[arg(long)]
+    allow_remote: bool,
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Write the report as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -98,11 +221,85 @@ fn serve(args: &ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
+fn simulate(args: &SimulateArgs) -> Result<(), String> {
+    let opts = abe::sim::SimulateOptions {
+        scenario: args.scenario.clone(),
+        strategies: args.strategies.clone(),
+        seed: args.seed,
+        requests: args.requests,
+        latency_model: args.latency_model.clone(),
+        latency_params: args.latency_params.clone(),
+        engine: abe::sim::settings::EngineSettings {
+            workers: args.workers,
+            max_batch_size: args.max_batch_size,
+            ..Default::default()
+        },
+        sla_ms: args.sla_ms,
+        sweep: args.sweep.clone(),
+        window_ms: args.window_ms,
+        jobs: args.jobs,
+    };
+    let report = abe::sim::simulate(&opts).map_err(|e| e.to_string())?;
+    // A closed stdout (`| head`) must not stop the files from being written.
+    let mut stdout = std::io::stdout().lock();
+    let _ = write!(stdout, "{}", report.table());
+    let paths = abe::sim::output::OutputPaths {
+        json: args.json.clone(),
+        csv: args.csv.clone(),
+        svg_dir: args.svg.clone(),
+    };
+    for file in abe::sim::output::write_outputs(&report, &paths).map_err(|e| e.to_string())? {
+        let _ = writeln!(stdout, "wrote {}", file.display());
+    }
+    Ok(())
+}
+
+fn loadgen(args: &LoadgenArgs) -> Result<(), String> {
+    let opts = abe::loadgen::LoadgenOptions {
+        url: args.url.clone(),
+        scenario: args.scenario.clone(),
+        seed: args.seed,
+        requests: args.requests,
+        duration_s: args.duration,
+        connections: args.connections,
+        rate_scale: args.rate_scale,
+        strategy: args.strategy.clone(),
+        admin_token: args
+            .admin_token
+            .clone()
+            .or_else(|| std::env::var("ABE_LOADGEN_ADMIN_TOKEN").ok()),
+        sla_ms: args.sla_ms,
+        timeout_ms: args.timeout_ms,
+        body: abe::loadgen::prompt::BodyOptions {
+            model: args.model.clone(),
+            abe_extensions: !args.no_extensions,
+        },
+        allow_remote: args.allow_remote,
+    };
+    let quiet = args.quiet;
+    let report = abe::loadgen::run(&opts, &mut |p| {
+        if !quiet {
+            eprintln!("{}", p.line());
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    // A closed stdout (`| head`) must not stop the report file from being written.
+    let mut stdout = std::io::stdout().lock();
+    let _ = write!(stdout, "{}", report.table());
+    if let Some(path) = &args.json {
+        report.write_json(path).map_err(|e| e.to_string())?;
+        let _ = writeln!(stdout, "wrote {}", path.display());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs();
     let result = match &cli.command {
         Command::Serve(args) => serve(args),
+        Command::Simulate(args) => simulate(args),
+        Command::Loadgen(args) => loadgen(args),
         Command::Config(ConfigCommand::Check { file }) => {
             let args = ServeArgs {
                 config: Some(file.clone()),

@@ -1,0 +1,321 @@
+//! Arrival processes: when requests arrive, in virtual time.
+//!
+//! Every rate-driven process is described by its cumulative rate `Lambda(t)` (expected
+//! arrivals by time `t`). The deterministic form puts arrival `i` at `Lambda^-1(i)` (the first
+//! at t = 0); the Poisson form puts it at `Lambda^-1(E_1 + ... + E_i)` with unit exponential
+//! `E`s, which is an exact non-homogeneous Poisson process (time-rescaling theorem). Trace
+//! replay lives in [`super::trace`]. Nothing here reads a clock; randomness comes from the
+//! caller's RNG only.
+
+use super::trace::TraceFormat;
+use super::SimError;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// How requests arrive. Every variant's keys are listed in `abe simulate --help`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "process", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Arrivals {
+    /// Evenly spaced at `rate_rps` requests per second, the first at t = 0.
+    Constant { rate_rps: f64 },
+    /// Poisson at `rate_rps` (exponential gaps).
+    Poisson { rate_rps: f64 },
+    /// Rate rising (or falling) linearly from `start_rps` to `end_rps` over `ramp_s` seconds,
+    /// then staying at `end_rps`.
+    Ramp {
+        start_rps: f64,
+        end_rps: f64,
+        ramp_s: f64,
+        #[serde(default)]
+        poisson: bool,
+    },
+    /// `base_rps`, times `multiplier` during `[spike_start_s, spike_start_s + spike_duration_s)`.
+    Spike {
+        base_rps: f64,
+        multiplier: f64,
+        spike_start_s: f64,
+        spike_duration_s: f64,
+        #[serde(default)]
+        poisson: bool,
+    },
+    /// Every request arrives at t = 0 (a backlog: measures capacity).
+    Saturated,
+    /// Arrivals and shapes from a trace file (`arrival_ms, prompt_tokens, output_tokens[,
+    /// priority]`); a relative path is resolved against the scenario file's folder.
+    Replay {
+        path: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        format: Option<TraceFormat>,
+    },
+}
+
+/// A validated rate profile: the cumulative rate and its inverse, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RateProfile {
+    Constant {
+        rate: f64,
+    },
+    Ramp {
+        r0: f64,
+        r1: f64,
+        ramp_s: f64,
+    },
+    Spike {
+        base: f64,
+        mult: f64,
+        start_s: f64,
+        duration_s: f64,
+    },
+}
+
+fn positive(what: &str, v: f64) -> Result<f64, SimError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(SimError::invalid(
+            format!("workload.arrivals.{what}"),
+            format!("{v} must be a finite number > 0"),
+        ))
+    }
+}
+
+fn non_negative(what: &str, v: f64) -> Result<f64, SimError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(SimError::invalid(
+            format!("workload.arrivals.{what}"),
+            format!("{v} must be a finite number >= 0"),
+        ))
+    }
+}
+
+impl Arrivals {
+    /// The rate profile and whether arrivals are Poisson; `None` for `saturated` and `replay`.
+    pub fn profile(&self) -> Result<Option<(RateProfile, bool)>, SimError> {
+        Ok(Some(match *self {
+            Arrivals::Constant { rate_rps } => (
+                RateProfile::Constant {
+                    rate: positive("rate_rps", rate_rps)?,
+                },
+                false,
+            ),
+            Arrivals::Poisson { rate_rps } => (
+                RateProfile::Constant {
+                    rate: positive("rate_rps", rate_rps)?,
+                },
+                true,
+            ),
+            Arrivals::Ramp {
+                start_rps,
+                end_rps,
+                ramp_s,
+                poisson,
+            } => (
+                RateProfile::Ramp {
+                    r0: non_negative("start_rps", start_rps)?,
+                    r1: positive("end_rps", end_rps)?,
+                    ramp_s: non_negative("ramp_s", ramp_s)?,
+                },
+                poisson,
+            ),
+            Arrivals::Spike {
+                base_rps,
+                multiplier,
+                spike_start_s,
+                spike_duration_s,
+                poisson,
+            } => (
+                RateProfile::Spike {
+                    base: positive("base_rps", base_rps)?,
+                    mult: positive("multiplier", multiplier)?,
+                    start_s: non_negative("spike_start_s", spike_start_s)?,
+                    duration_s: non_negative("spike_duration_s", spike_duration_s)?,
+                },
+                poisson,
+            ),
+            Arrivals::Saturated | Arrivals::Replay { .. } => return Ok(None),
+        }))
+    }
+
+    /// True for `saturated`.
+    pub fn is_saturated(&self) -> bool {
+        matches!(self, Arrivals::Saturated)
+    }
+}
+
+impl RateProfile {
+    /// Expected arrivals in `[0, t_s]`.
+    pub fn cumulative(&self, t_s: f64) -> f64 {
+        match *self {
+            RateProfile::Constant { rate } => rate * t_s,
+            RateProfile::Ramp { r0, r1, ramp_s } => {
+                if t_s <= ramp_s {
+                    let k = if ramp_s > 0.0 {
+                        (r1 - r0) / ramp_s
+                    } else {
+                        0.0
+                    };
+                    r0 * t_s + 0.5 * k * t_s * t_s
+                } else {
+                    0.5 * (r0 + r1) * ramp_s + r1 * (t_s - ramp_s)
+                }
+            }
+            RateProfile::Spike {
+                base,
+                mult,
+                start_s,
+                duration_s,
+            } => {
+                let before = t_s.min(start_s);
+                let during = (t_s - start_s).clamp(0.0, duration_s);
+                let after = (t_s - start_s - duration_s).max(0.0);
+                base * (before + mult * during + after)
+            }
+        }
+    }
+
+    /// The time in seconds by which `x` arrivals are expected (inverse of `cumulative`).
+    pub fn inverse(&self, x: f64) -> f64 {
+        if x <= 0.0 {
+            return 0.0;
+        }
+        match *self {
+            RateProfile::Constant { rate } => x / rate,
+            RateProfile::Ramp { r0, r1, ramp_s } => {
+                let at_end = 0.5 * (r0 + r1) * ramp_s;
+                if x <= at_end && ramp_s > 0.0 {
+                    // Root of (k/2) t^2 + r0 t - x = 0 in the cancellation-free form
+                    // t = 2x / (r0 + sqrt(r0^2 + 2kx)); valid for k of either sign.
+                    let k = (r1 - r0) / ramp_s;
+                    let disc = (r0 * r0 + 2.0 * k * x).max(0.0);
+                    (2.0 * x / (r0 + disc.sqrt())).min(ramp_s)
+                } else {
+                    ramp_s + (x - at_end) / r1
+                }
+            }
+            RateProfile::Spike {
+                base,
+                mult,
+                start_s,
+                duration_s,
+            } => {
+                let before = base * start_s;
+                let during = base * mult * duration_s;
+                if x <= before {
+                    x / base
+                } else if x <= before + during {
+                    start_s + (x - before) / (base * mult)
+                } else {
+                    start_s + duration_s + (x - before - during) / base
+                }
+            }
+        }
+    }
+}
+
+/// Converts seconds to whole nanoseconds (saturating; negative is 0).
+pub fn secs_to_ns(t_s: f64) -> u64 {
+    if t_s <= 0.0 {
+        0
+    } else {
+        (t_s * 1e9).round().min(u64::MAX as f64) as u64
+    }
+}
+
+/// Generates arrival times one by one from a rate profile.
+#[derive(Clone, Debug)]
+pub struct ArrivalClock {
+    profile: RateProfile,
+    poisson: bool,
+    /// Cumulative-rate position of the next arrival (`i` or a running sum of exponentials).
+    position: f64,
+    issued: u64,
+}
+
+impl ArrivalClock {
+    /// A clock at t = 0.
+    pub fn new(profile: RateProfile, poisson: bool) -> Self {
+        ArrivalClock {
+            profile,
+            poisson,
+            position: 0.0,
+            issued: 0,
+        }
+    }
+
+    /// The next arrival time in ns (non-decreasing).
+    pub fn next_ns(&mut self, rng: &mut impl Rng) -> u64 {
+        if self.poisson {
+            let u: f64 = rng.gen();
+            self.position += -(1.0 - u).ln();
+        } else {
+            self.position = self.issued as f64;
+        }
+        self.issued += 1;
+        secs_to_ns(self.profile.inverse(self.position))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inverse_undoes_cumulative_for_every_profile() {
+        let profiles = [
+            RateProfile::Constant { rate: 100.0 },
+            RateProfile::Ramp {
+                r0: 10.0,
+                r1: 500.0,
+                ramp_s: 60.0,
+            },
+            RateProfile::Ramp {
+                r0: 500.0,
+                r1: 10.0,
+                ramp_s: 60.0,
+            },
+            RateProfile::Ramp {
+                r0: 0.0,
+                r1: 50.0,
+                ramp_s: 10.0,
+            },
+            RateProfile::Spike {
+                base: 100.0,
+                mult: 10.0,
+                start_s: 30.0,
+                duration_s: 10.0,
+            },
+        ];
+        for p in profiles {
+            for t in [
+                0.0, 0.5, 7.0, 29.9, 30.0, 35.0, 40.0, 59.0, 60.0, 61.0, 300.0,
+            ] {
+                let back = p.inverse(p.cumulative(t));
+                assert!((back - t).abs() < 1e-6, "{p:?} at {t}: {back}");
+            }
+        }
+    }
+
+    #[test]
+    fn ramp_expected_count_is_the_area_under_the_rate() {
+        let p = RateProfile::Ramp {
+            r0: 10.0,
+            r1: 500.0,
+            ramp_s: 60.0,
+        };
+        assert!((p.cumulative(60.0) - 15_300.0).abs() < 1e-6);
+        assert!((p.cumulative(70.0) - 20_300.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn zero_or_negative_rates_are_refused_with_the_key() {
+        let e = Arrivals::Constant { rate_rps: 0.0 }.profile().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid workload.arrivals.rate_rps: 0 must be a finite number > 0"
+        );
+        assert!(Arrivals::Saturated.profile().unwrap().is_none());
+    }
+}

@@ -1,0 +1,220 @@
+//! The discrete-event driver: the real [`Core`] in virtual time.
+//!
+//! Three kinds of events: arrivals (a pre-generated, time-sorted slice, walked by index),
+//! batch completions (a min-heap with at most one entry per batch slot), and the core's own
+//! deadline (the `Option<Nanos>` its last `poll` returned). Each step takes the earliest
+//! instant, delivers every completion due then, admits every arrival due then, and polls the
+//! core once; a dispatched batch completes after the latency model's service time.
+//!
+//! Never here: a wall-clock read, a sleep, a thread, or a per-request allocation (the heap,
+//! the slot map and the scratch buffers are sized before the loop). A loop that stops
+//! making progress is reported as [`SimError::Stalled`] with the seed, never spun forever.
+
+use super::latency_ext::LatencySpec;
+use super::record::Recorder;
+use super::workload::SimRequest;
+use super::SimError;
+use crate::core::{Action, BatchId, BatchOutcome, Completion, Core, CoreConfig, CoreStats, Nanos};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Consecutive polls at one instant without any effect before the run is declared stalled.
+const STALL_LIMIT: u32 = 1_000;
+
+/// What one run needs.
+#[derive(Clone, Debug)]
+pub struct RunInput<'a> {
+    /// Sorted by `arrival_ns`.
+    pub requests: &'a [SimRequest],
+    pub core: CoreConfig,
+    pub latency: &'a LatencySpec,
+    /// Seeds the latency model's noise (the core has its own seed in `core.seed`).
+    pub seed: u64,
+    pub sla_ns: u64,
+    pub window_ns: u64,
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct RunOutput {
+    pub record: Recorder,
+    pub stats: CoreStats,
+    /// Busy time per worker at `end_ns`.
+    pub busy_ns: Vec<Nanos>,
+    /// Virtual time of the last event.
+    pub end_ns: Nanos,
+    /// Requests still queued or in flight when the events ran out (0 unless the core idles
+    /// with work it will never release).
+    pub unfinished: u64,
+    /// Batches the `dynamic`/`multi_bin` memory check cut short (0 for other strategies).
+    pub memory_limit_hits: u64,
+}
+
+/// Service time in ms to whole ns (never negative).
+fn ms_to_ns(ms: f64) -> Nanos {
+    if ms > 0.0 {
+        (ms * 1e6).round().min(u64::MAX as f64) as Nanos
+    } else {
+        0
+    }
+}
+
+/// Everything a `poll` callback touches, borrowed apart from the core.
+struct Exec<'a> {
+    requests: &'a [SimRequest],
+    latency: &'a LatencySpec,
+    /// `slot_req[ticket.index]` = index into `requests` of the request in that table slot.
+    slot_req: &'a [u32],
+    completions: &'a mut BinaryHeap<Reverse<(Nanos, u64, u32)>>,
+    seq: &'a mut u64,
+    shapes: &'a mut Vec<(u32, u32)>,
+    sort_scratch: &'a mut Vec<u32>,
+    rng: &'a mut SmallRng,
+    rec: &'a mut Recorder,
+    acted: bool,
+}
+
+impl Exec<'_> {
+    fn on_action(&mut self, now: Nanos, action: Action<'_>) {
+        self.acted = true;
+        match action {
+            Action::Dispatch { batch, tickets, .. } => {
+                self.shapes.clear();
+                for t in tickets {
+                    let r = &self.requests[self.slot_req[t.index as usize] as usize];
+                    self.shapes.push((r.prompt_tokens, r.output_tokens));
+                    self.rec.on_dispatched(now, r);
+                }
+                self.rec.on_batch(now, tickets.len());
+                let ms = self
+                    .latency
+                    .batch_ms(self.shapes, self.sort_scratch, self.rng);
+                let done = now.saturating_add(ms_to_ns(ms));
+                self.completions.push(Reverse((done, *self.seq, batch.0)));
+                *self.seq += 1;
+            }
+            Action::Fail { .. } => self.rec.on_fail(now),
+        }
+    }
+}
+
+/// Runs `input.requests` through a fresh core until no event is left.
+pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
+    let RunInput {
+        requests,
+        core: cfg,
+        latency,
+        seed,
+        sla_ns,
+        window_ns,
+    } = input;
+    debug_assert!(requests
+        .windows(2)
+        .all(|w| w[0].arrival_ns <= w[1].arrival_ns));
+    let batch_slots = cfg.workers * cfg.max_inflight_per_worker.max(1) as usize;
+    let table_slots = cfg.queue_capacity.max(1);
+    let mut core = Core::new(cfg);
+    let max_batch = core.max_batch_len();
+    let expected_ns = requests.last().map_or(0, |r| r.arrival_ns);
+    let mut rec = Recorder::new(max_batch, sla_ns, window_ns, expected_ns);
+    // Pool sizes, fixed before the loop:
+    let mut slot_req = vec![u32::MAX; table_slots]; // one per request-table slot
+    let mut completions = BinaryHeap::with_capacity(batch_slots + 1); // one per batch slot
+    let mut shapes = Vec::with_capacity(max_batch); // one batch's shapes
+    let mut sort_scratch = Vec::with_capacity(max_batch); // one batch's output lengths
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x1a7e_9c1e_5eed_0001);
+    let mut seq = 0u64;
+    let mut next_arrival = 0usize;
+    let mut deadline: Option<Nanos> = None;
+    let mut stalls = 0u32;
+    let mut now: Nanos = 0;
+
+    loop {
+        let t_arrival = requests.get(next_arrival).map(|r| r.arrival_ns);
+        let t_done = completions.peek().map(|Reverse((t, _, _))| *t);
+        let Some(t) = [t_arrival, t_done, deadline].into_iter().flatten().min() else {
+            break;
+        };
+        debug_assert!(t >= now, "virtual time never goes back");
+        now = t;
+        rec.series.advance(now, core.queued());
+        let mut progressed = false;
+
+        while let Some(&Reverse((t, _, b))) = completions.peek() {
+            if t != now {
+                break;
+            }
+            completions.pop();
+            progressed = true;
+            let batch = BatchId(b);
+            if core.complete(now, batch, BatchOutcome::Ok) == Completion::Deliver {
+                for ticket in core.batch_tickets(batch) {
+                    let r = &requests[slot_req[ticket.index as usize] as usize];
+                    rec.on_complete(now, r);
+                }
+            }
+        }
+
+        while let Some(r) = requests.get(next_arrival) {
+            if r.arrival_ns != now {
+                break;
+            }
+            progressed = true;
+            let admitted = match core.admit(now, r.meta()) {
+                Ok(ticket) => {
+                    slot_req[ticket.index as usize] = next_arrival as u32;
+                    true
+                }
+                Err(_) => false,
+            };
+            rec.on_offer(r, admitted);
+            next_arrival += 1;
+        }
+
+        let mut exec = Exec {
+            requests,
+            latency,
+            slot_req: &slot_req,
+            completions: &mut completions,
+            seq: &mut seq,
+            shapes: &mut shapes,
+            sort_scratch: &mut sort_scratch,
+            rng: &mut rng,
+            rec: &mut rec,
+            acted: false,
+        };
+        deadline = core.poll(now, &mut |a| exec.on_action(now, a));
+        progressed |= exec.acted;
+
+        // The core may ask to run again at `now` when a rule is due but cannot act yet; that
+        // must resolve through another event, so look one ns later, and give up if nothing
+        // ever changes.
+        if let Some(d) = deadline {
+            if d <= now {
+                stalls = if progressed { 0 } else { stalls + 1 };
+                if stalls > STALL_LIMIT {
+                    return Err(SimError::Stalled {
+                        now_ns: now,
+                        seed,
+                        polls: stalls,
+                    });
+                }
+                deadline = Some(now + 1);
+            } else {
+                stalls = 0;
+            }
+        }
+    }
+
+    let busy_ns = core.workers().iter().map(|w| w.busy_ns(now)).collect();
+    Ok(RunOutput {
+        stats: *core.stats(),
+        busy_ns,
+        end_ns: now,
+        unfinished: core.live_requests() as u64,
+        memory_limit_hits: core.research_snapshot().memory_limit_hits,
+        record: rec,
+    })
+}

@@ -1,0 +1,179 @@
+//! The reference text of `abe simulate --help`: every scenario, workload, engine and
+//! latency-model key. Kept next to the types it documents; a test checks that every key the
+//! parsers accept is mentioned here, so the help cannot silently fall behind.
+
+/// Shown after the flags by `abe simulate --help`.
+pub const AFTER_HELP: &str = r#"SCENARIOS
+  Built in: steady_state, ramp_up, spike_test, mixed_priority, long_tail, multibin_paper
+  (each also shipped as scenarios/<name>.toml). Any other value of --scenario is read as a
+  TOML file with these keys (all but name and workload.arrivals optional):
+
+    name = "my_run"              description = "..."
+    requests = 100000            # --requests overrides
+    sla_ms = 1000.0              # end-to-end latency target; --sla-ms overrides
+    [workload.arrivals]          process = "..." and its keys, below
+    [workload.prompt_tokens]     dist = "..." and its keys (default fixed 256)
+    [workload.output_tokens]     dist = "..." and its keys (default fixed 128)
+    [workload.priority]          low/normal/high/critical weights (default all normal)
+    workload.prediction_error_sigma = 0.0   # log-normal noise on the predicted output length
+    [engine]                     core settings, below
+    [latency]                    model = "..." and its keys, below
+
+WORKLOAD: ARRIVALS (workload.arrivals.process)
+  constant    rate_rps                      evenly spaced, first at t = 0
+  poisson     rate_rps                      exponential gaps
+  ramp        start_rps, end_rps, ramp_s, poisson (bool, default false)
+                                            linear rate change, then holds end_rps
+  spike       base_rps, multiplier, spike_start_s, spike_duration_s, poisson (bool)
+                                            base rate x multiplier during the window
+  saturated   (no keys)                     every request at t = 0 (capacity test)
+  replay      path, format ("csv"|"jsonl"; default from the extension)
+              trace rows: arrival_ms, prompt_tokens, output_tokens, priority (optional);
+              CSV needs a header; a relative path is relative to the scenario file
+
+WORKLOAD: LENGTHS (workload.prompt_tokens / workload.output_tokens, key dist)
+  fixed        value
+  uniform      min, max                     continuous, rounded to whole tokens
+  normal       mean, std_dev, min, max      clamped to [min, max] (min defaults to 0)
+  lognormal    median, sigma, max           sigma in log space
+  exponential  mean, max
+  bimodal      weight, first, second        first = { dist = ... } with probability weight
+  empirical    values, weights              weights optional (equal when absent)
+  Draws are rounded and clamped to 0..=10000000 tokens.
+
+WORKLOAD: PRIORITY (workload.priority)
+  low, normal, high, critical               relative weights, absent keys are 0
+
+ENGINE ([engine]; absent keys keep the core defaults; --workers/--max-batch-size override)
+  workers, max_batch_size, min_batch_size, max_batch_tokens, token_bucketing,
+  priority_enabled, dispatch_when_idle, max_wait_ms, min_wait_ms, queue_depth_low,
+  queue_depth_high, target_p99_ms, queue_capacity, request_timeout_ms, batch_timeout_ms,
+  max_inflight, balancer (round_robin|least_loaded|power_of_two),
+  priority_max_wait_ms = [low, normal, high, critical]
+  bins                K bins of the multi_bin strategy (1..=64; other strategies ignore it)
+  max_tokens_limit    output length the bins span before statistics (default 32768)
+  [engine.dynamic]    dynamic/multi_bin settings, the keys of [batching.dynamic] in
+                      config.toml: bins, bin_policy, predictor, recompute_every, m_max_gb,
+                      m_model_gb, kv_gb_per_token, memory_margin_gb, safety_fraction,
+                      b_min, b_max, sla_tbt_ms, sla_epsilon_ms, sla_alpha, sla_delta
+  oracle_bins         K > 1: emulate K-bin batching for any strategy on a saturated backlog
+                      (K equal-mass bins by output length, fed to the core in single-bin
+                      groups of max_batch_size); an error for other arrival processes
+
+LATENCY MODELS (--latency-model NAME, --latency key=value; or [latency] model = NAME)
+  none          (no keys)                   zero service time
+  linear        base_ms=10, per_token_ms=0.5, variance=0.1
+                base + per_token x all tokens of the batch, Gaussian noise sd base x variance
+  calibrated    prefill_ms_per_token=0.02, beta_ms=5.74, gamma=0.316      (default)
+                prefill per prompt token, then per decode step beta (1 + gamma (b-1)/b)
+  max_of_batch  base_ms=0, prefill_ms_per_token=0.02, decode_ms_per_token=5.74
+                each request alone: base + prefill x prompt + decode x output; the batch
+                takes its slowest request's time (multi-bin paper)
+  affine_step   prefill_ms_per_token=0.02, a_ms=0.2, c_ms=5.5
+                prefill, then per decode step a x b + c, b = requests still generating
+
+SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
+  bins, oracle_bins, max_batch_size, min_batch_size, workers, max_wait_ms, min_wait_ms,
+  queue_capacity
+
+OUTPUTS
+  table on stdout; --json FILE (deterministic: same seed and inputs, same bytes);
+  --csv FILE (per-window time series); --svg DIR (latency_over_time.svg,
+  queue_depth_over_time.svg, batch_size_distribution.svg, throughput_vs_<key>.svg for sweeps)
+
+EXAMPLE
+  abe simulate --scenario steady_state --strategies fixed,queue_depth --seed 7 \
+      --requests 100000 --json out.json --csv out.csv --svg out/
+  abe simulate --scenario multibin_paper --strategies fixed --sweep oracle_bins=1,2,4,8 --svg out/
+  abe simulate --scenario multibin_paper --strategies multi_bin --sweep bins=2,4,8,16
+  abe simulate --scenario long_tail --strategies fixed,multi_bin --sweep bins=1,2,4,8
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::AFTER_HELP;
+    use crate::sim::latency_ext::MODEL_KEYS;
+    use crate::sim::scenario::BUILTIN_NAMES;
+    use crate::sim::sweep::SweepKey;
+
+    #[test]
+    fn help_mentions_every_key_the_parsers_accept() {
+        let mut keys: Vec<&str> = vec![
+            // arrivals
+            "constant",
+            "poisson",
+            "ramp",
+            "spike",
+            "saturated",
+            "replay",
+            "rate_rps",
+            "start_rps",
+            "end_rps",
+            "ramp_s",
+            "base_rps",
+            "multiplier",
+            "spike_start_s",
+            "spike_duration_s",
+            "path",
+            "format",
+            // lengths
+            "fixed",
+            "uniform",
+            "normal",
+            "lognormal",
+            "exponential",
+            "bimodal",
+            "empirical",
+            "value",
+            "min",
+            "max",
+            "mean",
+            "std_dev",
+            "median",
+            "sigma",
+            "weight",
+            "first",
+            "second",
+            "values",
+            "weights",
+            // scenario and workload
+            "name",
+            "description",
+            "requests",
+            "sla_ms",
+            "prediction_error_sigma",
+            "low",
+            "high",
+            "critical",
+            // engine
+            "workers",
+            "max_batch_size",
+            "min_batch_size",
+            "max_batch_tokens",
+            "token_bucketing",
+            "priority_enabled",
+            "dispatch_when_idle",
+            "max_wait_ms",
+            "min_wait_ms",
+            "queue_depth_low",
+            "queue_depth_high",
+            "target_p99_ms",
+            "queue_capacity",
+            "request_timeout_ms",
+            "batch_timeout_ms",
+            "max_inflight",
+            "balancer",
+            "priority_max_wait_ms",
+            "bins",
+        ];
+        for (model, params) in MODEL_KEYS {
+            keys.push(model);
+            keys.extend(params.iter().map(|(k, _)| *k));
+        }
+        keys.extend(BUILTIN_NAMES);
+        keys.extend(SweepKey::ALL.map(|k| k.as_str()));
+        for k in keys {
+            assert!(AFTER_HELP.contains(k), "--help does not mention '{k}'");
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! SVG charts of a simulation report (plotters, SVG backend only, no fonts loaded: text is
+//! left to the viewer): latency and queue depth over time, batch-size distribution, and
+//! throughput against the first sweep key.
+//!
+//! Every chart is a pure function of the report, so the same report draws the same bytes.
+//! Nothing here runs a simulation; the only I/O is writing the named file.
+
+use super::report::SimReport;
+use super::series::WindowRow;
+use super::SimError;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+
+/// Line colours, cycled per run.
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+const SIZE: (u32, u32) = (1000, 600);
+
+fn colour(i: usize) -> RGBColor {
+    COLOURS[i % COLOURS.len()]
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> SimError {
+    SimError::Plot {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    }
+}
+
+/// Upper axis bound with 5 % headroom (at least `floor`).
+fn top(max: f64, floor: f64) -> f64 {
+    if max.is_finite() && max > 0.0 {
+        max * 1.05
+    } else {
+        floor
+    }
+}
+
+/// One line per run of `y(row)` over window start time (rows where `keep` holds).
+fn time_chart(
+    report: &SimReport,
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    y: impl Fn(&WindowRow) -> f64,
+    keep: impl Fn(&WindowRow) -> bool,
+) -> Result<(), SimError> {
+    let lines: Vec<Vec<(f64, f64)>> = report
+        .series
+        .iter()
+        .map(|s| {
+            s.rows()
+                .filter(|r| keep(r))
+                .map(|r| (r.start_s, y(&r)))
+                .collect()
+        })
+        .collect();
+    let x_max = lines.iter().flatten().map(|p| p.0).fold(0.0, f64::max);
+    let y_max = lines.iter().flatten().map(|p| p.1).fold(0.0, f64::max);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..top(x_max, 1.0), 0.0..top(y_max, 1.0))
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("virtual time (s)")
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    for (i, (line, run)) in lines.into_iter().zip(&report.runs).enumerate() {
+        let c = colour(i);
+        chart
+            .draw_series(LineSeries::new(line, c.stroke_width(2)))
+            .map_err(|e| plot_err(path, e))?
+            .label(run.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// Grouped bars: share of batches of each size, one colour per run.
+fn batch_size_chart(report: &SimReport, path: &Path) -> Result<(), SimError> {
+    let max_size = report
+        .runs
+        .iter()
+        .flat_map(|r| r.batch_sizes.iter().map(|b| b[0]))
+        .max()
+        .unwrap_or(1) as f64;
+    let shares: Vec<Vec<(f64, f64)>> = report
+        .runs
+        .iter()
+        .map(|r| {
+            let total = r.batches.max(1) as f64;
+            r.batch_sizes
+                .iter()
+                .map(|b| (b[0] as f64, b[1] as f64 / total))
+                .collect()
+        })
+        .collect();
+    let y_max = shares.iter().flatten().map(|p| p.1).fold(0.0, f64::max);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Batch size distribution", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_size + 1.0, 0.0..top(y_max, 1.0))
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("requests per batch")
+        .y_desc("share of batches")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    let runs = report.runs.len().max(1) as f64;
+    let width = 0.8 / runs;
+    for (i, (bars, run)) in shares.into_iter().zip(&report.runs).enumerate() {
+        let c = colour(i);
+        let offset = -0.4 + i as f64 * width;
+        chart
+            .draw_series(bars.into_iter().map(move |(size, share)| {
+                Rectangle::new(
+                    [(size + offset, 0.0), (size + offset + width, share)],
+                    c.filled(),
+                )
+            }))
+            .map_err(|e| plot_err(path, e))?
+            .label(run.label.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// Throughput against the first sweep key: one line per strategy and combination of the
+/// other keys.
+fn sweep_chart(report: &SimReport, path: &Path, key: &str) -> Result<(), SimError> {
+    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in &report.runs {
+        let x = r
+            .params
+            .iter()
+            .find(|p| p.key == key)
+            .map_or(0.0, |p| p.value);
+        let name = std::iter::once(r.strategy.clone())
+            .chain(
+                r.params
+                    .iter()
+                    .filter(|p| p.key != key)
+                    .map(|p| format!("{}={}", p.key, p.value)),
+            )
+            .collect::<Vec<_>>()
+            .join(" ");
+        match lines.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, pts)) => pts.push((x, r.throughput_rps)),
+            None => lines.push((name, vec![(x, r.throughput_rps)])),
+        }
+    }
+    let x_min = lines
+        .iter()
+        .flat_map(|l| &l.1)
+        .map(|p| p.0)
+        .fold(f64::INFINITY, f64::min);
+    let x_max = lines
+        .iter()
+        .flat_map(|l| &l.1)
+        .map(|p| p.0)
+        .fold(0.0, f64::max);
+    let y_max = lines
+        .iter()
+        .flat_map(|l| &l.1)
+        .map(|p| p.1)
+        .fold(0.0, f64::max);
+    let x_lo = if x_min.is_finite() {
+        (x_min - 0.5).max(0.0)
+    } else {
+        0.0
+    };
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("Throughput vs {key}"), ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_lo..x_max + 0.5, 0.0..top(y_max, 1.0))
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc(key)
+        .y_desc("throughput (requests/s)")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    for (i, (name, pts)) in lines.into_iter().enumerate() {
+        let c = colour(i);
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)).point_size(4))
+            .map_err(|e| plot_err(path, e))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// Draws every chart into `dir` (created if missing); returns the files written.
+pub fn write_charts(report: &SimReport, dir: &Path) -> Result<Vec<PathBuf>, SimError> {
+    std::fs::create_dir_all(dir).map_err(|source| SimError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut written = Vec::new();
+    let p = dir.join("latency_over_time.svg");
+    time_chart(
+        report,
+        &p,
+        "Mean end-to-end latency per window",
+        "latency (ms)",
+        |r| r.mean_latency_ms,
+        |r| r.completed > 0,
+    )?;
+    written.push(p);
+    let p = dir.join("queue_depth_over_time.svg");
+    time_chart(
+        report,
+        &p,
+        "Mean queue depth per window",
+        "queued requests",
+        |r| r.queue_depth_mean,
+        |_| true,
+    )?;
+    written.push(p);
+    let p = dir.join("batch_size_distribution.svg");
+    batch_size_chart(report, &p)?;
+    written.push(p);
+    if let Some(axis) = report.sweep.first() {
+        let p = dir.join(format!("throughput_vs_{}.svg", axis.key));
+        sweep_chart(report, &p, &axis.key)?;
+        written.push(p);
+    }
+    Ok(written)
+}

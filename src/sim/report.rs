@@ -1,0 +1,316 @@
+//! The simulation report: per-run metrics computed from a [`RunOutput`], the whole report
+//! that `--json` writes, and the table printed on stdout.
+//!
+//! Determinism rule: every field is a function of (seed, scenario, options). No wall-clock
+//! time, host name, path of an output file or anything else from the machine goes in here;
+//! fields serialise in declaration order, so the same inputs give byte-identical JSON.
+//! Definitions: throughput is completed requests over the makespan (first arrival to last
+//! completion, virtual time); SLA attainment is completed-within-SLA over requests offered,
+//! so refused and failed requests count as misses.
+
+use super::driver::RunOutput;
+use super::latency_ext::LatencySpec;
+use super::series::TimeSeries;
+use super::settings::EngineSettings;
+use crate::core::FlushReason;
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// Latency percentiles of completed requests, ms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p99_9: f64,
+    pub max: f64,
+}
+
+/// Batches by why they were released.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct FlushCounts {
+    pub full: u64,
+    pub timeout: u64,
+    pub critical: u64,
+    pub max_wait: u64,
+    pub idle_worker: u64,
+    pub drain: u64,
+}
+
+/// One sweep parameter's value in a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ParamValue {
+    pub key: String,
+    pub value: f64,
+}
+
+/// The metrics of one (strategy, sweep point) run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunReport {
+    pub strategy: String,
+    /// `strategy` plus the sweep point, e.g. `fixed bins=4`.
+    pub label: String,
+    pub params: Vec<ParamValue>,
+    /// Fingerprint of the request sequence this run was offered, in offer order.
+    pub request_digest: String,
+    pub requests_offered: u64,
+    pub admitted: u64,
+    /// Refused at admission because the queue was full.
+    pub rejected_queue_full: u64,
+    /// Batches the memory check of `dynamic`/`multi_bin` cut short (KV-memory limit hits).
+    pub memory_limit_hits: u64,
+    pub completed: u64,
+    /// Answered with an error (queue timeout, batch timeout).
+    pub failed: u64,
+    pub expired_in_queue: u64,
+    pub unfinished: u64,
+    pub makespan_s: f64,
+    pub throughput_rps: f64,
+    pub output_tokens_per_s: f64,
+    pub total_tokens_per_s: f64,
+    pub latency_ms: LatencySummary,
+    pub queue_wait_ms_mean: f64,
+    pub sla_attainment: f64,
+    pub batches: u64,
+    pub mean_batch_size: f64,
+    /// `[size, batches]` for every batch size that occurred.
+    pub batch_sizes: Vec<[u64; 2]>,
+    pub worker_utilisation: f64,
+    pub flush_reasons: FlushCounts,
+    pub series_truncated: bool,
+}
+
+/// A whole simulation: what ran and every run's metrics.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    pub scenario: String,
+    pub description: String,
+    pub seed: u64,
+    pub requests: u64,
+    /// Fingerprint of the generated request sequence (before any oracle pre-binning).
+    pub request_digest: String,
+    pub sla_ms: f64,
+    pub window_s: f64,
+    pub latency: LatencySpec,
+    pub engine: EngineSettings,
+    pub strategies: Vec<String>,
+    pub sweep: Vec<SweepAxis>,
+    pub runs: Vec<RunReport>,
+    /// Per-run time series, parallel to `runs` (CSV and charts; not in the JSON).
+    #[serde(skip)]
+    pub series: Vec<TimeSeries>,
+}
+
+/// One swept key and its values.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepAxis {
+    pub key: String,
+    pub values: Vec<f64>,
+}
+
+fn ns_to_ms(ns: f64) -> f64 {
+    ns / 1e6
+}
+
+fn per_s(count: u64, span_s: f64) -> f64 {
+    if span_s > 0.0 {
+        count as f64 / span_s
+    } else {
+        0.0
+    }
+}
+
+impl RunReport {
+    /// Metrics of one run.
+    pub fn new(strategy: &str, params: Vec<ParamValue>, out: &RunOutput) -> RunReport {
+        let r = &out.record;
+        let start = r.first_arrival_ns.unwrap_or(0);
+        let makespan_ns = r.last_completion_ns.saturating_sub(start);
+        let makespan_s = makespan_ns as f64 / 1e9;
+        let h = &r.latency_ns;
+        let q = |p: f64| {
+            if r.completed == 0 {
+                0.0
+            } else {
+                ns_to_ms(h.value_at_quantile(p) as f64)
+            }
+        };
+        let latency_ms = LatencySummary {
+            mean: if r.completed == 0 {
+                0.0
+            } else {
+                ns_to_ms(r.latency_sum_ns as f64 / r.completed as f64)
+            },
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+            p99_9: q(0.999),
+            max: if r.completed == 0 {
+                0.0
+            } else {
+                ns_to_ms(h.max() as f64)
+            },
+        };
+        let s = &out.stats;
+        let flush = |f: FlushReason| s.flush_reasons[f.index()];
+        let workers = out.busy_ns.len().max(1) as f64;
+        let busy: u64 = out.busy_ns.iter().sum();
+        let label = std::iter::once(strategy.to_string())
+            .chain(params.iter().map(|p| format!("{}={}", p.key, p.value)))
+            .collect::<Vec<_>>()
+            .join(" ");
+        RunReport {
+            strategy: strategy.to_string(),
+            label,
+            params,
+            request_digest: r.offered_digest.hex(),
+            requests_offered: r.offered,
+            admitted: r.admitted,
+            rejected_queue_full: r.rejected_full,
+            memory_limit_hits: out.memory_limit_hits,
+            completed: r.completed,
+            failed: r.failed,
+            expired_in_queue: s.expired,
+            unfinished: out.unfinished,
+            makespan_s,
+            throughput_rps: per_s(r.completed, makespan_s),
+            output_tokens_per_s: per_s(r.output_tokens_completed, makespan_s),
+            total_tokens_per_s: per_s(
+                r.output_tokens_completed + r.prompt_tokens_completed,
+                makespan_s,
+            ),
+            latency_ms,
+            queue_wait_ms_mean: if r.dispatched == 0 {
+                0.0
+            } else {
+                ns_to_ms(r.queue_wait_sum_ns as f64 / r.dispatched as f64)
+            },
+            sla_attainment: if r.offered == 0 {
+                0.0
+            } else {
+                r.sla_met as f64 / r.offered as f64
+            },
+            batches: s.batches_formed,
+            mean_batch_size: s.avg_batch_size(),
+            batch_sizes: r
+                .batch_sizes
+                .iter()
+                .enumerate()
+                .filter(|(_, &n)| n > 0)
+                .map(|(size, &n)| [size as u64, n])
+                .collect(),
+            worker_utilisation: if makespan_ns == 0 {
+                0.0
+            } else {
+                (busy as f64 / (workers * makespan_ns as f64)).min(1.0)
+            },
+            flush_reasons: FlushCounts {
+                full: flush(FlushReason::Full),
+                timeout: flush(FlushReason::Timeout),
+                critical: flush(FlushReason::Critical),
+                max_wait: flush(FlushReason::MaxWait),
+                idle_worker: flush(FlushReason::IdleWorker),
+                drain: flush(FlushReason::Drain),
+            },
+            series_truncated: r.series.truncated,
+        }
+    }
+}
+
+impl SimReport {
+    /// Pretty JSON with a trailing newline. Deterministic.
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).expect("the report serialises");
+        s.push('\n');
+        s
+    }
+
+    /// The human table printed on stdout.
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "scenario {} | seed {} | {} requests | latency model {} | SLA {} ms",
+            self.scenario,
+            self.seed,
+            self.requests,
+            self.latency.name(),
+            self.sla_ms
+        );
+        let header = [
+            "run",
+            "completed",
+            "rejected",
+            "mem hits",
+            "failed",
+            "req/s",
+            "out tok/s",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "wait ms",
+            "SLA %",
+            "batch",
+            "util %",
+        ];
+        let rows: Vec<Vec<String>> = self
+            .runs
+            .iter()
+            .map(|r| {
+                let l = &r.latency_ms;
+                vec![
+                    r.label.clone(),
+                    r.completed.to_string(),
+                    r.rejected_queue_full.to_string(),
+                    r.memory_limit_hits.to_string(),
+                    r.failed.to_string(),
+                    format!("{:.2}", r.throughput_rps),
+                    format!("{:.1}", r.output_tokens_per_s),
+                    format!("{:.1}", l.p50),
+                    format!("{:.1}", l.p90),
+                    format!("{:.1}", l.p99),
+                    format!("{:.1}", l.p99_9),
+                    format!("{:.1}", r.queue_wait_ms_mean),
+                    format!("{:.1}", r.sla_attainment * 100.0),
+                    format!("{:.2}", r.mean_batch_size),
+                    format!("{:.1}", r.worker_utilisation * 100.0),
+                ]
+            })
+            .collect();
+        t.push_str(&format_table(&header, &rows));
+        t
+    }
+}
+
+/// A plain-text table: each column as wide as its widest cell, the first column
+/// left-aligned, the others right-aligned, two spaces between columns. Shared by the
+/// simulator's and the load generator's reports so both print alike.
+pub fn format_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .map(|row| row[c].len())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        for (c, cell) in cells.enumerate() {
+            if c == 0 {
+                let _ = write!(out, "{cell:<w$}", w = widths[0]);
+            } else {
+                let _ = write!(out, "  {cell:>w$}", w = widths[c]);
+            }
+        }
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}

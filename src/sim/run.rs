@@ -1,0 +1,280 @@
+//! `abe simulate` as a library call: resolve the scenario, layer flags and sweep points over
+//! it, generate the request sequence once, run every (sweep point x strategy) through the
+//! driver, and assemble the report.
+//!
+//! Runs are independent, so they may execute on several threads (`jobs`); results are put
+//! back in grid order, so the report does not depend on scheduling. Nothing here prints,
+//! writes files or reads the clock.
+
+use super::binning::interleave_bins;
+use super::driver::{self, RunInput, RunOutput};
+use super::latency_ext::LatencySpec;
+use super::report::{ParamValue, RunReport, SimReport, SweepAxis};
+use super::scenario::Scenario;
+use super::settings::EngineSettings;
+use super::sweep::{self, SweepKey};
+use super::workload::{Digest, SimRequest};
+use super::SimError;
+use crate::core::request::ms_to_nanos;
+use crate::core::strategy::StrategyKind;
+use crate::core::CoreConfig;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Everything `abe simulate` takes besides output paths.
+#[derive(Clone, Debug)]
+pub struct SimulateOptions {
+    /// A built-in scenario name or the path of a scenario file.
+    pub scenario: String,
+    /// Strategy names; empty means every strategy.
+    pub strategies: Vec<String>,
+    pub seed: u64,
+    /// Overrides the scenario's request count.
+    pub requests: Option<u64>,
+    /// Replaces the scenario's latency model (with that model's defaults).
+    pub latency_model: Option<String>,
+    /// `key=value` overrides of the latency model's parameters.
+    pub latency_params: Vec<String>,
+    /// Engine settings from flags, layered over the scenario's.
+    pub engine: EngineSettings,
+    /// Overrides the scenario's SLA.
+    pub sla_ms: Option<f64>,
+    /// `key=v1,v2,...` sweep axes.
+    pub sweep: Vec<String>,
+    /// Time-series window, ms.
+    pub window_ms: f64,
+    /// Runs executed at once (0: one per available core).
+    pub jobs: usize,
+}
+
+impl Default for SimulateOptions {
+    fn default() -> Self {
+        SimulateOptions {
+            scenario: "steady_state".into(),
+            strategies: Vec::new(),
+            seed: 7,
+            requests: None,
+            latency_model: None,
+            latency_params: Vec::new(),
+            engine: EngineSettings::default(),
+            sla_ms: None,
+            sweep: Vec::new(),
+            window_ms: 1000.0,
+            jobs: 0,
+        }
+    }
+}
+
+/// One run to execute.
+struct Job {
+    strategy: StrategyKind,
+    params: Vec<ParamValue>,
+    core: CoreConfig,
+    /// Oracle pre-binning into this many bins (1: feed requests in arrival order).
+    presort_bins: usize,
+}
+
+fn parse_latency_params(params: &[String]) -> Result<Vec<(String, f64)>, SimError> {
+    params
+        .iter()
+        .map(|p| {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| SimError::invalid("--latency", format!("'{p}' is not key=value")))?;
+            let v: f64 = v.trim().parse().map_err(|_| {
+                SimError::invalid("--latency", format!("{k}: '{v}' is not a number"))
+            })?;
+            Ok((k.trim().to_string(), v))
+        })
+        .collect()
+}
+
+/// Resolves `opts.scenario` and runs it.
+pub fn simulate(opts: &SimulateOptions) -> Result<SimReport, SimError> {
+    let scenario = Scenario::resolve(&opts.scenario)?;
+    simulate_scenario(&scenario, opts)
+}
+
+/// Runs `scenario` with `opts` (its `scenario` field is ignored).
+pub fn simulate_scenario(
+    scenario: &Scenario,
+    opts: &SimulateOptions,
+) -> Result<SimReport, SimError> {
+    let strategies: Vec<StrategyKind> = if opts.strategies.is_empty() {
+        StrategyKind::ALL.to_vec()
+    } else {
+        opts.strategies
+            .iter()
+            .map(|s| s.trim().parse::<StrategyKind>())
+            .collect::<Result<_, _>>()?
+    };
+    let requests = opts.requests.unwrap_or(scenario.requests);
+    if requests == 0 || requests >= u64::from(u32::MAX) {
+        return Err(SimError::invalid(
+            "requests",
+            format!("{requests} must be in 1..{}", u32::MAX),
+        ));
+    }
+    let overrides = parse_latency_params(&opts.latency_params)?;
+    let latency = match &opts.latency_model {
+        Some(name) => LatencySpec::with_params(name, &overrides)?,
+        None => scenario.latency.overridden(&overrides)?,
+    };
+    let sla_ms = opts.sla_ms.unwrap_or(scenario.sla_ms);
+    if !(sla_ms.is_finite() && sla_ms >= 0.0) {
+        return Err(SimError::invalid(
+            "sla_ms",
+            format!("{sla_ms} must be >= 0"),
+        ));
+    }
+    if !(opts.window_ms.is_finite() && opts.window_ms >= 1.0) {
+        return Err(SimError::invalid(
+            "window_ms",
+            format!("{} must be at least 1", opts.window_ms),
+        ));
+    }
+    let engine = scenario.engine.overlay(&opts.engine);
+    let axes = opts
+        .sweep
+        .iter()
+        .map(|s| sweep::parse_axis(s))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut jobs = Vec::new();
+    for point in sweep::grid(&axes) {
+        let settings = sweep::apply(&engine, &point);
+        let oracle_bins = settings.oracle_bins.unwrap_or(1) as usize;
+        if oracle_bins > 1 && !scenario.workload.arrivals.is_saturated() {
+            return Err(SimError::invalid(
+                "oracle_bins",
+                "oracle pre-binning needs `process = \"saturated\"` arrivals (for other \
+                 workloads use the multi_bin strategy and the bins key)",
+            ));
+        }
+        for &strategy in &strategies {
+            jobs.push(Job {
+                strategy,
+                params: point
+                    .iter()
+                    .map(|&(k, v)| ParamValue {
+                        key: k.as_str().to_string(),
+                        value: v,
+                    })
+                    .collect(),
+                core: settings.core_config(strategy, opts.seed)?,
+                presort_bins: oracle_bins,
+            });
+        }
+    }
+
+    let generated = scenario.workload.generate(requests, opts.seed)?;
+    let input = RunContext {
+        requests: &generated,
+        latency: &latency,
+        seed: opts.seed,
+        sla_ns: ms_to_nanos(sla_ms),
+        window_ns: ms_to_nanos(opts.window_ms),
+    };
+    let outputs = execute(&input, &jobs, opts.jobs)?;
+
+    let mut runs = Vec::with_capacity(jobs.len());
+    let mut series = Vec::with_capacity(jobs.len());
+    for (job, out) in jobs.iter().zip(outputs) {
+        runs.push(RunReport::new(
+            job.strategy.as_str(),
+            job.params.clone(),
+            &out,
+        ));
+        series.push(out.record.series);
+    }
+    Ok(SimReport {
+        scenario: scenario.name.clone(),
+        description: scenario.description.clone(),
+        seed: opts.seed,
+        requests: generated.len() as u64,
+        request_digest: Digest::of(&generated).hex(),
+        sla_ms,
+        window_s: opts.window_ms / 1e3,
+        latency,
+        engine,
+        strategies: strategies.iter().map(|s| s.as_str().to_string()).collect(),
+        sweep: axes
+            .iter()
+            .map(|a| SweepAxis {
+                key: a.key.as_str().to_string(),
+                values: a.values.clone(),
+            })
+            .collect(),
+        runs,
+        series,
+    })
+}
+
+/// What every run shares.
+struct RunContext<'a> {
+    requests: &'a [SimRequest],
+    latency: &'a LatencySpec,
+    seed: u64,
+    sla_ns: u64,
+    window_ns: u64,
+}
+
+fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
+    let binned;
+    let requests = if job.presort_bins > 1 {
+        binned = interleave_bins(ctx.requests, job.presort_bins, job.core.max_batch_size);
+        &binned[..]
+    } else {
+        ctx.requests
+    };
+    driver::run(RunInput {
+        requests,
+        core: job.core.clone(),
+        latency: ctx.latency,
+        seed: ctx.seed,
+        sla_ns: ctx.sla_ns,
+        window_ns: ctx.window_ns,
+    })
+}
+
+/// Runs every job on up to `threads` threads (0: available parallelism); results in job order.
+fn execute(ctx: &RunContext<'_>, jobs: &[Job], threads: usize) -> Result<Vec<RunOutput>, SimError> {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    }
+    .min(jobs.len())
+    .max(1);
+    if threads == 1 {
+        return jobs.iter().map(|j| run_one(ctx, j)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<Result<RunOutput, SimError>>>> =
+        jobs.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                // Relaxed: the counter only hands out distinct indices; results are joined
+                // by the scope before they are read.
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let out = run_one(ctx, job);
+                *results[i].lock().expect("no run panics while holding it") = Some(out);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .expect("no run panics while holding it")
+                .expect("every job ran")
+        })
+        .collect()
+}
+
+/// Sweep keys, for help text.
+pub fn sweep_keys() -> String {
+    SweepKey::ALL.map(|k| k.as_str()).join(", ")
+}

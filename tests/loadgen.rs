@@ -1,0 +1,272 @@
+//! `abe loadgen` end to end against a real abe started in process on a loopback port: every
+//! request answered, counts that add up, the simulator's exact request sequence, latency
+//! measured from the schedule (no coordinated omission), strategy switching, errors by
+//! status, and the CLI's JSON.
+//!
+//! Every test is bounded: schedules of a few hundred requests lasting at most ~1.5 s, a
+//! per-request timeout, and servers shut down at the end. Timing assertions are one-sided
+//! and far from their thresholds (a slow machine makes latencies larger, never smaller).
+
+mod common;
+
+use abe::config::Config;
+use abe::loadgen::{self, LoadgenError, LoadgenOptions, Progress};
+use abe::sim::scenario::builtin;
+use abe::sim::workload::Digest;
+use abe::sim::{simulate, SimulateOptions};
+use common::{start, test_config};
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn opts(url: String, requests: u64, rate_scale: f64) -> LoadgenOptions {
+    LoadgenOptions {
+        url,
+        scenario: "steady_state".into(),
+        seed: 7,
+        requests: Some(requests),
+        connections: 16,
+        rate_scale,
+        timeout_ms: 10_000.0,
+        ..LoadgenOptions::default()
+    }
+}
+
+fn url(running: &abe::serve::Running) -> String {
+    format!("http://{}", running.local_addr())
+}
+
+fn quiet(_: &Progress) {}
+
+#[test]
+fn every_request_is_answered_and_the_sequence_is_the_simulators() {
+    let server = start(test_config());
+    let mut progress = Vec::new();
+    // steady_state is 100 requests/s; x2 gives 300 requests at 200 requests/s, 1.5 s.
+    let report = loadgen::run(&opts(url(&server), 300, 2.0), &mut |p| progress.push(*p))
+        .expect("the run completes");
+    server.shutdown();
+
+    let run = report.run();
+    assert_eq!(report.requests, 300);
+    assert_eq!(run.requests_offered, 300);
+    assert_eq!(report.live.sent, 300);
+    assert_eq!(
+        run.completed, 300,
+        "errors: {:?}",
+        report.live.errors_by_status
+    );
+    assert_eq!(
+        (run.failed, run.rejected_queue_full, run.unfinished),
+        (0, 0, 0)
+    );
+    assert!(report.live.errors_by_status.is_empty());
+    assert!((report.live.offered_rps - 200.0).abs() < 1e-6);
+    // The server keeps up, so throughput is about the offered load: completed over first
+    // scheduled send to last answer, 300 / (1.495 s + the last request's latency). The
+    // lower bound leaves a slow machine 0.5 s for that last answer.
+    let most = 300.0 / 1.495;
+    assert!(
+        run.throughput_rps <= most + 1e-9 && run.throughput_rps > 150.0,
+        "{}",
+        run.throughput_rps
+    );
+
+    // The request sequence is the simulator's for the same scenario, seed and count.
+    let generated = builtin("steady_state")
+        .unwrap()
+        .workload
+        .generate(300, 7)
+        .unwrap();
+    assert_eq!(report.request_digest, Digest::of(&generated).hex());
+    let sim = simulate(&SimulateOptions {
+        scenario: "steady_state".into(),
+        strategies: vec!["queue_depth".into()],
+        seed: 7,
+        requests: Some(300),
+        ..SimulateOptions::default()
+    })
+    .unwrap();
+    assert_eq!(report.request_digest, sim.request_digest);
+    assert_eq!(run.request_digest, sim.runs[0].request_digest);
+
+    // Prompts reach the server at 4 bytes a token: its usage counts equal the workload's.
+    let workload_tokens: u64 = generated
+        .iter()
+        .map(|r| u64::from(r.prompt_tokens.max(1) + r.output_tokens.max(1)))
+        .sum();
+    let reported = run.total_tokens_per_s * run.makespan_s;
+    assert!(
+        (reported - workload_tokens as f64).abs() < 1e-6 * workload_tokens as f64,
+        "server counted {reported} tokens, workload has {workload_tokens}"
+    );
+
+    // Progress: at least the 1 s tick and the final one, ending with everything in.
+    assert!(progress.len() >= 2, "{progress:?}");
+    let last = progress.last().unwrap();
+    assert_eq!((last.sent, last.completed, last.errors), (300, 300, 0));
+}
+
+#[test]
+fn latency_counts_from_the_schedule_not_from_the_send() {
+    // Every batch takes 50 ms more; with one connection, request i cannot leave before
+    // request i - 1 is answered, so it is sent late and its wait is part of its latency.
+    let mut c = test_config();
+    c.workers.fault_added_latency_ms = 50.0;
+    let server = start(c);
+    let mut o = opts(url(&server), 20, 1.0); // 20 requests, 10 ms apart
+    o.connections = 1;
+    let one = loadgen::run(&o, &mut quiet).unwrap();
+    // The same schedule with enough connections: no request waits for a connection.
+    o.connections = 32;
+    let many = loadgen::run(&o, &mut quiet).unwrap();
+    server.shutdown();
+
+    let l = &one.run().latency_ms;
+    assert_eq!(one.run().completed, 20);
+    assert!(l.p50 >= 50.0, "p50 {} ms", l.p50);
+    // Request i is answered no sooner than (i + 1) x 50 ms but was due at i x 10 ms: the
+    // last one's latency is at least 50 + 19 x 40 = 810 ms. A closed-loop measurement from
+    // the actual send would report about 50 ms for every request.
+    assert!(l.max >= 800.0, "max {} ms", l.max);
+    assert!(one.live.late_sends >= 15, "late {}", one.live.late_sends);
+
+    let l = &many.run().latency_ms;
+    assert_eq!(many.run().completed, 20);
+    assert!(l.p50 >= 50.0, "p50 {} ms", l.p50);
+    assert!(l.max < 800.0, "max {} ms", l.max);
+}
+
+#[test]
+fn strategy_is_switched_first_and_refusals_stop_the_run() {
+    let mut c: Config = test_config();
+    c.server.admin_token = "s3cret".into();
+    let server = start(c);
+    let mut o = opts(url(&server), 20, 10.0);
+
+    o.strategy = Some("fixed".into());
+    let e = loadgen::run(&o, &mut quiet).unwrap_err();
+    assert!(matches!(e, LoadgenError::Admin { .. }), "{e}");
+    assert!(e.to_string().contains("401"), "{e}");
+
+    o.admin_token = Some("s3cret".into());
+    o.strategy = Some("no_such_strategy".into());
+    let e = loadgen::run(&o, &mut quiet).unwrap_err();
+    assert!(e.to_string().contains("400"), "{e}");
+
+    o.strategy = Some("fixed".into());
+    let report = loadgen::run(&o, &mut quiet).unwrap();
+    // The engine applies the switch on its loop and publishes snapshots every ~50 ms.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while server.handle.snapshot().strategy.as_str() != "fixed" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.handle.snapshot().strategy.as_str(), "fixed");
+    assert_eq!(report.strategies, ["fixed"]);
+    assert_eq!(report.run().label, "live fixed");
+
+    // Without --strategy the label is what the target reports.
+    o.strategy = None;
+    let report = loadgen::run(&o, &mut quiet).unwrap();
+    assert_eq!(report.strategies, ["fixed"]);
+    server.shutdown();
+}
+
+#[test]
+fn failures_are_counted_by_status_and_add_up() {
+    let mut c = test_config();
+    c.workers.fault_error_rate = 1.0;
+    // Keep the circuits closed, so every batch fails fast (500) instead of waiting for a
+    // healthy worker until the queue timeout.
+    c.health.failure_threshold = 1_000_000;
+    let server = start(c);
+    let report = loadgen::run(&opts(url(&server), 50, 10.0), &mut quiet).unwrap();
+    server.shutdown();
+    let run = report.run();
+    let errors: u64 = report.live.errors_by_status.values().sum();
+    assert_eq!(run.completed, 0);
+    assert_eq!(errors, 50, "{:?}", report.live.errors_by_status);
+    assert_eq!(run.failed + run.rejected_queue_full, 50);
+    assert_eq!(run.admitted, run.completed + run.failed + run.unfinished);
+    assert_eq!(run.sla_attainment, 0.0);
+    assert!(report.table().contains("errors: "));
+}
+
+#[test]
+fn an_unanswered_request_times_out_and_the_run_still_ends() {
+    let mut c = test_config();
+    c.workers.fault_hang_rate = 1.0;
+    c.workers.fault_hang_ms = 1_500.0;
+    c.server.shutdown_timeout = abe::config::Millis(100);
+    let server = start(c);
+    let mut o = opts(url(&server), 10, 10.0);
+    o.timeout_ms = 300.0;
+    let t0 = Instant::now();
+    let report = loadgen::run(&o, &mut quiet).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    server.shutdown();
+    assert_eq!(report.live.errors_by_status.get("timeout"), Some(&10));
+    assert_eq!(report.run().failed, 10);
+}
+
+#[test]
+fn a_target_that_is_not_listening_is_a_clear_error() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let e = loadgen::run(
+        &opts(format!("http://127.0.0.1:{port}"), 10, 1.0),
+        &mut quiet,
+    )
+    .unwrap_err();
+    assert!(matches!(e, LoadgenError::Connect { .. }), "{e}");
+    assert!(e.to_string().contains("is the server running"), "{e}");
+}
+
+#[test]
+fn the_cli_prints_the_table_and_writes_the_json() {
+    let server = start(test_config());
+    let dir = std::env::temp_dir().join(format!("abe-loadgen-test-{}", std::process::id()));
+    let json = dir.join("live.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_abe"))
+        .args([
+            "loadgen",
+            "--url",
+            &url(&server),
+            "--scenario",
+            "mixed_priority",
+        ])
+        .args(["--seed", "3", "--requests", "100", "--rate-scale", "5"])
+        .args(["--connections", "8", "--quiet", "--json"])
+        .arg(&json)
+        .output()
+        .expect("abe runs");
+    server.shutdown();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stderr.is_empty(), "--quiet prints no progress");
+    assert!(stdout.contains("scenario mixed_priority"), "{stdout}");
+    assert!(stdout.contains("p99.9 ms"), "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(v["requests"], 100);
+    assert_eq!(v["runs"][0]["completed"], 100);
+    for key in [
+        "throughput_rps",
+        "output_tokens_per_s",
+        "total_tokens_per_s",
+        "sla_attainment",
+    ] {
+        assert!(v["runs"][0][key].is_number(), "{key} missing");
+    }
+    for p in ["p50", "p90", "p99", "p99_9"] {
+        assert!(v["runs"][0]["latency_ms"][p].is_number(), "{p} missing");
+    }
+    assert!(v["live"]["errors_by_status"].is_object());
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Simulated vs live throughput for one scenario: the issue-5 proof that `abe simulate` and
+# `abe loadgen` against `abe serve` agree within 10 %.
+#
+#   1. builds release;
+#   2. starts `abe serve` on a free loopback port with WORKERS workers, LATENCY_MODEL (its
+#      default parameters, the same defaults the simulator uses) and STRATEGY;
+#   3. runs `abe loadgen` for SCENARIO/SEED/REQUESTS against it (open loop, real traffic to
+#      127.0.0.1 only);
+#   4. runs `abe simulate` of the same scenario, seed, request count, strategy, workers and
+#      latency model;
+#   5. prints both throughputs (completed / makespan, first scheduled arrival to last
+#      completion, computed by the same code for both) and their ratio; exits 1 if they
+#      differ by more than TOLERANCE.
+#
+# Usage: tools/sim_vs_live.sh            (defaults below; override any with VAR=value)
+# Writes live.json, sim.json and serve.log into OUT_DIR.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+SCENARIO="${SCENARIO:-steady_state}"     # built-in name or scenario file
+SEED="${SEED:-7}"
+REQUESTS="${REQUESTS:-3000}"             # steady_state: 100 requests/s, so 30 s of load
+WORKERS="${WORKERS:-4}"
+LATENCY_MODEL="${LATENCY_MODEL:-linear}" # none | linear | calibrated (server's defaults)
+STRATEGY="${STRATEGY:-queue_depth}"
+# More than the requests in flight at the server's pace, so sends are rarely late; the
+# simulator has no connection limit. (An overloaded run still queues the excess in the
+# load generator, where latency keeps counting from the schedule.)
+CONNECTIONS="${CONNECTIONS:-256}"
+TOLERANCE="${TOLERANCE:-0.10}"
+OUT_DIR="${OUT_DIR:-$root/target/sim_vs_live}"
+
+command -v jq >/dev/null || { echo "sim_vs_live.sh needs jq" >&2; exit 2; }
+mkdir -p "$OUT_DIR"
+bin="$root/target/release/abe"
+
+echo "== 1. build release" >&2
+(cd "$root" && cargo build --release --quiet)
+
+echo "== 2. abe serve: $WORKERS workers, latency model $LATENCY_MODEL, strategy $STRATEGY" >&2
+config="$OUT_DIR/serve.toml"
+cat >"$config" <<EOF
+[server]
+host = "127.0.0.1"
+port = 0
+# Room for every request a saturated run may hold.
+max_connections = 4096
+
+[batching]
+strategy = "$STRATEGY"
+
+[workers]
+count = $WORKERS
+latency_model = "$LATENCY_MODEL"
+
+[engine]
+# The load generator shares this machine; unpinned threads share the cores fairly.
+pin = false
+EOF
+log="$OUT_DIR/serve.log"
+RUST_LOG=warn "$bin" serve --config "$config" >"$log" 2>&1 &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null || true' EXIT
+url=""
+for _ in $(seq 1 100); do
+  url="$(sed -n 's/^abe listening on //p' "$log")"
+  [ -n "$url" ] && break
+  sleep 0.1
+done
+[ -n "$url" ] || { echo "abe serve did not start; see $log" >&2; exit 1; }
+
+echo "== 3. abe loadgen against $url" >&2
+loadgen=("$bin" loadgen --url "$url" --scenario "$SCENARIO" --seed "$SEED"
+  --requests "$REQUESTS" --connections "$CONNECTIONS" --strategy "$STRATEGY"
+  --json "$OUT_DIR/live.json")
+echo "\$ ${loadgen[*]}"
+"${loadgen[@]}"
+
+kill -TERM $pid
+wait $pid || { echo "abe serve exited non-zero after SIGTERM; see $log" >&2; exit 1; }
+trap - EXIT
+
+echo "== 4. abe simulate" >&2
+simulate=("$bin" simulate --scenario "$SCENARIO" --seed "$SEED" --requests "$REQUESTS"
+  --strategies "$STRATEGY" --workers "$WORKERS" --latency-model "$LATENCY_MODEL"
+  --json "$OUT_DIR/sim.json")
+echo "\$ ${simulate[*]}"
+"${simulate[@]}"
+
+echo "== 5. compare"
+live_digest="$(jq -r .request_digest "$OUT_DIR/live.json")"
+sim_digest="$(jq -r .request_digest "$OUT_DIR/sim.json")"
+[ "$live_digest" = "$sim_digest" ] || {
+  echo "request sequences differ: live $live_digest, sim $sim_digest" >&2
+  exit 1
+}
+row() {
+  jq -r --arg who "$1" '.runs[0] | [$who, .completed, .failed + .rejected_queue_full,
+    (.makespan_s * 100 | round / 100), (.throughput_rps * 100 | round / 100),
+    (.latency_ms.p50 * 10 | round / 10), (.latency_ms.p99 * 10 | round / 10)] | @tsv' "$2"
+}
+{
+  printf 'run\tcompleted\tnot_ok\tmakespan_s\treq/s\tp50_ms\tp99_ms\n'
+  row simulated "$OUT_DIR/sim.json"
+  row live "$OUT_DIR/live.json"
+} | column -t
+sim_rps="$(jq .runs[0].throughput_rps "$OUT_DIR/sim.json")"
+live_rps="$(jq .runs[0].throughput_rps "$OUT_DIR/live.json")"
+jq -rn --argjson s "$sim_rps" --argjson l "$live_rps" --argjson tol "$TOLERANCE" \
+  --arg digest "$sim_digest" '
+  ($l / $s) as $ratio
+  | "request digest \($digest) (identical)\nthroughput: simulated \($s * 100 | round / 100) req/s, live \($l * 100 | round / 100) req/s, live/simulated = \($ratio * 1000 | round / 1000)",
+    (if (($ratio - 1) | fabs) <= $tol then "agree within \($tol * 100) %"
+     else "DISAGREE by more than \($tol * 100) %" end)'
+ratio_ok="$(jq -n --argjson s "$sim_rps" --argjson l "$live_rps" --argjson tol "$TOLERANCE" \
+  '((($l / $s) - 1) | fabs) <= $tol')"
+[ "$ratio_ok" = true ]
