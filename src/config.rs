@@ -155,6 +155,9 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Requests parsed ahead on one connection (pipelining) before reading pauses.
     pub max_pipelined: usize,
+    /// Response bytes staged but not yet taken by a client before reading pauses (a client
+    /// that sends without reading cannot make the server buffer without bound).
+    pub max_write_buffer_bytes: usize,
     /// Largest `max_tokens` a request may ask for.
     pub max_tokens_limit: u32,
     /// Prompts per completions request / inputs per embeddings request.
@@ -182,6 +185,7 @@ impl Default for ServerConfig {
             max_header_bytes: 16 * 1024,
             max_body_bytes: 1024 * 1024,
             max_pipelined: 64,
+            max_write_buffer_bytes: 4 * 1024 * 1024,
             max_tokens_limit: 32_768,
             max_batch_inputs: 2048,
             admin_enabled: true,
@@ -621,6 +625,11 @@ impl Config {
         at_least("server.max_header_bytes", s.max_header_bytes, 256)?;
         at_least("server.max_body_bytes", s.max_body_bytes, 1)?;
         at_least("server.max_pipelined", s.max_pipelined, 1)?;
+        at_least(
+            "server.max_write_buffer_bytes",
+            s.max_write_buffer_bytes,
+            1024,
+        )?;
         at_least("server.max_batch_inputs", s.max_batch_inputs, 1)?;
         at_least("server.max_tokens_limit", s.max_tokens_limit as usize, 1)?;
         positive_ms("server.read_timeout", s.read_timeout)?;

@@ -553,3 +553,105 @@ fn chat_completions_answer_with_an_assistant_message_and_validate_messages() {
     assert!(r.error_message().contains("'max_tokens' must be between 1"));
     abe.shutdown();
 }
+
+fn pipelined_health(n: usize, last_close: bool) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for i in 0..n {
+        if last_close && i + 1 == n {
+            bytes.extend(request_bytes(
+                "GET",
+                "/health",
+                None,
+                &[("Connection", "close")],
+            ));
+        } else {
+            bytes.extend(request_bytes("GET", "/health", None, &[]));
+        }
+    }
+    bytes
+}
+
+#[test]
+fn more_pipelined_requests_than_the_window_are_all_answered_even_after_a_half_close() {
+    let mut cfg = test_config();
+    cfg.server.read_timeout = abe::config::Millis(2000);
+    let abe = start(cfg);
+    // 200 requests, three times the default window of 64, in one write.
+    let mut c = Client::connect(abe.local_addr());
+    c.send_raw(&pipelined_health(200, false));
+    for i in 0..200 {
+        let r = c
+            .read_response()
+            .unwrap_or_else(|| panic!("response {i} missing"));
+        assert_eq!(r.status, 200, "response {i}: {}", r.text());
+    }
+    // The same, then the client shuts down its sending side: every request is still
+    // answered before the server closes.
+    let mut c = Client::connect(abe.local_addr());
+    c.send_raw(&pipelined_health(200, false));
+    c.reader
+        .get_ref()
+        .shutdown(std::net::Shutdown::Write)
+        .unwrap();
+    for i in 0..200 {
+        let r = c
+            .read_response()
+            .unwrap_or_else(|| panic!("response {i} missing after half-close"));
+        assert_eq!(r.status, 200);
+    }
+    assert!(c.is_closed());
+    abe.shutdown();
+}
+
+#[test]
+fn connection_close_after_a_full_window_closes_right_after_the_answers() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    c.send_raw(&pipelined_health(65, true));
+    let mut extra = request_bytes("GET", "/health", None, &[]);
+    extra.truncate(extra.len()); // a request after the close: must not be served
+    c.send_raw(&extra);
+    for _ in 0..65 {
+        assert_eq!(c.read_response().unwrap().status, 200);
+    }
+    let started = Instant::now();
+    assert!(c.is_closed(), "closed after the Connection: close answer");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_client_that_never_reads_is_throttled_not_buffered_without_bound() {
+    use std::io::Write;
+    let mut cfg = test_config();
+    cfg.server.max_write_buffer_bytes = 64 * 1024;
+    let abe = start(cfg);
+    let stream = std::net::TcpStream::connect(abe.local_addr()).unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let request = request_bytes("GET", "/metrics", None, &[]);
+    let mut written = 0usize;
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut blocked = false;
+    let mut w = &stream;
+    while Instant::now() < until && written < 64 * 1024 * 1024 {
+        match w.write(&request) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                blocked = true;
+                std::thread::sleep(Duration::from_millis(50));
+                if w.write(&request).is_err() {
+                    break;
+                }
+            }
+            Err(e) => panic!("write failed: {e}"),
+        }
+    }
+    // Each /metrics answer is tens of KiB; if the server kept reading and answering
+    // without bound we could push 64 MiB of requests in. It stops reading instead.
+    assert!(
+        blocked,
+        "the server stopped reading ({written} bytes of requests sent)"
+    );
+    assert!(written < 64 * 1024 * 1024);
+    drop(stream);
+    abe.shutdown();
+}

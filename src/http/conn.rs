@@ -24,6 +24,8 @@ pub struct Slot {
     pub close: bool,
     /// HEAD request: write the head only.
     pub head_only: bool,
+    /// HTTP/1.0 request that asked for keep-alive: say `Connection: keep-alive`.
+    pub keep_alive_header: bool,
     /// Set once the response is known.
     pub response: Option<Response>,
     /// For engine jobs: how to render, and the outcomes gathered so far.
@@ -122,26 +124,37 @@ impl Conn {
     }
 
     /// Moves finished responses from the front of the queue into the write buffer, in
-    /// order, reporting (endpoint, status) of each to `on_response` for stats.
-    pub fn stage_ready(&mut self, mut on_response: impl FnMut(Endpoint, u16)) {
+    /// order, reporting (endpoint, status) of each to `on_response` for stats. Returns true
+    /// if it moved any.
+    pub fn stage_ready(&mut self, mut on_response: impl FnMut(Endpoint, u16)) -> bool {
+        let mut staged = false;
         while let Some(front) = self.slots.front() {
             if front.response.is_none() {
                 break;
             }
             let slot = self.slots.pop_front().expect("front exists");
-            let response = slot.response.expect("checked above");
-            let close = slot.close;
-            if self.write_buf.len() == self.written {
-                self.write_started = None;
+            let mut response = slot.response.expect("checked above");
+            if slot.keep_alive_header {
+                response.headers.push("Connection: keep-alive".into());
             }
-            response.write_to(&mut self.write_buf, close, slot.head_only);
+            response.write_to(&mut self.write_buf, slot.close, slot.head_only);
             on_response(slot.endpoint, response.status.code());
+            staged = true;
             if slot.close {
                 self.close_when_flushed = true;
+                self.read_done = true;
                 self.slots.clear();
+                self.read_buf.clear();
+                self.partial = None;
                 break;
             }
         }
+        staged
+    }
+
+    /// Response bytes staged and not yet written.
+    pub fn unwritten(&self) -> usize {
+        self.write_buf.len() - self.written
     }
 
     /// Writes as much of the write buffer as the socket takes.
@@ -154,6 +167,8 @@ impl Conn {
                     self.written += n;
                     total += n;
                     self.last_activity = now;
+                    // The write deadline bounds a stall, not a slow but steady reader.
+                    self.write_started = None;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -175,8 +190,13 @@ impl Conn {
         self.slots.is_empty() && self.write_buf.is_empty()
     }
 
-    /// True once the connection should be closed: asked to close and fully flushed.
+    /// True once the connection should be closed: asked to close (or the peer finished
+    /// sending), every request read is answered, and everything is written.
     pub fn should_close(&self) -> bool {
-        self.close_when_flushed && self.slots.is_empty() && self.write_buf.is_empty()
+        self.close_when_flushed
+            && self.slots.is_empty()
+            && self.write_buf.is_empty()
+            && self.read_buf.is_empty()
+            && self.partial.is_none()
     }
 }

@@ -106,7 +106,7 @@ impl IoThread {
             self.sleep_flag.before_sleep();
             // Re-check after announcing the sleep: completions pushed before the engine could
             // see the flag must not wait for the next tick.
-            let timeout = if self.submitter.has_completions() {
+            let timeout = if self.submitter.has_completions() || !self.touched.is_empty() {
                 Duration::ZERO
             } else {
                 TICK
@@ -127,7 +127,7 @@ impl IoThread {
                     Token(t) => {
                         let idx = t - FIRST_CONN;
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            self.on_readable(idx, now);
+                            self.on_readable(idx);
                         }
                         if ev.is_writable() {
                             self.touched.push(idx);
@@ -206,59 +206,115 @@ impl IoThread {
         }
     }
 
-    fn on_readable(&mut self, idx: usize, now: Instant) {
+    fn on_readable(&mut self, idx: usize) {
         self.touched.push(idx);
-        self.read_and_process(idx, now);
     }
 
-    /// Reads what the socket has (unless paused) and handles every complete request.
-    fn read_and_process(&mut self, idx: usize, now: Instant) {
-        let limits = &self.ctx.config.server;
-        let buffer_limit = limits.max_header_bytes + limits.max_body_bytes + 1;
-        let max_pipelined = limits.max_pipelined;
-        let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
-            return;
-        };
-        if !conn.read_done && conn.slots.len() < max_pipelined {
-            match conn.read_available(&mut self.read_chunk, buffer_limit, now) {
-                Ok((ReadResult::Open, n)) => self.ctx.http_stats.add_bytes_in(n as u64),
-                Ok((ReadResult::Eof, n)) => {
-                    self.ctx.http_stats.add_bytes_in(n as u64);
-                    conn.read_done = true;
-                    conn.close_when_flushed = true;
+    /// Drives one connection as far as it can go: read (when allowed), parse and route
+    /// complete requests, stage finished responses in order, write, close when done;
+    /// repeated until a pass makes no progress. mio is edge-triggered, so a socket is read
+    /// until it would block whenever reading is allowed; while reading is paused (pipelining
+    /// window full, unwritten responses over `max_write_buffer_bytes`) the bytes wait in the
+    /// kernel and this loop resumes reading as soon as the pause lifts.
+    fn service(&mut self, idx: usize, now: Instant) {
+        let server = &self.ctx.config.server;
+        let buffer_limit = server.max_header_bytes + server.max_body_bytes + 1;
+        let max_pipelined = server.max_pipelined;
+        let max_write = server.max_write_buffer_bytes;
+        let stats = self.ctx.http_stats.clone();
+        loop {
+            let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
+                return;
+            };
+            let mut progress = false;
+            if !conn.read_done
+                && conn.slots.len() < max_pipelined
+                && conn.unwritten() <= max_write
+                && conn.read_buf.len() < buffer_limit
+            {
+                match conn.read_available(&mut self.read_chunk, buffer_limit, now) {
+                    Ok((ReadResult::Open, n)) => {
+                        stats.add_bytes_in(n as u64);
+                        progress |= n > 0;
+                    }
+                    Ok((ReadResult::Eof, n)) => {
+                        stats.add_bytes_in(n as u64);
+                        conn.read_done = true;
+                        conn.close_when_flushed = true;
+                        progress = true;
+                    }
+                    Err(_) => {
+                        self.close(idx);
+                        return;
+                    }
+                }
+            }
+            progress |= self.process(idx, now);
+            let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
+                return;
+            };
+            progress |= conn.stage_ready(|endpoint, code| stats.record_response(endpoint, code));
+            match conn.flush(now) {
+                Ok(n) => {
+                    stats.add_bytes_out(n as u64);
+                    progress |= n > 0;
                 }
                 Err(_) => {
                     self.close(idx);
                     return;
                 }
             }
+            if conn.should_close() {
+                self.close(idx);
+                return;
+            }
+            if !progress {
+                return;
+            }
         }
-        self.process(idx, now);
     }
 
     /// Parses and routes every complete request in the read buffer (up to `max_pipelined`
-    /// unanswered).
-    fn process(&mut self, idx: usize, now: Instant) {
+    /// unanswered and while unwritten responses stay under the write bound). Returns true
+    /// if it consumed anything. Starts the read deadline only while a request is incomplete
+    /// (a request held back by the window is not the client's fault).
+    fn process(&mut self, idx: usize, now: Instant) -> bool {
         let max_header = self.ctx.config.server.max_header_bytes;
         let max_body = self.ctx.config.server.max_body_bytes;
         let max_pipelined = self.ctx.config.server.max_pipelined;
+        let max_write = self.ctx.config.server.max_write_buffer_bytes;
+        let mut consumed = false;
         loop {
             let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
-                return;
+                return consumed;
             };
-            if conn.close_when_flushed && conn.read_done && conn.read_buf.is_empty() {
-                return;
+            if conn.slots.back().is_some_and(|s| s.close) {
+                // Nothing after a `Connection: close` request is served.
+                conn.read_buf.clear();
+                conn.partial = None;
+                conn.request_started = None;
+                return consumed;
             }
-            if conn.slots.len() >= max_pipelined || conn.slots.back().is_some_and(|s| s.close) {
-                return;
+            if conn.slots.len() >= max_pipelined || conn.unwritten() > max_write {
+                conn.request_started = None;
+                return consumed;
             }
             if conn.partial.is_none() {
                 if conn.read_buf.is_empty() {
                     conn.request_started = None;
-                    return;
+                    return consumed;
                 }
                 match parse::parse_head(&conn.read_buf, max_header, max_body) {
-                    Ok(None) => return,
+                    Ok(None) => {
+                        if conn.read_done {
+                            // Peer closed mid-head: nothing to answer.
+                            conn.read_buf.clear();
+                            conn.request_started = None;
+                        } else {
+                            conn.request_started.get_or_insert(now);
+                        }
+                        return consumed;
+                    }
                     Ok(Some(head)) => {
                         conn.partial = Some(Partial {
                             head,
@@ -270,8 +326,9 @@ impl IoThread {
                         let response = Response::error(e.status, "bad_request", e.message);
                         conn.read_buf.clear();
                         conn.read_done = true;
+                        conn.request_started = None;
                         self.push_ready(idx, endpoint, response, true, false);
-                        return;
+                        return true;
                     }
                 }
             }
@@ -292,26 +349,36 @@ impl IoThread {
                     // Peer closed mid-body: nothing to answer.
                     conn.read_buf.clear();
                     conn.partial = None;
+                    conn.request_started = None;
+                } else {
+                    conn.request_started.get_or_insert(now);
                 }
-                return;
+                return consumed;
             }
             let Partial { head, .. } = conn.partial.take().expect("set above");
             let body: Vec<u8> = conn.read_buf[head.head_len..need].to_vec();
             conn.read_buf.drain(..need);
-            conn.request_started = if conn.read_buf.is_empty() {
-                None
-            } else {
-                Some(now)
-            };
+            conn.request_started = None;
+            consumed = true;
             let close = head.close;
             if close {
                 conn.read_done = true;
             }
             let endpoint = Endpoint::from_path(&head.path);
             let head_only = head.method == Method::Head;
+            let keep_alive_header = head.http10 && !close;
             match api::route(&self.ctx, &head, &body) {
-                Routed::Now(response) => self.push_ready(idx, endpoint, response, close, head_only),
-                Routed::Submit(job) => self.submit_job(idx, endpoint, job, close),
+                Routed::Now(response) => {
+                    let response = if keep_alive_header {
+                        response.with_header("Connection: keep-alive")
+                    } else {
+                        response
+                    };
+                    self.push_ready(idx, endpoint, response, close, head_only)
+                }
+                Routed::Submit(job) => {
+                    self.submit_job(idx, endpoint, job, close, keep_alive_header)
+                }
             }
         }
     }
@@ -333,6 +400,7 @@ impl IoThread {
             endpoint,
             close,
             head_only,
+            keep_alive_header: false,
             response: Some(response),
             job: None,
             outcomes: Vec::new(),
@@ -342,7 +410,14 @@ impl IoThread {
     }
 
     /// Appends a slot for an engine job and submits its requests.
-    fn submit_job(&mut self, idx: usize, endpoint: Endpoint, mut job: api::Job, close: bool) {
+    fn submit_job(
+        &mut self,
+        idx: usize,
+        endpoint: Endpoint,
+        mut job: api::Job,
+        close: bool,
+        keep_alive_header: bool,
+    ) {
         let requests = std::mem::take(&mut job.requests);
         let parts = requests.len();
         let (seq, generation) = {
@@ -354,6 +429,7 @@ impl IoThread {
                 endpoint,
                 close,
                 head_only: false,
+                keep_alive_header,
                 response: None,
                 job: Some(job),
                 outcomes: (0..parts).map(|_| None).collect(),
@@ -445,44 +521,25 @@ impl IoThread {
         }
     }
 
-    /// Stages and writes responses for every connection touched this turn; re-reads
-    /// connections whose pipelining window opened up.
+    /// Services every connection touched this turn (read, parse, stage, write, close).
+    /// Servicing can touch connections again (a request answered at once, a completion);
+    /// a few rounds settle that, and anything left is picked up next turn without sleeping.
     fn flush_touched(&mut self, now: Instant) {
-        let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        touched.dedup();
-        let max_pipelined = self.ctx.config.server.max_pipelined;
-        for idx in touched.iter().copied() {
-            let stats = self.ctx.http_stats.clone();
-            let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
-                continue;
-            };
-            let was_full = conn.slots.len() >= max_pipelined;
-            conn.stage_ready(|endpoint, code| stats.record_response(endpoint, code));
-            match conn.flush(now) {
-                Ok(n) => stats.add_bytes_out(n as u64),
-                Err(_) => {
-                    self.close(idx);
-                    continue;
-                }
+        for _ in 0..4 {
+            if self.touched.is_empty() {
+                return;
             }
-            if conn.should_close() {
-                self.close(idx);
-                continue;
+            let mut batch = std::mem::take(&mut self.touched);
+            batch.sort_unstable();
+            batch.dedup();
+            for &idx in &batch {
+                self.service(idx, now);
             }
-            if was_full && conn.slots.len() < max_pipelined {
-                // The window reopened: parse what is buffered and read what is waiting.
-                self.read_and_process(idx, now);
-                if let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) {
-                    conn.stage_ready(|endpoint, code| stats.record_response(endpoint, code));
-                    if let Ok(n) = conn.flush(now) {
-                        stats.add_bytes_out(n as u64);
-                    }
-                }
+            if self.touched.is_empty() {
+                batch.clear();
+                self.touched = batch; // keep the allocation
             }
         }
-        touched.clear();
-        self.touched = touched;
     }
 
     /// Enforces the read deadline (408), the keep-alive idle timeout, and the write deadline.

@@ -30,6 +30,8 @@ pub struct Head {
     pub content_length: usize,
     /// The client asked to close after this request (or HTTP/1.0 without keep-alive).
     pub close: bool,
+    /// HTTP/1.0 request (keep-alive must then be confirmed in the response).
+    pub http10: bool,
     /// `Expect: 100-continue` was sent.
     pub expect_continue: bool,
     /// Value of `X-Priority`, if any.
@@ -172,6 +174,7 @@ pub fn parse_head(
         head_len,
         content_length,
         close,
+        http10,
         expect_continue,
         priority,
         authorization,

@@ -176,7 +176,11 @@ impl Engine {
             }
             // Done when drained; after an abort, do not wait for abandoned batches.
             let finished = self.core.is_idle() || (self.aborted && self.core.live_requests() == 0);
-            if self.drain_deadline_ns.is_some() && finished && !self.io.any_input() {
+            if self.drain_deadline_ns.is_some()
+                && finished
+                && self.io.shared.entering.load(Ordering::SeqCst) == 0
+                && !self.io.any_input()
+            {
                 self.publish(now);
                 return;
             }

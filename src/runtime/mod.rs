@@ -86,6 +86,10 @@ pub struct Shared {
     pub(crate) snapshot: Mutex<Snapshot>,
     pub(crate) rejected_busy: AtomicU64,
     state: AtomicU8,
+    /// Submissions between their state check and their push. The engine exits a drain only
+    /// when this is 0 and the rings are empty, so a request that passed the check while the
+    /// runtime was still running is never left in a ring unanswered.
+    pub(crate) entering: AtomicUsize,
     submitters: AtomicUsize,
     max_submitters: usize,
     ring_capacity: usize,
@@ -158,6 +162,7 @@ pub fn start_with_executors(
         snapshot: Mutex::new(Snapshot::new(cfg.core.workers, strategy)),
         rejected_busy: AtomicU64::new(0),
         state: AtomicU8::new(STATE_RUNNING),
+        entering: AtomicUsize::new(0),
         submitters: AtomicUsize::new(0),
         max_submitters: cfg.max_submitters,
         ring_capacity: cfg.ring_capacity,
@@ -350,7 +355,7 @@ impl Handle {
     pub fn shutdown(&self, deadline: Duration) -> ShutdownReport {
         let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(engine) = engine {
-            self.shared.state.store(STATE_DRAINING, Ordering::Release);
+            self.shared.state.store(STATE_DRAINING, Ordering::SeqCst);
             let deadline_ns = self
                 .shared
                 .clock
@@ -455,7 +460,17 @@ impl Submitter {
     }
 
     fn submit_reply(&mut self, request: Request, reply: Reply) -> Result<(), RequestError> {
-        if self.shared.state.load(Ordering::Acquire) != STATE_RUNNING {
+        // SeqCst on `entering` and `state` (here and in `Handle::shutdown` / the engine's exit
+        // check): either this submission sees the drain and refuses, or the engine sees it
+        // entering and waits for its push.
+        self.shared.entering.fetch_add(1, Ordering::SeqCst);
+        let result = self.push_submission(request, reply);
+        self.shared.entering.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    fn push_submission(&mut self, request: Request, reply: Reply) -> Result<(), RequestError> {
+        if self.shared.state.load(Ordering::SeqCst) != STATE_RUNNING {
             return Err(RequestError::ShuttingDown);
         }
         let Request {
