@@ -13,6 +13,7 @@ pub mod exec;
 pub mod http;
 pub mod loadgen;
 pub mod metrics;
+pub mod router;
 pub mod runtime;
 pub mod serve;
 pub mod sim;

@@ -1,0 +1,197 @@
+//! Criterion bench of one routing decision, and the proof that a decision allocates nothing.
+//!
+//! `router/select_100_backends`: 100 backends serving 1000 models between them (mixed
+//! capabilities, context lengths, priorities, loads, latencies, some unhealthy or with an
+//! open circuit); the requested model is served by all 100, so the decision filters and
+//! scores 100 offers (the worst case of this registry). Smart strategy. Budget: <= 1 us.
+//!
+//! Before measuring, a counting global allocator checks that 100,000 decisions over every
+//! strategy and a spread of models make zero allocations on this thread (the success path;
+//! only errors allocate, to build their message).
+
+use abe::core::circuit::CircuitState;
+use abe::router::{
+    BackendConfig, BackendKindName, Capabilities, ModelConfig, Requirements, Router, RoutingConfig,
+    Strategy,
+};
+use criterion::{criterion_group, criterion_main, Criterion};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: defers to the system allocator; the bookkeeping reads a const-initialised
+// thread-local and bumps an atomic, neither of which allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const BACKENDS: u32 = 100;
+const MODELS: u32 = 1000;
+/// Models per backend besides the one everybody serves.
+const MODELS_PER_BACKEND: u32 = 30;
+
+fn model_name(i: u32) -> String {
+    format!("model-{i:04}")
+}
+
+/// The registry described in the module doc, with seeded live state.
+fn router() -> Router {
+    let mut rng = SmallRng::seed_from_u64(0xbe_7c4);
+    let caps = |rng: &mut SmallRng| Capabilities {
+        vision: rng.gen_bool(0.3),
+        tools: rng.gen_bool(0.6),
+        json_mode: rng.gen_bool(0.7),
+    };
+    let contexts = [2048, 4096, 8192, 32768, 131072];
+    let backends: Vec<BackendConfig> = (0..BACKENDS)
+        .map(|b| {
+            // Model 0 everywhere; the rest spread so that every model is served.
+            let mut names = vec![0];
+            names.extend(
+                (0..MODELS_PER_BACKEND).map(|k| 1 + (b * MODELS_PER_BACKEND + k) % (MODELS - 1)),
+            );
+            BackendConfig {
+                name: format!("backend-{b:03}"),
+                kind: if b % 2 == 0 {
+                    BackendKindName::Sim
+                } else {
+                    BackendKindName::Upstream
+                },
+                base_url: (b % 2 == 1).then(|| format!("http://10.0.{}.{}:8000", b / 250, b % 250)),
+                api_key: None,
+                priority: rng.gen_range(0..120),
+                max_concurrent_batches: 8,
+                prompt_array: None,
+                models: names
+                    .into_iter()
+                    .map(|m| ModelConfig {
+                        name: model_name(m),
+                        context_length: contexts[rng.gen_range(0..contexts.len())],
+                        capabilities: caps(&mut rng),
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let (mut r, warning) = Router::build(&backends, &RoutingConfig::default(), 7).expect("valid");
+    assert!(warning.is_none());
+    assert_eq!(r.registry().len(), BACKENDS as usize);
+    assert_eq!(r.registry().model_count(), MODELS as usize);
+    for b in 0..BACKENDS {
+        let id = r
+            .registry()
+            .backend_id(&format!("backend-{b:03}"))
+            .expect("exists");
+        let reg = r.registry_mut();
+        for _ in 0..rng.gen_range(0..150) {
+            reg.batch_started(id);
+        }
+        if rng.gen_bool(0.9) {
+            reg.record_latency_ms(id, rng.gen_range(1.0..2500.0));
+        }
+        if rng.gen_bool(0.05) {
+            reg.set_healthy(id, false);
+        }
+        if rng.gen_bool(0.05) {
+            reg.set_circuit(id, CircuitState::Open);
+        }
+    }
+    r
+}
+
+/// 100,000 successful decisions, every strategy, many models: zero allocations.
+fn assert_no_allocation(r: &mut Router) {
+    let names: Vec<String> = (0..MODELS).map(model_name).collect();
+    let all: Vec<Requirements<'_>> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Requirements::new(n, (i as u32 * 97) % 3000, false, i % 4 == 0, i % 3 == 0))
+        .collect();
+    // A failed decision allocates its error message, by design: keep the requests that
+    // succeed (eligibility does not depend on the strategy, and nothing changes the state
+    // during the check).
+    let reqs: Vec<Requirements<'_>> = all.into_iter().filter(|q| r.route(q).is_ok()).collect();
+    assert!(
+        reqs.len() > 500,
+        "most models are routable ({})",
+        reqs.len()
+    );
+    for s in Strategy::ALL {
+        r.set_strategy(s);
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        COUNTING.with(|c| c.set(true));
+        for i in 0..100_000 / Strategy::ALL.len() {
+            let d = r.route(&reqs[i % reqs.len()]);
+            black_box(d.is_ok());
+        }
+        COUNTING.with(|c| c.set(false));
+        let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        assert_eq!(during, 0, "{s}: {during} allocations in routing decisions");
+    }
+    eprintln!(
+        "router: 0 allocations in {} decisions over {} models, every strategy",
+        100_000 / Strategy::ALL.len() * Strategy::ALL.len(),
+        reqs.len()
+    );
+    r.set_strategy(Strategy::Smart);
+}
+
+fn select_100_backends(c: &mut Criterion) {
+    let mut r = router();
+    assert_no_allocation(&mut r);
+    let req = Requirements::new("model-0000", 1500, false, true, false);
+    let d = r.route(&req).expect("routable");
+    let offers = r.registry().offers(d.model);
+    let eligible = offers
+        .iter()
+        .filter(|o| {
+            r.registry().state(o.backend).routable()
+                && o.context_length >= req.estimated_tokens
+                && o.capabilities.covers(req.needs)
+        })
+        .count();
+    eprintln!(
+        "router/select_100_backends: {} offers, {eligible} eligible; routes to {}",
+        offers.len(),
+        r.describe(&d)
+    );
+    let mut group = c.benchmark_group("router");
+    group.bench_function("select_100_backends", |b| {
+        b.iter(|| black_box(r.route(black_box(&req)).expect("routable")))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, select_100_backends);
+criterion_main!(benches);

@@ -1,0 +1,52 @@
+//! Model routing across backends (the intelligent-router specification, F06), sans-IO.
+//!
+//! Many backends each serve some models with some capabilities; a request names a model
+//! (maybe an alias) and needs some capabilities; the router resolves the name, filters the
+//! backends that can serve it now, and picks one by strategy.
+//!
+//! - [`registry`]: backends, their models and capabilities, live state per backend.
+//! - [`resolve`]: aliases and fallback chains (single level, checked at build).
+//! - [`requirements`]: what a request needs (model, estimated tokens, vision, tools, JSON).
+//! - [`strategy`]: the smart score and the six strategies.
+//! - [`select`]: the decision flow ([`Router::route`]).
+//! - [`error`]: config errors and per-request errors with their HTTP status.
+//!
+//! ```
+//! use abe::router::{BackendConfig, Requirements, Router, RoutingConfig};
+//! let backends = [BackendConfig::default_sim("abe-sim", 8192)];
+//! let (mut router, warning) = Router::build(&backends, &RoutingConfig::default(), 42).unwrap();
+//! assert!(warning.is_none());
+//! let d = router.route(&Requirements::text("abe-sim", 100)).unwrap();
+//! assert_eq!(router.describe(&d).to_string(), "backend=sim; model=abe-sim; via=direct");
+//! assert_eq!(router.route(&Requirements::text("gpt-5", 1)).unwrap_err().status(), 404);
+//! ```
+//!
+//! What never happens in this module: I/O, clock reads, locks, threads, or allocation on
+//! the success path of a decision. Health probes, circuit breaking, executing on the chosen
+//! backend and the response header are the caller's; they feed state in through
+//! [`Registry`]'s methods and read decisions out.
+
+pub mod error;
+pub mod registry;
+pub mod requirements;
+pub mod resolve;
+pub mod select;
+pub mod strategy;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+pub use error::{
+    ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
+    Unavailable,
+};
+pub use registry::{
+    ApiKey, Backend, BackendConfig, BackendId, BackendKind, BackendKindName, BackendState,
+    Capabilities, ModelConfig, ModelId, Offer, Registry,
+};
+pub use requirements::{estimate_tokens, Requirements, RequirementsBuilder};
+pub use resolve::{NameId, Resolver, Routable};
+pub use select::{Decision, DecisionText, Router, RoutingConfig, Via};
+pub use strategy::{score, Candidate, Strategy, UnknownStrategy, Weights};

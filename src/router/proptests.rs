@@ -1,0 +1,325 @@
+//! Property tests of the router (the spec's list): the smart score stays in `0..=100`,
+//! round-robin is exactly even over any multiple of the candidate count, smart always picks
+//! a maximal score (the first on ties), alias resolution always terminates (graphs with
+//! cycles are rejected at build), and every decision respects every filter.
+
+use super::strategy::{pick, Strategy as Routing};
+use super::{
+    score, BackendConfig, BackendId, BackendKindName, Candidate, Capabilities, ModelConfig,
+    Requirements, Router, RouterConfigError, RoutingConfig, Weights,
+};
+use crate::core::circuit::CircuitState;
+use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::collections::BTreeMap;
+
+fn weights() -> impl Strategy<Value = Weights> {
+    (0u32..=100)
+        .prop_flat_map(|p| (Just(p), 0u32..=100 - p))
+        .prop_map(|(priority, load)| Weights {
+            priority,
+            load,
+            latency: 100 - priority - load,
+        })
+}
+
+fn candidate(i: u32) -> impl Strategy<Value = Candidate> {
+    (
+        prop_oneof![0u32..=120, any::<u32>()],
+        prop_oneof![0u32..=120, any::<u32>()],
+        prop_oneof![0u32..=1200, any::<u32>()],
+    )
+        .prop_map(move |(priority, pending_batches, latency_ms)| Candidate {
+            backend: BackendId(i),
+            priority,
+            pending_batches,
+            latency_ms,
+        })
+}
+
+fn candidates(max: usize) -> impl Strategy<Value = Vec<Candidate>> {
+    (1..=max).prop_flat_map(|n| (0..n as u32).map(candidate).collect::<Vec<_>>())
+}
+
+/// One backend's live state and offer, for whole-router properties.
+#[derive(Clone, Debug)]
+struct Live {
+    priority: u32,
+    context_length: u32,
+    caps: Capabilities,
+    healthy: bool,
+    circuit: CircuitState,
+    pending: u32,
+    latency_ms: Option<f64>,
+}
+
+fn caps() -> impl Strategy<Value = Capabilities> {
+    (any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(vision, tools, json_mode)| {
+        Capabilities {
+            vision,
+            tools,
+            json_mode,
+        }
+    })
+}
+
+fn live() -> impl Strategy<Value = Live> {
+    (
+        0u32..=120,
+        prop_oneof![Just(1024u32), Just(4096), Just(32768)],
+        caps(),
+        prop::bool::weighted(0.85),
+        prop_oneof![
+            8 => Just(CircuitState::Closed),
+            1 => Just(CircuitState::Open),
+            1 => Just(CircuitState::HalfOpen),
+        ],
+        0u32..=130,
+        prop::option::of(0.0f64..3000.0),
+    )
+        .prop_map(
+            |(priority, context_length, caps, healthy, circuit, pending, latency_ms)| Live {
+                priority,
+                context_length,
+                caps,
+                healthy,
+                circuit,
+                pending,
+                latency_ms,
+            },
+        )
+}
+
+fn router_of(backends: &[Live], strategy: &str, seed: u64) -> Router {
+    let cfgs: Vec<BackendConfig> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, l)| BackendConfig {
+            name: format!("b{i}"),
+            kind: BackendKindName::Sim,
+            base_url: None,
+            api_key: None,
+            priority: l.priority,
+            max_concurrent_batches: 1,
+            prompt_array: None,
+            models: vec![ModelConfig {
+                name: "m".into(),
+                context_length: l.context_length,
+                capabilities: l.caps,
+            }],
+        })
+        .collect();
+    let cfg = RoutingConfig {
+        strategy: strategy.into(),
+        ..RoutingConfig::default()
+    };
+    let (mut r, _) = Router::build(&cfgs, &cfg, seed).expect("valid");
+    for (i, l) in backends.iter().enumerate() {
+        let id = BackendId(i as u32);
+        let reg = r.registry_mut();
+        reg.set_healthy(id, l.healthy);
+        reg.set_circuit(id, l.circuit);
+        for _ in 0..l.pending {
+            reg.batch_started(id);
+        }
+        if let Some(ms) = l.latency_ms {
+            reg.record_latency_ms(id, ms);
+        }
+    }
+    r
+}
+
+fn eligible(l: &Live, req: &Requirements<'_>) -> bool {
+    l.healthy
+        && l.circuit == CircuitState::Closed
+        && l.context_length >= req.estimated_tokens
+        && l.caps.covers(req.needs)
+}
+
+fn as_candidate(i: usize, l: &Live) -> Candidate {
+    Candidate {
+        backend: BackendId(i as u32),
+        priority: l.priority,
+        pending_batches: l.pending,
+        latency_ms: l.latency_ms.map_or(0, |ms| ms as u32),
+    }
+}
+
+/// Whether following alias targets from some alias comes back to a name already visited
+/// (computed independently of the resolver).
+fn has_cycle(aliases: &BTreeMap<String, String>) -> bool {
+    aliases.keys().any(|start| {
+        let mut at = start.as_str();
+        for _ in 0..=aliases.len() {
+            match aliases.get(at) {
+                Some(next) => at = next,
+                None => return false,
+            }
+        }
+        true // still inside the alias set after more steps than there are aliases
+    })
+}
+
+proptest! {
+    #[test]
+    fn score_is_always_between_0_and_100(c in candidate(0), w in weights()) {
+        let s = score(&c, &w);
+        prop_assert!(s <= 100, "{s}");
+    }
+
+    #[test]
+    fn perfect_and_worst_scores_are_the_bounds(w in weights()) {
+        let best = Candidate { backend: BackendId(0), priority: 0, pending_batches: 0, latency_ms: 0 };
+        let worst = Candidate { priority: 100, pending_batches: 100, latency_ms: 1000, ..best };
+        prop_assert_eq!(score(&best, &w), 100);
+        prop_assert_eq!(score(&worst, &w), 0);
+    }
+
+    #[test]
+    fn smart_picks_the_first_maximal_score(cs in candidates(40), w in weights(), seed: u64) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut cursor = 0;
+        let i = pick(Routing::Smart, &cs, &w, &mut cursor, &mut rng);
+        let best = cs.iter().map(|c| score(c, &w)).max().unwrap();
+        prop_assert_eq!(score(&cs[i], &w), best);
+        prop_assert!(cs[..i].iter().all(|c| score(c, &w) < best), "first on ties");
+    }
+
+    #[test]
+    fn round_robin_is_exactly_even_over_multiples(
+        cs in candidates(16), rounds in 1usize..20, start: u64, seed: u64,
+    ) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut cursor = start;
+        let mut counts = vec![0usize; cs.len()];
+        for _ in 0..rounds * cs.len() {
+            counts[pick(Routing::RoundRobin, &cs, &Weights::default(), &mut cursor, &mut rng)] += 1;
+        }
+        prop_assert!(counts.iter().all(|&c| c == rounds), "{:?}", counts);
+    }
+
+    #[test]
+    fn router_round_robin_is_exactly_even(n in 1usize..12, rounds in 1usize..10) {
+        let all_up = Live {
+            priority: 0, context_length: 100, caps: Capabilities::default(), healthy: true,
+            circuit: CircuitState::Closed, pending: 0, latency_ms: None,
+        };
+        let mut r = router_of(&vec![all_up; n], "round_robin", 1);
+        let mut counts = vec![0usize; n];
+        for _ in 0..n * rounds {
+            counts[r.route(&Requirements::text("m", 1)).unwrap().backend.index()] += 1;
+        }
+        prop_assert!(counts.iter().all(|&c| c == rounds), "{:?}", counts);
+    }
+
+    #[test]
+    fn router_smart_picks_the_first_maximal_eligible_backend(
+        backends in prop::collection::vec(live(), 1..30),
+        tokens in 0u32..40_000,
+        needs in caps(),
+    ) {
+        let mut r = router_of(&backends, "smart", 1);
+        let req = Requirements { model: "m", estimated_tokens: tokens, needs };
+        let w = Weights::default();
+        let best = backends
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| eligible(l, &req))
+            .map(|(i, l)| score(&as_candidate(i, l), &w))
+            .max();
+        match (r.route(&req), best) {
+            (Ok(d), Some(best)) => {
+                let i = d.backend.index();
+                prop_assert!(eligible(&backends[i], &req));
+                prop_assert_eq!(score(&as_candidate(i, &backends[i]), &w), best);
+                prop_assert!(backends[..i]
+                    .iter()
+                    .enumerate()
+                    .all(|(j, l)| !eligible(l, &req) || score(&as_candidate(j, l), &w) < best));
+            }
+            (Err(e), None) => {
+                prop_assert!(e.status() == 400 || e.status() == 503, "{e}");
+                // 400 only when no backend, up or down, could ever take the request.
+                let could = backends.iter().any(|l| {
+                    l.context_length >= tokens && l.caps.covers(needs)
+                });
+                prop_assert_eq!(e.status() == 503, could, "{}", e);
+            }
+            (got, best) => prop_assert!(false, "{:?} vs best {:?}", got, best),
+        }
+    }
+
+    #[test]
+    fn every_strategy_respects_every_filter(
+        backends in prop::collection::vec(live(), 1..20),
+        tokens in 0u32..40_000,
+        needs in caps(),
+        seed: u64,
+    ) {
+        for s in Routing::ALL {
+            let mut r = router_of(&backends, s.as_str(), seed);
+            let req = Requirements { model: "m", estimated_tokens: tokens, needs };
+            let any = backends.iter().any(|l| eligible(l, &req));
+            match r.route(&req) {
+                Ok(d) => prop_assert!(eligible(&backends[d.backend.index()], &req), "{s}"),
+                Err(e) => prop_assert!(!any, "{s}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn alias_resolution_terminates_and_cycles_are_rejected(
+        edges in prop::collection::btree_map(0u8..8, 0u8..10, 0..8),
+    ) {
+        // Names n0..n9; n0..n3 are served; aliases between arbitrary names.
+        let aliases: BTreeMap<String, String> = edges
+            .iter()
+            .map(|(a, t)| (format!("n{a}"), format!("n{t}")))
+            .collect();
+        let backends: Vec<BackendConfig> = vec![BackendConfig {
+            name: "b".into(),
+            kind: BackendKindName::Sim,
+            base_url: None,
+            api_key: None,
+            priority: 0,
+            max_concurrent_batches: 1,
+            prompt_array: None,
+            models: (0..4)
+                .map(|i| ModelConfig {
+                    name: format!("n{i}"),
+                    context_length: 100,
+                    capabilities: Capabilities::default(),
+                })
+                .collect(),
+        }];
+        let cfg = RoutingConfig { aliases: aliases.clone(), ..RoutingConfig::default() };
+        match Router::build(&backends, &cfg, 1) {
+            Err(RouterConfigError::AliasCycle { cycle }) => {
+                prop_assert!(has_cycle(&aliases));
+                prop_assert!(cycle.len() >= 2 && cycle.first() == cycle.last(), "{:?}", cycle);
+                for w in cycle.windows(2) {
+                    prop_assert_eq!(aliases.get(&w[0]), Some(&w[1]), "{:?}", cycle);
+                }
+            }
+            Err(RouterConfigError::AliasChain { alias, target, next }) => {
+                prop_assert!(!has_cycle(&aliases));
+                prop_assert_eq!(aliases.get(&alias), Some(&target));
+                prop_assert_eq!(aliases.get(&target), Some(&next));
+            }
+            Err(e) => prop_assert!(false, "unexpected {e}"),
+            Ok((mut r, _)) => {
+                prop_assert!(!has_cycle(&aliases));
+                for name in (0..10).map(|i| format!("n{i}")) {
+                    if let Some(id) = r.resolver().lookup(&name) {
+                        if let Some(t) = r.resolver().alias_of(id) {
+                            prop_assert_eq!(r.resolver().alias_of(t), None, "one step");
+                        }
+                    }
+                    // Terminates, with an answer either way.
+                    let _ = r.route(&Requirements::text(&name, 1));
+                }
+            }
+        }
+    }
+}

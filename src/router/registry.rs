@@ -1,0 +1,853 @@
+//! The backend registry: every backend abe can route to (a local `sim` worker pool or a
+//! remote OpenAI-compatible `upstream`), the models each serves with their capabilities,
+//! and each backend's live state (health, circuit, pending batches, latency EMA).
+//!
+//! Built once from the `[[backends]]` tables ([`BackendConfig`]) and validated with errors
+//! that name the backend, the model and the key. Ids are dense (`0..len`), so live state is
+//! a plain `Vec` indexed by [`BackendId`], owned and updated by the engine thread through
+//! `&mut self` methods. Nothing here may take a lock, read a clock, do I/O, or allocate
+//! after [`Registry::build`]: health probes and latency measurements happen elsewhere and
+//! are handed in as values.
+
+use super::error::RouterConfigError;
+use crate::core::circuit::CircuitState;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::fmt;
+
+/// Weight of a new latency sample in the EMA: `ema = ema + ALPHA * (sample - ema)`.
+/// 0.2 follows a shift in about five samples and smooths single outliers.
+pub const LATENCY_EMA_ALPHA: f64 = 0.2;
+
+/// `priority` of a backend whose table does not set it: the middle of the range the smart
+/// score distinguishes (0..=100).
+pub const PRIORITY_DEFAULT: u32 = 50;
+
+/// `max_concurrent_batches` of a backend whose table does not set it.
+pub const MAX_CONCURRENT_BATCHES_DEFAULT: u32 = 4;
+
+/// Dense index of a backend: `0..registry.len()`, in `[[backends]]` order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendId(pub(crate) u32);
+
+impl BackendId {
+    /// As an index into per-backend arrays.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Dense index of a model some backend serves: `0..registry.model_count()`, in order of
+/// first appearance in `[[backends]]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelId(pub(crate) u32);
+
+impl ModelId {
+    /// As an index into per-model arrays.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What a model on a backend can do beyond plain text. Also used for what a request needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Capabilities {
+    /// Accepts `image_url` content parts.
+    pub vision: bool,
+    /// Accepts a `tools` array (function calling).
+    pub tools: bool,
+    /// Honours `response_format = {"type": "json_object"}`.
+    pub json_mode: bool,
+}
+
+impl Capabilities {
+    /// Everything `need` asks for is here.
+    #[inline]
+    pub const fn covers(self, need: Capabilities) -> bool {
+        (self.vision || !need.vision)
+            && (self.tools || !need.tools)
+            && (self.json_mode || !need.json_mode)
+    }
+}
+
+/// `kind` of a `[[backends]]` table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKindName {
+    /// A local pool of simulated workers (the `sim` executor).
+    Sim,
+    /// A remote OpenAI-compatible server (the `upstream` executor).
+    Upstream,
+}
+
+/// An API key. Its `Debug` is redacted so configs and registries can be logged.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// A key from its text.
+    pub fn new(key: impl Into<String>) -> Self {
+        ApiKey(key.into())
+    }
+
+    /// The key itself, for the `Authorization: Bearer` header.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// One `[[backends.models]]` table.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The name requests use (`"model"` in the request body).
+    pub name: String,
+    /// Longest request, in estimated tokens, this model takes on this backend.
+    pub context_length: u32,
+    /// What it can do beyond text; all `false` when omitted.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+/// One `[[backends]]` table, as written in the config file.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Unique name; appears in metrics and in the routing response header.
+    pub name: String,
+    /// `sim` or `upstream`.
+    pub kind: BackendKindName,
+    /// `upstream` only: where the OpenAI-compatible API lives (`http://host:port`).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// `upstream` only, optional: sent as `Authorization: Bearer <key>`.
+    #[serde(default)]
+    pub api_key: Option<ApiKey>,
+    /// Lower is preferred (0 is best; the smart score stops telling apart above 100).
+    #[serde(default = "priority_default")]
+    pub priority: u32,
+    /// Batches this backend may run at once; at least 1.
+    #[serde(default = "max_concurrent_batches_default")]
+    pub max_concurrent_batches: u32,
+    /// Whether one completions request may carry an array of prompts. Unset: `true` for
+    /// `sim`, `false` for `upstream` (not every server accepts it).
+    #[serde(default)]
+    pub prompt_array: Option<bool>,
+    /// The models it serves; at least one.
+    pub models: Vec<ModelConfig>,
+}
+
+fn priority_default() -> u32 {
+    PRIORITY_DEFAULT
+}
+
+fn max_concurrent_batches_default() -> u32 {
+    MAX_CONCURRENT_BATCHES_DEFAULT
+}
+
+impl BackendConfig {
+    /// The backend abe serves when no `[[backends]]` is configured: one `sim` pool serving
+    /// `model` with every capability.
+    pub fn default_sim(model: &str, context_length: u32) -> BackendConfig {
+        BackendConfig {
+            name: "sim".into(),
+            kind: BackendKindName::Sim,
+            base_url: None,
+            api_key: None,
+            priority: 0,
+            max_concurrent_batches: MAX_CONCURRENT_BATCHES_DEFAULT,
+            prompt_array: None,
+            models: vec![ModelConfig {
+                name: model.into(),
+                context_length,
+                capabilities: Capabilities {
+                    vision: true,
+                    tools: true,
+                    json_mode: true,
+                },
+            }],
+        }
+    }
+}
+
+/// Where a backend's work runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Local simulated workers.
+    Sim,
+    /// A remote OpenAI-compatible server.
+    Upstream {
+        /// Without a trailing `/`.
+        base_url: String,
+        api_key: Option<ApiKey>,
+    },
+}
+
+/// A backend's static description (never changes after build).
+#[derive(Clone, Debug)]
+pub struct Backend {
+    name: Box<str>,
+    kind: BackendKind,
+    priority: u32,
+    max_concurrent_batches: u32,
+    accepts_prompt_array: bool,
+    /// The models it serves, in its table's order.
+    models: Box<[ModelId]>,
+}
+
+impl Backend {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn kind(&self) -> &BackendKind {
+        &self.kind
+    }
+    /// Lower is preferred.
+    pub fn priority(&self) -> u32 {
+        self.priority
+    }
+    pub fn max_concurrent_batches(&self) -> u32 {
+        self.max_concurrent_batches
+    }
+    /// One completions request may carry an array of prompts.
+    pub fn accepts_prompt_array(&self) -> bool {
+        self.accepts_prompt_array
+    }
+    pub fn models(&self) -> &[ModelId] {
+        &self.models
+    }
+}
+
+/// One backend's offer of one model: what the routing hot loop reads, packed together.
+/// `priority` is a copy of the backend's, so scoring touches one array less.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offer {
+    pub backend: BackendId,
+    pub priority: u32,
+    pub context_length: u32,
+    pub capabilities: Capabilities,
+}
+
+/// A backend's live state. Starts healthy with a closed circuit, nothing pending and no
+/// latency measured; changed only through [`Registry`]'s methods.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BackendState {
+    healthy: bool,
+    circuit: CircuitState,
+    /// Batches dispatched and not yet finished.
+    pending_batches: u32,
+    /// `None` until the first measurement; then finite and `>= 0`.
+    latency_ema_ms: Option<f64>,
+}
+
+impl BackendState {
+    const INITIAL: BackendState = BackendState {
+        healthy: true,
+        circuit: CircuitState::Closed,
+        pending_batches: 0,
+        latency_ema_ms: None,
+    };
+
+    pub fn healthy(&self) -> bool {
+        self.healthy
+    }
+    pub fn circuit(&self) -> CircuitState {
+        self.circuit
+    }
+    pub fn pending_batches(&self) -> u32 {
+        self.pending_batches
+    }
+    pub fn latency_ema_ms(&self) -> Option<f64> {
+        self.latency_ema_ms
+    }
+    /// May receive new work: healthy and circuit closed.
+    #[inline]
+    pub fn routable(&self) -> bool {
+        self.healthy && matches!(self.circuit, CircuitState::Closed)
+    }
+}
+
+/// A model some backend serves: its name and where its offers sit in `Registry::offers`.
+#[derive(Clone, Debug)]
+struct ModelEntry {
+    name: Box<str>,
+    /// `offers[start..end]` are this model's, in `[[backends]]` order.
+    start: u32,
+    end: u32,
+}
+
+/// Every backend and model, with live state. See the module doc.
+#[derive(Clone, Debug)]
+pub struct Registry {
+    /// By `BackendId`.
+    backends: Vec<Backend>,
+    /// By `BackendId`; the only part that changes after build.
+    state: Vec<BackendState>,
+    /// By `ModelId`.
+    models: Vec<ModelEntry>,
+    /// Grouped by model (see `ModelEntry`), then in backend order.
+    offers: Vec<Offer>,
+    backend_ids: HashMap<Box<str>, BackendId>,
+    model_ids: HashMap<Box<str>, ModelId>,
+    /// Largest `offers(model).len()`: what a scratch buffer of candidates must hold.
+    offers_per_model_max: usize,
+}
+
+impl Registry {
+    /// Validates every table and builds the registry. An empty list is allowed (every
+    /// request is then a 404); the caller substitutes [`BackendConfig::default_sim`] when
+    /// the config has no `[[backends]]`.
+    pub fn build(configs: &[BackendConfig]) -> Result<Registry, RouterConfigError> {
+        let mut backends = Vec::with_capacity(configs.len());
+        let mut backend_ids = HashMap::with_capacity(configs.len());
+        let mut model_ids: HashMap<Box<str>, ModelId> = HashMap::new();
+        let mut model_names: Vec<Box<str>> = Vec::new();
+        // (model, offer) pairs in backend order; grouped by model below.
+        let mut pairs: Vec<(ModelId, Offer)> = Vec::new();
+
+        for (i, cfg) in configs.iter().enumerate() {
+            let backend = validate_backend(i, cfg)?;
+            let id = BackendId(dense(backends.len(), "[[backends]]")?);
+            if backend_ids.insert(backend.name.clone(), id).is_some() {
+                return Err(RouterConfigError::Backend {
+                    backend: cfg.name.clone(),
+                    key: "name",
+                    why: "another [[backends]] table has the same name; names must be unique"
+                        .into(),
+                });
+            }
+            let mut served = Vec::with_capacity(cfg.models.len());
+            for (j, m) in cfg.models.iter().enumerate() {
+                validate_model(cfg, j, m)?;
+                let model = match model_ids.get(m.name.as_str()) {
+                    Some(&id) => id,
+                    None => {
+                        let id = ModelId(dense(model_names.len(), "models")?);
+                        model_ids.insert(m.name.as_str().into(), id);
+                        model_names.push(m.name.as_str().into());
+                        id
+                    }
+                };
+                if served.contains(&model) {
+                    return Err(RouterConfigError::Model {
+                        backend: cfg.name.clone(),
+                        model: m.name.clone(),
+                        key: "name",
+                        why: "listed twice for this backend; keep one [[backends.models]] \
+                              table per model"
+                            .into(),
+                    });
+                }
+                served.push(model);
+                pairs.push((
+                    model,
+                    Offer {
+                        backend: id,
+                        priority: cfg.priority,
+                        context_length: m.context_length,
+                        capabilities: m.capabilities,
+                    },
+                ));
+            }
+            backends.push(Backend {
+                models: served.into_boxed_slice(),
+                ..backend
+            });
+        }
+
+        // Stable sort keeps backend order within a model: ties in every strategy go to the
+        // backend listed first.
+        pairs.sort_by_key(|&(model, _)| model);
+        let mut models: Vec<ModelEntry> = model_names
+            .into_iter()
+            .map(|name| ModelEntry {
+                name,
+                start: 0,
+                end: 0,
+            })
+            .collect();
+        let offers: Vec<Offer> = pairs.iter().map(|&(_, o)| o).collect();
+        let offers_len = dense(offers.len(), "offers")?;
+        let mut at = 0u32;
+        let mut offers_per_model_max = 0;
+        for (m, entry) in models.iter_mut().enumerate() {
+            entry.start = at;
+            while at < offers_len && pairs[at as usize].0.index() == m {
+                at += 1;
+            }
+            entry.end = at;
+            offers_per_model_max = offers_per_model_max.max((entry.end - entry.start) as usize);
+            debug_assert!(entry.end > entry.start, "every model has an offer");
+        }
+        debug_assert_eq!(at, offers_len);
+
+        Ok(Registry {
+            state: vec![BackendState::INITIAL; backends.len()],
+            backends,
+            models,
+            offers,
+            backend_ids,
+            model_ids,
+            offers_per_model_max,
+        })
+    }
+
+    /// Number of backends.
+    pub fn len(&self) -> usize {
+        self.backends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.backends.is_empty()
+    }
+
+    /// Every backend with its id, in `[[backends]]` order.
+    pub fn backends(&self) -> impl ExactSizeIterator<Item = (BackendId, &Backend)> + '_ {
+        self.backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (BackendId(i as u32), b))
+    }
+
+    pub fn backend(&self, id: BackendId) -> &Backend {
+        &self.backends[id.index()]
+    }
+
+    pub fn backend_id(&self, name: &str) -> Option<BackendId> {
+        self.backend_ids.get(name).copied()
+    }
+
+    /// Number of distinct models served.
+    pub fn model_count(&self) -> usize {
+        self.models.len()
+    }
+
+    pub fn model_id(&self, name: &str) -> Option<ModelId> {
+        self.model_ids.get(name).copied()
+    }
+
+    pub fn model_name(&self, id: ModelId) -> &str {
+        &self.models[id.index()].name
+    }
+
+    /// The model's offers, one per backend serving it, in backend order.
+    #[inline]
+    pub fn offers(&self, model: ModelId) -> &[Offer] {
+        let e = &self.models[model.index()];
+        &self.offers[e.start as usize..e.end as usize]
+    }
+
+    /// The backends serving a model, in backend order.
+    pub fn backends_for(&self, model: ModelId) -> impl ExactSizeIterator<Item = BackendId> + '_ {
+        self.offers(model).iter().map(|o| o.backend)
+    }
+
+    /// The most backends any one model has.
+    pub fn offers_per_model_max(&self) -> usize {
+        self.offers_per_model_max
+    }
+
+    #[inline]
+    pub fn state(&self, id: BackendId) -> &BackendState {
+        &self.state[id.index()]
+    }
+
+    /// The health checker's verdict.
+    pub fn set_healthy(&mut self, id: BackendId, healthy: bool) {
+        self.state[id.index()].healthy = healthy;
+    }
+
+    /// The backend's circuit breaker moved.
+    pub fn set_circuit(&mut self, id: BackendId, circuit: CircuitState) {
+        self.state[id.index()].circuit = circuit;
+    }
+
+    /// A batch was dispatched to the backend.
+    pub fn batch_started(&mut self, id: BackendId) {
+        let s = &mut self.state[id.index()];
+        s.pending_batches = s.pending_batches.saturating_add(1);
+    }
+
+    /// A batch dispatched to the backend finished (either way).
+    pub fn batch_finished(&mut self, id: BackendId) {
+        let s = &mut self.state[id.index()];
+        debug_assert!(
+            s.pending_batches > 0,
+            "batch_finished without batch_started"
+        );
+        s.pending_batches = s.pending_batches.saturating_sub(1);
+    }
+
+    /// Folds one measured latency into the backend's EMA. Negative or non-finite samples
+    /// are a caller bug; they are clamped to 0 in release builds.
+    pub fn record_latency_ms(&mut self, id: BackendId, sample_ms: f64) {
+        debug_assert!(
+            sample_ms.is_finite() && sample_ms >= 0.0,
+            "latency sample {sample_ms}"
+        );
+        let sample = if sample_ms.is_finite() && sample_ms > 0.0 {
+            sample_ms
+        } else {
+            0.0
+        };
+        let s = &mut self.state[id.index()];
+        s.latency_ema_ms = Some(match s.latency_ema_ms {
+            None => sample,
+            Some(ema) => ema + LATENCY_EMA_ALPHA * (sample - ema),
+        });
+    }
+}
+
+fn dense(n: usize, what: &str) -> Result<u32, RouterConfigError> {
+    u32::try_from(n).map_err(|_| RouterConfigError::Backend {
+        backend: "*".into(),
+        key: "models",
+        why: format!("more than {} {what}", u32::MAX),
+    })
+}
+
+fn validate_backend(i: usize, cfg: &BackendConfig) -> Result<Backend, RouterConfigError> {
+    let backend_err = |key: &'static str, why: String| RouterConfigError::Backend {
+        backend: if cfg.name.trim().is_empty() {
+            format!("#{}", i + 1)
+        } else {
+            cfg.name.clone()
+        },
+        key,
+        why,
+    };
+    if cfg.name.trim().is_empty() {
+        return Err(backend_err(
+            "name",
+            "must not be empty; give every backend a unique name".into(),
+        ));
+    }
+    let kind = match cfg.kind {
+        BackendKindName::Sim => {
+            if cfg.base_url.is_some() || cfg.api_key.is_some() {
+                return Err(backend_err(
+                    "base_url",
+                    "base_url and api_key are for kind = \"upstream\" only; remove them or \
+                     set kind = \"upstream\""
+                        .into(),
+                ));
+            }
+            BackendKind::Sim
+        }
+        BackendKindName::Upstream => {
+            let Some(url) = cfg.base_url.as_deref() else {
+                return Err(backend_err(
+                    "base_url",
+                    "kind = \"upstream\" needs base_url, e.g. \"http://127.0.0.1:8000\"".into(),
+                ));
+            };
+            let rest = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"));
+            if rest.is_none_or(|r| r.trim_end_matches('/').is_empty()) {
+                return Err(backend_err(
+                    "base_url",
+                    format!(
+                        "\"{url}\" is not an http:// or https:// URL with a host, e.g. \
+                         \"http://127.0.0.1:8000\""
+                    ),
+                ));
+            }
+            if cfg.api_key.as_ref().is_some_and(|k| k.expose().is_empty()) {
+                return Err(backend_err(
+                    "api_key",
+                    "is empty; remove the key or set it".into(),
+                ));
+            }
+            BackendKind::Upstream {
+                base_url: url.trim_end_matches('/').to_string(),
+                api_key: cfg.api_key.clone(),
+            }
+        }
+    };
+    if cfg.max_concurrent_batches == 0 {
+        return Err(backend_err(
+            "max_concurrent_batches",
+            "must be at least 1".into(),
+        ));
+    }
+    if cfg.models.is_empty() {
+        return Err(backend_err(
+            "models",
+            "serves no models; add a [[backends.models]] table with name and context_length".into(),
+        ));
+    }
+    Ok(Backend {
+        name: cfg.name.as_str().into(),
+        accepts_prompt_array: cfg.prompt_array.unwrap_or(matches!(kind, BackendKind::Sim)),
+        kind,
+        priority: cfg.priority,
+        max_concurrent_batches: cfg.max_concurrent_batches,
+        models: Box::new([]),
+    })
+}
+
+fn validate_model(cfg: &BackendConfig, j: usize, m: &ModelConfig) -> Result<(), RouterConfigError> {
+    let model_err = |key: &'static str, why: &str| RouterConfigError::Model {
+        backend: cfg.name.clone(),
+        model: if m.name.trim().is_empty() {
+            format!("#{}", j + 1)
+        } else {
+            m.name.clone()
+        },
+        key,
+        why: why.into(),
+    };
+    if m.name.trim().is_empty() {
+        return Err(model_err(
+            "name",
+            "must not be empty; it is what requests put in \"model\"",
+        ));
+    }
+    if m.context_length == 0 {
+        return Err(model_err(
+            "context_length",
+            "must be at least 1 (tokens the model accepts, e.g. 8192)",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim(name: &str, priority: u32, models: &[(&str, u32, Capabilities)]) -> BackendConfig {
+        BackendConfig {
+            name: name.into(),
+            kind: BackendKindName::Sim,
+            base_url: None,
+            api_key: None,
+            priority,
+            max_concurrent_batches: 2,
+            prompt_array: None,
+            models: models
+                .iter()
+                .map(|&(n, c, caps)| ModelConfig {
+                    name: n.into(),
+                    context_length: c,
+                    capabilities: caps,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn parses_backends_tables_from_toml() {
+        #[derive(Deserialize)]
+        struct File {
+            backends: Vec<BackendConfig>,
+        }
+        let f: File = toml::from_str(
+            r#"
+            [[backends]]
+            name = "gpu-a"
+            kind = "upstream"
+            base_url = "http://10.0.0.1:8000/"
+            api_key = "sk-secret"
+            priority = 1
+            max_concurrent_batches = 8
+            prompt_array = true
+            [[backends.models]]
+            name = "llama3:8b"
+            context_length = 8192
+            capabilities = { tools = true, json_mode = true }
+            [[backends.models]]
+            name = "llava"
+            context_length = 4096
+            capabilities = { vision = true }
+
+            [[backends]]
+            name = "local"
+            kind = "sim"
+            [[backends.models]]
+            name = "llama3:8b"
+            context_length = 2048
+            "#,
+        )
+        .expect("valid toml");
+        let r = Registry::build(&f.backends).expect("valid registry");
+        assert_eq!(r.len(), 2);
+        assert_eq!(r.model_count(), 2);
+        let a = r.backend(r.backend_id("gpu-a").unwrap());
+        assert_eq!(a.priority(), 1);
+        assert!(a.accepts_prompt_array());
+        match a.kind() {
+            BackendKind::Upstream { base_url, api_key } => {
+                assert_eq!(base_url, "http://10.0.0.1:8000");
+                assert_eq!(api_key.as_ref().unwrap().expose(), "sk-secret");
+            }
+            k => panic!("{k:?}"),
+        }
+        assert!(
+            !format!("{a:?}").contains("sk-secret"),
+            "api key is redacted"
+        );
+        let local = r.backend(r.backend_id("local").unwrap());
+        assert_eq!(local.priority(), PRIORITY_DEFAULT);
+        assert_eq!(
+            local.max_concurrent_batches(),
+            MAX_CONCURRENT_BATCHES_DEFAULT
+        );
+        assert!(
+            local.accepts_prompt_array(),
+            "sim accepts arrays by default"
+        );
+        let llama = r.model_id("llama3:8b").unwrap();
+        let ids: Vec<_> = r.backends_for(llama).collect();
+        assert_eq!(
+            ids,
+            [BackendId(0), BackendId(1)],
+            "backend order within a model"
+        );
+        assert_eq!(r.offers(llama)[1].context_length, 2048);
+        assert!(
+            r.offers(r.model_id("llava").unwrap())[0]
+                .capabilities
+                .vision
+        );
+        assert_eq!(r.offers_per_model_max(), 2);
+    }
+
+    #[test]
+    fn unknown_keys_and_kinds_are_rejected_by_serde() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct File {
+            backends: Vec<BackendConfig>,
+        }
+        let e =
+            toml::from_str::<File>("[[backends]]\nname='a'\nkind='grpc'\nmodels=[]\n").unwrap_err();
+        assert!(e.to_string().contains("upstream"), "{e}");
+        let e =
+            toml::from_str::<File>("[[backends]]\nname='a'\nkind='sim'\nprioriti=1\nmodels=[]\n")
+                .unwrap_err();
+        assert!(e.to_string().contains("prioriti"), "{e}");
+    }
+
+    fn build_err(cfgs: &[BackendConfig]) -> String {
+        Registry::build(cfgs).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn validation_names_backend_model_and_key() {
+        let caps = Capabilities::default();
+        let ok = sim("a", 0, &[("m", 10, caps)]);
+
+        let e = build_err(&[ok.clone(), ok.clone()]);
+        assert!(
+            e.contains("'a'") && e.contains("name") && e.contains("unique"),
+            "{e}"
+        );
+
+        let e = build_err(&[sim("", 0, &[("m", 10, caps)])]);
+        assert!(e.contains("'#1'") && e.contains("name"), "{e}");
+
+        let e = build_err(&[sim("a", 0, &[])]);
+        assert!(e.contains("'a'") && e.contains("models"), "{e}");
+
+        let e = build_err(&[sim("a", 0, &[("m", 0, caps)])]);
+        assert!(
+            e.contains("'a'") && e.contains("'m'") && e.contains("context_length"),
+            "{e}"
+        );
+
+        let e = build_err(&[sim("a", 0, &[("m", 1, caps), ("m", 2, caps)])]);
+        assert!(e.contains("'m'") && e.contains("twice"), "{e}");
+
+        let e = build_err(&[sim("a", 0, &[("", 1, caps)])]);
+        assert!(e.contains("'#1'") && e.contains("name"), "{e}");
+
+        let mut up = ok.clone();
+        up.kind = BackendKindName::Upstream;
+        let e = build_err(&[up.clone()]);
+        assert!(
+            e.contains("'a'") && e.contains("base_url") && e.contains("http://"),
+            "{e}"
+        );
+        up.base_url = Some("ftp://x".into());
+        assert!(build_err(&[up.clone()]).contains("ftp://x"));
+        up.base_url = Some("http://".into());
+        assert!(build_err(&[up.clone()]).contains("base_url"));
+        up.base_url = Some("https://h:1".into());
+        up.api_key = Some(ApiKey::new(""));
+        assert!(build_err(&[up.clone()]).contains("api_key"));
+
+        let mut s = ok.clone();
+        s.base_url = Some("http://h".into());
+        let e = build_err(&[s]);
+        assert!(e.contains("base_url") && e.contains("upstream"), "{e}");
+
+        let mut s = ok;
+        s.max_concurrent_batches = 0;
+        let e = build_err(&[s]);
+        assert!(e.contains("max_concurrent_batches"), "{e}");
+    }
+
+    #[test]
+    fn empty_registry_is_allowed() {
+        let r = Registry::build(&[]).unwrap();
+        assert!(r.is_empty());
+        assert_eq!(r.model_count(), 0);
+        assert_eq!(r.offers_per_model_max(), 0);
+    }
+
+    #[test]
+    fn default_sim_serves_one_model_with_every_capability() {
+        let r = Registry::build(&[BackendConfig::default_sim("abe-sim", 4096)]).unwrap();
+        let m = r.model_id("abe-sim").unwrap();
+        let o = r.offers(m)[0];
+        assert!(o.capabilities.vision && o.capabilities.tools && o.capabilities.json_mode);
+        assert_eq!(o.context_length, 4096);
+    }
+
+    #[test]
+    fn live_state_updates_through_methods() {
+        let mut r = Registry::build(&[sim("a", 0, &[("m", 10, Capabilities::default())])]).unwrap();
+        let a = BackendId(0);
+        assert!(r.state(a).routable());
+        assert_eq!(r.state(a).latency_ema_ms(), None);
+        r.set_healthy(a, false);
+        assert!(!r.state(a).routable());
+        r.set_healthy(a, true);
+        r.set_circuit(a, CircuitState::HalfOpen);
+        assert!(!r.state(a).routable(), "half-open takes no new routed work");
+        r.set_circuit(a, CircuitState::Closed);
+        r.batch_started(a);
+        r.batch_started(a);
+        r.batch_finished(a);
+        assert_eq!(r.state(a).pending_batches(), 1);
+        r.record_latency_ms(a, 100.0);
+        assert_eq!(r.state(a).latency_ema_ms(), Some(100.0));
+        r.record_latency_ms(a, 200.0);
+        assert_eq!(r.state(a).latency_ema_ms(), Some(120.0));
+    }
+
+    #[test]
+    fn capabilities_cover() {
+        let all = Capabilities {
+            vision: true,
+            tools: true,
+            json_mode: true,
+        };
+        let none = Capabilities::default();
+        assert!(all.covers(all) && all.covers(none) && none.covers(none));
+        assert!(!none.covers(Capabilities {
+            tools: true,
+            ..none
+        }));
+    }
+}

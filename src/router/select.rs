@@ -1,0 +1,447 @@
+//! The routing decision: requested model -> its backends -> healthy with a closed circuit
+//! -> capable (context length, vision, tools, JSON mode) -> if none, the alias target, then
+//! the fallback chain, each through the same filters -> the strategy picks one.
+//!
+//! [`Router`] owns the registry, the resolver, the strategy, one round-robin cursor per
+//! model, a seeded RNG and a scratch buffer of candidates sized at build for the model with
+//! the most backends. A decision ([`Router::route`]) takes `&mut self`: it reuses that
+//! scratch, so it needs no lock and allocates nothing; only a failed decision allocates, to
+//! build its error message. Nothing here may read a clock, do I/O, call out, or allocate on
+//! the success path (`benches/router.rs` counts allocations to hold it to that).
+
+use super::error::{
+    ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
+    Unavailable,
+};
+use super::registry::{BackendConfig, BackendId, ModelId, Offer, Registry};
+use super::requirements::Requirements;
+use super::resolve::{NameId, Resolver, Routable};
+use super::strategy::{pick, Candidate, Strategy, UnknownStrategy, Weights};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// `max_retries` when `[routing]` does not set it.
+pub const MAX_RETRIES_DEFAULT: u32 = 2;
+
+/// The `[routing]` table.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// `smart`, `round_robin`, `least_loaded`, `power_of_two`, `priority_only` or `random`;
+    /// anything else means `smart` with a warning.
+    pub strategy: String,
+    /// `[routing.weights]`, for `smart`; must sum to 100.
+    pub weights: Weights,
+    /// `[routing.aliases]`: alias -> model. Single level.
+    pub aliases: BTreeMap<String, String>,
+    /// `[routing.fallbacks]`: model -> models to try in order. Single level.
+    pub fallbacks: BTreeMap<String, Vec<String>>,
+    /// How many other backends a failed batch is retried on (read by the executor).
+    pub max_retries: u32,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            strategy: Strategy::Smart.as_str().into(),
+            weights: Weights::default(),
+            aliases: BTreeMap::new(),
+            fallbacks: BTreeMap::new(),
+            max_retries: MAX_RETRIES_DEFAULT,
+        }
+    }
+}
+
+/// How the chosen backend's model relates to the model the request named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// The request named the served model itself.
+    Direct,
+    /// The request named an alias of the served model.
+    Alias { alias: NameId },
+    /// The requested model (or its alias target) could not serve; this is a model of its
+    /// fallback chain.
+    Fallback { from: NameId },
+}
+
+/// A routing decision: which backend, for which served model, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub backend: BackendId,
+    /// The model the backend is asked for (what goes in the upstream request's `model`).
+    pub model: ModelId,
+    pub via: Via,
+}
+
+/// Routes requests to backends. See the module doc.
+#[derive(Debug)]
+pub struct Router {
+    registry: Registry,
+    resolver: Resolver,
+    strategy: Strategy,
+    weights: Weights,
+    max_retries: u32,
+    /// Round-robin position per model, by `ModelId`.
+    cursors: Vec<u64>,
+    rng: SmallRng,
+    /// Eligible candidates of the model being routed. Cleared at the start of every
+    /// filtering; capacity `registry.offers_per_model_max()`, fixed at build, and never
+    /// exceeded (a model has at most that many offers), so pushing never reallocates.
+    scratch: Vec<Candidate>,
+}
+
+impl Router {
+    /// Builds the registry from `[[backends]]` and the router from `[routing]`.
+    /// `seed` seeds the RNG of `power_of_two` and `random`. An unknown strategy name is not
+    /// an error: `smart` is used and the warning comes back for the caller to log.
+    pub fn build(
+        backends: &[BackendConfig],
+        routing: &RoutingConfig,
+        seed: u64,
+    ) -> Result<(Router, Option<UnknownStrategy>), RouterConfigError> {
+        let registry = Registry::build(backends)?;
+        Router::with_registry(registry, routing, seed)
+    }
+
+    /// As [`build`](Self::build), from a registry already built.
+    pub fn with_registry(
+        registry: Registry,
+        routing: &RoutingConfig,
+        seed: u64,
+    ) -> Result<(Router, Option<UnknownStrategy>), RouterConfigError> {
+        routing.weights.validate()?;
+        let (strategy, warning) = Strategy::from_name(&routing.strategy);
+        let resolver = Resolver::build(&registry, &routing.aliases, &routing.fallbacks)?;
+        let router = Router {
+            cursors: vec![0; registry.model_count()],
+            scratch: Vec::with_capacity(registry.offers_per_model_max()),
+            resolver,
+            strategy,
+            weights: routing.weights,
+            max_retries: routing.max_retries,
+            rng: SmallRng::seed_from_u64(seed),
+            registry,
+        };
+        Ok((router, warning))
+    }
+
+    /// Picks a backend for a request, or says exactly why none can take it.
+    ///
+    /// Takes `&mut self` because it reuses the router's scratch buffer and advances its
+    /// round-robin cursor and RNG: the engine thread owns the router and calls this with no
+    /// lock and no allocation (errors excepted).
+    pub fn route(&mut self, req: &Requirements<'_>) -> Result<Decision, RouteError> {
+        if req.model.trim().is_empty() {
+            return Err(RouteError::EmptyModel);
+        }
+        let Some(name) = self.resolver.lookup(req.model) else {
+            return Err(RouteError::ModelNotFound {
+                model: req.model.to_string(),
+                alias_target: None,
+            });
+        };
+        if let Some(model) = self.resolver.served(name) {
+            if let Some(backend) = self.pick_excluding(model, req, &[]) {
+                return Ok(Decision {
+                    backend,
+                    model,
+                    via: Via::Direct,
+                });
+            }
+        }
+        if let Some(model) = self
+            .resolver
+            .alias_of(name)
+            .and_then(|t| self.resolver.served(t))
+        {
+            if let Some(backend) = self.pick_excluding(model, req, &[]) {
+                return Ok(Decision {
+                    backend,
+                    model,
+                    via: Via::Alias { alias: name },
+                });
+            }
+        }
+        let chain_len = self.resolver.chain_for(name).len();
+        for i in 0..chain_len {
+            let fallback = self.resolver.chain_for(name)[i];
+            if let Some(model) = self.resolver.served(fallback) {
+                if let Some(backend) = self.pick_excluding(model, req, &[]) {
+                    return Ok(Decision {
+                        backend,
+                        model,
+                        via: Via::Fallback { from: name },
+                    });
+                }
+            }
+        }
+        Err(self.explain(name, req))
+    }
+
+    /// Picks a backend of `model` for a request whose model was resolved already (at
+    /// admission) now that the work is dispatched: same filters, fresh state. `None` when
+    /// none is eligible any more.
+    pub fn pick(&mut self, model: ModelId, req: &Requirements<'_>) -> Option<BackendId> {
+        self.pick_excluding(model, req, &[])
+    }
+
+    /// As [`pick`](Self::pick), skipping backends that already failed this request (for a
+    /// retry on the next candidate).
+    pub fn pick_excluding(
+        &mut self,
+        model: ModelId,
+        req: &Requirements<'_>,
+        exclude: &[BackendId],
+    ) -> Option<BackendId> {
+        self.fill_candidates(model, req, exclude);
+        if self.scratch.is_empty() {
+            return None;
+        }
+        let i = pick(
+            self.strategy,
+            &self.scratch,
+            &self.weights,
+            &mut self.cursors[model.index()],
+            &mut self.rng,
+        );
+        Some(self.scratch[i].backend)
+    }
+
+    /// Writes the eligible candidates of `model` into the scratch buffer.
+    #[inline]
+    fn fill_candidates(&mut self, model: ModelId, req: &Requirements<'_>, exclude: &[BackendId]) {
+        self.scratch.clear();
+        let capacity = self.scratch.capacity();
+        for offer in self.registry.offers(model) {
+            let state = self.registry.state(offer.backend);
+            if !state.routable()
+                || offer.context_length < req.estimated_tokens
+                || !offer.capabilities.covers(req.needs)
+                || exclude.contains(&offer.backend)
+            {
+                continue;
+            }
+            debug_assert!(self.scratch.len() < capacity, "scratch sized at build");
+            self.scratch.push(Candidate {
+                backend: offer.backend,
+                priority: offer.priority,
+                pending_batches: state.pending_batches(),
+                // Unmeasured counts as 0 ms; `as` saturates (and maps NaN to 0).
+                latency_ms: state.latency_ema_ms().map_or(0, |ms| ms as u32),
+            });
+        }
+        debug_assert_eq!(self.scratch.capacity(), capacity, "no reallocation");
+    }
+
+    /// The error for a request none of whose models could serve (cold path: allocates).
+    #[cold]
+    fn explain(&self, name: NameId, req: &Requirements<'_>) -> RouteError {
+        let r = &self.resolver;
+        let alias = r.alias_of(name);
+        let requested = r.name(name).to_string();
+        let chain = r.chain_for(name);
+        if !chain.is_empty() {
+            let mut tried = Vec::with_capacity(chain.len() + 2);
+            if r.served(name).is_some() || alias.is_none() {
+                tried.push(self.tried(name, req));
+            }
+            if let Some(t) = alias {
+                tried.push(self.tried(t, req));
+            }
+            tried.extend(chain.iter().map(|&f| self.tried(f, req)));
+            return RouteError::FallbackChainExhausted { requested, tried };
+        }
+        let alias_name = alias.map(|_| requested.clone());
+        let (model, alias_name) = match (r.served(name), alias.and_then(|t| r.served(t))) {
+            (Some(m), _) => (m, None),
+            (None, Some(m)) => (m, alias_name),
+            (None, None) => {
+                return RouteError::ModelNotFound {
+                    model: requested,
+                    alias_target: alias.map(|t| r.name(t).to_string()),
+                }
+            }
+        };
+        let model_name = self.registry.model_name(model).to_string();
+        match self.outcome(model, req) {
+            ModelOutcome::Missing(missing) => RouteError::CapabilityMismatch {
+                model: model_name,
+                alias: alias_name,
+                missing,
+            },
+            ModelOutcome::NoHealthy(unavailable) => RouteError::NoHealthyBackend {
+                model: model_name,
+                alias: alias_name,
+                unavailable,
+            },
+            ModelOutcome::NotServed => unreachable!("a served model has offers"),
+        }
+    }
+
+    fn tried(&self, name: NameId, req: &Requirements<'_>) -> TriedModel {
+        TriedModel {
+            model: self.resolver.name(name).to_string(),
+            outcome: self
+                .resolver
+                .served(name)
+                .map_or(ModelOutcome::NotServed, |m| self.outcome(m, req)),
+        }
+    }
+
+    /// Why no backend of `model` is eligible for `req`.
+    ///
+    /// Capability comes first, judged over every backend serving the model whatever its
+    /// health: when none could ever take the request it is a 400 the client can act on;
+    /// when some could but none of those is healthy with a closed circuit, a 503 counting
+    /// just those.
+    fn outcome(&self, model: ModelId, req: &Requirements<'_>) -> ModelOutcome {
+        let offers = self.registry.offers(model);
+        if offers.is_empty() {
+            return ModelOutcome::NotServed;
+        }
+        let capable = |o: &&Offer| {
+            o.context_length >= req.estimated_tokens && o.capabilities.covers(req.needs)
+        };
+        if offers.iter().any(|o| capable(&o)) {
+            let mut unavailable = Unavailable {
+                serving: 0,
+                unhealthy: 0,
+                circuit_not_closed: 0,
+            };
+            for o in offers.iter().filter(capable) {
+                let s = self.registry.state(o.backend);
+                debug_assert!(!s.routable(), "a capable routable backend would be picked");
+                unavailable.serving += 1;
+                if !s.healthy() {
+                    unavailable.unhealthy += 1;
+                } else {
+                    unavailable.circuit_not_closed += 1;
+                }
+            }
+            return ModelOutcome::NoHealthy(unavailable);
+        }
+        let need = req.needs;
+        let (mut any_vision, mut any_tools, mut any_json) = (false, false, false);
+        let (mut all_vision, mut all_tools, mut all_json, mut all_context) =
+            (true, true, true, true);
+        let mut context_length_max = 0;
+        for o in offers {
+            let c = o.capabilities;
+            any_vision |= c.vision;
+            any_tools |= c.tools;
+            any_json |= c.json_mode;
+            all_vision &= c.vision;
+            all_tools &= c.tools;
+            all_json &= c.json_mode;
+            all_context &= o.context_length >= req.estimated_tokens;
+            context_length_max = context_length_max.max(o.context_length);
+        }
+        let context = ContextShortfall {
+            estimated_tokens: req.estimated_tokens,
+            context_length_max,
+        };
+        let mut missing = MissingCapabilities {
+            vision: need.vision && !any_vision,
+            tools: need.tools && !any_tools,
+            json_mode: need.json_mode && !any_json,
+            context: (context_length_max < req.estimated_tokens).then_some(context),
+            no_single_backend: false,
+        };
+        if missing.names().next().is_none() {
+            // Each requirement is met somewhere, never all on one backend: list the ones
+            // some backend lacks.
+            missing = MissingCapabilities {
+                vision: need.vision && !all_vision,
+                tools: need.tools && !all_tools,
+                json_mode: need.json_mode && !all_json,
+                context: (!all_context).then_some(context),
+                no_single_backend: true,
+            };
+        }
+        debug_assert!(missing.names().next().is_some());
+        ModelOutcome::Missing(missing)
+    }
+
+    /// Text for a response header saying which backend serves the request and why, e.g.
+    /// `backend=gpu-a; model=mistral:7b; via=fallback; requested=claude-3-opus`. Formatting
+    /// it writes straight into the caller's buffer.
+    pub fn describe(&self, decision: &Decision) -> DecisionText<'_> {
+        DecisionText {
+            router: self,
+            decision: *decision,
+        }
+    }
+
+    /// The registry, to read backends, models and live state.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The registry, to update live state (health, circuit, pending batches, latency).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    pub fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
+    /// Every model name a request can use now (served models, aliases of served models,
+    /// names whose fallback chain has a served model), for `GET /v1/models`.
+    pub fn routable(&self) -> impl Iterator<Item = (&str, Routable<'_>)> + '_ {
+        self.resolver.routable()
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// Switches strategy at run time; cursors and RNG carry on.
+    pub fn set_strategy(&mut self, strategy: Strategy) {
+        self.strategy = strategy;
+    }
+
+    pub fn weights(&self) -> Weights {
+        self.weights
+    }
+
+    pub fn max_retries(&self) -> u32 {
+        self.max_retries
+    }
+
+    #[cfg(test)]
+    pub(crate) fn scratch_identity(&self) -> (*const Candidate, usize) {
+        (self.scratch.as_ptr(), self.scratch.capacity())
+    }
+}
+
+/// A [`Decision`] as header text; see [`Router::describe`].
+pub struct DecisionText<'a> {
+    router: &'a Router,
+    decision: Decision,
+}
+
+impl fmt::Display for DecisionText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = self.router;
+        let d = self.decision;
+        write!(
+            f,
+            "backend={}; model={}",
+            r.registry.backend(d.backend).name(),
+            r.registry.model_name(d.model)
+        )?;
+        match d.via {
+            Via::Direct => f.write_str("; via=direct"),
+            Via::Alias { alias } => {
+                write!(f, "; via=alias; requested={}", r.resolver.name(alias))
+            }
+            Via::Fallback { from } => {
+                write!(f, "; via=fallback; requested={}", r.resolver.name(from))
+            }
+        }
+    }
+}
