@@ -62,6 +62,10 @@ pub struct Conn {
     pub write_started: Option<Instant>,
     /// No more requests are read (an error, `Connection: close`, or peer EOF).
     pub read_done: bool,
+    /// The socket may hold unread bytes: set by a readable event, cleared when a read
+    /// would block. mio is edge-triggered, so reading is retried only while this is set
+    /// (saves a failing `recv` per pass of the service loop).
+    pub readable: bool,
     /// Close once every slot is written.
     pub close_when_flushed: bool,
 }
@@ -90,6 +94,7 @@ impl Conn {
             last_activity: now,
             write_started: None,
             read_done: false,
+            readable: true,
             close_when_flushed: false,
         }
     }
@@ -103,7 +108,7 @@ impl Conn {
         now: Instant,
     ) -> io::Result<(ReadResult, usize)> {
         let mut total = 0;
-        while self.read_buf.len() < limit {
+        while self.read_buf.len() < limit && self.readable {
             let want = chunk.len().min(limit - self.read_buf.len());
             match self.stream.read(&mut chunk[..want]) {
                 Ok(0) => return Ok((ReadResult::Eof, total)),
@@ -115,7 +120,10 @@ impl Conn {
                     self.last_activity = now;
                     total += n;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }

@@ -207,6 +207,9 @@ impl IoThread {
     }
 
     fn on_readable(&mut self, idx: usize) {
+        if let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) {
+            conn.readable = true;
+        }
         self.touched.push(idx);
     }
 
@@ -228,6 +231,7 @@ impl IoThread {
             };
             let mut progress = false;
             if !conn.read_done
+                && conn.readable
                 && conn.slots.len() < max_pipelined
                 && conn.unwritten() <= max_write
                 && conn.read_buf.len() < buffer_limit
