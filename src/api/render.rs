@@ -32,48 +32,63 @@ struct CompletionResponse<'a> {
     usage: Usage,
 }
 
-/// `POST /v1/completions` answer: one choice per prompt, in order.
-pub fn completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
+/// Maps text outputs to choices with `make(index, text, finish_reason)`, summing usage.
+/// An embedding among them is an executor bug, answered with a 500.
+fn text_choices<'a, T>(
+    outputs: &'a [Output],
+    what: &str,
+    make: impl Fn(usize, &'a str, &'static str) -> T,
+) -> Result<(Vec<T>, Usage), Response> {
     let mut prompt = 0u64;
     let mut completion = 0u64;
     let mut choices = Vec::with_capacity(outputs.len());
     for (index, out) in outputs.iter().enumerate() {
-        match out {
-            Output::Text {
-                text,
-                prompt_tokens,
-                completion_tokens,
-                finish_reason,
-            } => {
-                prompt += u64::from(*prompt_tokens);
-                completion += u64::from(*completion_tokens);
-                choices.push(CompletionChoice {
-                    text,
-                    index,
-                    logprobs: None,
-                    finish_reason: finish_reason.as_str(),
-                });
-            }
-            Output::Embedding { .. } => {
-                return Response::error(
-                    Status::InternalError,
-                    "internal_error",
-                    "the executor answered a completion with an embedding",
-                )
-            }
-        }
+        let Output::Text {
+            text,
+            prompt_tokens,
+            completion_tokens,
+            finish_reason,
+        } = out
+        else {
+            return Err(Response::error(
+                Status::InternalError,
+                "internal_error",
+                format!("the executor answered a {what} with an embedding"),
+            ));
+        };
+        prompt += u64::from(*prompt_tokens);
+        completion += u64::from(*completion_tokens);
+        choices.push(make(index, text, finish_reason.as_str()));
     }
+    let usage = Usage {
+        prompt_tokens: prompt,
+        completion_tokens: Some(completion),
+        total_tokens: prompt + completion,
+    };
+    Ok((choices, usage))
+}
+
+/// `POST /v1/completions` answer: one choice per prompt, in order.
+pub fn completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
+    let made = text_choices(outputs, "completion", |index, text, finish_reason| {
+        CompletionChoice {
+            text,
+            index,
+            logprobs: None,
+            finish_reason,
+        }
+    });
+    let (choices, usage) = match made {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
     let body = CompletionResponse {
         id: format!("cmpl-{id:016x}"),
         object: "text_completion",
         created,
         model,
         choices,
-        usage: Usage {
-            prompt_tokens: prompt,
-            completion_tokens: Some(completion),
-            total_tokens: prompt + completion,
-        },
+        usage,
     };
     Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
 }
@@ -104,46 +119,30 @@ struct ChatResponse<'a> {
 
 /// `POST /v1/chat/completions` answer: one assistant message.
 pub fn chat_completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
-    let mut prompt = 0u64;
-    let mut completion = 0u64;
-    let mut choices = Vec::with_capacity(outputs.len());
-    for (index, out) in outputs.iter().enumerate() {
-        let Output::Text {
-            text,
-            prompt_tokens,
-            completion_tokens,
-            finish_reason,
-        } = out
-        else {
-            return Response::error(
-                Status::InternalError,
-                "internal_error",
-                "the executor answered a chat completion with an embedding",
-            );
-        };
-        prompt += u64::from(*prompt_tokens);
-        completion += u64::from(*completion_tokens);
-        choices.push(ChatChoice {
+    let made = text_choices(
+        outputs,
+        "chat completion",
+        |index, content, finish_reason| ChatChoice {
             index,
             message: ChatMessage {
                 role: "assistant",
-                content: text,
+                content,
             },
             logprobs: None,
-            finish_reason: finish_reason.as_str(),
-        });
-    }
+            finish_reason,
+        },
+    );
+    let (choices, usage) = match made {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
     let body = ChatResponse {
         id: format!("chatcmpl-{id:016x}"),
         object: "chat.completion",
         created,
         model,
         choices,
-        usage: Usage {
-            prompt_tokens: prompt,
-            completion_tokens: Some(completion),
-            total_tokens: prompt + completion,
-        },
+        usage,
     };
     Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
 }

@@ -286,6 +286,37 @@ impl Core {
         }
     }
 
+    /// Some queued request, from whichever queues the current strategy uses.
+    fn any_queued(&self) -> Option<u32> {
+        if self.strategy == StrategyKind::MultiBin {
+            let k = self.research.cfg.bins;
+            self.research.bins[..k].iter().find_map(|q| q.front())
+        } else {
+            let class = self.nonempty.trailing_zeros() as usize;
+            (self.nonempty != 0)
+                .then(|| self.queues[class].front())
+                .flatten()
+        }
+    }
+
+    /// Takes queued table slot `index` out of its queue, frees it, counts the failure and
+    /// tells the driver to answer it with `reason`.
+    fn fail_queued(&mut self, index: u32, reason: FailReason, out: &mut impl FnMut(Action<'_>)) {
+        self.dequeue(index);
+        self.queued -= 1;
+        let ticket = self.table.ticket_at(index);
+        self.table.remove(ticket);
+        self.stats.failed += 1;
+        match reason {
+            FailReason::QueueTimeout => self.stats.expired += 1,
+            FailReason::Aborted => self.stats.aborted += 1,
+            FailReason::Cancelled => self.stats.cancelled += 1,
+            FailReason::BatchTimeout => self.stats.batch_timeouts += 1,
+            FailReason::WorkerError => self.stats.worker_errors += 1,
+        }
+        out(Action::Fail { ticket, reason });
+    }
+
     /// Controller state of the research strategies (for metrics).
     pub fn research_snapshot(&self) -> research::ResearchSnapshot {
         self.research.snapshot()
@@ -364,22 +395,8 @@ impl Core {
     /// batches through `complete`, which then reports them stale.
     pub fn abort_all(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) {
         self.draining = true;
-        if self.strategy == StrategyKind::MultiBin {
-            self.move_bins_to_classes(); // emptied just below
-        }
-        for class in 0..CLASS_COUNT {
-            while let Some(index) = self.queues[class].pop_front(&mut self.table) {
-                self.sync_class(class);
-                self.queued -= 1;
-                let ticket = self.table.ticket_at(index);
-                self.table.remove(ticket);
-                self.stats.failed += 1;
-                self.stats.aborted += 1;
-                out(Action::Fail {
-                    ticket,
-                    reason: FailReason::Aborted,
-                });
-            }
+        while let Some(index) = self.any_queued() {
+            self.fail_queued(index, FailReason::Aborted, out);
         }
         for b in 0..self.batches.len() {
             if self.batches[b].state == BatchState::InFlight {
@@ -484,16 +501,7 @@ impl Core {
                     if now.saturating_sub(self.table.meta(index).arrival_ns) < limit {
                         break;
                     }
-                    self.dequeue(index);
-                    self.queued -= 1;
-                    let ticket = self.table.ticket_at(index);
-                    self.table.remove(ticket);
-                    self.stats.failed += 1;
-                    self.stats.expired += 1;
-                    out(Action::Fail {
-                        ticket,
-                        reason: FailReason::QueueTimeout,
-                    });
+                    self.fail_queued(index, FailReason::QueueTimeout, out);
                 }
             }
             return;
@@ -506,17 +514,7 @@ impl Core {
                 if now.saturating_sub(self.table.meta(index).arrival_ns) < limit {
                     break;
                 }
-                self.queues[class].unlink(&mut self.table, index);
-                self.sync_class(class);
-                self.queued -= 1;
-                let ticket = self.table.ticket_at(index);
-                self.table.remove(ticket);
-                self.stats.failed += 1;
-                self.stats.expired += 1;
-                out(Action::Fail {
-                    ticket,
-                    reason: FailReason::QueueTimeout,
-                });
+                self.fail_queued(index, FailReason::QueueTimeout, out);
             }
         }
     }

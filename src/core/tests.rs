@@ -681,3 +681,35 @@ fn completed_batches_feed_the_sla_controller_and_the_length_statistics() {
     // Mean request: 10 prompt tokens (40 bytes / 4) + 20 output tokens.
     assert!(snap.mean_tokens_per_request.unwrap() < 500.0);
 }
+
+#[test]
+fn abort_all_answers_every_request_queued_in_bins() {
+    let mut core = Core::new(CoreConfig {
+        strategy: StrategyKind::MultiBin,
+        ..cfg()
+    });
+    // The worker takes the first batch; the rest wait in their bins.
+    for i in 0..200 {
+        core.admit(i, with_max_tokens(1 + (i as u32 * 37) % 900, i))
+            .unwrap();
+    }
+    let batch = poll(&mut core, 200).dispatches[0].1;
+    let mut failed = 0;
+    core.abort_all(300, &mut |a| {
+        if let Action::Fail { reason, .. } = a {
+            assert_eq!(reason, FailReason::Aborted);
+            failed += 1;
+        }
+    });
+    assert_eq!(
+        failed, 200,
+        "queued and in flight: every request answered once"
+    );
+    assert_eq!(core.queued(), 0);
+    assert_eq!(
+        core.complete(400, batch, BatchOutcome::Ok),
+        Completion::Stale
+    );
+    assert!(core.is_idle());
+    assert_eq!(core.live_requests(), 0);
+}

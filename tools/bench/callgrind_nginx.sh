@@ -16,27 +16,7 @@ measure() {
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" nginx -c "$conf" 2>"$out/vg.log" &
   local pid=$!
   sleep 2
-  python3 - 18481 "$reqs" <<'PY'
-import socket, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-body = b'{"prompt":"hi","max_tokens":1}'
-req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-       b"Content-Length: %d\r\n\r\n" % len(body)) + body
-s = socket.create_connection(("127.0.0.1", port))
-f = s.makefile("rb")
-for _ in range(n):
-    s.sendall(req)
-    assert f.readline().startswith(b"HTTP/1.1 200")
-    length = 0
-    while True:
-        h = f.readline()
-        if h in (b"\r\n", b""):
-            break
-        if h.lower().startswith(b"content-length:"):
-            length = int(h.split(b":")[1])
-    f.read(length)
-s.close()
-PY
+  python3 "$here/keepalive_posts.py" 18481 "$reqs"
   kill -QUIT $pid
   wait $pid || true
   local total=0

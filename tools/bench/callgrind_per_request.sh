@@ -5,6 +5,7 @@
 # Usage: tools/bench/callgrind_per_request.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+here="$(pwd)/tools/bench"
 n="${1:-2000}"
 CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target} cargo build --release --bin abe >/dev/null
 out="$(mktemp -d)"
@@ -17,34 +18,10 @@ measure() { # requests
     "${CARGO_TARGET_DIR:-target}/release/abe" serve --port $port >/dev/null 2>"$out/vg.log" &
   local pid=$!
   for _ in $(seq 1 200); do
-    python3 - "$port" <<'PY' 2>/dev/null && break
-import socket, sys
-socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
-PY
+    python3 "$here/keepalive_posts.py" "$port" 0 2>/dev/null && break
     sleep 0.1
   done
-  python3 - "$port" "$reqs" <<'PY'
-import socket, sys
-port, n = int(sys.argv[1]), int(sys.argv[2])
-body = b'{"prompt":"hi","max_tokens":1}'
-req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-       b"Content-Length: %d\r\n\r\n" % len(body)) + body
-s = socket.create_connection(("127.0.0.1", port))
-f = s.makefile("rb")
-for _ in range(n):
-    s.sendall(req)
-    line = f.readline()
-    assert line.startswith(b"HTTP/1.1 200"), line
-    length = 0
-    while True:
-        h = f.readline()
-        if h in (b"\r\n", b""):
-            break
-        if h.lower().startswith(b"content-length:"):
-            length = int(h.split(b":")[1])
-    f.read(length)
-s.close()
-PY
+  python3 "$here/keepalive_posts.py" "$port" "$reqs"
   kill -TERM $pid
   wait $pid || true
   local total=0
