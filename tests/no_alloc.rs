@@ -149,3 +149,55 @@ fn core_allocates_nothing_over_100k_requests() {
     assert_eq!(after - before, 0, "core allocated {} times", after - before);
     assert_eq!(core.stats().completed, 101_000);
 }
+
+#[test]
+fn continuous_ticks_allocate_nothing_in_steady_state() {
+    use abe::core::continuous::{Continuous, ContinuousConfig, EntryResult, StepAction};
+    let mut sched = Continuous::new(ContinuousConfig {
+        max_slots: 16,
+        prefill_chunk: 64,
+        n_batch: 256,
+        max_queue: 1024,
+        ..ContinuousConfig::default()
+    });
+    let mut results = [EntryResult::Continue; 16];
+    let mut steps = 0u64;
+    let mut run = |sched: &mut Continuous, ticks: u64| {
+        for _ in 0..ticks {
+            while sched.waiting() < 32 {
+                let mut m = RequestMeta::new(Priority::Normal, Kind::Completion, 0, 40, 0);
+                m.tokens_estimated = 100 + 40; // 100-token prompts: chunked prefill
+                sched.admit(m).expect("room in the queue");
+            }
+            let mut entries = 0;
+            sched.tick(&mut |a| {
+                if let StepAction::Step { entries: e, .. } = a {
+                    entries = e.len();
+                }
+            });
+            for (i, r) in results.iter_mut().enumerate().take(entries) {
+                steps += 1;
+                *r = if (steps + i as u64) % 37 == 0 {
+                    EntryResult::Finished
+                } else {
+                    EntryResult::Continue
+                };
+            }
+            sched.complete_step(0, &results[..entries], &mut |_, _| {});
+        }
+    };
+    run(&mut sched, 1000);
+    TRACKED.with(|t| t.set(true));
+    let before = COUNTED.load(Ordering::Relaxed);
+    run(&mut sched, 100_000);
+    let after = COUNTED.load(Ordering::Relaxed);
+    TRACKED.with(|t| t.set(false));
+    assert_eq!(
+        after - before,
+        0,
+        "continuous scheduler allocated {} times",
+        after - before
+    );
+    assert!(sched.stats().completed > 10_000, "requests flowed through");
+    assert!(sched.stats().prefill_tokens > 0 && sched.stats().decode_tokens > 0);
+}
