@@ -655,3 +655,73 @@ fn a_client_that_never_reads_is_throttled_not_buffered_without_bound() {
     drop(stream);
     abe.shutdown();
 }
+
+/// The `data:` payloads of an SSE body.
+fn sse_events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not an SSE data line: {e:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn stream_true_answers_with_server_sent_events_in_openai_chunk_shapes() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt":"stream me","max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    let events = sse_events(&r.text());
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    // 3 tokens, the finish chunk, the usage chunk.
+    assert_eq!(chunks.len(), 5);
+    let text: String = chunks[..3]
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text.split(' ').count(), 3);
+    assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[4]["usage"]["completion_tokens"], 3);
+    // Same request without streaming: the same text.
+    let plain = c
+        .request(
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt":"stream me","max_tokens":3}"#),
+        )
+        .json();
+    assert_eq!(plain["choices"][0]["text"], text.as_str());
+
+    // Chat: a role delta, content deltas, the finish chunk, no usage unless asked; and the
+    // connection stays usable (keep-alive) after a chunked response.
+    let r = c.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}"#),
+    );
+    let events = sse_events(&r.text());
+    let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 4, "{events:?}");
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks[1]["choices"][0]["delta"]["content"].is_string());
+    assert_eq!(chunks[3]["choices"][0]["finish_reason"], "length");
+    assert_eq!(c.request("GET", "/health", None).status, 200);
+    abe.shutdown();
+}

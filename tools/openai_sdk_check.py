@@ -47,6 +47,29 @@ def main():
     check(len(chat.choices[0].message.content.split()) == 5, "chat: five tokens")
     check(chat.usage.completion_tokens == 5, "chat: usage")
 
+    pieces = []
+    usage = None
+    for chunk in client.chat.completions.create(
+        model="abe-sim",
+        messages=[{"role": "user", "content": "Stream, please"}],
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
+    check(len("".join(pieces).split()) == 4, f"chat stream: four tokens ({pieces})")
+    check(usage is not None and usage.completion_tokens == 4, "chat stream: usage chunk")
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in client.completions.create(model="abe-sim", prompt="s", max_tokens=3, stream=True)
+        if ch.choices
+    )
+    check(len(streamed.split()) == 3, "completion stream: three tokens")
+
     # The SDK asks for base64 by default and decodes it to floats.
     e = client.embeddings.create(model="abe-sim", input=["hello", "world"])
     check(len(e.data) == 2, "two embeddings")

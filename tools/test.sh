@@ -3,7 +3,7 @@
 #   1. cargo test --workspace --all-targets (unit, integration over loopback, benches once)
 #   2. loom models of the cross-thread protocols (RUSTFLAGS="--cfg loom")
 #   3. the OpenAI Python SDK against a live `abe serve`
-#   4. promtool check metrics against a live `abe serve`
+#   4. curl -N streaming and promtool check metrics against a live `abe serve`
 # Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`).
 # .ci/run installs the last two on a fresh machine.
 set -euo pipefail
@@ -20,6 +20,9 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
 echo "== OpenAI Python SDK against abe serve"
 cargo build --bin abe
 tools/with_server.sh python3 tools/openai_sdk_check.py
+
+echo "== curl -N streaming against abe serve"
+tools/with_server.sh tools/curl_stream_check.sh
 
 echo "== promtool check metrics against abe serve"
 tools/with_server.sh tools/promtool_check.sh

@@ -55,6 +55,7 @@ pub struct ChatBody {
     pub max_completion_tokens: Option<i64>,
     pub priority: Option<String>,
     pub stream: Option<bool>,
+    pub stream_options: Option<super::wire::StreamOptionsBody>,
     pub seed: Option<i64>,
     pub n: Option<i64>,
     pub temperature: Option<f64>,

@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod render;
+pub mod stream;
 pub mod wire;
 
 use crate::config::Config;
@@ -48,6 +49,8 @@ pub struct Job {
     pub model: String,
     pub requests: Vec<Request>,
     pub created_unix: u64,
+    /// Answer as a Server-Sent Events stream (`stream: true`).
+    pub stream: Option<stream::StreamOptions>,
 }
 
 impl Job {
@@ -60,6 +63,14 @@ impl Job {
                 Ok(out) => outputs.push(out),
                 Err(e) => return error_response(&e),
             }
+        }
+        if let Some(opts) = self.stream {
+            let kind = match self.kind {
+                JobKind::Chat => stream::StreamKind::Chat,
+                _ => stream::StreamKind::Completion,
+            };
+            let events = stream::events(kind, &self.model, self.created_unix, id, &outputs, opts);
+            return Response::sse(&events);
         }
         match self.kind {
             JobKind::Completion => render::completion(&self.model, self.created_unix, id, &outputs),
@@ -211,6 +222,7 @@ struct Generation {
     max_tokens: u32,
     priority: crate::core::Priority,
     seed: Option<u64>,
+    stream: Option<stream::StreamOptions>,
 }
 
 /// The generation fields of a body, as sent.
@@ -220,6 +232,7 @@ struct GenerationFields<'a> {
     max_tokens: Option<i64>,
     n: Option<i64>,
     stream: Option<bool>,
+    stream_options: Option<wire::StreamOptionsBody>,
     priority: Option<&'a str>,
     seed: Option<i64>,
 }
@@ -234,6 +247,7 @@ fn generation(
         max_tokens,
         n,
         stream,
+        stream_options,
         priority,
         seed,
     } = f;
@@ -256,17 +270,17 @@ fn generation(
             )));
         }
     }
-    if stream == Some(true) {
-        return Err(bad(wire::body_error(
-            "unsupported_value",
-            "'stream': true is not supported yet; send stream: false or omit it",
-        )));
-    }
+    let stream = (stream == Some(true)).then(|| stream::StreamOptions {
+        include_usage: stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    });
     let priority = wire::priority(priority, head.priority.as_deref()).map_err(bad)?;
     Ok(Generation {
         max_tokens,
         priority,
         seed: seed.map(|s| s as u64),
+        stream,
     })
 }
 
@@ -281,6 +295,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             max_tokens: b.max_tokens,
             n: b.n,
             stream: b.stream,
+            stream_options: b.stream_options,
             priority: b.priority.as_deref(),
             seed: b.seed,
         },
@@ -304,6 +319,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
         model,
         requests,
         created_unix: unix_now(),
+        stream: g.stream,
     }))
 }
 
@@ -322,6 +338,7 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             max_tokens,
             n: b.n,
             stream: b.stream,
+            stream_options: b.stream_options,
             priority: b.priority.as_deref(),
             seed: b.seed,
         },
@@ -340,6 +357,7 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
         }],
         created_unix: unix_now(),
+        stream: g.stream,
     }))
 }
 
@@ -385,6 +403,7 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
         model,
         requests,
         created_unix: unix_now(),
+        stream: None,
     }))
 }
 

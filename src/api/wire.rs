@@ -38,6 +38,13 @@ impl<'de> Deserialize<'de> for TextInputs {
     }
 }
 
+/// `stream_options` of a streaming request.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct StreamOptionsBody {
+    pub include_usage: Option<bool>,
+}
+
 /// Body of `POST /v1/completions`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
@@ -47,6 +54,7 @@ pub struct CompletionBody {
     pub max_tokens: Option<i64>,
     pub priority: Option<String>,
     pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptionsBody>,
     pub seed: Option<i64>,
     pub n: Option<i64>,
     pub temperature: Option<f64>,

@@ -120,6 +120,28 @@ impl Client {
         if status == 100 {
             return self.read_response();
         }
+        let chunked = headers.iter().any(|(k, v)| {
+            k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+        });
+        if chunked {
+            let mut body = Vec::new();
+            loop {
+                let mut size_line = String::new();
+                self.reader.read_line(&mut size_line).ok()?;
+                let size = usize::from_str_radix(size_line.trim(), 16).ok()?;
+                let mut chunk = vec![0; size + 2]; // data + CRLF
+                self.reader.read_exact(&mut chunk).ok()?;
+                if size == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..size]);
+            }
+            return Some(Resp {
+                status,
+                headers,
+                body,
+            });
+        }
         let len: usize = headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
