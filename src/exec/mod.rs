@@ -9,14 +9,17 @@ pub mod latency;
 pub mod sim;
 pub mod synth;
 
+use crate::core::continuous::{EntryResult, StepEntry};
 use crate::core::{Kind, Ticket};
+use std::sync::Arc;
 
 /// What one request asks for, as the worker needs it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Work {
     pub kind: Kind,
-    /// Prompt text (completion) or input text (embedding).
-    pub prompt: String,
+    /// Prompt text (completion) or input text (embedding). Shared, so the engine can hand a
+    /// copy to a worker without allocating (continuous batching keeps it for recompute).
+    pub prompt: Arc<str>,
     /// Output tokens asked for (completions).
     pub max_tokens: u32,
     /// Embedding dimensions asked for (0: the executor's default).
@@ -68,6 +71,20 @@ pub struct BatchItem {
     pub output: Option<Output>,
 }
 
+/// One slot's share of a continuous-batching step, on its way to a worker and back.
+#[derive(Debug)]
+pub struct StepItem {
+    pub entry: StepEntry,
+    /// The request, when this step admits it into its slot (`entry.admitted`).
+    pub work: Option<Work>,
+    /// Filled by the executor: the token sampled in this step, if any.
+    pub token: Option<String>,
+    /// Filled by the executor: whether the request goes on.
+    pub result: EntryResult,
+    /// Filled by the executor when the request finished: its whole output.
+    pub output: Option<Output>,
+}
+
 /// A failed batch, as reported by an executor.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
@@ -81,6 +98,14 @@ pub enum ExecError {
 pub trait Executor: Send {
     /// Processes every item of a batch, filling `output`; blocks for the service time.
     fn execute(&mut self, items: &mut [BatchItem]) -> Result<(), ExecError>;
+
+    /// Runs one continuous-batching step (one forward pass over the items), filling each
+    /// item's `token`, `result` and, for finished requests, `output`.
+    fn step(&mut self, _items: &mut [StepItem]) -> Result<(), ExecError> {
+        Err(ExecError::Backend(
+            "this executor does not run continuous batching".into(),
+        ))
+    }
 }
 
 /// Prompt tokens as abe estimates them: bytes / 4, rounded up.

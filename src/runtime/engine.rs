@@ -10,7 +10,8 @@ use super::clock::Clock;
 use super::doorbell::Doorbell;
 use super::idle::Idler;
 use super::messages::{
-    BatchMsg, Completion, Control, Outcome, Reply, RequestError, ResultMsg, Submission,
+    BatchMsg, Completion, Control, FromWorker, Outcome, Reply, RequestError, ResultMsg, Submission,
+    ToWorker,
 };
 use super::ring::{Consumer, Producer};
 use super::snapshot::{WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
@@ -54,29 +55,30 @@ pub struct SubmitterLink {
 }
 
 /// A request the engine holds between admission and its answer, by table slot.
-struct PendingSlot {
-    work: Option<Work>,
-    reply: Option<Reply>,
-    submitter: u16,
-    arrival_ns: Nanos,
+pub(super) struct PendingSlot {
+    pub(super) work: Option<Work>,
+    pub(super) reply: Option<Reply>,
+    pub(super) submitter: u16,
+    pub(super) arrival_ns: Nanos,
 }
 
 /// The engine's end of one worker.
 pub struct WorkerLink {
-    pub batches: Producer<BatchMsg>,
-    pub results: Consumer<ResultMsg>,
+    pub batches: Producer<ToWorker>,
+    pub results: Consumer<FromWorker>,
     pub bell: Arc<Doorbell>,
 }
 
-/// Everything except the core, so closures over it can run while the core is borrowed.
-struct EngineIo {
-    clock: Clock,
-    shared: Arc<Shared>,
-    submitters: Vec<SubmitterLink>,
+/// Everything except the scheduler, so closures over it can run while the scheduler is
+/// borrowed. Shared by the request-level engine and the continuous one.
+pub(super) struct EngineIo {
+    pub(super) clock: Clock,
+    pub(super) shared: Arc<Shared>,
+    pub(super) submitters: Vec<SubmitterLink>,
     /// Submitters that got completions this turn and need a wake.
     needs_wake: Vec<bool>,
-    pending: Vec<PendingSlot>,
-    workers: Vec<WorkerLink>,
+    pub(super) pending: Vec<PendingSlot>,
+    pub(super) workers: Vec<WorkerLink>,
     free_bufs: Vec<Vec<BatchItem>>,
     /// Latencies (ns) and batch sizes recorded since the last publish. Moved into the
     /// snapshot's histograms at publish time, so publishing costs O(new samples), not
@@ -85,8 +87,8 @@ struct EngineIo {
     new_batch_sizes: Vec<u64>,
     /// Samples that could not be published because a reader held the snapshot lock while
     /// the buffers were full (exported, expected to stay 0).
-    samples_dropped: u64,
-    published_at_ns: Nanos,
+    pub(super) samples_dropped: u64,
+    pub(super) published_at_ns: Nanos,
 }
 
 /// The engine: core plus its I/O.
@@ -115,29 +117,18 @@ impl Engine {
         let cfg = core.config().clone();
         let batch_len = core.max_batch_len();
         let slots = workers.len() * cfg.max_inflight_per_worker as usize;
-        let pending = (0..cfg.queue_capacity.max(1))
-            .map(|_| PendingSlot {
-                work: None,
-                reply: None,
-                submitter: 0,
-                arrival_ns: 0,
-            })
-            .collect();
+        let io = EngineIo::new(
+            clock,
+            shared,
+            workers,
+            max_submitters,
+            cfg.queue_capacity,
+            slots,
+            batch_len,
+        );
         Engine {
             core,
-            io: EngineIo {
-                clock,
-                shared,
-                submitters: Vec::with_capacity(max_submitters),
-                needs_wake: Vec::with_capacity(max_submitters),
-                pending,
-                workers,
-                free_bufs: (0..slots).map(|_| Vec::with_capacity(batch_len)).collect(),
-                new_latencies_ns: Vec::with_capacity(SAMPLE_BUFFER),
-                new_batch_sizes: Vec::with_capacity(SAMPLE_BUFFER),
-                samples_dropped: 0,
-                published_at_ns: 0,
-            },
+            io,
             idler,
             drain_deadline_ns: None,
             aborted: false,
@@ -222,47 +213,16 @@ impl Engine {
 
     /// Admits up to the per-turn budget, highest priority first across all submitters.
     fn admit_submissions(&mut self, now: Nanos) -> bool {
-        let mut any = 0u32;
-        for link in self.io.submitters.iter_mut() {
-            // Acquire: pairs with the submitter's Release fetch_or after its push.
-            link.unread |= link.ready.swap(0, Ordering::Acquire);
-            any |= link.unread;
-        }
-        if any == 0 {
-            return false;
-        }
-        let mut budget = ADMIT_BUDGET_PER_TURN;
-        let mut worked = false;
-        for p in Priority::HIGHEST_FIRST {
-            let priority_bits = ((1u32 << BUCKET_COUNT) - 1) << (p.index() * BUCKET_COUNT);
-            for s in 0..self.io.submitters.len() {
-                let mut classes = self.io.submitters[s].unread & priority_bits;
-                while classes != 0 && budget > 0 {
-                    let class = classes.trailing_zeros() as usize;
-                    classes &= classes - 1;
-                    loop {
-                        if budget == 0 {
-                            break;
-                        }
-                        let Some(sub) = self.io.submitters[s].inputs[class].pop() else {
-                            self.io.submitters[s].unread &= !(1 << class);
-                            break;
-                        };
-                        budget -= 1;
-                        worked = true;
-                        self.admit_one(now, s as u16, sub);
-                    }
-                }
-            }
-        }
-        worked
+        let core = &mut self.core;
+        self.io
+            .drain_submissions(|io, s, sub| Self::admit_one(core, io, now, s, sub))
     }
 
-    fn admit_one(&mut self, now: Nanos, submitter: u16, sub: Submission) {
+    fn admit_one(core: &mut Core, io: &mut EngineIo, now: Nanos, submitter: u16, sub: Submission) {
         let Submission { meta, work, reply } = sub;
-        match self.core.admit(now, meta) {
+        match core.admit(now, meta) {
             Ok(ticket) => {
-                let slot = &mut self.io.pending[ticket.index as usize];
+                let slot = &mut io.pending[ticket.index as usize];
                 debug_assert!(slot.reply.is_none(), "pending slot reused while live");
                 slot.work = Some(work);
                 slot.reply = Some(reply);
@@ -271,8 +231,7 @@ impl Engine {
             }
             Err(reject) => {
                 drop(work);
-                self.io
-                    .send(submitter, reply, Err(RequestError::Rejected(reject)));
+                io.send(submitter, reply, Err(RequestError::Rejected(reject)));
             }
         }
     }
@@ -280,12 +239,15 @@ impl Engine {
     fn drain_results(&mut self, now: Nanos) -> bool {
         let mut worked = false;
         for w in 0..self.io.workers.len() {
-            while let Some(ResultMsg {
-                batch,
-                mut items,
-                result,
-            }) = self.io.workers[w].results.pop()
-            {
+            while let Some(msg) = self.io.workers[w].results.pop() {
+                let FromWorker::Batch(ResultMsg {
+                    batch,
+                    mut items,
+                    result,
+                }) = msg
+                else {
+                    unreachable!("request-level engine sent no steps");
+                };
                 worked = true;
                 let outcome = if result.is_ok() {
                     BatchOutcome::Ok
@@ -341,8 +303,82 @@ impl Engine {
 }
 
 impl EngineIo {
+    /// I/O state for `workers` with a pending table of `table_capacity` slots and
+    /// `batch_bufs` batch buffers of capacity `batch_len` (0 of them for continuous mode).
+    pub(super) fn new(
+        clock: Clock,
+        shared: Arc<Shared>,
+        workers: Vec<WorkerLink>,
+        max_submitters: usize,
+        table_capacity: usize,
+        batch_bufs: usize,
+        batch_len: usize,
+    ) -> EngineIo {
+        EngineIo {
+            clock,
+            shared,
+            submitters: Vec::with_capacity(max_submitters),
+            needs_wake: Vec::with_capacity(max_submitters),
+            pending: (0..table_capacity.max(1))
+                .map(|_| PendingSlot {
+                    work: None,
+                    reply: None,
+                    submitter: 0,
+                    arrival_ns: 0,
+                })
+                .collect(),
+            workers,
+            free_bufs: (0..batch_bufs)
+                .map(|_| Vec::with_capacity(batch_len))
+                .collect(),
+            new_latencies_ns: Vec::with_capacity(SAMPLE_BUFFER),
+            new_batch_sizes: Vec::with_capacity(SAMPLE_BUFFER),
+            samples_dropped: 0,
+            published_at_ns: 0,
+        }
+    }
+
+    /// Pops submissions, highest priority first across submitters, up to the per-turn
+    /// budget, handing each to `admit(io, submitter, submission)`. True if any.
+    pub(super) fn drain_submissions(
+        &mut self,
+        mut admit: impl FnMut(&mut EngineIo, u16, Submission),
+    ) -> bool {
+        let mut any = 0u32;
+        for link in self.submitters.iter_mut() {
+            // Acquire: pairs with the submitter's Release fetch_or after its push.
+            link.unread |= link.ready.swap(0, Ordering::Acquire);
+            any |= link.unread;
+        }
+        if any == 0 {
+            return false;
+        }
+        let mut budget = ADMIT_BUDGET_PER_TURN;
+        let mut worked = false;
+        for p in Priority::HIGHEST_FIRST {
+            let priority_bits = ((1u32 << BUCKET_COUNT) - 1) << (p.index() * BUCKET_COUNT);
+            for s in 0..self.submitters.len() {
+                let mut classes = self.submitters[s].unread & priority_bits;
+                while classes != 0 && budget > 0 {
+                    let class = classes.trailing_zeros() as usize;
+                    classes &= classes - 1;
+                    while budget > 0 {
+                        let Some(sub) = self.submitters[s].inputs[class].pop() else {
+                            self.submitters[s].unread &= !(1 << class);
+                            break;
+                        };
+                        budget -= 1;
+                        worked = true;
+                        admit(self, s as u16, sub);
+                    }
+                }
+            }
+        }
+        worked
+    }
+
     /// Takes newly registered submitters.
-    fn accept_submitters(&mut self) -> bool {
+    pub(super) fn accept_submitters(&mut self) -> bool {
         let mut worked = false;
         while self.submitters.len() < self.submitters.capacity() {
             let Some(link) = self.shared.registrations.pop() else {
@@ -381,7 +417,11 @@ impl EngineIo {
                 }
                 self.record_sample(SampleKind::BatchSize, tickets.len() as u64);
                 let link = &mut self.workers[worker];
-                if link.batches.push(BatchMsg { batch, items }).is_err() {
+                if link
+                    .batches
+                    .push(ToWorker::Batch(BatchMsg { batch, items }))
+                    .is_err()
+                {
                     unreachable!("worker ring sized to max_inflight_per_worker");
                 }
                 link.bell.ring();
@@ -393,7 +433,7 @@ impl EngineIo {
     }
 
     /// Answers the request in table slot `index`.
-    fn finish(&mut self, now: Nanos, index: u32, outcome: Outcome) {
+    pub(super) fn finish(&mut self, now: Nanos, index: u32, outcome: Outcome) {
         let slot = &mut self.pending[index as usize];
         let reply = slot
             .reply
@@ -435,7 +475,7 @@ impl EngineIo {
         true
     }
 
-    fn move_samples(samples: &mut Vec<u64>, into: &mut Histogram<u64>) {
+    pub(super) fn move_samples(samples: &mut Vec<u64>, into: &mut Histogram<u64>) {
         for &v in samples.iter() {
             let _ = into.record(v);
         }
@@ -443,7 +483,7 @@ impl EngineIo {
     }
 
     /// Delivers an outcome to its reply target.
-    fn send(&mut self, submitter: u16, reply: Reply, outcome: Outcome) {
+    pub(super) fn send(&mut self, submitter: u16, reply: Reply, outcome: Outcome) {
         match reply {
             Reply::Waiter(w) => w.complete(outcome),
             Reply::Tag(tag) => {
@@ -461,7 +501,7 @@ impl EngineIo {
     }
 
     /// Wakes each submitter that got completions this turn, once.
-    fn flush_wakes(&mut self) {
+    pub(super) fn flush_wakes(&mut self) {
         for (s, flag) in self.needs_wake.iter_mut().enumerate() {
             if std::mem::take(flag) {
                 if let Some(wake) = &self.submitters[s].wake {
@@ -472,14 +512,14 @@ impl EngineIo {
     }
 
     /// Any submission waiting in a ring?
-    fn any_input(&self) -> bool {
+    pub(super) fn any_input(&self) -> bool {
         self.submitters
             .iter()
             .any(|s| s.unread != 0 || s.ready.load(Ordering::Relaxed) != 0)
     }
 
     /// Anything at all for the engine to do (the doorbell's re-check).
-    fn has_work(&self) -> bool {
+    pub(super) fn has_work(&self) -> bool {
         !self.shared.control.is_empty()
             || !self.shared.registrations.is_empty()
             || self.any_input()

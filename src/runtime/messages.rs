@@ -148,6 +148,26 @@ pub struct ResultMsg {
     pub result: Result<(), ExecError>,
 }
 
+/// What the engine sends a worker.
+#[derive(Debug)]
+pub enum ToWorker {
+    /// Request-level batching: run this batch.
+    Batch(BatchMsg),
+    /// Continuous batching: run one step (a recycled buffer of `max_slots` capacity).
+    Step(Vec<crate::exec::StepItem>),
+}
+
+/// What a worker sends back.
+#[derive(Debug)]
+pub enum FromWorker {
+    Batch(ResultMsg),
+    /// The step's items with their results filled, or the executor's error.
+    Step(
+        Vec<crate::exec::StepItem>,
+        Result<(), crate::exec::ExecError>,
+    ),
+}
+
 /// A control message for the engine.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Control {

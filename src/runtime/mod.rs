@@ -500,7 +500,7 @@ impl Submitter {
             meta,
             work: Work {
                 kind,
-                prompt,
+                prompt: prompt.into(),
                 max_tokens,
                 dimensions,
                 seed,

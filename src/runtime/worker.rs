@@ -6,7 +6,7 @@
 
 use super::doorbell::Doorbell;
 use super::idle::{IdlePolicy, Idler};
-use super::messages::{BatchMsg, ResultMsg};
+use super::messages::{BatchMsg, FromWorker, ResultMsg, ToWorker};
 use super::ring::{Consumer, Producer};
 use crate::exec::{ExecError, Executor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 /// Everything one worker thread owns.
 pub struct WorkerThread {
     pub id: usize,
-    pub batches: Consumer<BatchMsg>,
-    pub results: Producer<ResultMsg>,
+    pub batches: Consumer<ToWorker>,
+    pub results: Producer<FromWorker>,
     pub executor: Box<dyn Executor>,
     pub bell: Arc<Doorbell>,
     pub engine_bell: Arc<Doorbell>,
@@ -28,27 +28,40 @@ pub struct WorkerThread {
 }
 
 impl WorkerThread {
+    /// Runs `f` on the executor, turning a panic into an error for this batch or step.
+    fn guarded(
+        &mut self,
+        f: impl FnOnce(&mut dyn Executor) -> Result<(), ExecError>,
+    ) -> Result<(), ExecError> {
+        let exec = &mut *self.executor;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(exec)))
+            .unwrap_or_else(|_| Err(ExecError::Backend("executor panicked".into())))
+    }
+
     /// The worker's loop; returns when `stop` is set and its ring is empty.
     pub fn run(mut self) {
         self.bell.bind_current();
         let mut idler = Idler::new(self.idle, self.spin);
         loop {
-            if let Some(BatchMsg { batch, mut items }) = self.batches.pop() {
+            if let Some(msg) = self.batches.pop() {
                 idler.busy();
-                let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    self.executor.execute(&mut items)
-                })) {
-                    Ok(r) => r,
-                    Err(_) => Err(ExecError::Backend("executor panicked".into())),
+                let reply = match msg {
+                    ToWorker::Batch(BatchMsg { batch, mut items }) => {
+                        let result = self.guarded(|exec| exec.execute(&mut items));
+                        FromWorker::Batch(ResultMsg {
+                            batch,
+                            items,
+                            result,
+                        })
+                    }
+                    ToWorker::Step(mut items) => {
+                        let result = self.guarded(|exec| exec.step(&mut items));
+                        FromWorker::Step(items, result)
+                    }
                 };
-                let msg = ResultMsg {
-                    batch,
-                    items,
-                    result,
-                };
-                // The engine sends at most `capacity` batches before it gets them back, and
+                // The engine sends at most `capacity` messages before it gets them back, and
                 // the result ring has the same capacity, so this cannot be full.
-                if self.results.push(msg).is_err() {
+                if self.results.push(reply).is_err() {
                     unreachable!(
                         "worker {} result ring full: engine invariant broken",
                         self.id
