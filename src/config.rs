@@ -336,6 +336,8 @@ impl DynamicConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BatchingConfig {
+    /// request (batches formed by a strategy) | continuous (iteration-level, [continuous])
+    pub mode: String,
     pub strategy: String,
     pub min_batch_size: usize,
     pub max_batch_size: usize,
@@ -360,6 +362,7 @@ impl Default for BatchingConfig {
     fn default() -> Self {
         let p = StrategyParams::default();
         BatchingConfig {
+            mode: "request".into(),
             strategy: StrategyKind::QueueDepth.as_str().into(),
             min_batch_size: 1,
             max_batch_size: 32,
@@ -375,6 +378,35 @@ impl Default for BatchingConfig {
             request_timeout: Millis(30_000),
             priority_max_wait_ms: PriorityWaits::default(),
             dynamic: DynamicConfig::default(),
+        }
+    }
+}
+
+/// `[continuous]`: iteration-level batching (`batching.mode = "continuous"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContinuousSection {
+    /// Slots (concurrent requests) per replica.
+    pub max_slots: usize,
+    /// Most prompt tokens one slot prefills in one step.
+    pub prefill_chunk: u32,
+    /// Token budget of one step (decode tokens + prefill tokens).
+    pub n_batch: u32,
+    /// Requests waiting for a slot, at most; more are 429.
+    pub max_queue: usize,
+    /// Mean of the exponential distribution of a request's natural output length (it stops
+    /// by itself, finish_reason "stop"), capped by max_tokens; 0: run to max_tokens.
+    pub natural_length_mean_tokens: u32,
+}
+
+impl Default for ContinuousSection {
+    fn default() -> Self {
+        ContinuousSection {
+            max_slots: 16,
+            prefill_chunk: 512,
+            n_batch: 2048,
+            max_queue: 1024,
+            natural_length_mean_tokens: 0,
         }
     }
 }
@@ -514,6 +546,7 @@ pub struct Config {
     pub health: HealthConfig,
     pub metrics: MetricsConfig,
     pub engine: EngineConfig,
+    pub continuous: ContinuousSection,
 }
 
 /// Command-line overrides for the common keys.
@@ -807,7 +840,9 @@ impl Config {
                 latency,
                 embedding_dimensions: w.embedding_dimensions,
                 seed: w.seed,
+                natural_length_mean_tokens: self.continuous.natural_length_mean_tokens,
             },
+            continuous: self.continuous_config(w.count)?,
             faults: FaultSettings {
                 error_rate: w.fault_error_rate,
                 added_latency_ms: w.fault_added_latency_ms,
@@ -821,6 +856,51 @@ impl Config {
             max_submitters: self.server.io_threads + 8,
             on_thread_start: None,
         })
+    }
+
+    /// The continuous scheduler's settings when `batching.mode = "continuous"`.
+    fn continuous_config(
+        &self,
+        replicas: usize,
+    ) -> Result<Option<crate::core::continuous::ContinuousConfig>, ConfigError> {
+        match self.batching.mode.as_str() {
+            "request" => return Ok(None),
+            "continuous" => {}
+            other => {
+                return Err(invalid(
+                    "batching.mode",
+                    other,
+                    "valid modes are request, continuous",
+                ))
+            }
+        }
+        let c = &self.continuous;
+        at_least("continuous.max_slots", c.max_slots, 1)?;
+        at_least("continuous.prefill_chunk", c.prefill_chunk as usize, 1)?;
+        at_least("continuous.n_batch", c.n_batch as usize, 1)?;
+        at_least("continuous.max_queue", c.max_queue, 1)?;
+        let d = &self.batching.dynamic;
+        let kv = crate::core::continuous::kv_capacity_tokens(
+            d.m_max_gb,
+            d.m_model_gb,
+            d.kv_gb_per_token,
+            d.safety_fraction,
+        );
+        if kv == 0 {
+            return Err(invalid(
+                "batching.dynamic.m_max_gb",
+                d.m_max_gb,
+                "leaves no KV cache for continuous batching (must exceed m_model_gb)",
+            ));
+        }
+        Ok(Some(crate::core::continuous::ContinuousConfig {
+            replicas,
+            max_slots: c.max_slots,
+            prefill_chunk: c.prefill_chunk,
+            n_batch: c.n_batch,
+            kv_capacity_tokens: kv,
+            max_queue: c.max_queue,
+        }))
     }
 
     /// The effective config as TOML (for `abe config show`).

@@ -725,3 +725,41 @@ fn stream_true_answers_with_server_sent_events_in_openai_chunk_shapes() {
     assert_eq!(c.request("GET", "/health", None).status, 200);
     abe.shutdown();
 }
+
+#[test]
+fn continuous_mode_serves_the_api_and_exports_its_slots_and_steps() {
+    let mut cfg = test_config();
+    cfg.batching.mode = "continuous".into();
+    cfg.continuous.natural_length_mean_tokens = 4;
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt":["a","b","c"],"max_tokens":30}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    for ch in v["choices"].as_array().unwrap() {
+        let reason = ch["finish_reason"].as_str().unwrap();
+        assert!(reason == "stop" || reason == "length");
+    }
+    let r = c.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}"#),
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.text().ends_with("data: [DONE]\n\n"));
+    let r = c.request("POST", "/admin/strategy/fixed", None);
+    assert_eq!(r.status, 400);
+    assert!(r.error_message().contains("continuous batching"));
+    std::thread::sleep(Duration::from_millis(150));
+    let text = c.request("GET", "/metrics", None).text();
+    assert!(
+        text.contains("abe_continuous_slots 32"),
+        "2 replicas x 16 slots"
+    );
+    assert!(text.contains("abe_continuous_steps_total"));
+    abe.shutdown();
+}

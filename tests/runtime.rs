@@ -306,3 +306,122 @@ fn a_full_queue_refuses_with_an_overload_error_and_serves_the_rest() {
     );
     assert!((40..100).contains(&ok), "ok {ok}");
 }
+
+fn continuous_config(replicas: usize, latency: LatencyModel) -> RuntimeConfig {
+    let mut cfg = config(replicas, latency);
+    cfg.continuous = Some(abe::core::continuous::ContinuousConfig {
+        max_slots: 8,
+        prefill_chunk: 64,
+        n_batch: 256,
+        max_queue: 4096,
+        ..Default::default()
+    });
+    cfg
+}
+
+#[test]
+fn continuous_mode_answers_every_request_once_with_natural_lengths() {
+    let mut cfg = continuous_config(
+        2,
+        LatencyModel::Calibrated {
+            prefill_ms_per_token: 0.001,
+            beta_ms: 0.05,
+            gamma: 0.316,
+        },
+    );
+    cfg.sim.natural_length_mean_tokens = 6;
+    let handle = Arc::new(runtime::start(cfg).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let handle = handle.clone();
+            std::thread::spawn(move || {
+                let pending: Vec<Pending> = (0..100)
+                    .map(|i| {
+                        let mut r = completion(
+                            &format!("t{t} r{i} {}", "x".repeat(i * 7)),
+                            Priority::Normal,
+                        );
+                        r.max_tokens = 20;
+                        handle.submit(r)
+                    })
+                    .collect();
+                wait_all(pending)
+            })
+        })
+        .collect();
+    let (mut stop, mut length) = (0, 0);
+    for t in threads {
+        for outcome in t.join().unwrap() {
+            match outcome.expect("served") {
+                Output::Text {
+                    text,
+                    completion_tokens,
+                    finish_reason,
+                    ..
+                } => {
+                    assert_eq!(text.split(' ').count() as u32, completion_tokens);
+                    assert!((1..=20).contains(&completion_tokens));
+                    match finish_reason {
+                        abe::exec::FinishReason::Stop => stop += 1,
+                        abe::exec::FinishReason::Length => {
+                            assert_eq!(completion_tokens, 20);
+                            length += 1
+                        }
+                    }
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(stop + length, 800);
+    assert!(
+        stop > 0 && length > 0,
+        "mean 6 of 20: most stop by themselves ({stop}/{length})"
+    );
+    let report = handle.shutdown(Duration::from_secs(10));
+    assert!(report.clean, "{report:?}");
+    let snap = handle.snapshot();
+    let c = snap.continuous.expect("continuous state published");
+    assert_eq!(c.stats.completed, 800);
+    assert!(c.stats.decode_tokens > 0 && c.stats.prefill_tokens > 0);
+    assert_eq!(snap.stats.completed, 800);
+}
+
+#[test]
+fn continuous_mode_output_matches_request_level_output_for_the_same_request() {
+    let req = || {
+        let mut r = completion("same prompt, same seed", Priority::High);
+        r.max_tokens = 12;
+        r.seed = Some(42);
+        r
+    };
+    let a = runtime::start(config(1, LatencyModel::None)).unwrap();
+    let b = runtime::start(continuous_config(1, LatencyModel::None)).unwrap();
+    let text = |o: runtime::Outcome| match o.unwrap() {
+        Output::Text { text, .. } => text,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(text(a.submit(req()).wait()), text(b.submit(req()).wait()));
+}
+
+#[test]
+fn continuous_mode_shutdown_deadline_aborts_hung_steps_and_answers_everything() {
+    let handle = runtime::start(continuous_config(1, LatencyModel::None)).unwrap();
+    handle.set_faults(
+        0,
+        FaultSettings {
+            hang_rate: 1.0,
+            hang_ms: 60_000.0,
+            ..Default::default()
+        },
+    );
+    let pending: Vec<Pending> = (0..30)
+        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::Normal)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let report = handle.shutdown(Duration::from_millis(200));
+    assert!(!report.clean);
+    for o in wait_all(pending) {
+        assert_eq!(o.unwrap_err(), RequestError::Failed(FailReason::Aborted));
+    }
+}

@@ -459,6 +459,14 @@ fn admin(ctx: &ApiContext, head: &Head, path: &str) -> Response {
         )
         .with_header("Allow: POST");
     }
+    if ctx.config.batching.mode == "continuous" {
+        return Response::error(
+            Status::BadRequest,
+            "not_applicable",
+            "strategies choose request-level batches; this server runs continuous batching \
+             (batching.mode = \"continuous\")",
+        );
+    }
     let kind: StrategyKind = match name.parse() {
         Ok(k) => k,
         Err(e) => {

@@ -266,6 +266,16 @@ impl Continuous {
         self.draining = true;
     }
 
+    /// True once `begin_drain` (or `abort_all`) was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Capacity of the request table (waiting + active), for the driver's own tables.
+    pub fn table_capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
     /// Nothing waiting, nothing active, no step out.
     pub fn is_idle(&self) -> bool {
         self.waiting_len == 0
@@ -401,6 +411,42 @@ impl Continuous {
             }
         }
         rep.entries.clear();
+    }
+
+    /// Fails everything: every waiting request and every active slot is freed and handed to
+    /// `out` (shutdown deadline passed). Steps still out come back through
+    /// `complete_step`, which then finds their slots idle and ignores them.
+    pub fn abort_all(&mut self, out: &mut impl FnMut(Ticket)) {
+        self.draining = true;
+        for p in 0..Priority::COUNT {
+            while let Some(index) = self.waiting[p].pop_front(&mut self.table) {
+                self.waiting_len -= 1;
+                let ticket = self.table.ticket_at(index);
+                self.table.remove(ticket);
+                out(ticket);
+            }
+        }
+        for r in 0..self.replicas.len() {
+            for s in 0..self.replicas[r].slots.len() {
+                let slot = &mut self.replicas[r].slots[s];
+                if slot.phase != SlotPhase::Idle {
+                    let ticket = slot.ticket;
+                    *slot = IDLE_SLOT;
+                    self.table.remove(ticket);
+                    out(ticket);
+                }
+            }
+        }
+    }
+
+    /// Is a step running on `replica`?
+    pub fn is_busy(&self, replica: usize) -> bool {
+        self.replicas[replica].busy
+    }
+
+    /// Total slots over all replicas.
+    pub fn slots_total(&self) -> usize {
+        self.replicas.len() * self.cfg.max_slots
     }
 
     /// Admits waiting requests (highest priority first, FIFO within) into free slots while

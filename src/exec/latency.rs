@@ -97,6 +97,28 @@ impl LatencyModel {
     }
 }
 
+impl LatencyModel {
+    /// Service time in ms of one continuous-batching step with `decode` decode tokens (one
+    /// per generating slot) and `prefill` prompt tokens. `calibrated`: prefill at its
+    /// per-token cost plus one decode step `beta (1 + gamma (b-1)/b)` for `b = decode`;
+    /// `linear`: `per_token` for every token of the step (its per-batch base does not apply
+    /// to steps); `none`: 0.
+    pub fn step_ms(&self, decode: u32, prefill: u32) -> f64 {
+        match *self {
+            LatencyModel::None => 0.0,
+            LatencyModel::Linear { per_token_ms, .. } => per_token_ms * f64::from(decode + prefill),
+            LatencyModel::Calibrated {
+                prefill_ms_per_token,
+                beta_ms,
+                gamma,
+            } => {
+                prefill_ms_per_token * f64::from(prefill)
+                    + decode_step_ms(beta_ms, gamma, f64::from(decode))
+            }
+        }
+    }
+}
+
 /// One decode step with `b` active requests: `beta x (1 + gamma (b-1)/b)`.
 pub fn decode_step_ms(beta_ms: f64, gamma: f64, b: f64) -> f64 {
     if b <= 0.0 {

@@ -3,7 +3,8 @@
 //! per batch from shared atomics, so tests and chaos runs can change it while it runs.
 
 use super::latency::LatencyModel;
-use super::{prompt_tokens, synth, BatchItem, ExecError, Executor, FinishReason, Output};
+use super::{prompt_tokens, synth, BatchItem, ExecError, Executor, FinishReason, Output, StepItem};
+use crate::core::continuous::EntryResult;
 use crate::core::Kind;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -72,6 +73,10 @@ pub struct SimConfig {
     pub embedding_dimensions: u32,
     /// RNG seed (latency noise and fault draws).
     pub seed: u64,
+    /// Continuous batching: mean of the exponential distribution a request's natural
+    /// length (where it stops by itself, finish_reason "stop") is drawn from, capped by
+    /// max_tokens; 0: every request runs to max_tokens.
+    pub natural_length_mean_tokens: u32,
 }
 
 impl Default for SimConfig {
@@ -80,8 +85,21 @@ impl Default for SimConfig {
             latency: LatencyModel::LINEAR_DEFAULT,
             embedding_dimensions: 384,
             seed: 1,
+            natural_length_mean_tokens: 0,
         }
     }
+}
+
+/// A request occupying a slot in continuous batching.
+struct SlotState {
+    /// Draws the words of the output, one per token.
+    words: SmallRng,
+    prompt_tokens: u32,
+    max_tokens: u32,
+    /// Where the request stops by itself (EOS).
+    natural_tokens: u32,
+    generated: u32,
+    text: String,
 }
 
 /// The simulated model replica.
@@ -90,6 +108,8 @@ pub struct SimExecutor {
     faults: Arc<Faults>,
     stop: Arc<AtomicBool>,
     rng: SmallRng,
+    /// Continuous batching: per-slot request state (the "KV cache").
+    slots: Vec<Option<SlotState>>,
 }
 
 impl SimExecutor {
@@ -101,6 +121,7 @@ impl SimExecutor {
             faults,
             stop,
             rng,
+            slots: Vec::new(),
         }
     }
 
@@ -120,7 +141,97 @@ impl SimExecutor {
     }
 }
 
+impl SimExecutor {
+    /// Slot state for a request admitted in this step; deterministic in the prompt, seed
+    /// and sampling settings, so a preempted request regenerates the same tokens.
+    fn slot_state(&self, work: &super::Work) -> SlotState {
+        let key = synth::stream_key(&work.prompt, work.seed);
+        let mut natural_rng = SmallRng::seed_from_u64(key ^ 0x6e61_7475_7261_6c00);
+        let natural_tokens = match self.cfg.natural_length_mean_tokens {
+            0 => work.max_tokens,
+            mean => {
+                let u: f64 = natural_rng.gen_range(f64::MIN_POSITIVE..1.0);
+                ((-f64::from(mean) * u.ln()).round() as u32).max(1)
+            }
+        };
+        SlotState {
+            words: SmallRng::seed_from_u64(key),
+            prompt_tokens: prompt_tokens(&work.prompt),
+            max_tokens: work.max_tokens.max(1),
+            natural_tokens: natural_tokens.min(work.max_tokens.max(1)),
+            generated: 0,
+            text: String::new(),
+        }
+    }
+}
+
 impl Executor for SimExecutor {
+    fn step(&mut self, items: &mut [StepItem]) -> Result<(), ExecError> {
+        let faults = self.faults.get();
+        let (decode, prefill) = crate::core::continuous::step_tokens(
+            &items
+                .iter()
+                .map(|i| i.entry)
+                .collect::<smallvec::SmallVec<[_; 64]>>(),
+        );
+        let mut ms = self.cfg.latency.step_ms(decode, prefill) + faults.added_latency_ms;
+        if faults.hang_rate > 0.0 && self.rng.gen_bool(faults.hang_rate.clamp(0.0, 1.0)) {
+            ms += faults.hang_ms;
+        }
+        self.sleep_ms(ms);
+        if faults.error_rate > 0.0 && self.rng.gen_bool(faults.error_rate.clamp(0.0, 1.0)) {
+            return Err(ExecError::Injected("error_rate"));
+        }
+        for item in items.iter_mut() {
+            let slot = item.entry.slot as usize;
+            if slot >= self.slots.len() {
+                self.slots.resize_with(slot + 1, || None);
+            }
+            if item.entry.admitted {
+                let Some(work) = item.work.as_ref() else {
+                    return Err(ExecError::Backend(format!(
+                        "slot {slot} admitted without its request"
+                    )));
+                };
+                self.slots[slot] = Some(self.slot_state(work));
+            }
+            item.token = None;
+            item.output = None;
+            item.result = EntryResult::Continue;
+            if !item.entry.samples() {
+                continue;
+            }
+            let Some(state) = self.slots[slot].as_mut() else {
+                return Err(ExecError::Backend(format!("slot {slot} has no request")));
+            };
+            let word = synth::word(&mut state.words);
+            let piece = if state.generated == 0 {
+                word.to_string()
+            } else {
+                format!(" {word}")
+            };
+            state.text.push_str(&piece);
+            state.generated += 1;
+            item.token = Some(piece);
+            let done_length = state.generated >= state.max_tokens;
+            if done_length || state.generated >= state.natural_tokens {
+                let state = self.slots[slot].take().expect("checked above");
+                item.result = EntryResult::Finished;
+                item.output = Some(Output::Text {
+                    text: state.text,
+                    prompt_tokens: state.prompt_tokens,
+                    completion_tokens: state.generated,
+                    finish_reason: if done_length {
+                        FinishReason::Length
+                    } else {
+                        FinishReason::Stop
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn execute(&mut self, items: &mut [BatchItem]) -> Result<(), ExecError> {
         let faults = self.faults.get();
         let mut shapes: smallvec::SmallVec<[(u32, u32); 64]> = smallvec::SmallVec::new();

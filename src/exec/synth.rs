@@ -23,7 +23,13 @@ pub fn stream_key(text: &str, seed: Option<u64>) -> u64 {
     h ^ seed.unwrap_or(0).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// `tokens` words of synthetic text, one word per token, separated by spaces.
+/// The next word of a synthetic stream (the stream is `SmallRng::seed_from_u64(key)`).
+pub fn word(rng: &mut SmallRng) -> &'static str {
+    VOCAB[rng.gen_range(0..VOCAB.len())]
+}
+
+/// `tokens` words of synthetic text, one word per token, separated by spaces: the same
+/// words, in order, as drawing [`word`] `tokens` times from the stream `key`.
 pub fn text(key: u64, tokens: u32) -> String {
     let mut rng = SmallRng::seed_from_u64(key);
     let mut out = String::with_capacity(tokens as usize * 7);
@@ -31,7 +37,7 @@ pub fn text(key: u64, tokens: u32) -> String {
         if i > 0 {
             out.push(' ');
         }
-        out.push_str(VOCAB[rng.gen_range(0..VOCAB.len())]);
+        out.push_str(word(&mut rng));
     }
     out
 }

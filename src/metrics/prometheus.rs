@@ -62,7 +62,65 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, out: &mut String) {
     render_batches(snapshot, out);
     render_workers(snapshot, out);
     render_research(snapshot, out);
+    render_continuous(snapshot, out);
     render_http(http, out);
+}
+
+/// Continuous batching: slots, KV cache, step composition, preemptions (only in that mode).
+fn render_continuous(snapshot: &Snapshot, out: &mut String) {
+    let Some(c) = &snapshot.continuous else {
+        return;
+    };
+    let gauges = [
+        (
+            "abe_continuous_slots",
+            "Continuous batching: slots over all replicas.",
+            c.slots_total as u64,
+        ),
+        (
+            "abe_continuous_active_slots",
+            "Continuous batching: slots holding a request (prefilling or generating).",
+            c.active_slots as u64,
+        ),
+        (
+            "abe_continuous_kv_used_tokens",
+            "Continuous batching: KV cache in use, in tokens, over all replicas.",
+            c.kv_used_tokens,
+        ),
+        (
+            "abe_continuous_kv_capacity_tokens",
+            "Continuous batching: KV cache capacity, in tokens, over all replicas.",
+            c.kv_capacity_tokens,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        single(out, name, MetricType::Gauge, help, value);
+    }
+    let counters = [
+        (
+            "abe_continuous_steps_total",
+            "Continuous batching: forward passes (ticks) run.",
+            c.stats.steps,
+        ),
+        (
+            "abe_continuous_decode_tokens_total",
+            "Continuous batching: decode tokens over all steps.",
+            c.stats.decode_tokens,
+        ),
+        (
+            "abe_continuous_prefill_tokens_total",
+            "Continuous batching: prompt tokens prefilled over all steps.",
+            c.stats.prefill_tokens,
+        ),
+        (
+            "abe_continuous_preemptions_total",
+            "Continuous batching: requests preempted (KV cache exhausted) and recomputed.",
+            c.stats.preemptions,
+        ),
+    ];
+    for (name, help, value) in counters {
+        single(out, name, MetricType::Counter, help, value);
+    }
 }
 
 /// Controller state of the `dynamic` and `multi_bin` strategies.
@@ -751,6 +809,35 @@ mod tests {
         assert_line(&out, "abe_multibin_queue_depth{bin=\"1\"} 7");
         assert_line(&out, "abe_multibin_bin_upper_tokens{bin=\"0\"} 100");
         check(&out).unwrap();
+    }
+
+    #[test]
+    fn continuous_state_is_exported_and_promtool_clean() {
+        let mut snap = busy_snapshot();
+        snap.continuous = Some(crate::runtime::snapshot::ContinuousSnapshot {
+            stats: crate::core::continuous::ContinuousStats {
+                steps: 10,
+                decode_tokens: 80,
+                prefill_tokens: 512,
+                preemptions: 1,
+                ..Default::default()
+            },
+            slots_total: 32,
+            active_slots: 5,
+            kv_used_tokens: 1234,
+            kv_capacity_tokens: 76_800,
+        });
+        let out = page(&snap, &busy_http());
+        assert_line(&out, "abe_continuous_active_slots 5");
+        assert_line(&out, "abe_continuous_preemptions_total 1");
+        check(&out).unwrap();
+        if let Some(result) = promtool_check(&out) {
+            assert!(
+                result.status.success(),
+                "{}",
+                String::from_utf8_lossy(&result.stdout)
+            );
+        }
     }
 
     #[test]

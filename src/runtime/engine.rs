@@ -83,8 +83,8 @@ pub(super) struct EngineIo {
     /// Latencies (ns) and batch sizes recorded since the last publish. Moved into the
     /// snapshot's histograms at publish time, so publishing costs O(new samples), not
     /// O(histogram size). Capacity fixed at start; when full, the engine publishes at once.
-    new_latencies_ns: Vec<u64>,
-    new_batch_sizes: Vec<u64>,
+    pub(super) new_latencies_ns: Vec<u64>,
+    pub(super) new_batch_sizes: Vec<u64>,
     /// Samples that could not be published because a reader held the snapshot lock while
     /// the buffers were full (exported, expected to stay 0).
     pub(super) samples_dropped: u64,

@@ -7,6 +7,7 @@
 //! this module may block the engine thread.
 
 pub mod clock;
+pub mod continuous_engine;
 pub mod doorbell;
 pub mod engine;
 pub mod idle;
@@ -17,6 +18,7 @@ pub mod snapshot;
 pub mod sync;
 pub mod worker;
 
+use crate::core::continuous::ContinuousConfig;
 use crate::core::strategy::StrategyKind;
 use crate::core::{request, Core, CoreConfig, RequestMeta, CLASS_COUNT};
 use crate::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
@@ -55,6 +57,8 @@ pub struct RuntimeConfig {
     pub max_submitters: usize,
     /// Called first thing on each runtime thread (tests use it to mark threads).
     pub on_thread_start: Option<fn(ThreadRole)>,
+    /// Iteration-level (continuous) batching instead of request-level batches.
+    pub continuous: Option<crate::core::continuous::ContinuousConfig>,
 }
 
 impl Default for RuntimeConfig {
@@ -69,6 +73,7 @@ impl Default for RuntimeConfig {
             ring_capacity: 1024,
             max_submitters: 64,
             on_thread_start: None,
+            continuous: None,
         }
     }
 }
@@ -212,19 +217,45 @@ pub fn start_with_executors(
             })?;
         worker_handles.push(handle);
     }
-    let core = Core::new(cfg.core.clone());
-    let engine = Engine::new(
-        core,
-        clock,
-        shared.clone(),
-        worker_links,
-        Idler::new(cfg.idle, spin),
-        cfg.max_submitters,
-        stop.clone(),
-    );
     let hook = cfg.on_thread_start;
     let engine_core = placement.engine;
     let engine_stop = stop.clone();
+    let body: Box<dyn FnOnce() + Send> = match cfg.continuous.clone() {
+        None => {
+            let engine = Engine::new(
+                Core::new(cfg.core.clone()),
+                clock,
+                shared.clone(),
+                worker_links,
+                Idler::new(cfg.idle, spin),
+                cfg.max_submitters,
+                stop.clone(),
+            );
+            Box::new(move || engine.run())
+        }
+        Some(ccfg) => {
+            let sched = crate::core::continuous::Continuous::new(ContinuousConfig {
+                replicas: cfg.core.workers,
+                ..ccfg
+            });
+            let io = engine::EngineIo::new(
+                clock,
+                shared.clone(),
+                worker_links,
+                cfg.max_submitters,
+                sched.table_capacity(),
+                0,
+                0,
+            );
+            let engine = continuous_engine::ContinuousEngine::new(
+                sched,
+                io,
+                Idler::new(cfg.idle, spin),
+                stop.clone(),
+            );
+            Box::new(move || engine.run())
+        }
+    };
     let engine_handle = std::thread::Builder::new()
         .name("abe-engine".into())
         .spawn(move || {
@@ -232,7 +263,7 @@ pub fn start_with_executors(
                 h(ThreadRole::Engine);
             }
             pin::pin_current("abe-engine", engine_core);
-            engine.run();
+            body();
             engine_stop.store(true, Ordering::Release);
             for h in worker_handles {
                 h.thread().unpark();

@@ -45,6 +45,16 @@ impl WorkerSnapshot {
     }
 }
 
+/// Continuous-batching state (only in `batching.mode = "continuous"`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ContinuousSnapshot {
+    pub stats: crate::core::continuous::ContinuousStats,
+    pub slots_total: usize,
+    pub active_slots: usize,
+    pub kv_used_tokens: u64,
+    pub kv_capacity_tokens: u64,
+}
+
 /// Everything the engine publishes.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
@@ -69,6 +79,8 @@ pub struct Snapshot {
     pub draining: bool,
     /// State of the `dynamic` / `multi_bin` controllers (kept current whatever the strategy).
     pub research: crate::core::research::ResearchSnapshot,
+    /// Slots, KV and step counters when running continuous batching.
+    pub continuous: Option<ContinuousSnapshot>,
 }
 
 impl Snapshot {
@@ -98,6 +110,7 @@ impl Snapshot {
             samples_dropped: 0,
             draining: false,
             research: Default::default(),
+            continuous: None,
         }
     }
 }
