@@ -47,7 +47,7 @@ fn round_trip(c: &mut Criterion) {
                     sent += 1;
                 }
                 let n = sub.drain_completions(|c| {
-                    assert!(c.outcome.is_ok());
+                    assert!(c.outcome().is_some_and(|o| o.is_ok()));
                 });
                 done += n as u64;
                 if n == 0 {

@@ -763,3 +763,75 @@ fn continuous_mode_serves_the_api_and_exports_its_slots_and_steps() {
     assert!(text.contains("abe_continuous_steps_total"));
     abe.shutdown();
 }
+
+#[test]
+fn continuous_mode_streams_tokens_while_the_request_is_still_generating() {
+    let mut cfg = test_config();
+    cfg.batching.mode = "continuous".into();
+    cfg.workers.count = 1;
+    cfg.workers.latency_model = "calibrated".into();
+    cfg.workers.decode_beta_ms = 2.0;
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    let mut c = Client::connect(addr);
+    c.send_raw(&request_bytes(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt":"a long answer","max_tokens":300,"stream":true}"#),
+        &[],
+    ));
+    // Head, then the first chunk: the first token.
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut c.reader, &mut line).unwrap();
+    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    loop {
+        let mut h = String::new();
+        std::io::BufRead::read_line(&mut c.reader, &mut h).unwrap();
+        if h == "\r\n" {
+            break;
+        }
+    }
+    let mut size = String::new();
+    std::io::BufRead::read_line(&mut c.reader, &mut size).unwrap();
+    let n = usize::from_str_radix(size.trim(), 16).unwrap();
+    let mut first = vec![0; n + 2];
+    std::io::Read::read_exact(&mut c.reader, &mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first).starts_with("data: {"));
+    // While we hold the first token, the request is still generating (300 steps of ~2 ms).
+    let mut m = Client::connect(addr);
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = m.request("GET", "/metrics/json", None).json();
+        if v["live_requests"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "never saw the request live after its first token"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The rest of the stream: 300 token pieces in total, then finish and [DONE].
+    let mut events = vec![String::from_utf8_lossy(&first[..n]).into_owned()];
+    loop {
+        let mut size = String::new();
+        std::io::BufRead::read_line(&mut c.reader, &mut size).unwrap();
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        let mut chunk = vec![0; n + 2];
+        std::io::Read::read_exact(&mut c.reader, &mut chunk).unwrap();
+        if n == 0 {
+            break;
+        }
+        events.push(String::from_utf8_lossy(&chunk[..n]).into_owned());
+    }
+    assert_eq!(events.last().unwrap(), "data: [DONE]\n\n");
+    let texts: Vec<String> = events[..events.len() - 2]
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e[6..].trim()).unwrap();
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(texts.concat().split(' ').count(), 300);
+    abe.shutdown();
+}

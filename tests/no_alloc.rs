@@ -75,10 +75,10 @@ fn drive(sub: &mut runtime::Submitter, n: u64, window: usize, prompt: &str) {
         }
         let got = sub.drain_completions(|c| {
             assert!(
-                c.outcome.is_ok(),
+                c.outcome().is_some_and(|o| o.is_ok()),
                 "request {} failed: {:?}",
                 c.tag,
-                c.outcome
+                c.event
             );
         });
         done += got as u64;

@@ -260,7 +260,10 @@ fn a_tagged_submitter_gets_completions_back_and_its_wake_is_called() {
         sub.drain_completions(|c| {
             assert!(!seen[c.tag as usize], "tag {} answered twice", c.tag);
             seen[c.tag as usize] = true;
-            match c.outcome.unwrap() {
+            let runtime::Event::Done(outcome) = c.event else {
+                return;
+            };
+            match outcome.unwrap() {
                 Output::Embedding { vector, .. } => {
                     assert_eq!(c.tag % 2, 1);
                     assert_eq!(vector.len(), 16);

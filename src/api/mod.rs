@@ -64,14 +64,6 @@ impl Job {
                 Err(e) => return error_response(&e),
             }
         }
-        if let Some(opts) = self.stream {
-            let kind = match self.kind {
-                JobKind::Chat => stream::StreamKind::Chat,
-                _ => stream::StreamKind::Completion,
-            };
-            let events = stream::events(kind, &self.model, self.created_unix, id, &outputs, opts);
-            return Response::sse(&events);
-        }
         match self.kind {
             JobKind::Completion => render::completion(&self.model, self.created_unix, id, &outputs),
             JobKind::Chat => render::chat_completion(&self.model, self.created_unix, id, &outputs),
@@ -312,6 +304,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             dimensions: 0,
             seed: g.seed,
             predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
+            stream: g.stream.is_some(),
         })
         .collect();
     Ok(Routed::Submit(Job {
@@ -355,6 +348,7 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             dimensions: 0,
             seed: g.seed,
             predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
+            stream: g.stream.is_some(),
         }],
         created_unix: unix_now(),
         stream: g.stream,
@@ -396,6 +390,7 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
             dimensions,
             seed: None,
             predicted_output_tokens: 0,
+            stream: false,
         })
         .collect();
     Ok(Routed::Submit(Job {

@@ -26,6 +26,8 @@ pub struct Work {
     pub dimensions: u32,
     /// Sampling seed from the client, if any (changes synthetic output deterministically).
     pub seed: Option<u64>,
+    /// The client streams: token events are wanted.
+    pub stream: bool,
 }
 
 /// Why a completion ended.

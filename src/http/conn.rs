@@ -16,6 +16,18 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::time::Instant;
 
+/// A streaming response in progress (Server-Sent Events over chunked encoding).
+pub struct StreamSlot {
+    pub writer: crate::api::stream::StreamWriter,
+    /// Framed chunks not yet moved to the write buffer.
+    pub pending: Vec<u8>,
+    pub head_written: bool,
+    /// The last chunk is in `pending` (or written): the stream is complete.
+    pub done: bool,
+    /// The first error among the parts, reported when all parts are in.
+    pub error: Option<crate::runtime::RequestError>,
+}
+
 /// One request's place in the response order.
 pub struct Slot {
     pub seq: u64,
@@ -26,6 +38,8 @@ pub struct Slot {
     pub head_only: bool,
     /// HTTP/1.0 request that asked for keep-alive: say `Connection: keep-alive`.
     pub keep_alive_header: bool,
+    /// Set for `stream: true` requests until the stream is complete.
+    pub stream: Option<StreamSlot>,
     /// Set once the response is known.
     pub response: Option<Response>,
     /// For engine jobs: how to render, and the outcomes gathered so far.
@@ -136,7 +150,36 @@ impl Conn {
     /// if it moved any.
     pub fn stage_ready(&mut self, mut on_response: impl FnMut(Endpoint, u16)) -> bool {
         let mut staged = false;
-        while let Some(front) = self.slots.front() {
+        while let Some(front) = self.slots.front_mut() {
+            if let (Some(st), None) = (front.stream.as_mut(), front.response.as_ref()) {
+                // A stream at the front: its head goes out with its first bytes (until then
+                // a failure can still be a plain HTTP error), then whatever is ready.
+                if !st.head_written && (st.done || !st.pending.is_empty()) {
+                    st.head_written = true;
+                    self.write_buf
+                        .extend_from_slice(crate::api::stream::head(front.close));
+                }
+                if st.head_written && !st.pending.is_empty() {
+                    self.write_buf.extend_from_slice(&st.pending);
+                    st.pending.clear();
+                    staged = true;
+                }
+                if !st.done {
+                    break;
+                }
+                let slot = self.slots.pop_front().expect("front exists");
+                on_response(slot.endpoint, 200);
+                staged = true;
+                if slot.close {
+                    self.close_when_flushed = true;
+                    self.read_done = true;
+                    self.slots.clear();
+                    self.read_buf.clear();
+                    self.partial = None;
+                    break;
+                }
+                continue;
+            }
             if front.response.is_none() {
                 break;
             }

@@ -5,13 +5,13 @@
 //! batch is written once. Nothing here may block: the engine's answers arrive on this
 //! thread's completion ring and a mio `Waker` says when to look.
 
-use super::conn::{Conn, Partial, ReadResult, Slot};
+use super::conn::{Conn, Partial, ReadResult, Slot, StreamSlot};
 use super::parse::{self, Method};
 use super::response::{Response, Status};
 use crate::api::{self, ApiContext, Routed};
 use crate::metrics::http_stats::Endpoint;
 use crate::runtime::doorbell::SleepFlag;
-use crate::runtime::Submitter;
+use crate::runtime::{Event, Submitter};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use std::io::Write;
@@ -405,6 +405,7 @@ impl IoThread {
             close,
             head_only,
             keep_alive_header: false,
+            stream: None,
             response: Some(response),
             job: None,
             outcomes: Vec::new(),
@@ -424,6 +425,27 @@ impl IoThread {
     ) {
         let requests = std::mem::take(&mut job.requests);
         let parts = requests.len();
+        let stream = job.stream.map(|opts| {
+            self.next_response_id += 1;
+            let kind = match job.kind {
+                api::JobKind::Chat => api::stream::StreamKind::Chat,
+                _ => api::stream::StreamKind::Completion,
+            };
+            StreamSlot {
+                writer: api::stream::StreamWriter::new(
+                    kind,
+                    opts,
+                    &job.model,
+                    job.created_unix,
+                    self.next_response_id,
+                    parts,
+                ),
+                pending: Vec::new(),
+                head_written: false,
+                done: false,
+                error: None,
+            }
+        });
         let (seq, generation) = {
             let conn = self.conns[idx].as_mut().expect("live connection");
             let seq = conn.next_seq;
@@ -434,6 +456,7 @@ impl IoThread {
                 close,
                 head_only: false,
                 keep_alive_header,
+                stream,
                 response: None,
                 job: Some(job),
                 outcomes: (0..parts).map(|_| None).collect(),
@@ -477,6 +500,31 @@ impl IoThread {
     }
 
     /// Records one part's outcome; renders the response when the job is complete.
+    /// The slot `seq` of connection `idx`, if the connection is still the one that asked.
+    fn slot_mut(&mut self, idx: usize, generation: u32, seq: u64) -> Option<&mut Slot> {
+        let conn = self.conns.get_mut(idx).and_then(|c| c.as_mut())?;
+        if conn.generation != generation {
+            return None; // connection gone: the answer has nobody to go to
+        }
+        let front = conn.slots.front()?.seq;
+        let slot = conn.slots.get_mut(seq.checked_sub(front)? as usize)?;
+        debug_assert_eq!(slot.seq, seq);
+        Some(slot)
+    }
+
+    /// A token of a streaming request: written to its stream at once.
+    fn stream_token(&mut self, f: InFlight, index: u32, text: &str) {
+        let Some(slot) = self.slot_mut(f.conn, f.generation, f.seq) else {
+            return;
+        };
+        if let Some(st) = slot.stream.as_mut() {
+            st.writer.token(f.part, index, text, &mut st.pending);
+            self.touched.push(f.conn);
+        }
+    }
+
+    /// Records one part's outcome; renders the response when the job is complete (or, for a
+    /// stream, finishes that choice and ends the stream after the last).
     fn complete_part(
         &mut self,
         idx: usize,
@@ -485,23 +533,48 @@ impl IoThread {
         part: usize,
         outcome: crate::runtime::Outcome,
     ) {
-        let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
-            return; // connection gone: the answer has nobody to go to
+        self.next_response_id += 1;
+        let response_id = self.next_response_id;
+        let Some(slot) = self.slot_mut(idx, generation, seq) else {
+            return;
         };
-        if conn.generation != generation {
+        if slot.outcomes[part].is_some() {
             return;
         }
-        let Some(front) = conn.slots.front() else {
-            return;
-        };
-        let Some(slot) = conn.slots.get_mut((seq - front.seq) as usize) else {
-            return;
-        };
-        debug_assert_eq!(slot.seq, seq);
-        if slot.outcomes[part].is_none() {
+        slot.remaining -= 1;
+        if let Some(st) = slot.stream.as_mut() {
+            match &outcome {
+                Ok(output) => st.writer.finish_part(part, output, &mut st.pending),
+                Err(e) => {
+                    if st.error.is_none() {
+                        st.error = Some(e.clone());
+                    }
+                }
+            }
             slot.outcomes[part] = Some(outcome);
-            slot.remaining -= 1;
+            if slot.remaining == 0 {
+                let st = slot.stream.as_mut().expect("checked above");
+                match st.error.take() {
+                    // Nothing streamed yet: answer with a plain HTTP error instead.
+                    Some(e) if !st.writer.started() => {
+                        slot.stream = None;
+                        slot.response = Some(api::error_response(&e));
+                    }
+                    Some(e) => {
+                        st.writer.error(&e.to_string(), &mut st.pending);
+                        st.writer.end(&mut st.pending);
+                        st.done = true;
+                    }
+                    None => {
+                        st.writer.end(&mut st.pending);
+                        st.done = true;
+                    }
+                }
+            }
+            self.touched.push(idx);
+            return;
         }
+        slot.outcomes[part] = Some(outcome);
         if slot.remaining == 0 {
             let outcomes = slot
                 .outcomes
@@ -509,18 +582,26 @@ impl IoThread {
                 .map(|o| o.take().expect("all parts answered"))
                 .collect();
             let job = slot.job.take().expect("engine slot has a job");
-            self.next_response_id += 1;
-            slot.response = Some(job.render(outcomes, self.next_response_id));
+            slot.response = Some(job.render(outcomes, response_id));
             self.touched.push(idx);
         }
     }
 
     fn drain_completions(&mut self) {
-        let mut done = Vec::new();
-        self.submitter.drain_completions(|c| done.push(c));
-        for c in done {
-            if let Some(f) = self.free_inflight_tag(c.tag as usize) {
-                self.complete_part(f.conn, f.generation, f.seq, f.part, c.outcome);
+        let mut events = Vec::new();
+        self.submitter.drain_completions(|c| events.push(c));
+        for c in events {
+            match c.event {
+                Event::Token { index, text } => {
+                    if let Some(f) = self.inflight.get(c.tag as usize).copied().flatten() {
+                        self.stream_token(f, index, &text);
+                    }
+                }
+                Event::Done(outcome) => {
+                    if let Some(f) = self.free_inflight_tag(c.tag as usize) {
+                        self.complete_part(f.conn, f.generation, f.seq, f.part, outcome);
+                    }
+                }
             }
         }
     }

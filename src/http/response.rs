@@ -92,10 +92,7 @@ pub struct Response {
     pub content_type: &'static str,
     /// Extra header lines, each without CRLF (e.g. "Retry-After: 1").
     pub headers: Vec<String>,
-    /// With `chunked`, already framed in HTTP/1.1 chunks (last-chunk included).
     pub body: Vec<u8>,
-    /// Sent with `Transfer-Encoding: chunked` instead of `Content-Length` (SSE streams).
-    pub chunked: bool,
 }
 
 impl Response {
@@ -106,7 +103,6 @@ impl Response {
             content_type: "application/json",
             headers: Vec::new(),
             body,
-            chunked: false,
         }
     }
 
@@ -117,25 +113,6 @@ impl Response {
             content_type,
             headers: Vec::new(),
             body,
-            chunked: false,
-        }
-    }
-
-    /// A Server-Sent Events stream: each event one HTTP/1.1 chunk, then the last chunk.
-    pub fn sse(events: &[Vec<u8>]) -> Response {
-        let mut body = Vec::with_capacity(events.iter().map(|e| e.len() + 12).sum::<usize>() + 5);
-        for e in events {
-            let _ = write!(body, "{:x}\r\n", e.len());
-            body.extend_from_slice(e);
-            body.extend_from_slice(b"\r\n");
-        }
-        body.extend_from_slice(b"0\r\n\r\n");
-        Response {
-            status: Status::Ok,
-            content_type: "text/event-stream",
-            headers: vec!["Cache-Control: no-cache".into()],
-            body,
-            chunked: true,
         }
     }
 
@@ -165,16 +142,12 @@ impl Response {
     pub fn write_to(&self, out: &mut Vec<u8>, close: bool, head_only: bool) {
         let _ = write!(
             out,
-            "HTTP/1.1 {} {}\r\nServer: abe\r\nContent-Type: {}\r\n",
+            "HTTP/1.1 {} {}\r\nServer: abe\r\nContent-Type: {}\r\nContent-Length: {}\r\n",
             self.status.code(),
             self.status.reason(),
             self.content_type,
+            self.body.len()
         );
-        if self.chunked {
-            out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
-        } else {
-            let _ = write!(out, "Content-Length: {}\r\n", self.body.len());
-        }
         for h in &self.headers {
             out.extend_from_slice(h.as_bytes());
             out.extend_from_slice(b"\r\n");

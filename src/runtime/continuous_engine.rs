@@ -183,6 +183,15 @@ impl ContinuousEngine {
                     unreachable!("continuous engine sent no batches");
                 };
                 self.busy_total[r] += now.saturating_sub(self.busy_since[r]);
+                if result.is_ok() {
+                    // Tokens first: a request's Done must follow its last token.
+                    for item in items.iter_mut() {
+                        if let Some(text) = item.token.take() {
+                            let e = item.entry;
+                            self.io.send_token(e.ticket.index, e.generated, text);
+                        }
+                    }
+                }
                 self.results.clear();
                 if result.is_err() {
                     // The forward pass failed: every request in it fails with the error.

@@ -10,8 +10,8 @@ use super::clock::Clock;
 use super::doorbell::Doorbell;
 use super::idle::Idler;
 use super::messages::{
-    BatchMsg, Completion, Control, FromWorker, Outcome, Reply, RequestError, ResultMsg, Submission,
-    ToWorker,
+    BatchMsg, Completion, Control, Event, FromWorker, Outcome, Reply, RequestError, ResultMsg,
+    Submission, ToWorker,
 };
 use super::ring::{Consumer, Producer};
 use super::snapshot::{WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
@@ -448,6 +448,38 @@ impl EngineIo {
         self.send(submitter, reply, outcome);
     }
 
+    /// Sends a token of a streaming request (table slot `index`) to its submitter, if the
+    /// submitter's ring has room beyond what its final answers need. Skipped tokens are not
+    /// lost: the final output carries the whole text.
+    pub(super) fn send_token(&mut self, slot_index: u32, token_index: u32, text: String) {
+        let slot = &self.pending[slot_index as usize];
+        let Some(Reply::Tag(tag)) = slot.reply else {
+            return;
+        };
+        if !slot.work.as_ref().is_some_and(|w| w.stream) {
+            return;
+        }
+        let s = slot.submitter as usize;
+        let link = &mut self.submitters[s];
+        // The ring holds 2x the submitter's in-flight limit; keep half for final answers.
+        if link.completions.free_slots() <= link.completions.capacity() / 2 {
+            return;
+        }
+        if link
+            .completions
+            .push(Completion {
+                tag,
+                event: Event::Token {
+                    index: token_index,
+                    text,
+                },
+            })
+            .is_ok()
+        {
+            self.needs_wake[s] = true;
+        }
+    }
+
     /// Buffers one sample for the next publish; a full buffer is flushed into the snapshot
     /// at once (`try_lock`: if a reader holds the lock, the sample is counted as dropped).
     fn record_sample(&mut self, kind: SampleKind, value: u64) {
@@ -490,7 +522,10 @@ impl EngineIo {
                 let s = submitter as usize;
                 if self.submitters[s]
                     .completions
-                    .push(Completion { tag, outcome })
+                    .push(Completion {
+                        tag,
+                        event: Event::Done(outcome),
+                    })
                     .is_err()
                 {
                     unreachable!("submitter in-flight limit equals its completion ring size");

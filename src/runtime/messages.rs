@@ -24,6 +24,8 @@ pub struct Request {
     pub seed: Option<u64>,
     /// Predicted output length hint (0: unknown).
     pub predicted_output_tokens: u32,
+    /// Send token events as they are generated (tagged submissions, continuous batching).
+    pub stream: bool,
 }
 
 /// Why a request got an error instead of an output.
@@ -125,11 +127,34 @@ pub struct Submission {
     pub reply: Reply,
 }
 
-/// An answer for a tagged submission, on its way back to the submitter.
+/// An event for a tagged submission, on its way back to the submitter.
 #[derive(Debug)]
 pub struct Completion {
     pub tag: u64,
-    pub outcome: Outcome,
+    pub event: Event,
+}
+
+/// What happened to a tagged submission.
+#[derive(Debug)]
+pub enum Event {
+    /// A token of a streaming request (continuous batching), in order. Best effort: the
+    /// engine skips token events when the submitter's ring is short of room, so a consumer
+    /// must take the rest of the text from the final output.
+    /// `index` is the token's position in the output: a preempted request regenerates its
+    /// tokens from 0, so a consumer keeps only the next index it expects.
+    Token { index: u32, text: String },
+    /// The final answer; exactly one per submission.
+    Done(Outcome),
+}
+
+impl Completion {
+    /// The final answer, if this is it.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        match &self.event {
+            Event::Done(o) => Some(o),
+            Event::Token { .. } => None,
+        }
+    }
 }
 
 /// A batch on its way to a worker. `items` is a recycled buffer of capacity

@@ -28,7 +28,7 @@ use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
 use engine::{Engine, SubmitterLink, WorkerLink};
 use idle::{IdlePolicy, Idler};
-pub use messages::{Completion, Outcome, Request, RequestError, ThreadRole, Waiter};
+pub use messages::{Completion, Event, Outcome, Request, RequestError, ThreadRole, Waiter};
 use messages::{Control, Reply, Submission};
 use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
@@ -454,8 +454,10 @@ impl Submitter {
             inputs.push(p);
             consumers.push(c);
         }
-        let (ctx, crx) = ring::ring(shared.ring_capacity);
-        let max_in_flight = crx.capacity();
+        // Twice the in-flight limit: final answers always fit (at most one per request in
+        // flight), and the other half carries token events of streaming requests.
+        let (ctx, crx) = ring::ring(shared.ring_capacity * 2);
+        let max_in_flight = crx.capacity() / 2;
         let ready = Arc::new(AtomicU32::new(0));
         let link = SubmitterLink {
             inputs: consumers,
@@ -512,6 +514,7 @@ impl Submitter {
             dimensions,
             seed,
             predicted_output_tokens,
+            stream,
         } = request;
         let max_tokens = if kind == crate::core::Kind::Embedding {
             0
@@ -535,6 +538,7 @@ impl Submitter {
                 max_tokens,
                 dimensions,
                 seed,
+                stream,
             },
             reply,
         };
@@ -552,11 +556,13 @@ impl Submitter {
         }
     }
 
-    /// Hands every completion that arrived to `f`; returns how many.
+    /// Hands every event that arrived to `f`; returns how many requests finished.
     pub fn drain_completions(&mut self, mut f: impl FnMut(Completion)) -> usize {
         let mut n = 0;
         while let Some(c) = self.completions.pop() {
-            n += 1;
+            if matches!(c.event, Event::Done(_)) {
+                n += 1;
+            }
             f(c);
         }
         self.in_flight -= n;
