@@ -761,6 +761,11 @@ fn continuous_mode_serves_the_api_and_exports_its_slots_and_steps() {
         "2 replicas x 16 slots"
     );
     assert!(text.contains("abe_continuous_steps_total"));
+    assert!(
+        text.contains("abe_time_to_first_token_seconds_count 4"),
+        "3 prompts + 1 chat"
+    );
+    assert!(text.contains("abe_time_per_output_token_seconds_count"));
     abe.shutdown();
 }
 

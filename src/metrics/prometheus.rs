@@ -121,6 +121,41 @@ fn render_continuous(snapshot: &Snapshot, out: &mut String) {
     for (name, help, value) in counters {
         single(out, name, MetricType::Counter, help, value);
     }
+    single(
+        out,
+        "abe_continuous_output_tokens_total",
+        MetricType::Counter,
+        "Continuous batching: output tokens of completed requests (rate() gives tokens/s).",
+        c.output_tokens,
+    );
+    let name = "abe_time_to_first_token_seconds";
+    family(
+        out,
+        name,
+        MetricType::Histogram,
+        "Continuous batching: arrival to first sampled token (sum approximated from mean x count).",
+    );
+    render_hdr_histogram(
+        &snapshot.ttft,
+        &LATENCY_BOUNDS_NS,
+        NANOS_PER_SECOND_F64,
+        name,
+        out,
+    );
+    let name = "abe_time_per_output_token_seconds";
+    family(
+        out,
+        name,
+        MetricType::Histogram,
+        "Continuous batching: (last token - first token) / (tokens - 1) per request (sum approximated from mean x count).",
+    );
+    render_hdr_histogram(
+        &snapshot.tpot,
+        &LATENCY_BOUNDS_NS,
+        NANOS_PER_SECOND_F64,
+        name,
+        out,
+    );
 }
 
 /// Controller state of the `dynamic` and `multi_bin` strategies.
@@ -826,10 +861,22 @@ mod tests {
             active_slots: 5,
             kv_used_tokens: 1234,
             kv_capacity_tokens: 76_800,
+            output_tokens: 90,
         });
+        let _ = snap.ttft.record(25_000_000);
+        let _ = snap.tpot.record(6_000_000);
         let out = page(&snap, &busy_http());
         assert_line(&out, "abe_continuous_active_slots 5");
         assert_line(&out, "abe_continuous_preemptions_total 1");
+        assert_line(&out, "abe_continuous_output_tokens_total 90");
+        assert_line(
+            &out,
+            "abe_time_to_first_token_seconds_bucket{le=\"0.025\"} 1",
+        );
+        assert_line(
+            &out,
+            "abe_time_per_output_token_seconds_bucket{le=\"0.01\"} 1",
+        );
         check(&out).unwrap();
         if let Some(result) = promtool_check(&out) {
             assert!(

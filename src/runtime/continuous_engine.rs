@@ -18,6 +18,18 @@ use crate::exec::StepItem;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// Token-timing samples buffered between publishes (each kind).
+const TOKEN_SAMPLES: usize = 16 * 1024;
+
+/// Pushes a sample unless the buffer is full (then it is counted as dropped).
+fn push_sample(buf: &mut Vec<u64>, value: u64, dropped: &mut u64) {
+    if buf.len() < buf.capacity() {
+        buf.push(value);
+    } else {
+        *dropped += 1;
+    }
+}
+
 /// The continuous-batching engine.
 pub struct ContinuousEngine {
     sched: Continuous,
@@ -41,6 +53,11 @@ pub struct ContinuousEngine {
     drain_deadline_ns: Option<Nanos>,
     aborted: bool,
     stop: Arc<AtomicBool>,
+    /// Time-to-first-token and time-per-output-token samples since the last publish
+    /// (capacity fixed at start; when full, samples are counted as dropped).
+    new_ttft_ns: Vec<u64>,
+    new_tpot_ns: Vec<u64>,
+    output_tokens: u64,
 }
 
 impl ContinuousEngine {
@@ -73,6 +90,9 @@ impl ContinuousEngine {
             drain_deadline_ns: None,
             aborted: false,
             stop,
+            new_ttft_ns: Vec::with_capacity(TOKEN_SAMPLES),
+            new_tpot_ns: Vec::with_capacity(TOKEN_SAMPLES),
+            output_tokens: 0,
         }
     }
 
@@ -149,6 +169,7 @@ impl ContinuousEngine {
                     slot.reply = Some(reply);
                     slot.submitter = s;
                     slot.arrival_ns = meta.arrival_ns;
+                    slot.first_token_ns = 0;
                 }
                 Err(reject) => {
                     let error = match reject {
@@ -188,6 +209,16 @@ impl ContinuousEngine {
                     for item in items.iter_mut() {
                         if let Some(text) = item.token.take() {
                             let e = item.entry;
+                            let slot = &mut self.io.pending[e.ticket.index as usize];
+                            if e.generated == 0 && slot.first_token_ns == 0 {
+                                slot.first_token_ns = now.max(1);
+                                let ttft = now.saturating_sub(slot.arrival_ns).max(1);
+                                push_sample(
+                                    &mut self.new_ttft_ns,
+                                    ttft,
+                                    &mut self.io.samples_dropped,
+                                );
+                            }
                             self.io.send_token(e.ticket.index, e.generated, text);
                         }
                     }
@@ -207,6 +238,8 @@ impl ContinuousEngine {
                     .complete_step(r, &self.results, &mut |t, res| ended.push((t, res)));
                 for i in 0..self.ended.len() {
                     let (ticket, _) = self.ended[i];
+                    let first_token_ns =
+                        std::mem::take(&mut self.io.pending[ticket.index as usize].first_token_ns);
                     let outcome = match (
                         &result,
                         items.iter_mut().find(|it| it.entry.ticket == ticket),
@@ -218,6 +251,21 @@ impl ContinuousEngine {
                         (Err(e), _) => Err(RequestError::Worker(e.to_string())),
                         (Ok(()), None) => Err(RequestError::Failed(FailReason::WorkerError)),
                     };
+                    if let Ok(crate::exec::Output::Text {
+                        completion_tokens, ..
+                    }) = &outcome
+                    {
+                        self.output_tokens += u64::from(*completion_tokens);
+                        if *completion_tokens > 1 && first_token_ns > 0 {
+                            let tpot = now.saturating_sub(first_token_ns)
+                                / u64::from(completion_tokens - 1);
+                            push_sample(
+                                &mut self.new_tpot_ns,
+                                tpot.max(1),
+                                &mut self.io.samples_dropped,
+                            );
+                        }
+                    }
                     if outcome.is_ok() {
                         self.completed += 1;
                     } else {
@@ -341,7 +389,10 @@ impl ContinuousEngine {
                 .sum(),
             kv_capacity_tokens: self.sched.config().kv_capacity_tokens
                 * self.step_bufs.len() as u64,
+            output_tokens: self.output_tokens,
         });
+        EngineIo::move_samples(&mut self.new_ttft_ns, &mut snap.ttft);
+        EngineIo::move_samples(&mut self.new_tpot_ns, &mut snap.tpot);
         EngineIo::move_samples(&mut self.io.new_latencies_ns, &mut snap.latency);
         snap.samples_dropped = self.io.samples_dropped;
         snap.draining = self.sched.is_draining();

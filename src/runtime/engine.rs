@@ -60,6 +60,8 @@ pub(super) struct PendingSlot {
     pub(super) reply: Option<Reply>,
     pub(super) submitter: u16,
     pub(super) arrival_ns: Nanos,
+    /// Continuous batching: when the first output token was sampled (0: not yet).
+    pub(super) first_token_ns: Nanos,
 }
 
 /// The engine's end of one worker.
@@ -325,6 +327,7 @@ impl EngineIo {
                     reply: None,
                     submitter: 0,
                     arrival_ns: 0,
+                    first_token_ns: 0,
                 })
                 .collect(),
             workers,

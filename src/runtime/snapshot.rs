@@ -53,6 +53,8 @@ pub struct ContinuousSnapshot {
     pub active_slots: usize,
     pub kv_used_tokens: u64,
     pub kv_capacity_tokens: u64,
+    /// Output tokens generated, over all completed requests.
+    pub output_tokens: u64,
 }
 
 /// Everything the engine publishes.
@@ -71,6 +73,10 @@ pub struct Snapshot {
     pub latency: Histogram<u64>,
     /// Batch sizes, since start.
     pub batch_size: Histogram<u64>,
+    /// Continuous batching: time to first token (ns), since start.
+    pub ttft: Histogram<u64>,
+    /// Continuous batching: time per output token after the first (ns), since start.
+    pub tpot: Histogram<u64>,
     /// Requests refused before reaching the core (intake ring full).
     pub rejected_busy: u64,
     /// Latency / batch-size samples lost because a reader held the snapshot lock while the
@@ -106,6 +112,8 @@ impl Snapshot {
             latency: latency_histogram(),
             batch_size: Histogram::new_with_bounds(1, 1 << 20, 3)
                 .expect("static histogram bounds are valid"),
+            ttft: latency_histogram(),
+            tpot: latency_histogram(),
             rejected_busy: 0,
             samples_dropped: 0,
             draining: false,
