@@ -20,9 +20,12 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
 echo "== OpenAI Python SDK against abe serve"
 cargo build --bin abe
 tools/with_server.sh python3 tools/openai_sdk_check.py
+echo "== OpenAI Python SDK against abe serve in continuous-batching mode"
+ABE_BATCHING_MODE=continuous tools/with_server.sh python3 tools/openai_sdk_check.py
 
-echo "== curl -N streaming against abe serve"
+echo "== curl -N streaming against abe serve (both batching modes)"
 tools/with_server.sh tools/curl_stream_check.sh
+ABE_BATCHING_MODE=continuous tools/with_server.sh tools/curl_stream_check.sh
 
 echo "== promtool check metrics against abe serve"
 tools/with_server.sh tools/promtool_check.sh

@@ -92,6 +92,10 @@ impl Default for SimConfig {
 
 /// A request occupying a slot in continuous batching.
 struct SlotState {
+    /// Embedding requests: their dimensions (they end after prefill, without a token).
+    embedding_dims: Option<u32>,
+    /// Stream key of the request (prompt + seed).
+    key: u64,
     /// Draws the words of the output, one per token.
     words: SmallRng,
     prompt_tokens: u32,
@@ -154,7 +158,16 @@ impl SimExecutor {
                 ((-f64::from(mean) * u.ln()).round() as u32).max(1)
             }
         };
+        let embedding_dims = (work.kind == Kind::Embedding).then(|| {
+            if work.dimensions > 0 {
+                work.dimensions
+            } else {
+                self.cfg.embedding_dimensions
+            }
+        });
         SlotState {
+            embedding_dims,
+            key,
             words: SmallRng::seed_from_u64(key),
             prompt_tokens: prompt_tokens(&work.prompt),
             max_tokens: work.max_tokens.max(1),
@@ -204,6 +217,16 @@ impl Executor for SimExecutor {
             let Some(state) = self.slots[slot].as_mut() else {
                 return Err(ExecError::Backend(format!("slot {slot} has no request")));
             };
+            if let Some(dims) = state.embedding_dims {
+                // An embedding is done once its input is processed.
+                let state = self.slots[slot].take().expect("checked above");
+                item.result = EntryResult::Finished;
+                item.output = Some(Output::Embedding {
+                    vector: synth::embedding(state.key, dims as usize),
+                    prompt_tokens: state.prompt_tokens,
+                });
+                continue;
+            }
             let word = synth::word(&mut state.words);
             let piece = if state.generated == 0 {
                 word.to_string()
