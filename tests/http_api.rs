@@ -840,3 +840,80 @@ fn continuous_mode_streams_tokens_while_the_request_is_still_generating() {
     assert_eq!(texts.concat().split(' ').count(), 300);
     abe.shutdown();
 }
+
+fn wait_json(addr: std::net::SocketAddr, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let mut m = Client::connect(addr);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = m.request("GET", "/metrics/json", None).json();
+        if cond(&v) {
+            return;
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_client_that_disconnects_frees_its_slot_in_continuous_mode() {
+    let mut cfg = test_config();
+    cfg.batching.mode = "continuous".into();
+    cfg.workers.count = 1;
+    cfg.continuous.max_slots = 1;
+    cfg.workers.latency_model = "calibrated".into();
+    cfg.workers.decode_beta_ms = 2.0;
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    let mut c = Client::connect(addr);
+    // 5,000 tokens at ~2 ms a step would hold the only slot for 10 s.
+    c.send_raw(&request_bytes(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt":"long","max_tokens":5000,"stream":true}"#),
+        &[],
+    ));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut c.reader, &mut line).unwrap();
+    assert!(line.starts_with("HTTP/1.1 200"));
+    drop(c); // the client goes away mid-stream
+    wait_json(addr, "the slot to be freed", |v| v["live_requests"] == 0);
+    // The freed slot serves the next request at once.
+    let mut c = Client::connect(addr);
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"prompt":"next","max_tokens":3}"#),
+    );
+    assert_eq!(r.status, 200);
+    abe.shutdown();
+}
+
+#[test]
+fn queued_requests_of_a_client_that_disconnects_are_dropped() {
+    let mut cfg = test_config();
+    cfg.workers.count = 1;
+    cfg.batching.max_batch_size = 1;
+    cfg.workers.latency_model = "linear".into();
+    cfg.workers.base_latency_ms = 300.0;
+    cfg.workers.per_token_latency_ms = 0.0;
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    let mut c = Client::connect(addr);
+    let mut bytes = Vec::new();
+    for i in 0..20 {
+        bytes.extend(request_bytes(
+            "POST",
+            "/v1/completions",
+            Some(&format!(r#"{{"prompt":"{i}"}}"#)),
+            &[],
+        ));
+    }
+    c.send_raw(&bytes);
+    std::thread::sleep(Duration::from_millis(100)); // let the server read and queue them
+    drop(c);
+    // Served one at a time, 20 requests would take 6 s; the queued ones are dropped instead.
+    wait_json(addr, "queued requests to be cancelled", |v| {
+        v["requests"]["cancelled"].as_u64().unwrap_or(0) >= 15 && v["live_requests"] == 0
+    });
+    abe.shutdown();
+}

@@ -315,6 +315,13 @@ impl Continuous {
         Ok(ticket)
     }
 
+    /// The ticket of table slot `index` while it holds a request.
+    pub fn ticket_of(&self, index: u32) -> Option<Ticket> {
+        ((index as usize) < self.table.capacity()
+            && self.table.state(index) != super::table::SlotState::Free)
+            .then(|| self.table.ticket_at(index))
+    }
+
     /// Removes a request that is still waiting (client went away). Active requests are
     /// cancelled through their step result instead.
     pub fn cancel_waiting(&mut self, ticket: Ticket) -> bool {

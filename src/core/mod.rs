@@ -378,6 +378,13 @@ impl Core {
         self.latencies.p99()
     }
 
+    /// The ticket of table slot `index` while it holds a request.
+    pub fn ticket_of(&self, index: u32) -> Option<Ticket> {
+        ((index as usize) < self.table.capacity()
+            && self.table.state(index) != table::SlotState::Free)
+            .then(|| self.table.ticket_at(index))
+    }
+
     /// Metadata of a live request.
     pub fn meta(&self, ticket: Ticket) -> Option<&RequestMeta> {
         self.table

@@ -158,13 +158,12 @@ impl SimExecutor {
                 ((-f64::from(mean) * u.ln()).round() as u32).max(1)
             }
         };
-        let embedding_dims = (work.kind == Kind::Embedding).then(|| {
-            if work.dimensions > 0 {
-                work.dimensions
-            } else {
-                self.cfg.embedding_dimensions
-            }
-        });
+        let dims = if work.dimensions > 0 {
+            work.dimensions
+        } else {
+            self.cfg.embedding_dimensions
+        };
+        let embedding_dims = (work.kind == Kind::Embedding).then_some(dims);
         SlotState {
             embedding_dims,
             key,

@@ -688,6 +688,16 @@ impl IoThread {
             self.free_conns.push(idx);
             self.shared.open_connections.fetch_sub(1, Ordering::Relaxed);
             self.ctx.http_stats.connection_closed();
+            if !conn.slots.is_empty() {
+                // Nobody will read these answers: let the engine drop queued requests and
+                // free the slots of generating ones. Their final answers still come back
+                // (and free the tags); they are discarded here.
+                for (tag, f) in self.inflight.iter().enumerate() {
+                    if f.is_some_and(|f| f.conn == idx && f.generation == conn.generation) {
+                        self.submitter.cancel(tag as u64);
+                    }
+                }
+            }
         }
     }
 

@@ -104,6 +104,7 @@ impl ContinuousEngine {
             let mut worked = self.io.accept_submitters();
             worked |= self.read_controls(now);
             worked |= self.admit_submissions(now);
+            worked |= self.drain_cancels(now);
             worked |= self.drain_steps(now);
             if let Some(deadline) = self.drain_deadline_ns {
                 if now >= deadline && !self.aborted && !self.sched.is_idle() {
@@ -163,6 +164,11 @@ impl ContinuousEngine {
             let Submission { meta, work, reply } = sub;
             match sched.admit(meta) {
                 Ok(ticket) => {
+                    let tag = match reply {
+                        super::messages::Reply::Tag(t) => Some(t),
+                        super::messages::Reply::Waiter(_) => None,
+                    };
+                    io.note_admitted(s, tag, ticket.index);
                     let slot = &mut io.pending[ticket.index as usize];
                     debug_assert!(slot.reply.is_none(), "pending slot reused while live");
                     slot.work = Some(work);
@@ -189,6 +195,21 @@ impl ContinuousEngine {
                     };
                     drop(work);
                     io.send(s, reply, Err(error));
+                }
+            }
+        })
+    }
+
+    /// Cancels requests whose client went away: a waiting one is dropped and answered
+    /// (cancelled) now; an active one is marked and leaves its slot at its next step.
+    fn drain_cancels(&mut self, now: Nanos) -> bool {
+        let sched = &mut self.sched;
+        let failed = &mut self.failed;
+        self.io.drain_cancels(|io, index| {
+            if let Some(ticket) = sched.ticket_of(index) {
+                if sched.cancel_waiting(ticket) {
+                    *failed += 1;
+                    io.finish(now, index, Err(RequestError::Failed(FailReason::Cancelled)));
                 }
             }
         })
@@ -230,7 +251,14 @@ impl ContinuousEngine {
                     self.results
                         .extend(items.iter().map(|_| EntryResult::Cancelled));
                 } else {
-                    self.results.extend(items.iter().map(|i| i.result));
+                    let pending = &self.io.pending;
+                    self.results.extend(items.iter().map(|i| {
+                        if pending[i.entry.ticket.index as usize].cancelled {
+                            EntryResult::Cancelled
+                        } else {
+                            i.result
+                        }
+                    }));
                 }
                 self.ended.clear();
                 let ended = &mut self.ended;

@@ -17,8 +17,8 @@ use super::ring::{Consumer, Producer};
 use super::snapshot::{WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
 use super::Shared;
 use crate::core::{
-    Action, BatchOutcome, Completion as CoreCompletion, Core, Nanos, Priority, BUCKET_COUNT,
-    CLASS_COUNT,
+    Action, BatchOutcome, Completion as CoreCompletion, Core, FailReason, Nanos, Priority,
+    BUCKET_COUNT, CLASS_COUNT,
 };
 use crate::exec::{BatchItem, Work};
 use hdrhistogram::Histogram;
@@ -52,10 +52,17 @@ pub struct SubmitterLink {
     pub ready: Arc<AtomicU32>,
     /// Engine-local: classes that may still hold items (taken from `ready`, not yet drained).
     pub unread: u32,
+    /// Tags whose client went away (a closed connection): best-effort cancellation.
+    pub cancels: Consumer<u64>,
+    /// Engine-local: table slot of each live tagged request by tag, for tags below its
+    /// length (io threads' tags are small slab indices); `u32::MAX` when none.
+    pub tag_slots: Vec<u32>,
 }
 
 /// A request the engine holds between admission and its answer, by table slot.
 pub(super) struct PendingSlot {
+    /// The client went away: cancel at the next opportunity.
+    pub(super) cancelled: bool,
     pub(super) work: Option<Work>,
     pub(super) reply: Option<Reply>,
     pub(super) submitter: u16,
@@ -146,6 +153,7 @@ impl Engine {
             let mut worked = self.io.accept_submitters();
             worked |= self.read_controls(now);
             worked |= self.admit_submissions(now);
+            worked |= self.drain_cancels(now);
             worked |= self.drain_results(now);
             if let Some(deadline) = self.drain_deadline_ns {
                 if now >= deadline && !self.aborted && !self.core.is_idle() {
@@ -224,6 +232,11 @@ impl Engine {
         let Submission { meta, work, reply } = sub;
         match core.admit(now, meta) {
             Ok(ticket) => {
+                let tag = match reply {
+                    Reply::Tag(t) => Some(t),
+                    Reply::Waiter(_) => None,
+                };
+                io.note_admitted(submitter, tag, ticket.index);
                 let slot = &mut io.pending[ticket.index as usize];
                 debug_assert!(slot.reply.is_none(), "pending slot reused while live");
                 slot.work = Some(work);
@@ -236,6 +249,20 @@ impl Engine {
                 io.send(submitter, reply, Err(RequestError::Rejected(reject)));
             }
         }
+    }
+
+    /// Cancels requests whose client went away: a queued one is removed and answered
+    /// (cancelled); a dispatched one runs to completion (its batch is already out).
+    fn drain_cancels(&mut self, now: Nanos) -> bool {
+        let core = &mut self.core;
+        self.io.drain_cancels(|io, index| {
+            let ticket = core.ticket_of(index);
+            if let Some(ticket) = ticket {
+                if core.cancel(ticket) {
+                    io.finish(now, index, Err(RequestError::Failed(FailReason::Cancelled)));
+                }
+            }
+        })
     }
 
     fn drain_results(&mut self, now: Nanos) -> bool {
@@ -323,6 +350,7 @@ impl EngineIo {
             needs_wake: Vec::with_capacity(max_submitters),
             pending: (0..table_capacity.max(1))
                 .map(|_| PendingSlot {
+                    cancelled: false,
                     work: None,
                     reply: None,
                     submitter: 0,
@@ -374,6 +402,51 @@ impl EngineIo {
                         worked = true;
                         admit(self, s as u16, sub);
                     }
+                }
+            }
+        }
+        worked
+    }
+
+    /// Remembers that table slot `index` now holds the request of `reply` (for cancels).
+    pub(super) fn note_admitted(&mut self, submitter: u16, reply_tag: Option<u64>, index: u32) {
+        self.pending[index as usize].cancelled = false;
+        if let Some(tag) = reply_tag {
+            if let Some(t) = self.submitters[submitter as usize]
+                .tag_slots
+                .get_mut(tag as usize)
+            {
+                *t = index;
+            }
+        }
+    }
+
+    /// Takes the cancellations submitters sent, calling `cancel(io, table index)` for each
+    /// request that is still live.
+    pub(super) fn drain_cancels(&mut self, mut cancel: impl FnMut(&mut EngineIo, u32)) -> bool {
+        let mut worked = false;
+        for s in 0..self.submitters.len() {
+            while let Some(tag) = self.submitters[s].cancels.pop() {
+                worked = true;
+                let index = match self.submitters[s].tag_slots.get(tag as usize) {
+                    Some(&i) if i != u32::MAX => Some(i),
+                    // A tag beyond the map (not an io thread's): look it up the slow way.
+                    _ => self
+                        .pending
+                        .iter()
+                        .position(|p| {
+                            matches!(p.reply, Some(Reply::Tag(t)) if t == tag)
+                                && p.submitter as usize == s
+                        })
+                        .map(|i| i as u32),
+                };
+                let Some(index) = index else { continue };
+                let p = &self.pending[index as usize];
+                let live =
+                    matches!(p.reply, Some(Reply::Tag(t)) if t == tag) && p.submitter as usize == s;
+                if live {
+                    self.pending[index as usize].cancelled = true;
+                    cancel(self, index);
                 }
             }
         }
@@ -523,6 +596,9 @@ impl EngineIo {
             Reply::Waiter(w) => w.complete(outcome),
             Reply::Tag(tag) => {
                 let s = submitter as usize;
+                if let Some(t) = self.submitters[s].tag_slots.get_mut(tag as usize) {
+                    *t = u32::MAX;
+                }
                 if self.submitters[s]
                     .completions
                     .push(Completion {
@@ -559,6 +635,7 @@ impl EngineIo {
     /// Anything at all for the engine to do (the doorbell's re-check).
     pub(super) fn has_work(&self) -> bool {
         !self.shared.control.is_empty()
+            || self.submitters.iter().any(|s| !s.cancels.is_empty())
             || !self.shared.registrations.is_empty()
             || self.any_input()
             || self.workers.iter().any(|w| !w.results.is_empty())

@@ -430,6 +430,8 @@ pub struct Submitter {
     shared: Arc<Shared>,
     /// Classes pushed into since the engine last looked (see `SubmitterLink::ready`).
     ready: Arc<AtomicU32>,
+    /// Tags whose client went away.
+    cancels: Producer<u64>,
     inputs: Vec<Producer<Submission>>,
     completions: Consumer<Completion>,
     in_flight: usize,
@@ -459,7 +461,10 @@ impl Submitter {
         let (ctx, crx) = ring::ring(shared.ring_capacity * 2);
         let max_in_flight = crx.capacity() / 2;
         let ready = Arc::new(AtomicU32::new(0));
+        let (cancel_tx, cancel_rx) = ring::ring(shared.ring_capacity);
         let link = SubmitterLink {
+            cancels: cancel_rx,
+            tag_slots: vec![u32::MAX; max_in_flight],
             inputs: consumers,
             completions: ctx,
             wake,
@@ -473,6 +478,7 @@ impl Submitter {
         Ok(Submitter {
             shared,
             ready,
+            cancels: cancel_tx,
             inputs,
             completions: crx,
             in_flight: 0,
@@ -567,6 +573,15 @@ impl Submitter {
         }
         self.in_flight -= n;
         n
+    }
+
+    /// Asks the engine to cancel tagged submission `tag` (its client went away): a request
+    /// still waiting is dropped and answered as cancelled; in continuous batching an active
+    /// one frees its slot at the next step. Best effort: a full cancel ring drops the ask.
+    pub fn cancel(&mut self, tag: u64) {
+        if self.cancels.push(tag).is_ok() {
+            self.shared.engine_bell.ring();
+        }
     }
 
     /// True when completions are waiting to be drained.
