@@ -917,3 +917,28 @@ fn queued_requests_of_a_client_that_disconnects_are_dropped() {
     });
     abe.shutdown();
 }
+
+#[test]
+fn temperature_top_p_and_seed_change_the_synthetic_output_deterministically() {
+    let abe = start(test_config());
+    let mut c = Client::connect(abe.local_addr());
+    let mut text = |body: &str| {
+        let r = c.request("POST", "/v1/completions", Some(body));
+        assert_eq!(r.status, 200);
+        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let base = text(r#"{"prompt":"p","max_tokens":8}"#);
+    let t07 = text(r#"{"prompt":"p","max_tokens":8,"temperature":0.7}"#);
+    assert_eq!(
+        t07,
+        text(r#"{"prompt":"p","max_tokens":8,"temperature":0.7}"#)
+    );
+    assert_ne!(t07, base);
+    assert_ne!(
+        t07,
+        text(r#"{"prompt":"p","max_tokens":8,"temperature":0.2}"#)
+    );
+    assert_ne!(base, text(r#"{"prompt":"p","max_tokens":8,"top_p":0.9}"#));
+    assert_ne!(base, text(r#"{"prompt":"p","max_tokens":8,"seed":1}"#));
+    abe.shutdown();
+}

@@ -214,6 +214,8 @@ struct Generation {
     max_tokens: u32,
     priority: crate::core::Priority,
     seed: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
     stream: Option<stream::StreamOptions>,
 }
 
@@ -227,6 +229,8 @@ struct GenerationFields<'a> {
     stream_options: Option<wire::StreamOptionsBody>,
     priority: Option<&'a str>,
     seed: Option<i64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
 }
 
 fn generation(
@@ -242,6 +246,8 @@ fn generation(
         stream_options,
         priority,
         seed,
+        temperature,
+        top_p,
     } = f;
     let limit = ctx.config.server.max_tokens_limit;
     let max_tokens = match max_tokens {
@@ -272,6 +278,8 @@ fn generation(
         max_tokens,
         priority,
         seed: seed.map(|s| s as u64),
+        temperature,
+        top_p,
         stream,
     })
 }
@@ -290,6 +298,8 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             stream_options: b.stream_options,
             priority: b.priority.as_deref(),
             seed: b.seed,
+            temperature: b.temperature,
+            top_p: b.top_p,
         },
     )?;
     let prompts =
@@ -303,6 +313,8 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             max_tokens: g.max_tokens,
             dimensions: 0,
             seed: g.seed,
+            temperature: g.temperature,
+            top_p: g.top_p,
             predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
             stream: g.stream.is_some(),
         })
@@ -334,6 +346,8 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             stream_options: b.stream_options,
             priority: b.priority.as_deref(),
             seed: b.seed,
+            temperature: b.temperature,
+            top_p: b.top_p,
         },
     )?;
     let prompt = chat::render_prompt(b.messages).map_err(bad)?;
@@ -347,6 +361,8 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             max_tokens: g.max_tokens,
             dimensions: 0,
             seed: g.seed,
+            temperature: g.temperature,
+            top_p: g.top_p,
             predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
             stream: g.stream.is_some(),
         }],
@@ -389,6 +405,8 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
             max_tokens: 0,
             dimensions,
             seed: None,
+            temperature: None,
+            top_p: None,
             predicted_output_tokens: 0,
             stream: false,
         })

@@ -26,6 +26,10 @@ pub struct Work {
     pub dimensions: u32,
     /// Sampling seed from the client, if any (changes synthetic output deterministically).
     pub seed: Option<u64>,
+    /// Sampling temperature and nucleus mass, if given (change the synthetic choice
+    /// deterministically, like the seed).
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
     /// The client streams: token events are wanted.
     pub stream: bool,
 }
@@ -107,6 +111,22 @@ pub trait Executor: Send {
         Err(ExecError::Backend(
             "this executor does not run continuous batching".into(),
         ))
+    }
+}
+
+impl Work {
+    /// The key of this request's synthetic output stream: prompt, seed, temperature, top_p.
+    pub fn stream_key(&self) -> u64 {
+        let mut key = synth::stream_key(&self.prompt, self.seed);
+        for (salt, v) in [
+            (0x7465_6d70u64, self.temperature),
+            (0x746f_705fu64, self.top_p),
+        ] {
+            if let Some(v) = v {
+                key ^= (v.to_bits() ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            }
+        }
+        key
     }
 }
 

@@ -149,7 +149,7 @@ impl SimExecutor {
     /// Slot state for a request admitted in this step; deterministic in the prompt, seed
     /// and sampling settings, so a preempted request regenerates the same tokens.
     fn slot_state(&self, work: &super::Work) -> SlotState {
-        let key = synth::stream_key(&work.prompt, work.seed);
+        let key = work.stream_key();
         let mut natural_rng = SmallRng::seed_from_u64(key ^ 0x6e61_7475_7261_6c00);
         let natural_tokens = match self.cfg.natural_length_mean_tokens {
             0 => work.max_tokens,
@@ -274,7 +274,7 @@ impl Executor for SimExecutor {
             return Err(ExecError::Injected("error_rate"));
         }
         for (item, &(p, o)) in items.iter_mut().zip(shapes.iter()) {
-            let key = synth::stream_key(&item.work.prompt, item.work.seed);
+            let key = item.work.stream_key();
             item.output = Some(match item.work.kind {
                 Kind::Completion => Output::Text {
                     text: synth::text(key, o),

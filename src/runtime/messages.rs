@@ -22,6 +22,9 @@ pub struct Request {
     pub dimensions: u32,
     /// Sampling seed, if the client gave one.
     pub seed: Option<u64>,
+    /// Sampling temperature and top_p, if the client gave them.
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
     /// Predicted output length hint (0: unknown).
     pub predicted_output_tokens: u32,
     /// Send token events as they are generated (tagged submissions, continuous batching).

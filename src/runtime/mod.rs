@@ -519,6 +519,8 @@ impl Submitter {
             max_tokens,
             dimensions,
             seed,
+            temperature,
+            top_p,
             predicted_output_tokens,
             stream,
         } = request;
@@ -544,6 +546,8 @@ impl Submitter {
                 max_tokens,
                 dimensions,
                 seed,
+                temperature,
+                top_p,
                 stream,
             },
             reply,
