@@ -942,3 +942,51 @@ fn temperature_top_p_and_seed_change_the_synthetic_output_deterministically() {
     assert_ne!(base, text(r#"{"prompt":"p","max_tokens":8,"seed":1}"#));
     abe.shutdown();
 }
+
+#[test]
+fn stop_sequences_end_the_output_before_them_in_both_modes_and_in_streams() {
+    for mode in ["request", "continuous"] {
+        let mut cfg = test_config();
+        cfg.batching.mode = mode.into();
+        let abe = start(cfg);
+        let mut c = Client::connect(abe.local_addr());
+        let full = c
+            .request(
+                "POST",
+                "/v1/completions",
+                Some(r#"{"prompt":"stops","max_tokens":30,"seed":5}"#),
+            )
+            .json();
+        let full_text = full["choices"][0]["text"].as_str().unwrap().to_string();
+        let word = full_text.split(' ').nth(5).unwrap().to_string();
+        let stop = format!(" {word}");
+        let expected = &full_text[..full_text.find(&stop).unwrap()];
+        let body =
+            format!(r#"{{"prompt":"stops","max_tokens":30,"seed":5,"stop":["zzz","{stop}"]}}"#);
+        let r = c.request("POST", "/v1/completions", Some(&body)).json();
+        assert_eq!(r["choices"][0]["text"], expected, "{mode}");
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{mode}");
+        // Streamed, the pieces add up to the same text: the stop sequence never leaks.
+        let body = format!(
+            r#"{{"prompt":"stops","max_tokens":30,"seed":5,"stop":"{stop}","stream":true}}"#
+        );
+        let r = c.request("POST", "/v1/completions", Some(&body));
+        let events = sse_events(&r.text());
+        let streamed: String = events[..events.len() - 1]
+            .iter()
+            .map(|e| {
+                let v: serde_json::Value = serde_json::from_str(e).unwrap();
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(streamed, expected, "{mode}");
+        let r = c.request(
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt":"x","stop":["a","b","c","d","e"]}"#),
+        );
+        assert_eq!(r.status, 400);
+        assert!(r.error_message().contains("at most 4"));
+        abe.shutdown();
+    }
+}

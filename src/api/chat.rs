@@ -56,6 +56,7 @@ pub struct ChatBody {
     pub priority: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<super::wire::StreamOptionsBody>,
+    pub stop: Option<super::wire::TextInputs>,
     pub seed: Option<i64>,
     pub n: Option<i64>,
     pub temperature: Option<f64>,

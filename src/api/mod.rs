@@ -216,6 +216,7 @@ struct Generation {
     seed: Option<u64>,
     temperature: Option<f64>,
     top_p: Option<f64>,
+    stop: Option<std::sync::Arc<[String]>>,
     stream: Option<stream::StreamOptions>,
 }
 
@@ -231,6 +232,7 @@ struct GenerationFields<'a> {
     seed: Option<i64>,
     temperature: Option<f64>,
     top_p: Option<f64>,
+    stop: Option<wire::TextInputs>,
 }
 
 fn generation(
@@ -248,7 +250,9 @@ fn generation(
         seed,
         temperature,
         top_p,
+        stop,
     } = f;
+    let stop = wire::stop_sequences(stop).map_err(bad)?;
     let limit = ctx.config.server.max_tokens_limit;
     let max_tokens = match max_tokens {
         None => 16,
@@ -280,6 +284,7 @@ fn generation(
         seed: seed.map(|s| s as u64),
         temperature,
         top_p,
+        stop,
         stream,
     })
 }
@@ -300,6 +305,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             seed: b.seed,
             temperature: b.temperature,
             top_p: b.top_p,
+            stop: b.stop.clone(),
         },
     )?;
     let prompts =
@@ -315,6 +321,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             seed: g.seed,
             temperature: g.temperature,
             top_p: g.top_p,
+            stop: g.stop.clone(),
             predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
             stream: g.stream.is_some(),
         })
@@ -348,6 +355,7 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             seed: b.seed,
             temperature: b.temperature,
             top_p: b.top_p,
+            stop: b.stop.clone(),
         },
     )?;
     let prompt = chat::render_prompt(b.messages).map_err(bad)?;
@@ -363,6 +371,7 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             seed: g.seed,
             temperature: g.temperature,
             top_p: g.top_p,
+            stop: g.stop.clone(),
             predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
             stream: g.stream.is_some(),
         }],
@@ -407,6 +416,7 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
             seed: None,
             temperature: None,
             top_p: None,
+            stop: None,
             predicted_output_tokens: 0,
             stream: false,
         })

@@ -55,6 +55,7 @@ pub struct CompletionBody {
     pub priority: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptionsBody>,
+    pub stop: Option<TextInputs>,
     pub seed: Option<i64>,
     pub n: Option<i64>,
     pub temperature: Option<f64>,
@@ -150,6 +151,31 @@ pub fn priority(body: Option<&str>, header: Option<&str>) -> Result<Priority, Bo
                 body_error("invalid_priority", e.to_string())
             }),
     }
+}
+
+/// Validates `stop`: one string or up to 4, none empty.
+pub fn stop_sequences(
+    value: Option<TextInputs>,
+) -> Result<Option<std::sync::Arc<[String]>>, BodyError> {
+    let Some(TextInputs(stops)) = value else {
+        return Ok(None);
+    };
+    if stops.len() > 4 {
+        return Err(body_error(
+            "invalid_value",
+            format!(
+                "'stop' has {} sequences; at most 4 are allowed",
+                stops.len()
+            ),
+        ));
+    }
+    if stops.iter().any(|s| s.is_empty()) {
+        return Err(body_error(
+            "invalid_value",
+            "'stop' sequences must not be empty strings",
+        ));
+    }
+    Ok((!stops.is_empty()).then(|| stops.into()))
 }
 
 /// Validates text inputs: present, non-empty list, no empty string, at most `max` items.

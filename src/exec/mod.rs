@@ -30,6 +30,8 @@ pub struct Work {
     /// deterministically, like the seed).
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// Stop sequences: generation ends before the first one (finish_reason "stop").
+    pub stop: Option<Arc<[String]>>,
     /// The client streams: token events are wanted.
     pub stream: bool,
 }
@@ -128,6 +130,28 @@ impl Work {
         }
         key
     }
+}
+
+/// Where `text` must be cut for the first of `stops` it contains (the stop sequence is not
+/// part of the output, as in OpenAI's API).
+pub fn stop_at(text: &str, stops: Option<&[String]>) -> Option<usize> {
+    stops?
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| text.find(s.as_str()))
+        .min()
+}
+
+/// Does `text` end with a proper prefix of one of `stops` (so the next tokens may complete
+/// it, and what is generated so far must not be streamed yet)?
+pub fn may_continue_into_stop(text: &str, stops: Option<&[String]>) -> bool {
+    stops.is_some_and(|stops| {
+        stops.iter().any(|s| {
+            (1..s.len())
+                .filter(|&k| s.is_char_boundary(k))
+                .any(|k| text.ends_with(&s[..k]))
+        })
+    })
 }
 
 /// Prompt tokens as abe estimates them: bytes / 4, rounded up.

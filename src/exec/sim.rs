@@ -104,6 +104,7 @@ struct SlotState {
     natural_tokens: u32,
     generated: u32,
     text: String,
+    stop: Option<Arc<[String]>>,
 }
 
 /// The simulated model replica.
@@ -173,6 +174,7 @@ impl SimExecutor {
             natural_tokens: natural_tokens.min(work.max_tokens.max(1)),
             generated: 0,
             text: String::new(),
+            stop: work.stop.clone(),
         }
     }
 }
@@ -234,7 +236,23 @@ impl Executor for SimExecutor {
             };
             state.text.push_str(&piece);
             state.generated += 1;
-            item.token = Some(piece);
+            let stops = state.stop.as_deref();
+            let stop_cut = super::stop_at(&state.text, stops);
+            if stop_cut.is_none() && !super::may_continue_into_stop(&state.text, stops) {
+                item.token = Some(piece);
+            }
+            if let Some(cut) = stop_cut {
+                let mut state = self.slots[slot].take().expect("checked above");
+                state.text.truncate(cut);
+                item.result = EntryResult::Finished;
+                item.output = Some(Output::Text {
+                    text: state.text,
+                    prompt_tokens: state.prompt_tokens,
+                    completion_tokens: state.generated,
+                    finish_reason: FinishReason::Stop,
+                });
+                continue;
+            }
             let done_length = state.generated >= state.max_tokens;
             if done_length || state.generated >= state.natural_tokens {
                 let state = self.slots[slot].take().expect("checked above");
@@ -276,12 +294,23 @@ impl Executor for SimExecutor {
         for (item, &(p, o)) in items.iter_mut().zip(shapes.iter()) {
             let key = item.work.stream_key();
             item.output = Some(match item.work.kind {
-                Kind::Completion => Output::Text {
-                    text: synth::text(key, o),
-                    prompt_tokens: p,
-                    completion_tokens: o,
-                    finish_reason: FinishReason::Length,
-                },
+                Kind::Completion => {
+                    let mut text = synth::text(key, o);
+                    let mut finish_reason = FinishReason::Length;
+                    let mut tokens = o;
+                    if let Some(cut) = super::stop_at(&text, item.work.stop.as_deref()) {
+                        // Tokens up to and including the one the stop sequence starts in.
+                        tokens = (text[..cut].matches(' ').count() as u32 + 1).min(o);
+                        text.truncate(cut);
+                        finish_reason = FinishReason::Stop;
+                    }
+                    Output::Text {
+                        text,
+                        prompt_tokens: p,
+                        completion_tokens: tokens,
+                        finish_reason,
+                    }
+                }
                 Kind::Embedding => {
                     let dims = if item.work.dimensions > 0 {
                         item.work.dimensions

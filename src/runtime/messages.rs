@@ -25,6 +25,8 @@ pub struct Request {
     /// Sampling temperature and top_p, if the client gave them.
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// Stop sequences (generation ends before the first one).
+    pub stop: Option<std::sync::Arc<[String]>>,
     /// Predicted output length hint (0: unknown).
     pub predicted_output_tokens: u32,
     /// Send token events as they are generated (tagged submissions, continuous batching).

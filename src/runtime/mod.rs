@@ -521,6 +521,7 @@ impl Submitter {
             seed,
             temperature,
             top_p,
+            stop,
             predicted_output_tokens,
             stream,
         } = request;
@@ -548,6 +549,7 @@ impl Submitter {
                 seed,
                 temperature,
                 top_p,
+                stop,
                 stream,
             },
             reply,
