@@ -156,10 +156,16 @@ impl Client {
         })
     }
 
-    /// True when the server closed the connection (EOF within the read timeout).
+    /// True when the server closed the connection within the read timeout: EOF, or a reset
+    /// (the kernel resets instead of a FIN when the server closes with unread bytes, e.g.
+    /// requests sent after a `Connection: close` one).
     pub fn is_closed(&mut self) -> bool {
         let mut buf = [0u8; 1];
-        matches!(self.reader.read(&mut buf), Ok(0))
+        match self.reader.read(&mut buf) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        }
     }
 }
 
