@@ -428,3 +428,92 @@ fn continuous_mode_shutdown_deadline_aborts_hung_steps_and_answers_everything() 
         assert_eq!(o.unwrap_err(), RequestError::Failed(FailReason::Aborted));
     }
 }
+
+/// A cancel that arrives after its request was answered must not hit a later request whose
+/// tag has the same lookup key (the low 32 bits) but a new generation.
+fn stale_cancel_does_not_hit_a_new_request(continuous: bool) {
+    let mut cfg = config(1, LatencyModel::None);
+    if continuous {
+        cfg.continuous = Some(abe::core::continuous::ContinuousConfig::default());
+    }
+    let handle = runtime::start(cfg).unwrap();
+    let mut sub = handle.submitter(None).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    for round in 0..300u64 {
+        let old = round << 32;
+        let new = (round + 1) << 32; // same key (0), next generation
+        sub.submit(completion("a", Priority::Normal), old).unwrap();
+        while !sub.has_completions() {
+            assert!(Instant::now() < until);
+            std::thread::yield_now();
+        }
+        sub.cancel(old); // too late: already answered
+        assert_eq!(sub.drain_completions(|_| {}), 1);
+        sub.submit(completion("b", Priority::Normal), new).unwrap();
+        let mut got = None;
+        while got.is_none() {
+            assert!(Instant::now() < until);
+            sub.drain_completions(|c| {
+                if let runtime::Event::Done(o) = c.event {
+                    got = Some(o);
+                }
+            });
+        }
+        assert!(
+            got.unwrap().is_ok(),
+            "round {round}: the new request was cancelled"
+        );
+    }
+}
+
+#[test]
+fn a_stale_cancel_does_not_hit_a_new_request_request_level() {
+    stale_cancel_does_not_hit_a_new_request(false);
+}
+
+#[test]
+fn a_stale_cancel_does_not_hit_a_new_request_continuous() {
+    stale_cancel_does_not_hit_a_new_request(true);
+}
+
+#[test]
+fn held_back_text_goes_out_with_the_next_token_so_streams_keep_flowing() {
+    let mut cfg = config(1, LatencyModel::None);
+    cfg.continuous = Some(abe::core::continuous::ContinuousConfig::default());
+    let handle = runtime::start(cfg).unwrap();
+    let mut sub = handle.submitter(None).unwrap();
+    let mut req = completion("hold back", Priority::Normal);
+    req.max_tokens = 40;
+    req.stream = true;
+    // "e." never occurs (words are separated by spaces) but "e" ends many words: each such
+    // word is held until the next token shows it is not the start of "e.".
+    req.stop = Some(vec!["e.".to_string()].into());
+    sub.submit(req, 1).unwrap();
+    let mut streamed = String::new();
+    let mut events = 0;
+    let mut done = None;
+    let until = Instant::now() + Duration::from_secs(30);
+    while done.is_none() {
+        assert!(Instant::now() < until);
+        sub.drain_completions(|c| match c.event {
+            runtime::Event::Token { offset, text } => {
+                assert_eq!(
+                    offset as usize,
+                    streamed.len(),
+                    "pieces arrive in order, no gaps"
+                );
+                streamed.push_str(&text);
+                events += 1;
+            }
+            runtime::Event::Done(o) => done = Some(o),
+        });
+    }
+    let Output::Text { text, .. } = done.unwrap().unwrap() else {
+        panic!("text expected")
+    };
+    assert!(text.starts_with(&streamed));
+    assert!(
+        events >= 20,
+        "streaming kept flowing ({events} events for 40 tokens)"
+    );
+}

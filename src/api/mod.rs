@@ -85,6 +85,9 @@ pub fn error_response(e: &RequestError) -> Response {
     let (status, code) = match e {
         RequestError::Busy => (Status::TooManyRequests, "engine_busy"),
         RequestError::Rejected(Reject::QueueFull { .. }) => (Status::TooManyRequests, "queue_full"),
+        RequestError::Rejected(Reject::TooLarge { .. }) => {
+            (Status::BadRequest, "request_too_large")
+        }
         RequestError::Rejected(Reject::ShuttingDown) | RequestError::ShuttingDown => {
             (Status::ServiceUnavailable, "shutting_down")
         }
@@ -271,6 +274,12 @@ fn generation(
                 format!("'n' must be 1 (got {n}): one choice per prompt is supported"),
             )));
         }
+    }
+    if stream == Some(true) && head.http10 {
+        return Err(bad(wire::body_error(
+            "unsupported_value",
+            "'stream': true needs HTTP/1.1 (Server-Sent Events are sent with chunked encoding)",
+        )));
     }
     let stream = (stream == Some(true)).then(|| stream::StreamOptions {
         include_usage: stream_options

@@ -63,9 +63,7 @@ fn event(out: &mut Vec<u8>, value: &serde_json::Value) {
 /// Where one choice of a stream is.
 #[derive(Clone, Copy, Debug, Default)]
 struct PartState {
-    /// Index of the next token to stream (earlier or later ones are ignored).
-    next_index: u32,
-    /// Bytes of the choice's text already streamed.
+    /// Bytes of the choice's text already streamed (a piece is kept only if it starts here).
     sent_bytes: usize,
     /// Chat: the role delta went out.
     role_sent: bool,
@@ -149,12 +147,17 @@ impl StreamWriter {
         self.parts[part].sent_bytes += piece.len();
     }
 
-    /// A token of choice `part` at output position `index`; kept only if it is the next one.
-    pub fn token(&mut self, part: usize, index: u32, text: &str, out: &mut Vec<u8>) {
-        if self.parts.get(part).is_none_or(|p| p.next_index != index) {
+    /// Text of choice `part` starting at byte `offset` of its output; kept only if it
+    /// continues exactly where the stream stands (a repeat or a gap waits for the finish).
+    pub fn token(&mut self, part: usize, offset: u32, text: &str, out: &mut Vec<u8>) {
+        if self
+            .parts
+            .get(part)
+            .is_none_or(|p| p.sent_bytes != offset as usize)
+            || text.is_empty()
+        {
             return;
         }
-        self.parts[part].next_index += 1;
         self.piece(part, text, out);
     }
 
@@ -300,7 +303,7 @@ mod tests {
         let mut body = vec![];
         w.token(0, 0, "x", &mut body);
         w.token(0, 0, "x", &mut body); // a recomputed token: dropped
-        w.token(0, 2, " z", &mut body); // a gap (token 1 was skipped): dropped
+        w.token(0, 3, " z", &mut body); // a gap (" y" was skipped): dropped
         assert!(w.started());
         w.finish_part(0, &out("x y z"), &mut body);
         w.end(&mut body);

@@ -39,6 +39,8 @@ pub enum Reject {
     QueueFull { capacity: usize },
     #[error("the server is shutting down and no longer accepts requests")]
     ShuttingDown,
+    #[error("the request needs {needed} KV-cache tokens (prompt + max_tokens) but a replica holds at most {capacity}; shorten the prompt or lower max_tokens")]
+    TooLarge { needed: u64, capacity: u64 },
 }
 
 /// Why an admitted request ended in an error instead of a result.

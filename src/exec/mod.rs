@@ -85,8 +85,10 @@ pub struct StepItem {
     pub entry: StepEntry,
     /// The request, when this step admits it into its slot (`entry.admitted`).
     pub work: Option<Work>,
-    /// Filled by the executor: the token sampled in this step, if any.
+    /// Filled by the executor for streaming requests: text to stream now (the token sampled
+    /// in this step, plus any held back before it), and where it starts in the output.
     pub token: Option<String>,
+    pub token_offset: u32,
     /// Filled by the executor: whether the request goes on.
     pub result: EntryResult,
     /// Filled by the executor when the request finished: its whole output.

@@ -105,6 +105,11 @@ struct SlotState {
     generated: u32,
     text: String,
     stop: Option<Arc<[String]>>,
+    /// Streaming requests get their text as token events.
+    stream: bool,
+    /// Bytes of `text` already handed out as token events (text after it was held back,
+    /// e.g. a possible start of a stop sequence, and goes out with the next token).
+    unsent_from: usize,
 }
 
 /// The simulated model replica.
@@ -175,6 +180,8 @@ impl SimExecutor {
             generated: 0,
             text: String::new(),
             stop: work.stop.clone(),
+            stream: work.stream,
+            unsent_from: 0,
         }
     }
 }
@@ -229,17 +236,20 @@ impl Executor for SimExecutor {
                 continue;
             }
             let word = synth::word(&mut state.words);
-            let piece = if state.generated == 0 {
-                word.to_string()
-            } else {
-                format!(" {word}")
-            };
-            state.text.push_str(&piece);
+            if state.generated > 0 {
+                state.text.push(' ');
+            }
+            state.text.push_str(word);
             state.generated += 1;
             let stops = state.stop.as_deref();
             let stop_cut = super::stop_at(&state.text, stops);
-            if stop_cut.is_none() && !super::may_continue_into_stop(&state.text, stops) {
-                item.token = Some(piece);
+            if state.stream
+                && stop_cut.is_none()
+                && !super::may_continue_into_stop(&state.text, stops)
+            {
+                item.token_offset = state.unsent_from as u32;
+                item.token = Some(state.text[state.unsent_from..].to_string());
+                state.unsent_from = state.text.len();
             }
             if let Some(cut) = stop_cut {
                 let mut state = self.slots[slot].take().expect("checked above");

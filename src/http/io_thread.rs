@@ -57,7 +57,11 @@ pub struct IoThread {
     conns: Vec<Option<Conn>>,
     free_conns: Vec<usize>,
     generation: u32,
+    /// In-flight engine requests by slab index. A request's tag is `index | generation << 32`,
+    /// so a tag that was freed and reused is never mistaken for the old one (a late cancel
+    /// must not hit the new request).
     inflight: Vec<Option<InFlight>>,
+    inflight_gen: Vec<u32>,
     free_inflight: Vec<usize>,
     inflight_count: usize,
     touched: Vec<usize>,
@@ -90,6 +94,7 @@ impl IoThread {
             free_conns: Vec::new(),
             generation: 0,
             inflight: Vec::new(),
+            inflight_gen: Vec::new(),
             free_inflight: Vec::new(),
             inflight_count: 0,
             touched: Vec::new(),
@@ -471,30 +476,41 @@ impl IoThread {
                 seq,
                 part,
             });
-            if let Err(e) = self.submitter.submit(request, tag as u64) {
+            if let Err(e) = self.submitter.submit(request, tag) {
                 self.free_inflight_tag(tag);
                 self.complete_part(idx, generation, seq, part, Err(e));
             }
         }
     }
 
-    fn alloc_inflight(&mut self, f: InFlight) -> usize {
+    fn alloc_inflight(&mut self, f: InFlight) -> u64 {
         self.inflight_count += 1;
-        match self.free_inflight.pop() {
+        let i = match self.free_inflight.pop() {
             Some(i) => {
                 self.inflight[i] = Some(f);
                 i
             }
             None => {
                 self.inflight.push(Some(f));
+                self.inflight_gen.push(0);
                 self.inflight.len() - 1
             }
-        }
+        };
+        self.inflight_gen[i] = self.inflight_gen[i].wrapping_add(1);
+        i as u64 | (u64::from(self.inflight_gen[i]) << 32)
     }
 
-    fn free_inflight_tag(&mut self, tag: usize) -> Option<InFlight> {
-        let f = self.inflight.get_mut(tag)?.take()?;
-        self.free_inflight.push(tag);
+    /// The in-flight request `tag` names, if it is still the one the tag was made for.
+    fn inflight_of(&self, tag: u64) -> Option<(usize, InFlight)> {
+        let i = (tag & 0xffff_ffff) as usize;
+        let f = (*self.inflight.get(i)?)?;
+        (u64::from(self.inflight_gen[i]) == tag >> 32).then_some((i, f))
+    }
+
+    fn free_inflight_tag(&mut self, tag: u64) -> Option<InFlight> {
+        let (i, f) = self.inflight_of(tag)?;
+        self.inflight[i] = None;
+        self.free_inflight.push(i);
         self.inflight_count -= 1;
         Some(f)
     }
@@ -513,12 +529,12 @@ impl IoThread {
     }
 
     /// A token of a streaming request: written to its stream at once.
-    fn stream_token(&mut self, f: InFlight, index: u32, text: &str) {
+    fn stream_token(&mut self, f: InFlight, offset: u32, text: &str) {
         let Some(slot) = self.slot_mut(f.conn, f.generation, f.seq) else {
             return;
         };
         if let Some(st) = slot.stream.as_mut() {
-            st.writer.token(f.part, index, text, &mut st.pending);
+            st.writer.token(f.part, offset, text, &mut st.pending);
             self.touched.push(f.conn);
         }
     }
@@ -592,13 +608,13 @@ impl IoThread {
         self.submitter.drain_completions(|c| events.push(c));
         for c in events {
             match c.event {
-                Event::Token { index, text } => {
-                    if let Some(f) = self.inflight.get(c.tag as usize).copied().flatten() {
-                        self.stream_token(f, index, &text);
+                Event::Token { offset, text } => {
+                    if let Some((_, f)) = self.inflight_of(c.tag) {
+                        self.stream_token(f, offset, &text);
                     }
                 }
                 Event::Done(outcome) => {
-                    if let Some(f) = self.free_inflight_tag(c.tag as usize) {
+                    if let Some(f) = self.free_inflight_tag(c.tag) {
                         self.complete_part(f.conn, f.generation, f.seq, f.part, outcome);
                     }
                 }
@@ -692,9 +708,10 @@ impl IoThread {
                 // Nobody will read these answers: let the engine drop queued requests and
                 // free the slots of generating ones. Their final answers still come back
                 // (and free the tags); they are discarded here.
-                for (tag, f) in self.inflight.iter().enumerate() {
+                for (i, f) in self.inflight.iter().enumerate() {
                     if f.is_some_and(|f| f.conn == idx && f.generation == conn.generation) {
-                        self.submitter.cancel(tag as u64);
+                        let tag = i as u64 | (u64::from(self.inflight_gen[i]) << 32);
+                        self.submitter.cancel(tag);
                     }
                 }
             }

@@ -189,8 +189,8 @@ impl ContinuousEngine {
                             *rejected_draining += 1;
                             RequestError::Rejected(Reject::ShuttingDown)
                         }
-                        too_large @ ContinuousReject::TooLarge { .. } => {
-                            RequestError::Worker(too_large.to_string())
+                        ContinuousReject::TooLarge { needed, capacity } => {
+                            RequestError::Rejected(Reject::TooLarge { needed, capacity })
                         }
                     };
                     drop(work);
@@ -228,10 +228,10 @@ impl ContinuousEngine {
                 if result.is_ok() {
                     // Tokens first: a request's Done must follow its last token.
                     for item in items.iter_mut() {
-                        if let Some(text) = item.token.take() {
-                            let e = item.entry;
+                        let e = item.entry;
+                        if e.samples() && e.generated == 0 {
                             let slot = &mut self.io.pending[e.ticket.index as usize];
-                            if e.generated == 0 && slot.first_token_ns == 0 {
+                            if slot.first_token_ns == 0 {
                                 slot.first_token_ns = now.max(1);
                                 let ttft = now.saturating_sub(slot.arrival_ns).max(1);
                                 push_sample(
@@ -240,7 +240,9 @@ impl ContinuousEngine {
                                     &mut self.io.samples_dropped,
                                 );
                             }
-                            self.io.send_token(e.ticket.index, e.generated, text);
+                        }
+                        if let Some(text) = item.token.take() {
+                            self.io.send_token(e.ticket.index, item.token_offset, text);
                         }
                     }
                 }
@@ -338,6 +340,7 @@ impl ContinuousEngine {
                         entry: *e,
                         work,
                         token: None,
+                        token_offset: 0,
                         result: EntryResult::Continue,
                         output: None,
                     });

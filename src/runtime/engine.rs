@@ -28,6 +28,12 @@ use std::sync::Arc;
 /// Samples buffered between publishes (latencies and batch sizes each).
 const SAMPLE_BUFFER: usize = 16 * 1024;
 
+/// The `tag_slots` key of a tag: its low 32 bits (io threads put a slab index there and a
+/// generation above; the live check compares the whole tag).
+fn tag_key(tag: u64) -> usize {
+    (tag & 0xffff_ffff) as usize
+}
+
 /// Which sample buffer a value goes to.
 #[derive(Clone, Copy)]
 enum SampleKind {
@@ -414,7 +420,7 @@ impl EngineIo {
         if let Some(tag) = reply_tag {
             if let Some(t) = self.submitters[submitter as usize]
                 .tag_slots
-                .get_mut(tag as usize)
+                .get_mut(tag_key(tag))
             {
                 *t = index;
             }
@@ -428,7 +434,7 @@ impl EngineIo {
         for s in 0..self.submitters.len() {
             while let Some(tag) = self.submitters[s].cancels.pop() {
                 worked = true;
-                let index = match self.submitters[s].tag_slots.get(tag as usize) {
+                let index = match self.submitters[s].tag_slots.get(tag_key(tag)) {
                     Some(&i) if i != u32::MAX => Some(i),
                     // A tag beyond the map (not an io thread's): look it up the slow way.
                     _ => self
@@ -527,7 +533,7 @@ impl EngineIo {
     /// Sends a token of a streaming request (table slot `index`) to its submitter, if the
     /// submitter's ring has room beyond what its final answers need. Skipped tokens are not
     /// lost: the final output carries the whole text.
-    pub(super) fn send_token(&mut self, slot_index: u32, token_index: u32, text: String) {
+    pub(super) fn send_token(&mut self, slot_index: u32, offset: u32, text: String) {
         let slot = &self.pending[slot_index as usize];
         let Some(Reply::Tag(tag)) = slot.reply else {
             return;
@@ -545,10 +551,7 @@ impl EngineIo {
             .completions
             .push(Completion {
                 tag,
-                event: Event::Token {
-                    index: token_index,
-                    text,
-                },
+                event: Event::Token { offset, text },
             })
             .is_ok()
         {
@@ -596,7 +599,9 @@ impl EngineIo {
             Reply::Waiter(w) => w.complete(outcome),
             Reply::Tag(tag) => {
                 let s = submitter as usize;
-                if let Some(t) = self.submitters[s].tag_slots.get_mut(tag as usize) {
+                // The submitter reuses a key only after it got this final answer, so the key
+                // still maps to this request here.
+                if let Some(t) = self.submitters[s].tag_slots.get_mut(tag_key(tag)) {
                     *t = u32::MAX;
                 }
                 if self.submitters[s]

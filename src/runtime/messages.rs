@@ -145,9 +145,10 @@ pub enum Event {
     /// A token of a streaming request (continuous batching), in order. Best effort: the
     /// engine skips token events when the submitter's ring is short of room, so a consumer
     /// must take the rest of the text from the final output.
-    /// `index` is the token's position in the output: a preempted request regenerates its
-    /// tokens from 0, so a consumer keeps only the next index it expects.
-    Token { index: u32, text: String },
+    /// `offset` is where `text` starts in the output (bytes): a preempted request
+    /// regenerates its text from 0, and a skipped event leaves a gap, so a consumer keeps a
+    /// piece only when it starts where its stream stands (the final output completes it).
+    Token { offset: u32, text: String },
     /// The final answer; exactly one per submission.
     Done(Outcome),
 }

@@ -584,6 +584,11 @@ impl Submitter {
     /// Asks the engine to cancel tagged submission `tag` (its client went away): a request
     /// still waiting is dropped and answered as cancelled; in continuous batching an active
     /// one frees its slot at the next step. Best effort: a full cancel ring drops the ask.
+    ///
+    /// A cancel may reach the engine after the request was answered, so never reuse a tag
+    /// verbatim: io threads put a slab index in the low 32 bits (the engine's fast lookup
+    /// key) and a generation in the high 32 bits, which the engine compares before it
+    /// cancels anything.
     pub fn cancel(&mut self, tag: u64) {
         if self.cancels.push(tag).is_ok() {
             self.shared.engine_bell.ring();
