@@ -517,3 +517,39 @@ fn held_back_text_goes_out_with_the_next_token_so_streams_keep_flowing() {
         "streaming kept flowing ({events} events for 40 tokens)"
     );
 }
+
+#[test]
+fn continuous_mode_fails_requests_that_wait_past_the_request_deadline() {
+    let mut cfg = continuous_config(1, LatencyModel::None);
+    if let Some(c) = cfg.continuous.as_mut() {
+        c.max_slots = 1;
+    }
+    cfg.core.request_timeout_ns = 200_000_000; // 200 ms
+    let handle = runtime::start(cfg).unwrap();
+    // The only slot's step hangs; everything behind it waits past its deadline.
+    handle.set_faults(
+        0,
+        FaultSettings {
+            hang_rate: 1.0,
+            hang_ms: 60_000.0,
+            ..Default::default()
+        },
+    );
+    let first = handle.submit(completion("first", Priority::Normal));
+    std::thread::sleep(Duration::from_millis(50));
+    let waiting: Vec<Pending> = (0..5)
+        .map(|i| handle.submit(completion(&format!("w{i}"), Priority::Normal)))
+        .collect();
+    for o in wait_all(waiting) {
+        assert_eq!(
+            o.unwrap_err(),
+            RequestError::Failed(FailReason::QueueTimeout)
+        );
+    }
+    let report = handle.shutdown(Duration::from_millis(100));
+    assert!(!report.clean);
+    assert_eq!(
+        first.wait().unwrap_err(),
+        RequestError::Failed(FailReason::Aborted)
+    );
+}

@@ -420,6 +420,28 @@ impl Continuous {
         rep.entries.clear();
     }
 
+    /// Drops every waiting request that arrived more than `timeout_ns` before `now` (no slot
+    /// freed up in time), handing each to `out`. Oldest first; O(expired) per call.
+    pub fn expire_waiting(
+        &mut self,
+        now: super::request::Nanos,
+        timeout_ns: super::request::Nanos,
+        out: &mut impl FnMut(Ticket),
+    ) {
+        for p in 0..Priority::COUNT {
+            while let Some(index) = self.waiting[p].front() {
+                if now.saturating_sub(self.table.meta(index).arrival_ns) < timeout_ns {
+                    break;
+                }
+                self.waiting[p].unlink(&mut self.table, index);
+                self.waiting_len -= 1;
+                let ticket = self.table.ticket_at(index);
+                self.table.remove(ticket);
+                out(ticket);
+            }
+        }
+    }
+
     /// Fails everything: every waiting request and every active slot is freed and handed to
     /// `out` (shutdown deadline passed). Steps still out come back through
     /// `complete_step`, which then finds their slots idle and ignores them.

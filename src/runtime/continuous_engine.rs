@@ -53,6 +53,8 @@ pub struct ContinuousEngine {
     drain_deadline_ns: Option<Nanos>,
     aborted: bool,
     stop: Arc<AtomicBool>,
+    /// A request still waiting for a slot this long fails (batching.request_timeout).
+    request_timeout_ns: Nanos,
     /// Time-to-first-token and time-per-output-token samples since the last publish
     /// (capacity fixed at start; when full, samples are counted as dropped).
     new_ttft_ns: Vec<u64>,
@@ -67,6 +69,7 @@ impl ContinuousEngine {
         io: EngineIo,
         idler: Idler,
         stop: Arc<AtomicBool>,
+        request_timeout_ns: Nanos,
     ) -> ContinuousEngine {
         let replicas = sched.config().replicas;
         let slots = sched.config().max_slots;
@@ -90,6 +93,7 @@ impl ContinuousEngine {
             drain_deadline_ns: None,
             aborted: false,
             stop,
+            request_timeout_ns,
             new_ttft_ns: Vec::with_capacity(TOKEN_SAMPLES),
             new_tpot_ns: Vec::with_capacity(TOKEN_SAMPLES),
             output_tokens: 0,
@@ -106,6 +110,7 @@ impl ContinuousEngine {
             worked |= self.admit_submissions(now);
             worked |= self.drain_cancels(now);
             worked |= self.drain_steps(now);
+            self.expire_waiting(now);
             if let Some(deadline) = self.drain_deadline_ns {
                 if now >= deadline && !self.aborted && !self.sched.is_idle() {
                     self.abort(now);
@@ -356,6 +361,24 @@ impl ContinuousEngine {
             // The worker drops the slot's state when the slot is next admitted into.
             StepAction::Preempted { .. } => {}
         })
+    }
+
+    /// Fails requests that waited for a slot past the request deadline.
+    fn expire_waiting(&mut self, now: Nanos) {
+        if self.sched.waiting() == 0 {
+            return;
+        }
+        let io = &mut self.io;
+        let failed = &mut self.failed;
+        self.sched
+            .expire_waiting(now, self.request_timeout_ns, &mut |t| {
+                *failed += 1;
+                io.finish(
+                    now,
+                    t.index,
+                    Err(RequestError::Failed(FailReason::QueueTimeout)),
+                );
+            });
     }
 
     /// Deadline passed: answer everything left with an error and let workers stop.

@@ -252,6 +252,7 @@ pub fn start_with_executors(
                 io,
                 Idler::new(cfg.idle, spin),
                 stop.clone(),
+                cfg.core.request_timeout_ns,
             );
             Box::new(move || engine.run())
         }

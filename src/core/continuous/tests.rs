@@ -243,3 +243,30 @@ fn max_tokens_ends_a_request_with_exactly_that_many_tokens() {
     }
     assert_eq!(sampled, 5);
 }
+
+#[test]
+fn waiting_requests_past_their_deadline_are_dropped_oldest_first() {
+    let mut c = Continuous::new(ContinuousConfig {
+        max_slots: 1,
+        ..cfg()
+    });
+    let at = |t: u64| {
+        let mut m = meta(2, 100, Priority::Normal);
+        m.arrival_ns = t;
+        m
+    };
+    let active = c.admit(at(0)).unwrap();
+    let old = c.admit(at(10)).unwrap();
+    let young = c.admit(at(500)).unwrap();
+    let (e, _) = tick(&mut c);
+    assert_eq!(e[0].ticket, active);
+    let mut expired = vec![];
+    c.expire_waiting(1_000, 900, &mut |t| expired.push(t));
+    assert_eq!(
+        expired,
+        vec![old],
+        "the active request stays; only the old waiter expires"
+    );
+    assert_eq!(c.waiting(), 1);
+    let _ = young;
+}
