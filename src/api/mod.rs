@@ -223,6 +223,25 @@ struct Generation {
     stream: Option<stream::StreamOptions>,
 }
 
+impl Generation {
+    /// The engine request for one prompt with these settings.
+    fn request(&self, prompt: String, predicted_output_tokens: Option<u32>) -> Request {
+        Request {
+            priority: self.priority,
+            kind: Kind::Completion,
+            prompt,
+            max_tokens: self.max_tokens,
+            dimensions: 0,
+            seed: self.seed,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            stop: self.stop.clone(),
+            predicted_output_tokens: predicted_output_tokens.unwrap_or(0),
+            stream: self.stream.is_some(),
+        }
+    }
+}
+
 /// The generation fields of a body, as sent.
 struct GenerationFields<'a> {
     /// Name of the max-tokens field the client used (for messages).
@@ -321,19 +340,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
         wire::inputs("prompt", b.prompt, ctx.config.server.max_batch_inputs).map_err(bad)?;
     let requests = prompts
         .into_iter()
-        .map(|prompt| Request {
-            priority: g.priority,
-            kind: Kind::Completion,
-            prompt,
-            max_tokens: g.max_tokens,
-            dimensions: 0,
-            seed: g.seed,
-            temperature: g.temperature,
-            top_p: g.top_p,
-            stop: g.stop.clone(),
-            predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
-            stream: g.stream.is_some(),
-        })
+        .map(|prompt| g.request(prompt, b.predicted_output_tokens))
         .collect();
     Ok(Routed::Submit(Job {
         kind: JobKind::Completion,
@@ -371,19 +378,7 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
     Ok(Routed::Submit(Job {
         kind: JobKind::Chat,
         model,
-        requests: vec![Request {
-            priority: g.priority,
-            kind: Kind::Completion,
-            prompt,
-            max_tokens: g.max_tokens,
-            dimensions: 0,
-            seed: g.seed,
-            temperature: g.temperature,
-            top_p: g.top_p,
-            stop: g.stop.clone(),
-            predicted_output_tokens: b.predicted_output_tokens.unwrap_or(0),
-            stream: g.stream.is_some(),
-        }],
+        requests: vec![g.request(prompt, b.predicted_output_tokens)],
         created_unix: unix_now(),
         stream: g.stream,
     }))
