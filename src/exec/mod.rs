@@ -1,9 +1,8 @@
 //! Executors: what a worker thread does with a batch.
 //!
-//! A worker owns one `Executor` and calls it once per batch. This issue has the `sim`
-//! executor (latency models and synthetic output); `upstream` (HTTP to a real backend) comes
-//! with routing. Executors run on worker threads: they may allocate and block, the engine
-//! never waits for them.
+//! A worker owns one `Executor` and calls it once per batch: `sim` (latency models and
+//! synthetic output) or `upstream` (HTTP to an OpenAI-compatible backend). Executors run on
+//! worker threads: they may allocate and block, the engine never waits for them.
 
 pub mod latency;
 pub mod sim;
@@ -34,6 +33,13 @@ pub struct Work {
     pub stop: Option<Arc<[String]>>,
     /// The client streams: token events are wanted.
     pub stream: bool,
+    /// The model the backend is asked for (set by the engine when it routes the request;
+    /// `None` before). Shared, so setting it does not allocate.
+    pub model: Option<Arc<str>>,
+    /// Chat completions only: the client's JSON request body, for an `upstream` backend to
+    /// forward (messages, tools, response_format...) with `model` and `stream` replaced.
+    /// `prompt` holds the same conversation rendered for the `sim` executor.
+    pub chat_body: Option<Arc<str>>,
 }
 
 /// Why a completion ended.
@@ -77,6 +83,20 @@ pub struct BatchItem {
     pub work: Work,
     /// Filled by the executor.
     pub output: Option<Output>,
+    /// Filled by the executor when this request alone failed (the rest of the batch may have
+    /// succeeded); takes precedence over `output`.
+    pub error: Option<ExecError>,
+}
+
+impl BatchItem {
+    pub fn new(ticket: Ticket, work: Work) -> BatchItem {
+        BatchItem {
+            ticket,
+            work,
+            output: None,
+            error: None,
+        }
+    }
 }
 
 /// One slot's share of a continuous-batching step, on its way to a worker and back.
@@ -95,19 +115,86 @@ pub struct StepItem {
     pub output: Option<Output>,
 }
 
-/// A failed batch, as reported by an executor.
+/// A failed batch or request, as reported by an executor.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
     #[error("injected fault: {0}")]
     Injected(&'static str),
     #[error("backend error: {0}")]
     Backend(String),
+    /// The backend could not be reached (connect refused, reset, DNS...).
+    #[error("cannot reach backend '{backend}': {message}")]
+    Connect { backend: String, message: String },
+    /// The backend answered with an HTTP error status.
+    #[error("backend '{backend}' answered {status}: {message}")]
+    Status {
+        backend: String,
+        status: u16,
+        message: String,
+    },
+    /// The backend did not answer in time.
+    #[error("backend '{backend}' timed out: {message}")]
+    Timeout { backend: String, message: String },
+    /// The backend answered something that is not the expected OpenAI shape.
+    #[error("backend '{backend}' sent an invalid response: {message}")]
+    Protocol { backend: String, message: String },
+}
+
+impl ExecError {
+    /// Worth trying on another backend (and counted against this backend's circuit):
+    /// unreachable, timed out, a 5xx, or a fault of the executor itself. A 4xx is the
+    /// request's own problem and goes back to the client as is.
+    pub fn is_backend_fault(&self) -> bool {
+        match self {
+            ExecError::Status { status, .. } => *status >= 500,
+            ExecError::Protocol { .. } => true,
+            ExecError::Injected(_)
+            | ExecError::Backend(_)
+            | ExecError::Connect { .. }
+            | ExecError::Timeout { .. } => true,
+        }
+    }
+
+    /// The HTTP status the client gets when this is the final failure: 504 for a timeout,
+    /// the backend's own 4xx, 502 for anything else a backend did wrong, 500 for a fault
+    /// inside abe's own executors.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            ExecError::Timeout { .. } => 504,
+            ExecError::Status { status, .. } if (400..500).contains(status) => *status,
+            ExecError::Status { .. } | ExecError::Connect { .. } | ExecError::Protocol { .. } => {
+                502
+            }
+            ExecError::Injected(_) | ExecError::Backend(_) => 500,
+        }
+    }
+}
+
+/// Where an executor sends the text of streaming requests as it arrives (request-level
+/// batching with an `upstream` backend relays chunks this way). Best effort: a sink may drop
+/// pieces when its consumer is behind; the final output must carry the whole text.
+pub trait TokenSink {
+    /// `text` is the next piece of `items[item]`'s output, starting at byte `offset`.
+    fn token(&mut self, item: usize, offset: u32, text: String);
+}
+
+/// A sink that drops everything (tests, callers without streaming).
+pub struct NoTokens;
+
+impl TokenSink for NoTokens {
+    fn token(&mut self, _item: usize, _offset: u32, _text: String) {}
 }
 
 /// Runs batches. One instance per worker thread.
 pub trait Executor: Send {
-    /// Processes every item of a batch, filling `output`; blocks for the service time.
-    fn execute(&mut self, items: &mut [BatchItem]) -> Result<(), ExecError>;
+    /// Processes every item of a batch, filling `output` (or `error` for an item that failed
+    /// on its own); blocks for the service time. `Err` fails the whole batch. Streaming items
+    /// may send their text to `tokens` as it arrives.
+    fn execute(
+        &mut self,
+        items: &mut [BatchItem],
+        tokens: &mut dyn TokenSink,
+    ) -> Result<(), ExecError>;
 
     /// Runs one continuous-batching step (one forward pass over the items), filling each
     /// item's `token`, `result` and, for finished requests, `output`.

@@ -282,7 +282,11 @@ impl Executor for SimExecutor {
         Ok(())
     }
 
-    fn execute(&mut self, items: &mut [BatchItem]) -> Result<(), ExecError> {
+    fn execute(
+        &mut self,
+        items: &mut [BatchItem],
+        _tokens: &mut dyn crate::exec::TokenSink,
+    ) -> Result<(), ExecError> {
         let faults = self.faults.get();
         let mut shapes: smallvec::SmallVec<[(u32, u32); 64]> = smallvec::SmallVec::new();
         for item in items.iter() {

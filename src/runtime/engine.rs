@@ -491,11 +491,7 @@ impl EngineIo {
                         .work
                         .take()
                         .expect("a queued request still holds its work");
-                    items.push(BatchItem {
-                        ticket: *t,
-                        work,
-                        output: None,
-                    });
+                    items.push(BatchItem::new(*t, work));
                 }
                 self.record_sample(SampleKind::BatchSize, tickets.len() as u64);
                 let link = &mut self.workers[worker];

@@ -552,6 +552,8 @@ impl Submitter {
                 top_p,
                 stop,
                 stream,
+                model: None,
+                chat_body: None,
             },
             reply,
         };

@@ -47,7 +47,8 @@ impl WorkerThread {
                 idler.busy();
                 let reply = match msg {
                     ToWorker::Batch(BatchMsg { batch, mut items }) => {
-                        let result = self.guarded(|exec| exec.execute(&mut items));
+                        let result = self
+                            .guarded(|exec| exec.execute(&mut items, &mut crate::exec::NoTokens));
                         FromWorker::Batch(ResultMsg {
                             batch,
                             items,
