@@ -3,10 +3,15 @@
 
 use crate::api::ApiContext;
 use crate::config::{Config, ConfigError};
+use crate::exec::sim::{Faults, SimConfig, SimExecutor};
+use crate::exec::Executor;
 use crate::http::{self, ServeError, Server};
 use crate::metrics::http_stats::HttpStats;
-use crate::runtime::{self, Handle, ShutdownReport, StartError};
+use crate::router::{BackendConfig, BackendKindName, Router, RoutingConfig};
+use crate::runtime::engine::Routing;
+use crate::runtime::{self, Handle, LaneWorkers, RuntimeConfig, ShutdownReport, StartError};
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,12 +40,38 @@ impl Running {
     pub fn start(config: Config) -> Result<Running, RunError> {
         config.validate()?;
         let runtime_cfg = config.runtime_config()?;
-        let handle = Arc::new(runtime::start(runtime_cfg)?);
-        let ctx = Arc::new(ApiContext {
-            handle: handle.clone(),
-            config: Arc::new(config),
-            http_stats: Arc::new(HttpStats::new()),
-        });
+        let backends = effective_backends(&config);
+        let routing_cfg = routing_config(&config);
+        let build = || {
+            Router::build(&backends, &routing_cfg, runtime_cfg.core.seed)
+                .map_err(|e| StartError::Config(format!("routing: {e}")))
+        };
+        let (engine_router, warning) = build()?;
+        if let Some(w) = warning {
+            tracing::warn!("{w}");
+        }
+        let io_router = Arc::new(build()?.0);
+        let stop = Arc::new(AtomicBool::new(false));
+        let lanes = backends
+            .iter()
+            .enumerate()
+            .map(|(b, backend)| lane_workers(&runtime_cfg, b, backend, &stop))
+            .collect();
+        let config = Arc::new(config);
+        let http_stats = Arc::new(HttpStats::new());
+        // The default model must resolve (ApiContext picks one some backend serves).
+        let probe_ctx_default = ApiContext::default_model_for(&config, &io_router);
+        let default_name = io_router
+            .lookup(&probe_ctx_default)
+            .map_err(|e| StartError::Config(format!("routing: {e}")))?;
+        let routing = Routing::new(engine_router, default_name, None);
+        let handle = Arc::new(runtime::start_routed(runtime_cfg, routing, lanes, stop)?);
+        let ctx = Arc::new(ApiContext::new(
+            handle.clone(),
+            config,
+            http_stats,
+            io_router,
+        ));
         let server = http::start(ctx.clone())?;
         Ok(Running {
             handle,
@@ -83,6 +114,46 @@ impl Running {
         }
         self.shutdown()
     }
+}
+
+/// The backends abe serves: one `sim` backend serving `server.model_name` with
+/// `workers.count` workers.
+fn effective_backends(config: &Config) -> Vec<BackendConfig> {
+    let mut b = BackendConfig::default_sim(&config.server.model_name, 131_072);
+    b.max_concurrent_batches = config.workers.count as u32;
+    vec![b]
+}
+
+fn routing_config(_config: &Config) -> RoutingConfig {
+    RoutingConfig::default()
+}
+
+/// Backend `index`'s worker threads: `max_concurrent_batches` executors of its kind.
+fn lane_workers(
+    cfg: &RuntimeConfig,
+    index: usize,
+    backend: &BackendConfig,
+    stop: &Arc<AtomicBool>,
+) -> LaneWorkers {
+    let n = backend.max_concurrent_batches.max(1) as usize;
+    let faults: Vec<Arc<Faults>> = (0..n).map(|_| Faults::new(cfg.faults)).collect();
+    let executors = match backend.kind {
+        BackendKindName::Sim | BackendKindName::Upstream => (0..n)
+            .map(|i| {
+                let sim = SimConfig {
+                    seed: cfg
+                        .sim
+                        .seed
+                        .wrapping_add((index as u64) << 32)
+                        .wrapping_add(i as u64),
+                    ..cfg.sim.clone()
+                };
+                Box::new(SimExecutor::new(sim, faults[i].clone(), stop.clone()))
+                    as Box<dyn Executor>
+            })
+            .collect(),
+    };
+    LaneWorkers { executors, faults }
 }
 
 pub use signal_hook::iterator::Signals;

@@ -149,7 +149,7 @@ fn a_failing_worker_opens_its_circuit_traffic_moves_and_it_comes_back() {
             .wait()
         {
             Ok(_) => {}
-            Err(RequestError::Worker(_)) => worker_errors += 1,
+            Err(RequestError::Backend(_)) => worker_errors += 1,
             Err(e) => panic!("unexpected error {e}"),
         }
     }

@@ -63,6 +63,50 @@ pub struct ChatBody {
     pub top_p: Option<f64>,
     /// abe extension: predicted output length hint.
     pub predicted_output_tokens: Option<u32>,
+    /// Function-calling tools (only their count matters to abe: routing needs a backend
+    /// with the `tools` capability when there are any).
+    pub tools: Option<Vec<serde::de::IgnoredAny>>,
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// `response_format`: only its type matters to abe (`json_object` needs JSON mode).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+}
+
+/// The text of every message (string contents and text parts), for the size estimate.
+pub fn texts(messages: &[Message]) -> Vec<&str> {
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
+        match &m.content {
+            Some(Content::Text(t)) => out.push(t.as_str()),
+            Some(Content::Parts(parts)) => {
+                out.extend(parts.iter().filter_map(|p| p.text.as_deref()));
+            }
+            None => {}
+        }
+    }
+    out
+}
+
+/// What a chat request needs beyond text: vision for any `image_url` part, tools for a
+/// non-empty `tools`, JSON mode for `response_format.type == "json_object"`.
+pub fn needs(body: &ChatBody, b: &mut crate::router::RequirementsBuilder<'_>) {
+    for m in body.messages.iter().flatten() {
+        if let Some(Content::Parts(parts)) = &m.content {
+            for p in parts {
+                b.content_part(&p.kind);
+            }
+        }
+    }
+    b.tools(body.tools.as_ref().map_or(0, Vec::len));
+    b.response_format(
+        body.response_format
+            .as_ref()
+            .and_then(|f| f.kind.as_deref()),
+    );
 }
 
 /// Renders validated messages into the prompt template.

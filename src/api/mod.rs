@@ -15,7 +15,8 @@ use crate::core::{FailReason, Kind, Reject};
 use crate::http::parse::{Head, Method};
 use crate::http::response::{Response, Status};
 use crate::metrics::http_stats::HttpStats;
-use crate::runtime::{Handle, Outcome, Request, RequestError};
+use crate::router::{RequirementsBuilder, RouteError, Router};
+use crate::runtime::{Handle, Outcome, Request, RequestError, RouteRequest};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use wire::{BodyError, CompletionBody, EmbeddingBody};
@@ -25,6 +26,63 @@ pub struct ApiContext {
     pub handle: Arc<Handle>,
     pub config: Arc<Config>,
     pub http_stats: Arc<HttpStats>,
+    /// A read-only copy of the engine's router (same backends and names, built from the
+    /// same config): resolves model names and judges static routing errors on the io
+    /// thread, names backends in the `x-abe-route` header, lists `/v1/models`.
+    pub router: Arc<Router>,
+    /// The model a request without `model` gets.
+    pub default_model: String,
+    /// Some backend is `upstream`: chat requests keep their JSON body to forward.
+    pub has_upstream: bool,
+}
+
+impl ApiContext {
+    /// The context for a running handle and a validated config.
+    pub fn new(
+        handle: Arc<Handle>,
+        config: Arc<Config>,
+        http_stats: Arc<HttpStats>,
+        router: Arc<Router>,
+    ) -> ApiContext {
+        let default_model = ApiContext::default_model_for(&config, &router);
+        let has_upstream = router
+            .registry()
+            .backends()
+            .any(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }));
+        ApiContext {
+            handle,
+            config,
+            http_stats,
+            router,
+            default_model,
+            has_upstream,
+        }
+    }
+
+    /// The model requests without `model` get: `server.model_name` when some backend
+    /// serves it, else the first model of the first backend.
+    pub fn default_model_for(config: &Config, router: &Router) -> String {
+        let served = router
+            .resolver()
+            .lookup(&config.server.model_name)
+            .and_then(|n| router.resolver().served(n))
+            .is_some();
+        if served {
+            return config.server.model_name.clone();
+        }
+        router
+            .registry()
+            .backends()
+            .next()
+            .and_then(|(_, b)| b.models().first().copied())
+            .map(|m| router.registry().model_name(m).to_string())
+            .unwrap_or_else(|| config.server.model_name.clone())
+    }
+
+    /// The `x-abe-route` header line for a decision.
+    pub fn route_header(&self, decision: &crate::router::Decision) -> String {
+        format!("x-abe-route: {}", self.router.describe(decision))
+    }
 }
 
 /// What a request turns into.
@@ -100,8 +158,36 @@ pub fn error_response(e: &RequestError) -> Response {
         }
         RequestError::Failed(FailReason::Cancelled) => (Status::BadRequest, "cancelled"),
         RequestError::Failed(FailReason::Aborted) => (Status::ServiceUnavailable, "aborted"),
+        RequestError::Backend(b) => match b.http_status() {
+            504 => (Status::GatewayTimeout, "upstream_timeout"),
+            502 => (Status::BadGateway, "upstream_error"),
+            500 => (Status::InternalError, "worker_error"),
+            code => (client_status(code), "upstream_rejected"),
+        },
+        RequestError::Route(r) => return route_error(r),
     };
     Response::error(status, code, e.to_string())
+}
+
+/// The response for a routing error (404 unknown model, 400 capability, 503 unavailable).
+pub fn route_error(e: &RouteError) -> Response {
+    let status = match e.status() {
+        404 => Status::NotFound,
+        400 => Status::BadRequest,
+        _ => Status::ServiceUnavailable,
+    };
+    Response::error(status, e.code(), e.to_string())
+}
+
+/// The closest status abe speaks for a backend's 4xx.
+fn client_status(code: u16) -> Status {
+    match code {
+        401 | 403 => Status::Unauthorized,
+        404 => Status::NotFound,
+        413 => Status::PayloadTooLarge,
+        429 => Status::TooManyRequests,
+        _ => Status::BadRequest,
+    }
 }
 
 fn bad(e: BodyError) -> Routed {
@@ -141,7 +227,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             };
             routed.unwrap_or_else(|r| r)
         }
-        "/v1/models" if is_get => Routed::Now(render::models(&ctx.config.server.model_name)),
+        "/v1/models" if is_get => Routed::Now(render::models(&ctx.router)),
         "/health" if is_get => {
             Routed::Now(Response::json(Status::Ok, br#"{"status":"ok"}"#.to_vec()))
         }
@@ -194,21 +280,26 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
     }
 }
 
-fn check_model(ctx: &ApiContext, model: Option<&str>) -> Result<String, Routed> {
-    let served = &ctx.config.server.model_name;
-    match model {
-        None => Ok(served.clone()),
-        Some("") => Err(Routed::Now(Response::error(
-            Status::BadRequest,
-            "invalid_value",
-            "'model' must not be empty",
-        ))),
-        Some(m) if m == served => Ok(served.clone()),
-        Some(m) => Err(Routed::Now(Response::error(
-            Status::NotFound,
-            "model_not_found",
-            format!("Model '{m}' not found; this server serves '{served}'"),
-        ))),
+/// The model a request names (or the default), checked against the router: unknown
+/// models (404), empty names and capability mismatches (400) are answered here, before
+/// anything reaches the engine. `texts` are the request's text parts (for the size
+/// estimate), `needs` what else it asks for. Returns the name to echo and the resolved
+/// route.
+fn check_model<'a>(
+    ctx: &'a ApiContext,
+    model: Option<&'a str>,
+    texts: &[&str],
+    needs: impl FnOnce(&mut RequirementsBuilder<'a>),
+) -> Result<(String, RouteRequest), Routed> {
+    let model = model.unwrap_or(&ctx.default_model);
+    let mut b = RequirementsBuilder::new(model);
+    for t in texts {
+        b.text(t);
+    }
+    needs(&mut b);
+    match ctx.router.precheck(&b.build()) {
+        Ok((name, need)) => Ok((model.to_string(), RouteRequest { name, need })),
+        Err(e) => Err(Routed::Now(route_error(&e))),
     }
 }
 
@@ -225,7 +316,12 @@ struct Generation {
 
 impl Generation {
     /// The engine request for one prompt with these settings.
-    fn request(&self, prompt: String, predicted_output_tokens: Option<u32>) -> Request {
+    fn request(
+        &self,
+        prompt: String,
+        predicted_output_tokens: Option<u32>,
+        route: RouteRequest,
+    ) -> Request {
         Request {
             priority: self.priority,
             kind: Kind::Completion,
@@ -238,6 +334,8 @@ impl Generation {
             stop: self.stop.clone(),
             predicted_output_tokens: predicted_output_tokens.unwrap_or(0),
             stream: self.stream.is_some(),
+            route: Some(route),
+            chat_body: None,
         }
     }
 }
@@ -319,7 +417,6 @@ fn generation(
 
 fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let b: CompletionBody = wire::parse_body(body).map_err(bad)?;
-    let model = check_model(ctx, b.model.as_deref())?;
     let g = generation(
         ctx,
         head,
@@ -338,10 +435,13 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
     )?;
     let prompts =
         wire::inputs("prompt", b.prompt, ctx.config.server.max_batch_inputs).map_err(bad)?;
-    let requests = prompts
-        .into_iter()
-        .map(|prompt| g.request(prompt, b.predicted_output_tokens))
-        .collect();
+    let mut model = String::new();
+    let mut requests = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let (name, route) = check_model(ctx, b.model.as_deref(), &[&prompt], |_| {})?;
+        model = name;
+        requests.push(g.request(prompt, b.predicted_output_tokens, route));
+    }
     Ok(Routed::Submit(Job {
         kind: JobKind::Completion,
         model,
@@ -353,7 +453,6 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
 
 fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let b: chat::ChatBody = wire::parse_body(body).map_err(bad)?;
-    let model = check_model(ctx, b.model.as_deref())?;
     let (field, max_tokens) = match (b.max_completion_tokens, b.max_tokens) {
         (Some(n), _) => ("max_completion_tokens", Some(n)),
         (None, n) => ("max_tokens", n),
@@ -374,11 +473,23 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             stop: b.stop.clone(),
         },
     )?;
+    let texts = chat::texts(b.messages.as_deref().unwrap_or_default());
+    let (model, route) = check_model(ctx, b.model.as_deref(), &texts, |r| {
+        chat::needs(&b, r);
+    })?;
+    drop(texts);
+    let chat_body = if ctx.has_upstream {
+        std::str::from_utf8(body).ok().map(Arc::from)
+    } else {
+        None
+    };
     let prompt = chat::render_prompt(b.messages).map_err(bad)?;
+    let mut request = g.request(prompt, b.predicted_output_tokens, route);
+    request.chat_body = chat_body;
     Ok(Routed::Submit(Job {
         kind: JobKind::Chat,
         model,
-        requests: vec![g.request(prompt, b.predicted_output_tokens)],
+        requests: vec![request],
         created_unix: unix_now(),
         stream: g.stream,
     }))
@@ -386,7 +497,6 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
 
 fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let b: EmbeddingBody = wire::parse_body(body).map_err(bad)?;
-    let model = check_model(ctx, b.model.as_deref())?;
     let base64 = match b.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -409,9 +519,17 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
     };
     let priority = wire::priority(b.priority.as_deref(), head.priority.as_deref()).map_err(bad)?;
     let inputs = wire::inputs("input", b.input, ctx.config.server.max_batch_inputs).map_err(bad)?;
+    let mut model = String::new();
+    let mut routes = Vec::with_capacity(inputs.len());
+    for input in &inputs {
+        let (name, route) = check_model(ctx, b.model.as_deref(), &[input], |_| {})?;
+        model = name;
+        routes.push(route);
+    }
     let requests = inputs
         .into_iter()
-        .map(|prompt| Request {
+        .zip(routes)
+        .map(|(prompt, route)| Request {
             priority,
             kind: Kind::Embedding,
             prompt,
@@ -423,6 +541,8 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
             stop: None,
             predicted_output_tokens: 0,
             stream: false,
+            route: Some(route),
+            chat_body: None,
         })
         .collect();
     Ok(Routed::Submit(Job {

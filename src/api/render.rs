@@ -223,16 +223,26 @@ pub fn embedding(model: &str, base64: bool, outputs: &[Output]) -> Response {
 }
 
 /// `GET /v1/models`.
-pub fn models(model: &str) -> Response {
-    let body = serde_json::json!({
-        "object": "list",
-        "data": [{
-            "id": model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "abe",
-        }],
-    });
+pub fn models(router: &crate::router::Router) -> Response {
+    use crate::router::Routable;
+    let data: Vec<serde_json::Value> = router
+        .routable()
+        .map(|(name, kind)| {
+            let mut m = serde_json::json!({
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "abe",
+            });
+            match kind {
+                Routable::Served => {}
+                Routable::Alias { target } => m["abe_alias_of"] = target.into(),
+                Routable::FallbackOnly => m["abe_fallback_only"] = true.into(),
+            }
+            m
+        })
+        .collect();
+    let body = serde_json::json!({ "object": "list", "data": data });
     Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
 }
 

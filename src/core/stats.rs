@@ -77,6 +77,15 @@ impl Default for WaitHistogram {
 }
 
 impl WaitHistogram {
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &WaitHistogram) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+        self.count += other.count;
+    }
+
     /// Records one wait.
     pub fn record(&mut self, wait_ns: Nanos) {
         let bucket = (u64::BITS - wait_ns.leading_zeros()) as usize;
@@ -134,6 +143,31 @@ pub struct CoreStats {
 }
 
 impl CoreStats {
+    /// Adds `other`'s counters to these (one engine runs a core per backend; metrics show
+    /// their sum).
+    pub fn merge(&mut self, other: &CoreStats) {
+        self.admitted += other.admitted;
+        self.rejected_full += other.rejected_full;
+        self.rejected_draining += other.rejected_draining;
+        self.completed += other.completed;
+        self.failed += other.failed;
+        self.expired += other.expired;
+        self.batch_timeouts += other.batch_timeouts;
+        self.worker_errors += other.worker_errors;
+        self.cancelled += other.cancelled;
+        self.aborted += other.aborted;
+        self.batches_formed += other.batches_formed;
+        self.batched_requests += other.batched_requests;
+        for (a, b) in self
+            .flush_reasons
+            .iter_mut()
+            .zip(other.flush_reasons.iter())
+        {
+            *a += b;
+        }
+        self.queue_wait.merge(&other.queue_wait);
+    }
+
     /// Mean batch size so far (0 before the first batch).
     pub fn avg_batch_size(&self) -> f64 {
         if self.batches_formed == 0 {

@@ -46,6 +46,8 @@ pub struct Slot {
     pub job: Option<Job>,
     pub outcomes: Vec<Option<Outcome>>,
     pub remaining: usize,
+    /// Where the engine routed the job (its first part): the `x-abe-route` header.
+    pub route: Option<crate::router::Decision>,
 }
 
 /// A request head parsed, waiting for its body.

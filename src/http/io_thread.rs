@@ -415,6 +415,7 @@ impl IoThread {
             job: None,
             outcomes: Vec::new(),
             remaining: 0,
+            route: None,
         });
         self.touched.push(idx);
     }
@@ -466,6 +467,7 @@ impl IoThread {
                 job: Some(job),
                 outcomes: (0..parts).map(|_| None).collect(),
                 remaining: parts,
+                route: None,
             });
             (seq, conn.generation)
         };
@@ -478,7 +480,7 @@ impl IoThread {
             });
             if let Err(e) = self.submitter.submit(request, tag) {
                 self.free_inflight_tag(tag);
-                self.complete_part(idx, generation, seq, part, Err(e));
+                self.complete_part(idx, generation, seq, part, Err(e), None);
             }
         }
     }
@@ -548,9 +550,11 @@ impl IoThread {
         seq: u64,
         part: usize,
         outcome: crate::runtime::Outcome,
+        route: Option<crate::router::Decision>,
     ) {
         self.next_response_id += 1;
         let response_id = self.next_response_id;
+        let ctx = self.ctx.clone();
         let Some(slot) = self.slot_mut(idx, generation, seq) else {
             return;
         };
@@ -558,6 +562,9 @@ impl IoThread {
             return;
         }
         slot.remaining -= 1;
+        if slot.route.is_none() {
+            slot.route = route;
+        }
         if let Some(st) = slot.stream.as_mut() {
             match &outcome {
                 Ok(output) => st.writer.finish_part(part, output, &mut st.pending),
@@ -598,7 +605,11 @@ impl IoThread {
                 .map(|o| o.take().expect("all parts answered"))
                 .collect();
             let job = slot.job.take().expect("engine slot has a job");
-            slot.response = Some(job.render(outcomes, response_id));
+            let mut response = job.render(outcomes, response_id);
+            if let Some(d) = &slot.route {
+                response = response.with_header(ctx.route_header(d));
+            }
+            slot.response = Some(response);
             self.touched.push(idx);
         }
     }
@@ -615,7 +626,7 @@ impl IoThread {
                 }
                 Event::Done(outcome) => {
                     if let Some(f) = self.free_inflight_tag(c.tag) {
-                        self.complete_part(f.conn, f.generation, f.seq, f.part, outcome);
+                        self.complete_part(f.conn, f.generation, f.seq, f.part, outcome, c.route);
                     }
                 }
             }

@@ -48,5 +48,5 @@ pub use registry::{
 };
 pub use requirements::{estimate_tokens, Requirements, RequirementsBuilder};
 pub use resolve::{NameId, Resolver, Routable};
-pub use select::{Decision, DecisionText, Router, RoutingConfig, Via};
+pub use select::{Decision, DecisionText, Need, Router, RoutingConfig, Via};
 pub use strategy::{score, Candidate, Strategy, UnknownStrategy, Weights};

@@ -31,6 +31,14 @@ pub const MAX_CONCURRENT_BATCHES_DEFAULT: u32 = 4;
 pub struct BackendId(pub(crate) u32);
 
 impl BackendId {
+    /// The first backend (a placeholder value for tables filled later).
+    pub const FIRST: BackendId = BackendId(0);
+
+    /// The backend at `index` in `[[backends]]` order.
+    pub const fn from_index(index: usize) -> BackendId {
+        BackendId(index as u32)
+    }
+
     /// As an index into per-backend arrays.
     pub const fn index(self) -> usize {
         self.0 as usize
@@ -43,6 +51,11 @@ impl BackendId {
 pub struct ModelId(pub(crate) u32);
 
 impl ModelId {
+    /// The model at `index` of the registry.
+    pub const fn from_index(index: usize) -> ModelId {
+        ModelId(index as u32)
+    }
+
     /// As an index into per-model arrays.
     pub const fn index(self) -> usize {
         self.0 as usize

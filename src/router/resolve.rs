@@ -19,6 +19,9 @@ use std::collections::{BTreeMap, HashMap};
 pub struct NameId(u32);
 
 impl NameId {
+    /// The first name (a placeholder value for tables filled later).
+    pub const FIRST: NameId = NameId(0);
+
     pub const fn index(self) -> usize {
         self.0 as usize
     }

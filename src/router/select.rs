@@ -67,6 +67,23 @@ pub enum Via {
     Fallback { from: NameId },
 }
 
+/// What a request needs, once its model name is resolved: plain data an io thread hands to
+/// the engine with the request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Need {
+    pub estimated_tokens: u32,
+    pub needs: super::registry::Capabilities,
+}
+
+impl Need {
+    pub fn of(req: &Requirements<'_>) -> Need {
+        Need {
+            estimated_tokens: req.estimated_tokens,
+            needs: req.needs,
+        }
+    }
+}
+
 /// A routing decision: which backend, for which served model, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
@@ -134,15 +151,61 @@ impl Router {
     /// round-robin cursor and RNG: the engine thread owns the router and calls this with no
     /// lock and no allocation (errors excepted).
     pub fn route(&mut self, req: &Requirements<'_>) -> Result<Decision, RouteError> {
-        if req.model.trim().is_empty() {
+        let name = self.lookup(req.model)?;
+        self.route_name(name, &Need::of(req))
+    }
+
+    /// The name a request's model resolves to, or the 400 (empty) / 404 (unknown) error.
+    pub fn lookup(&self, model: &str) -> Result<NameId, RouteError> {
+        if model.trim().is_empty() {
             return Err(RouteError::EmptyModel);
         }
-        let Some(name) = self.resolver.lookup(req.model) else {
-            return Err(RouteError::ModelNotFound {
-                model: req.model.to_string(),
+        self.resolver
+            .lookup(model)
+            .ok_or_else(|| RouteError::ModelNotFound {
+                model: model.to_string(),
                 alias_target: None,
+            })
+    }
+
+    /// The errors that do not depend on live state, judged without changing anything (an io
+    /// thread holds a read-only router for this): unknown model, capability mismatch, a
+    /// fallback chain none of whose models could ever serve. `Ok` means some backend could
+    /// take the request when healthy; [`route_name`](Self::route_name) picks it.
+    pub fn precheck(&self, req: &Requirements<'_>) -> Result<(NameId, Need), RouteError> {
+        let name = self.lookup(req.model)?;
+        let need = Need::of(req);
+        let r = &self.resolver;
+        let candidates = r
+            .served(name)
+            .into_iter()
+            .chain(r.alias_of(name).and_then(|t| r.served(t)))
+            .chain(r.chain_for(name).iter().filter_map(|&f| r.served(f)));
+        for model in candidates {
+            let capable = self.registry.offers(model).iter().any(|o| {
+                o.context_length >= need.estimated_tokens && o.capabilities.covers(need.needs)
             });
+            if capable {
+                return Ok((name, need));
+            }
+        }
+        let mut err = self.explain_static(name, req);
+        if let RouteError::ModelNotFound { model, .. } = &mut err {
+            // Keep the spelling the client used.
+            req.model.clone_into(model);
+        }
+        Err(err)
+    }
+
+    /// Routes a request whose model name was resolved already ([`lookup`](Self::lookup) or
+    /// [`precheck`](Self::precheck)). No allocation unless it fails.
+    pub fn route_name(&mut self, name: NameId, need: &Need) -> Result<Decision, RouteError> {
+        let req = Requirements {
+            model: "",
+            estimated_tokens: need.estimated_tokens,
+            needs: need.needs,
         };
+        let req = &req;
         if let Some(model) = self.resolver.served(name) {
             if let Some(backend) = self.pick_excluding(model, req, &[]) {
                 return Ok(Decision {
@@ -236,7 +299,40 @@ impl Router {
         debug_assert_eq!(self.scratch.capacity(), capacity, "no reallocation");
     }
 
+    /// As `explain`, judged as if every backend were healthy with a closed circuit.
+    #[cold]
+    fn explain_static(&self, name: NameId, req: &Requirements<'_>) -> RouteError {
+        let mut healthy = self.registry.clone();
+        for (id, _) in self.registry.backends() {
+            healthy.set_healthy(id, true);
+            healthy.set_circuit(id, crate::core::circuit::CircuitState::Closed);
+        }
+        let view = RouterView {
+            registry: &healthy,
+            resolver: &self.resolver,
+        };
+        view.explain(name, req)
+    }
+
     /// The error for a request none of whose models could serve (cold path: allocates).
+    #[cold]
+    fn explain(&self, name: NameId, req: &Requirements<'_>) -> RouteError {
+        RouterView {
+            registry: &self.registry,
+            resolver: &self.resolver,
+        }
+        .explain(name, req)
+    }
+}
+
+/// The registry and resolver borrowed together, to explain a failed decision (possibly
+/// against a copy of the registry with other live state).
+struct RouterView<'a> {
+    registry: &'a Registry,
+    resolver: &'a Resolver,
+}
+
+impl RouterView<'_> {
     #[cold]
     fn explain(&self, name: NameId, req: &Requirements<'_>) -> RouteError {
         let r = &self.resolver;
@@ -364,7 +460,9 @@ impl Router {
         debug_assert!(missing.names().next().is_some());
         ModelOutcome::Missing(missing)
     }
+}
 
+impl Router {
     /// Text for a response header saying which backend serves the request and why, e.g.
     /// `backend=gpu-a; model=mistral:7b; via=fallback; requested=claude-3-opus`. Formatting
     /// it writes straight into the caller's buffer.

@@ -166,7 +166,10 @@ impl ContinuousEngine {
         let rejected_full = &mut self.rejected_full;
         let rejected_draining = &mut self.rejected_draining;
         self.io.drain_submissions(|io, s, sub| {
-            let Submission { meta, work, reply } = sub;
+            // One backend only (config enforces it): the io thread checked the model.
+            let Submission {
+                meta, work, reply, ..
+            } = sub;
             match sched.admit(meta) {
                 Ok(ticket) => {
                     let tag = match reply {
@@ -176,6 +179,7 @@ impl ContinuousEngine {
                     io.note_admitted(s, tag, ticket.index);
                     let slot = &mut io.pending[ticket.index as usize];
                     debug_assert!(slot.reply.is_none(), "pending slot reused while live");
+                    slot.stream = work.stream;
                     slot.work = Some(work);
                     slot.reply = Some(reply);
                     slot.submitter = s;
@@ -199,7 +203,7 @@ impl ContinuousEngine {
                         }
                     };
                     drop(work);
-                    io.send(s, reply, Err(error));
+                    io.send(s, reply, Err(error), None);
                 }
             }
         })

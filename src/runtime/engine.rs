@@ -11,16 +11,19 @@ use super::doorbell::Doorbell;
 use super::idle::Idler;
 use super::messages::{
     BatchMsg, Completion, Control, Event, FromWorker, Outcome, Reply, RequestError, ResultMsg,
-    Submission, ToWorker,
+    RouteRequest, Submission, ToWorker,
 };
 use super::ring::{Consumer, Producer};
 use super::snapshot::{WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
 use super::Shared;
+use crate::core::circuit::CircuitState;
+use crate::core::RequestMeta;
 use crate::core::{
     Action, BatchOutcome, Completion as CoreCompletion, Core, FailReason, Nanos, Priority,
     BUCKET_COUNT, CLASS_COUNT,
 };
-use crate::exec::{BatchItem, Work};
+use crate::exec::{BatchItem, ExecError, Work};
+use crate::router::{BackendId, Decision, ModelId, NameId, Need, Router, Via};
 use hdrhistogram::Histogram;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -75,6 +78,49 @@ pub(super) struct PendingSlot {
     pub(super) arrival_ns: Nanos,
     /// Continuous batching: when the first output token was sampled (0: not yet).
     pub(super) first_token_ns: Nanos,
+    /// The client asked for a stream (token events wanted).
+    pub(super) stream: bool,
+    /// A token event reached the submitter: the request may no longer move to another
+    /// backend (the client has seen part of this backend's answer).
+    pub(super) tokens_sent: bool,
+    /// Request-level batching: what the request asked for and where it went.
+    pub(super) meta: RequestMeta,
+    pub(super) route: RouteState,
+}
+
+/// Where a routed request went, and the backends that failed it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RouteState {
+    pub(super) name: NameId,
+    pub(super) need: Need,
+    pub(super) decision: Option<Decision>,
+    /// Backends tried so far (the current one last).
+    pub(super) tried: [BackendId; MAX_TRIES],
+    pub(super) tried_len: u8,
+}
+
+/// Most backends one request is tried on: the first plus `routing.max_retries` (<= 8).
+pub const MAX_TRIES: usize = 9;
+
+impl RouteState {
+    const NONE: RouteState = RouteState {
+        name: NameId::FIRST,
+        need: Need {
+            estimated_tokens: 0,
+            needs: crate::router::Capabilities {
+                vision: false,
+                tools: false,
+                json_mode: false,
+            },
+        },
+        decision: None,
+        tried: [BackendId::FIRST; MAX_TRIES],
+        tried_len: 0,
+    };
+
+    fn tried(&self) -> &[BackendId] {
+        &self.tried[..self.tried_len as usize]
+    }
 }
 
 /// The engine's end of one worker.
@@ -106,9 +152,101 @@ pub(super) struct EngineIo {
     pub(super) published_at_ns: Nanos,
 }
 
-/// The engine: core plus its I/O.
+/// Live health of backends, as a health checker publishes it (`sim` backends are always
+/// healthy). Read by the engine once per turn: a generation counter first, the flags only
+/// when it moved.
+pub trait BackendHealth: Send + Sync {
+    /// Bumped on every change.
+    fn generation(&self) -> u64;
+    fn healthy(&self, backend: usize) -> bool;
+}
+
+/// One backend's scheduler and where its requests and workers sit in the engine's tables.
+pub struct Lane {
+    pub core: Core,
+    /// The lane's table slot `i` is the engine's pending slot `pending_base + i`.
+    pub pending_base: u32,
+    /// The lane's worker `w` is the engine's worker `worker_base + w`.
+    pub worker_base: u32,
+}
+
+/// A lane's offsets, copied out so closures over the I/O can use them while the lane's core
+/// is borrowed.
+#[derive(Clone, Copy)]
+struct LaneAt {
+    backend: BackendId,
+    pending_base: u32,
+    worker_base: u32,
+}
+
+impl Lane {
+    fn at(&self, index: usize) -> LaneAt {
+        LaneAt {
+            backend: BackendId::from_index(index),
+            pending_base: self.pending_base,
+            worker_base: self.worker_base,
+        }
+    }
+}
+
+/// Routing state the engine owns (only the engine thread touches it).
+pub struct Routing {
+    pub router: Router,
+    /// Served model names by `ModelId`, shared so a request's `Work` gets one without
+    /// allocating.
+    pub model_names: Vec<Arc<str>>,
+    /// The name requests without a resolved model (in-process callers) are routed by.
+    pub default_name: NameId,
+    pub health: Option<Arc<dyn BackendHealth>>,
+    health_seen: u64,
+    /// Per backend: counters published in the snapshot.
+    counters: Vec<crate::runtime::snapshot::BackendSnapshot>,
+}
+
+impl Routing {
+    pub fn new(
+        router: Router,
+        default_name: NameId,
+        health: Option<Arc<dyn BackendHealth>>,
+    ) -> Routing {
+        let registry = router.registry();
+        let model_names = (0..registry.model_count())
+            .map(|m| Arc::from(registry.model_name(ModelId::from_index(m))))
+            .collect();
+        let counters = vec![Default::default(); registry.len()];
+        Routing {
+            router,
+            model_names,
+            default_name,
+            health,
+            health_seen: u64::MAX,
+            counters,
+        }
+    }
+
+    /// Takes health changes the checker published.
+    fn refresh_health(&mut self) {
+        let Some(h) = &self.health else { return };
+        let generation = h.generation();
+        if generation == self.health_seen {
+            return;
+        }
+        self.health_seen = generation;
+        for b in 0..self.counters.len() {
+            let healthy = h.healthy(b);
+            self.router
+                .registry_mut()
+                .set_healthy(BackendId::from_index(b), healthy);
+        }
+    }
+}
+
+/// The engine: a core per backend, the router, and their I/O.
 pub struct Engine {
-    core: Core,
+    lanes: Vec<Lane>,
+    /// Lane of each engine worker.
+    worker_lane: Vec<u16>,
+    routing: Routing,
     io: EngineIo,
     idler: Idler,
     drain_deadline_ns: Option<Nanos>,
@@ -119,9 +257,13 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Builds the engine; every buffer it will use is allocated here.
+    /// Builds the engine: `cores[b]` schedules backend `b` of `routing`'s router and owns the
+    /// next `cores[b].config().workers` entries of `workers`. Every buffer it will use is
+    /// allocated here.
+    #[allow(clippy::too_many_arguments)] // each is a separate thing the engine takes over
     pub fn new(
-        core: Core,
+        cores: Vec<Core>,
+        routing: Routing,
         clock: Clock,
         shared: Arc<Shared>,
         workers: Vec<WorkerLink>,
@@ -129,20 +271,45 @@ impl Engine {
         max_submitters: usize,
         stop: Arc<AtomicBool>,
     ) -> Engine {
-        let cfg = core.config().clone();
-        let batch_len = core.max_batch_len();
-        let slots = workers.len() * cfg.max_inflight_per_worker as usize;
+        assert_eq!(
+            cores.len(),
+            routing.router.registry().len(),
+            "a core per backend"
+        );
+        let mut lanes = Vec::with_capacity(cores.len());
+        let mut worker_lane = Vec::with_capacity(workers.len());
+        let (mut table, mut batch_slots, mut batch_len) = (0usize, 0usize, 0usize);
+        for (l, core) in cores.into_iter().enumerate() {
+            let cfg = core.config();
+            let (capacity, workers_here) = (cfg.queue_capacity.max(1), cfg.workers);
+            batch_slots += workers_here * cfg.max_inflight_per_worker.max(1) as usize;
+            batch_len = batch_len.max(core.max_batch_len());
+            lanes.push(Lane {
+                pending_base: table as u32,
+                worker_base: worker_lane.len() as u32,
+                core,
+            });
+            table += capacity;
+            worker_lane.extend(std::iter::repeat_n(l as u16, workers_here));
+        }
+        assert_eq!(
+            worker_lane.len(),
+            workers.len(),
+            "a worker link per core worker"
+        );
         let io = EngineIo::new(
             clock,
             shared,
             workers,
             max_submitters,
-            cfg.queue_capacity,
-            slots,
+            table,
+            batch_slots,
             batch_len,
         );
         Engine {
-            core,
+            lanes,
+            worker_lane,
+            routing,
             io,
             idler,
             drain_deadline_ns: None,
@@ -151,38 +318,64 @@ impl Engine {
         }
     }
 
+    fn all_idle(&self) -> bool {
+        self.lanes.iter().all(|l| l.core.is_idle())
+    }
+
+    fn live_requests(&self) -> usize {
+        self.lanes.iter().map(|l| l.core.live_requests()).sum()
+    }
+
     /// Runs until drained (after a `Drain` control) and every batch has come back.
     pub fn run(mut self) {
         self.io.shared.engine_bell.bind_current();
         loop {
             let now = self.io.clock.now();
+            self.routing.refresh_health();
             let mut worked = self.io.accept_submitters();
             worked |= self.read_controls(now);
             worked |= self.admit_submissions(now);
             worked |= self.drain_cancels(now);
             worked |= self.drain_results(now);
             if let Some(deadline) = self.drain_deadline_ns {
-                if now >= deadline && !self.aborted && !self.core.is_idle() {
-                    let io = &mut self.io;
-                    self.core.abort_all(now, &mut |a| io.act(now, a));
+                if now >= deadline && !self.aborted && !self.all_idle() {
+                    for (l, lane) in self.lanes.iter_mut().enumerate() {
+                        let at = lane.at(l);
+                        let io = &mut self.io;
+                        let routing = &mut self.routing;
+                        lane.core
+                            .abort_all(now, &mut |a| io.act(now, at, routing, a));
+                    }
                     self.aborted = true;
                     // Executors still running abandoned batches may stop early now.
                     self.stop.store(true, Ordering::Release);
                 }
             }
             let mut dispatched = false;
-            let io = &mut self.io;
-            let next = self.core.poll(now, &mut |a| {
-                dispatched = true;
-                io.act(now, a)
-            });
+            let mut next: Option<Nanos> = None;
+            for (l, lane) in self.lanes.iter_mut().enumerate() {
+                let at = lane.at(l);
+                let io = &mut self.io;
+                let routing = &mut self.routing;
+                let lane_next = lane.core.poll(now, &mut |a| {
+                    dispatched = true;
+                    io.act(now, at, routing, a)
+                });
+                next = match (next, lane_next) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                if lane.core.stats().batches_formed > 0 {
+                    Self::sync_circuit(&mut self.routing, at.backend, &lane.core, now);
+                }
+            }
             worked |= dispatched;
             self.io.flush_wakes();
             if now.saturating_sub(self.io.published_at_ns) >= SNAPSHOT_INTERVAL_NS {
                 self.publish(now);
             }
             // Done when drained; after an abort, do not wait for abandoned batches.
-            let finished = self.core.is_idle() || (self.aborted && self.core.live_requests() == 0);
+            let finished = self.all_idle() || (self.aborted && self.live_requests() == 0);
             if self.drain_deadline_ns.is_some()
                 && finished
                 && self.io.shared.entering.load(Ordering::SeqCst) == 0
@@ -206,16 +399,56 @@ impl Engine {
         }
     }
 
+    /// A backend's circuit as routing sees it, from its workers' breakers: closed while any
+    /// worker's is closed or due a probe (so the probe batch can be routed there), open when
+    /// every worker's is open and none is due.
+    fn sync_circuit(routing: &mut Routing, backend: BackendId, core: &Core, now: Nanos) {
+        let params = core.config().circuit;
+        let mut state = CircuitState::Open;
+        for w in core.workers() {
+            let s = w.circuit.last_state();
+            let due =
+                s == CircuitState::Open && w.circuit.reopens_at(&params).is_some_and(|t| now >= t);
+            match s {
+                CircuitState::Closed => {
+                    state = CircuitState::Closed;
+                    break;
+                }
+                CircuitState::HalfOpen => state = CircuitState::HalfOpen,
+                CircuitState::Open if due => state = CircuitState::HalfOpen,
+                CircuitState::Open => {}
+            }
+        }
+        let c = &mut routing.counters[backend.index()];
+        c.circuit = state;
+        let routed_state = match state {
+            CircuitState::Open => CircuitState::Open,
+            _ => CircuitState::Closed,
+        };
+        if routing.router.registry().state(backend).circuit() != routed_state {
+            routing
+                .router
+                .registry_mut()
+                .set_circuit(backend, routed_state);
+        }
+    }
+
     fn read_controls(&mut self, now: Nanos) -> bool {
         let mut worked = false;
         while let Some(c) = self.io.shared.control.pop() {
             worked = true;
             match c {
-                Control::SetStrategy(kind) => self.core.set_strategy(kind),
+                Control::SetStrategy(kind) => {
+                    for lane in &mut self.lanes {
+                        lane.core.set_strategy(kind);
+                    }
+                }
                 Control::Drain { deadline_ns } => {
                     // Admit what is already in the rings before refusing new work.
                     self.admit_all(now);
-                    self.core.begin_drain();
+                    for lane in &mut self.lanes {
+                        lane.core.begin_drain();
+                    }
                     self.drain_deadline_ns = Some(deadline_ns);
                 }
             }
@@ -229,30 +462,76 @@ impl Engine {
 
     /// Admits up to the per-turn budget, highest priority first across all submitters.
     fn admit_submissions(&mut self, now: Nanos) -> bool {
-        let core = &mut self.core;
+        let lanes = &mut self.lanes;
+        let routing = &mut self.routing;
         self.io
-            .drain_submissions(|io, s, sub| Self::admit_one(core, io, now, s, sub))
+            .drain_submissions(|io, s, sub| Self::admit_one(lanes, routing, io, now, s, sub))
     }
 
-    fn admit_one(core: &mut Core, io: &mut EngineIo, now: Nanos, submitter: u16, sub: Submission) {
-        let Submission { meta, work, reply } = sub;
-        match core.admit(now, meta) {
+    fn admit_one(
+        lanes: &mut [Lane],
+        routing: &mut Routing,
+        io: &mut EngineIo,
+        now: Nanos,
+        submitter: u16,
+        sub: Submission,
+    ) {
+        let Submission {
+            meta,
+            mut work,
+            reply,
+            route,
+        } = sub;
+        let route = route.unwrap_or(RouteRequest {
+            name: routing.default_name,
+            need: Need::default(),
+        });
+        let decision = match routing.router.route_name(route.name, &route.need) {
+            Ok(d) => d,
+            Err(e) => {
+                // Cold path (no backend can take it now): the error message allocates.
+                io.send(submitter, reply, Err(RequestError::Route(e)), None);
+                return;
+            }
+        };
+        work.model = Some(routing.model_names[decision.model.index()].clone());
+        let b = decision.backend.index();
+        let lane = &mut lanes[b];
+        match lane.core.admit(now, meta) {
             Ok(ticket) => {
+                let c = &mut routing.counters[b];
+                c.routed += 1;
+                match decision.via {
+                    Via::Direct => {}
+                    Via::Alias { .. } => c.via_alias += 1,
+                    Via::Fallback { .. } => c.via_fallback += 1,
+                }
+                let index = lane.pending_base + ticket.index;
                 let tag = match reply {
                     Reply::Tag(t) => Some(t),
                     Reply::Waiter(_) => None,
                 };
-                io.note_admitted(submitter, tag, ticket.index);
-                let slot = &mut io.pending[ticket.index as usize];
+                io.note_admitted(submitter, tag, index);
+                let slot = &mut io.pending[index as usize];
                 debug_assert!(slot.reply.is_none(), "pending slot reused while live");
+                slot.stream = work.stream;
+                slot.tokens_sent = false;
                 slot.work = Some(work);
                 slot.reply = Some(reply);
                 slot.submitter = submitter;
                 slot.arrival_ns = meta.arrival_ns;
+                slot.meta = meta;
+                let mut state = RouteState::NONE;
+                state.name = route.name;
+                state.need = route.need;
+                state.decision = Some(decision);
+                state.tried[0] = decision.backend;
+                state.tried_len = 1;
+                slot.route = state;
             }
             Err(reject) => {
                 drop(work);
-                io.send(submitter, reply, Err(RequestError::Rejected(reject)));
+                io.send(submitter, reply, Err(RequestError::Rejected(reject)), None);
             }
         }
     }
@@ -260,10 +539,11 @@ impl Engine {
     /// Cancels requests whose client went away: a queued one is removed and answered
     /// (cancelled); a dispatched one runs to completion (its batch is already out).
     fn drain_cancels(&mut self, now: Nanos) -> bool {
-        let core = &mut self.core;
+        let lanes = &mut self.lanes;
         self.io.drain_cancels(|io, index| {
-            let ticket = core.ticket_of(index);
-            if let Some(ticket) = ticket {
+            let (l, local) = lane_of(lanes, index);
+            let core = &mut lanes[l].core;
+            if let Some(ticket) = core.ticket_of(local) {
                 if core.cancel(ticket) {
                     io.finish(now, index, Err(RequestError::Failed(FailReason::Cancelled)));
                 }
@@ -274,41 +554,136 @@ impl Engine {
     fn drain_results(&mut self, now: Nanos) -> bool {
         let mut worked = false;
         for w in 0..self.io.workers.len() {
+            let l = self.worker_lane[w] as usize;
             while let Some(msg) = self.io.workers[w].results.pop() {
-                let FromWorker::Batch(ResultMsg {
-                    batch,
-                    mut items,
-                    result,
-                }) = msg
-                else {
-                    unreachable!("request-level engine sent no steps");
-                };
                 worked = true;
-                let outcome = if result.is_ok() {
-                    BatchOutcome::Ok
-                } else {
-                    BatchOutcome::Failed
-                };
-                match self.core.complete(now, batch, outcome) {
-                    CoreCompletion::Deliver => {
-                        let error = result.err().map(|e| e.to_string());
-                        for item in items.drain(..) {
-                            let answer: Outcome = match (&error, item.output) {
-                                (None, Some(out)) => Ok(out),
-                                (None, None) => {
-                                    Err(RequestError::Worker("executor gave no output".into()))
+                match msg {
+                    FromWorker::Token {
+                        ticket,
+                        offset,
+                        text,
+                    } => {
+                        let lane = &self.lanes[l];
+                        if lane.core.ticket_of(ticket.index) == Some(ticket) {
+                            let index = lane.pending_base + ticket.index;
+                            if self.io.send_token(index, offset, text) {
+                                let slot = &mut self.io.pending[index as usize];
+                                slot.tokens_sent = true;
+                                if slot.first_token_ns == 0 {
+                                    slot.first_token_ns = now.max(1);
                                 }
-                                (Some(e), _) => Err(RequestError::Worker(e.clone())),
-                            };
-                            self.io.finish(now, item.ticket.index, answer);
+                            }
                         }
                     }
-                    CoreCompletion::Stale => items.clear(),
+                    FromWorker::Batch(msg) => self.batch_done(now, l, msg),
+                    FromWorker::Step(..) => unreachable!("request-level engine sent no steps"),
                 }
-                self.io.free_bufs.push(items);
             }
         }
         worked
+    }
+
+    /// A batch came back from lane `l`'s worker: answer, or retry elsewhere, each request.
+    fn batch_done(&mut self, now: Nanos, l: usize, msg: ResultMsg) {
+        let ResultMsg {
+            batch,
+            mut items,
+            result,
+            dispatched_ns,
+        } = msg;
+        let backend = BackendId::from_index(l);
+        {
+            let registry = self.routing.router.registry_mut();
+            registry.batch_finished(backend);
+            registry.record_latency_ms(backend, now.saturating_sub(dispatched_ns) as f64 / 1e6);
+        }
+        let backend_fault = match &result {
+            Err(e) => e.is_backend_fault(),
+            Ok(()) => {
+                !items.is_empty()
+                    && items
+                        .iter()
+                        .all(|i| i.error.as_ref().is_some_and(ExecError::is_backend_fault))
+            }
+        };
+        let outcome = if backend_fault || result.is_err() {
+            BatchOutcome::Failed
+        } else {
+            BatchOutcome::Ok
+        };
+        let base = self.lanes[l].pending_base;
+        match self.lanes[l].core.complete(now, batch, outcome) {
+            CoreCompletion::Deliver => {
+                for item in items.drain(..) {
+                    let index = base + item.ticket.index;
+                    let error = match &result {
+                        Err(e) => Some(e.clone()),
+                        Ok(()) => item.error,
+                    };
+                    match (error, item.output) {
+                        (None, Some(out)) => self.io.finish(now, index, Ok(out)),
+                        (None, None) => self.io.finish(
+                            now,
+                            index,
+                            Err(RequestError::Worker("executor gave no output".into())),
+                        ),
+                        (Some(e), _) => self.retry_or_fail(now, index, item.work, e),
+                    }
+                }
+            }
+            CoreCompletion::Stale => items.clear(),
+        }
+        let at = self.lanes[l].at(l);
+        Self::sync_circuit(&mut self.routing, at.backend, &self.lanes[l].core, now);
+        self.io.free_bufs.push(items);
+    }
+
+    /// A request failed on its backend: move it to another backend of the same model when
+    /// the failure is the backend's, retries are left, and the client has seen no part of
+    /// the answer; otherwise answer the error.
+    fn retry_or_fail(&mut self, now: Nanos, index: u32, work: Work, error: ExecError) {
+        let slot = &self.io.pending[index as usize];
+        let route = slot.route;
+        let (l, _) = lane_of(&self.lanes, index);
+        let retries_used = route.tried_len.saturating_sub(1) as u32;
+        let retry_to = match route.decision {
+            Some(d)
+                if error.is_backend_fault()
+                    && !slot.tokens_sent
+                    && !slot.cancelled
+                    && retries_used < self.routing.router.max_retries()
+                    && (route.tried_len as usize) < MAX_TRIES =>
+            {
+                let req = crate::router::Requirements {
+                    model: "",
+                    estimated_tokens: route.need.estimated_tokens,
+                    needs: route.need.needs,
+                };
+                self.routing
+                    .router
+                    .pick_excluding(d.model, &req, route.tried())
+                    .map(|b| (d, b))
+            }
+            _ => None,
+        };
+        if let Some((d, b)) = retry_to {
+            let meta = slot.meta;
+            let lane = &mut self.lanes[b.index()];
+            if let Ok(ticket) = lane.core.admit(now, meta) {
+                let to = lane.pending_base + ticket.index;
+                self.routing.counters[l].retried_away += 1;
+                self.routing.counters[b.index()].routed += 1;
+                let mut route = route;
+                route.tried[route.tried_len as usize] = b;
+                route.tried_len += 1;
+                route.decision = Some(Decision { backend: b, ..d });
+                self.io.move_pending(index, to, work, route);
+                return;
+            }
+        }
+        self.routing.counters[l].failed += 1;
+        self.io
+            .finish(now, index, Err(RequestError::Backend(error)));
     }
 
     fn publish(&mut self, now: Nanos) {
@@ -317,24 +692,56 @@ impl Engine {
             return;
         };
         snap.at_ns = now;
-        snap.stats = *self.core.stats();
-        snap.strategy = self.core.strategy();
-        for c in 0..CLASS_COUNT {
-            snap.queued_by_class[c] = self.core.queued_in_class(c);
+        let mut stats = crate::core::CoreStats::default();
+        let mut queued_by_class = [0usize; CLASS_COUNT];
+        let (mut queued, mut live, mut p99) = (0, 0, None::<Nanos>);
+        let mut w = 0;
+        for lane in &self.lanes {
+            let core = &lane.core;
+            stats.merge(core.stats());
+            for (c, q) in queued_by_class.iter_mut().enumerate() {
+                *q += core.queued_in_class(c);
+            }
+            queued += core.queued();
+            live += core.live_requests();
+            p99 = p99.max(core.observed_p99_ns());
+            for view in core.workers() {
+                if let Some(dst) = snap.workers.get_mut(w) {
+                    *dst = WorkerSnapshot::from_view(view, now);
+                }
+                w += 1;
+            }
         }
-        snap.queued = self.core.queued();
-        snap.live_requests = self.core.live_requests();
-        snap.observed_p99_ns = self.core.observed_p99_ns();
-        for (dst, w) in snap.workers.iter_mut().zip(self.core.workers()) {
-            *dst = WorkerSnapshot::from_view(w, now);
-        }
+        snap.stats = stats;
+        snap.strategy = self.lanes[0].core.strategy();
+        snap.queued_by_class = queued_by_class;
+        snap.queued = queued;
+        snap.live_requests = live;
+        snap.observed_p99_ns = p99;
         EngineIo::move_samples(&mut self.io.new_latencies_ns, &mut snap.latency);
         EngineIo::move_samples(&mut self.io.new_batch_sizes, &mut snap.batch_size);
         snap.samples_dropped = self.io.samples_dropped;
         snap.rejected_busy = self.io.shared.rejected_busy.load(Ordering::Relaxed);
-        snap.draining = self.core.is_draining();
-        snap.research = self.core.research_snapshot();
+        snap.draining = self.lanes[0].core.is_draining();
+        snap.research = self.lanes[0].core.research_snapshot();
+        let registry = self.routing.router.registry();
+        for (b, dst) in snap.backends.iter_mut().enumerate() {
+            let state = registry.state(BackendId::from_index(b));
+            let mut c = self.routing.counters[b];
+            c.healthy = state.healthy();
+            c.pending_batches = state.pending_batches();
+            c.latency_ema_ms = state.latency_ema_ms();
+            *dst = c;
+        }
     }
+}
+
+/// The lane holding engine pending slot `index`, and the lane-local index.
+fn lane_of(lanes: &[Lane], index: u32) -> (usize, u32) {
+    let l = lanes
+        .partition_point(|lane| lane.pending_base <= index)
+        .saturating_sub(1);
+    (l, index - lanes[l].pending_base)
 }
 
 impl EngineIo {
@@ -362,6 +769,16 @@ impl EngineIo {
                     submitter: 0,
                     arrival_ns: 0,
                     first_token_ns: 0,
+                    stream: false,
+                    tokens_sent: false,
+                    meta: RequestMeta::new(
+                        Priority::Normal,
+                        crate::core::Kind::Completion,
+                        0,
+                        0,
+                        0,
+                    ),
+                    route: RouteState::NONE,
                 })
                 .collect(),
             workers,
@@ -473,8 +890,8 @@ impl EngineIo {
         worked
     }
 
-    /// Carries out one core action.
-    fn act(&mut self, now: Nanos, action: Action<'_>) {
+    /// Carries out one action of lane `at`'s core.
+    fn act(&mut self, now: Nanos, at: LaneAt, routing: &mut Routing, action: Action<'_>) {
         match action {
             Action::Dispatch {
                 worker,
@@ -487,17 +904,22 @@ impl EngineIo {
                     .pop()
                     .expect("one buffer per batch slot: a dispatch always finds one");
                 for t in tickets {
-                    let work = self.pending[t.index as usize]
+                    let work = self.pending[(at.pending_base + t.index) as usize]
                         .work
                         .take()
                         .expect("a queued request still holds its work");
                     items.push(BatchItem::new(*t, work));
                 }
                 self.record_sample(SampleKind::BatchSize, tickets.len() as u64);
-                let link = &mut self.workers[worker];
+                routing.router.registry_mut().batch_started(at.backend);
+                let link = &mut self.workers[at.worker_base as usize + worker];
                 if link
                     .batches
-                    .push(ToWorker::Batch(BatchMsg { batch, items }))
+                    .push(ToWorker::Batch(BatchMsg {
+                        batch,
+                        items,
+                        dispatched_ns: now,
+                    }))
                     .is_err()
                 {
                     unreachable!("worker ring sized to max_inflight_per_worker");
@@ -505,9 +927,45 @@ impl EngineIo {
                 link.bell.ring();
             }
             Action::Fail { ticket, reason } => {
-                self.finish(now, ticket.index, Err(RequestError::Failed(reason)));
+                self.finish(
+                    now,
+                    at.pending_base + ticket.index,
+                    Err(RequestError::Failed(reason)),
+                );
             }
         }
+    }
+
+    /// Moves a live request from pending slot `from` to `to` (admitted into another
+    /// backend's core), with its work back and its new route.
+    fn move_pending(&mut self, from: u32, to: u32, work: Work, route: RouteState) {
+        let slot = &mut self.pending[from as usize];
+        let reply = slot.reply.take().expect("a live request has its reply");
+        let (submitter, arrival_ns, stream, meta, cancelled) = (
+            slot.submitter,
+            slot.arrival_ns,
+            slot.stream,
+            slot.meta,
+            slot.cancelled,
+        );
+        slot.work = None;
+        let tag = match reply {
+            Reply::Tag(t) => Some(t),
+            Reply::Waiter(_) => None,
+        };
+        self.note_admitted(submitter, tag, to);
+        let dst = &mut self.pending[to as usize];
+        debug_assert!(dst.reply.is_none(), "pending slot reused while live");
+        dst.reply = Some(reply);
+        dst.work = Some(work);
+        dst.submitter = submitter;
+        dst.arrival_ns = arrival_ns;
+        dst.stream = stream;
+        dst.tokens_sent = false;
+        dst.first_token_ns = 0;
+        dst.meta = meta;
+        dst.cancelled = cancelled;
+        dst.route = route;
     }
 
     /// Answers the request in table slot `index`.
@@ -519,40 +977,45 @@ impl EngineIo {
             .expect("every live request has exactly one reply");
         slot.work = None;
         let submitter = slot.submitter;
+        let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
         if outcome.is_ok() {
             let latency_ns = now.saturating_sub(slot.arrival_ns).max(1);
             self.record_sample(SampleKind::Latency, latency_ns);
         }
-        self.send(submitter, reply, outcome);
+        self.send(submitter, reply, outcome, route);
     }
 
     /// Sends a token of a streaming request (table slot `index`) to its submitter, if the
     /// submitter's ring has room beyond what its final answers need. Skipped tokens are not
     /// lost: the final output carries the whole text.
-    pub(super) fn send_token(&mut self, slot_index: u32, offset: u32, text: String) {
+    /// True if it was sent.
+    pub(super) fn send_token(&mut self, slot_index: u32, offset: u32, text: String) -> bool {
         let slot = &self.pending[slot_index as usize];
         let Some(Reply::Tag(tag)) = slot.reply else {
-            return;
+            return false;
         };
-        if !slot.work.as_ref().is_some_and(|w| w.stream) {
-            return;
+        if !slot.stream {
+            return false;
         }
         let s = slot.submitter as usize;
         let link = &mut self.submitters[s];
         // The ring holds 2x the submitter's in-flight limit; keep half for final answers.
         if link.completions.free_slots() <= link.completions.capacity() / 2 {
-            return;
+            return false;
         }
         if link
             .completions
             .push(Completion {
                 tag,
                 event: Event::Token { offset, text },
+                route: None,
             })
             .is_ok()
         {
             self.needs_wake[s] = true;
+            return true;
         }
+        false
     }
 
     /// Buffers one sample for the next publish; a full buffer is flushed into the snapshot
@@ -590,7 +1053,13 @@ impl EngineIo {
     }
 
     /// Delivers an outcome to its reply target.
-    pub(super) fn send(&mut self, submitter: u16, reply: Reply, outcome: Outcome) {
+    pub(super) fn send(
+        &mut self,
+        submitter: u16,
+        reply: Reply,
+        outcome: Outcome,
+        route: Option<Decision>,
+    ) {
         match reply {
             Reply::Waiter(w) => w.complete(outcome),
             Reply::Tag(tag) => {
@@ -605,6 +1074,7 @@ impl EngineIo {
                     .push(Completion {
                         tag,
                         event: Event::Done(outcome),
+                        route,
                     })
                     .is_err()
                 {

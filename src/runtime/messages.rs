@@ -6,6 +6,7 @@
 
 use crate::core::{BatchId, FailReason, Kind, Priority, Reject, RequestMeta};
 use crate::exec::{BatchItem, ExecError, Output, Work};
+use crate::router::{Decision, NameId, Need, RouteError};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -31,6 +32,18 @@ pub struct Request {
     pub predicted_output_tokens: u32,
     /// Send token events as they are generated (tagged submissions, continuous batching).
     pub stream: bool,
+    /// The model asked for, resolved by the caller; `None`: the runtime's default model.
+    pub route: Option<RouteRequest>,
+    /// Chat completions: the client's JSON body, for an upstream backend to forward.
+    pub chat_body: Option<std::sync::Arc<str>>,
+}
+
+/// The model a request asks for, resolved to the router's name id (by
+/// [`crate::router::Router::precheck`] on the submitting thread), and what it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteRequest {
+    pub name: NameId,
+    pub need: Need,
 }
 
 /// Why a request got an error instead of an output.
@@ -51,6 +64,12 @@ pub enum RequestError {
     /// The worker reported an error for the batch.
     #[error("the worker failed the batch: {0}")]
     Worker(String),
+    /// The backend failed the request (after any retries on other backends).
+    #[error(transparent)]
+    Backend(ExecError),
+    /// No backend could take the request (e.g. every backend of its model is unhealthy).
+    #[error(transparent)]
+    Route(RouteError),
 }
 
 impl RequestError {
@@ -130,6 +149,7 @@ pub struct Submission {
     pub meta: RequestMeta,
     pub work: Work,
     pub reply: Reply,
+    pub route: Option<RouteRequest>,
 }
 
 /// An event for a tagged submission, on its way back to the submitter.
@@ -137,6 +157,8 @@ pub struct Submission {
 pub struct Completion {
     pub tag: u64,
     pub event: Event,
+    /// With the final answer of a routed request: which backend served it and why.
+    pub route: Option<Decision>,
 }
 
 /// What happened to a tagged submission.
@@ -169,6 +191,8 @@ impl Completion {
 pub struct BatchMsg {
     pub batch: BatchId,
     pub items: Vec<BatchItem>,
+    /// Engine clock at dispatch, handed back with the result (backend latency).
+    pub dispatched_ns: u64,
 }
 
 /// A batch on its way back from a worker, outputs filled (or an error).
@@ -177,6 +201,7 @@ pub struct ResultMsg {
     pub batch: BatchId,
     pub items: Vec<BatchItem>,
     pub result: Result<(), ExecError>,
+    pub dispatched_ns: u64,
 }
 
 /// What the engine sends a worker.
@@ -192,6 +217,13 @@ pub enum ToWorker {
 #[derive(Debug)]
 pub enum FromWorker {
     Batch(ResultMsg),
+    /// Request-level batching: a piece of a streaming request's output, as the executor
+    /// relays it (best effort; the final output carries the whole text).
+    Token {
+        ticket: crate::core::Ticket,
+        offset: u32,
+        text: String,
+    },
     /// The step's items with their results filled, or the executor's error.
     Step(
         Vec<crate::exec::StepItem>,

@@ -28,7 +28,9 @@ use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
 use engine::{Engine, SubmitterLink, WorkerLink};
 use idle::{IdlePolicy, Idler};
-pub use messages::{Completion, Event, Outcome, Request, RequestError, ThreadRole, Waiter};
+pub use messages::{
+    Completion, Event, Outcome, Request, RequestError, RouteRequest, ThreadRole, Waiter,
+};
 use messages::{Control, Reply, Submission};
 use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
@@ -139,7 +141,12 @@ pub fn start(cfg: RuntimeConfig) -> Result<Handle, StartError> {
     start_with_executors(cfg, executors, faults, stop)
 }
 
-/// Starts the runtime with the given executors (one per worker).
+/// The model the runtime serves when started without a router ([`start`],
+/// [`start_with_executors`]).
+pub const DEFAULT_MODEL: &str = "abe-sim";
+
+/// Starts the runtime with the given executors (one per worker), as one `sim` backend
+/// serving [`DEFAULT_MODEL`].
 pub fn start_with_executors(
     cfg: RuntimeConfig,
     executors: Vec<Box<dyn crate::exec::Executor>>,
@@ -153,18 +160,78 @@ pub fn start_with_executors(
             cfg.core.workers
         )));
     }
+    let mut backend = crate::router::BackendConfig::default_sim(DEFAULT_MODEL, u32::MAX);
+    backend.max_concurrent_batches = executors.len() as u32;
+    let (router, _) = crate::router::Router::build(
+        &[backend],
+        &crate::router::RoutingConfig::default(),
+        cfg.core.seed,
+    )
+    .map_err(|e| StartError::Config(e.to_string()))?;
+    let name = router
+        .lookup(DEFAULT_MODEL)
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    let routing = engine::Routing::new(router, name, None);
+    start_routed(cfg, routing, vec![LaneWorkers { executors, faults }], stop)
+}
+
+/// One backend's worker threads: an executor and a fault switch per worker.
+pub struct LaneWorkers {
+    pub executors: Vec<Box<dyn crate::exec::Executor>>,
+    pub faults: Vec<Arc<Faults>>,
+}
+
+/// Starts the runtime over the backends of `routing`'s router: `lanes[b]` are backend `b`'s
+/// workers, scheduled by a core of their own built from `cfg.core` (its `workers` is each
+/// lane's executor count). Continuous batching takes exactly one lane.
+pub fn start_routed(
+    cfg: RuntimeConfig,
+    routing: engine::Routing,
+    lanes: Vec<LaneWorkers>,
+    stop: Arc<AtomicBool>,
+) -> Result<Handle, StartError> {
+    let backends = routing.router.registry().len();
+    if lanes.len() != backends {
+        return Err(StartError::Config(format!(
+            "{} worker sets for {backends} backends",
+            lanes.len()
+        )));
+    }
+    if let Some(l) = lanes
+        .iter()
+        .position(|l| l.executors.is_empty() || l.faults.len() != l.executors.len())
+    {
+        return Err(StartError::Config(format!(
+            "backend {l} needs at least one worker, and a fault switch per worker"
+        )));
+    }
+    if cfg.continuous.is_some() && lanes.len() != 1 {
+        return Err(StartError::Config(
+            "continuous batching runs exactly one backend".into(),
+        ));
+    }
     if cfg.ring_capacity == 0 || cfg.max_submitters == 0 {
         return Err(StartError::Config(
             "ring_capacity and max_submitters must be at least 1".into(),
         ));
     }
+    let lane_workers: Vec<usize> = lanes.iter().map(|l| l.executors.len()).collect();
+    let total_workers: usize = lane_workers.iter().sum();
+    let mut executors = Vec::with_capacity(total_workers);
+    let mut faults = Vec::with_capacity(total_workers);
+    for lane in lanes {
+        executors.extend(lane.executors);
+        faults.extend(lane.faults);
+    }
     let clock = Clock::new();
     let strategy = cfg.core.strategy;
+    let mut snapshot = Snapshot::new(total_workers, strategy);
+    snapshot.backends = vec![Default::default(); backends];
     let shared = Arc::new(Shared {
         engine_bell: Arc::new(Doorbell::new()),
         control: ArrayQueue::new(64),
         registrations: ArrayQueue::new(cfg.max_submitters),
-        snapshot: Mutex::new(Snapshot::new(cfg.core.workers, strategy)),
+        snapshot: Mutex::new(snapshot),
         rejected_busy: AtomicU64::new(0),
         state: AtomicU8::new(STATE_RUNNING),
         entering: AtomicUsize::new(0),
@@ -174,14 +241,14 @@ pub fn start_with_executors(
         clock,
         faults,
     });
-    let placement = pin::plan(cfg.pin, pin::core_count(), cfg.core.workers);
+    let placement = pin::plan(cfg.pin, pin::core_count(), total_workers);
     let per_worker = cfg.core.max_inflight_per_worker.max(1) as usize;
     let spin = Duration::from_micros(cfg.spin_us);
-    let mut worker_links = Vec::with_capacity(cfg.core.workers);
-    let mut worker_handles = Vec::with_capacity(cfg.core.workers);
+    let mut worker_links = Vec::with_capacity(total_workers);
+    let mut worker_handles = Vec::with_capacity(total_workers);
     for (id, executor) in executors.into_iter().enumerate() {
         let (batch_tx, batch_rx) = ring::ring(per_worker);
-        let (result_tx, result_rx) = ring::ring(per_worker);
+        let (result_tx, result_rx) = ring::ring(per_worker + worker::TOKEN_ROOM);
         let bell = Arc::new(Doorbell::new());
         worker_links.push(WorkerLink {
             batches: batch_tx,
@@ -198,6 +265,7 @@ pub fn start_with_executors(
             stop: stop.clone(),
             idle: cfg.idle,
             spin,
+            reserve: per_worker,
         };
         let name = format!("abe-worker-{id}");
         let core_id = placement.workers[id];
@@ -222,8 +290,20 @@ pub fn start_with_executors(
     let engine_stop = stop.clone();
     let body: Box<dyn FnOnce() + Send> = match cfg.continuous.clone() {
         None => {
+            let cores = lane_workers
+                .iter()
+                .enumerate()
+                .map(|(l, &workers)| {
+                    Core::new(CoreConfig {
+                        workers,
+                        seed: cfg.core.seed.wrapping_add(l as u64),
+                        ..cfg.core.clone()
+                    })
+                })
+                .collect();
             let engine = Engine::new(
-                Core::new(cfg.core.clone()),
+                cores,
+                routing,
                 clock,
                 shared.clone(),
                 worker_links,
@@ -235,7 +315,7 @@ pub fn start_with_executors(
         }
         Some(ccfg) => {
             let sched = crate::core::continuous::Continuous::new(ContinuousConfig {
-                replicas: cfg.core.workers,
+                replicas: total_workers,
                 ..ccfg
             });
             let io = engine::EngineIo::new(
@@ -525,6 +605,8 @@ impl Submitter {
             stop,
             predicted_output_tokens,
             stream,
+            route,
+            chat_body,
         } = request;
         let max_tokens = if kind == crate::core::Kind::Embedding {
             0
@@ -553,9 +635,10 @@ impl Submitter {
                 stop,
                 stream,
                 model: None,
-                chat_body: None,
+                chat_body,
             },
             reply,
+            route,
         };
         match self.inputs[class].push(sub) {
             Ok(()) => {

@@ -87,6 +87,47 @@ pub struct Snapshot {
     pub research: crate::core::research::ResearchSnapshot,
     /// Slots, KV and step counters when running continuous batching.
     pub continuous: Option<ContinuousSnapshot>,
+    /// One per backend, in the router's backend order (names are the router's).
+    pub backends: Vec<BackendSnapshot>,
+}
+
+/// A backend's routing state and counters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BackendSnapshot {
+    /// Last health probe succeeded (always true for `sim` backends).
+    pub healthy: bool,
+    /// Closed while any of its workers takes work; half-open while one is due a probe
+    /// batch; open while every worker's circuit is open.
+    pub circuit: crate::core::circuit::CircuitState,
+    /// Batches dispatched and not yet back.
+    pub pending_batches: u32,
+    /// Smoothed batch latency (ms); `None` before the first batch.
+    pub latency_ema_ms: Option<f64>,
+    /// Requests routed here (first choice or retry).
+    pub routed: u64,
+    /// Requests moved from here to another backend after a failure.
+    pub retried_away: u64,
+    /// Requests answered with this backend's error (no retry left).
+    pub failed: u64,
+    /// Requests routed here through an alias or a fallback chain.
+    pub via_alias: u64,
+    pub via_fallback: u64,
+}
+
+impl Default for BackendSnapshot {
+    fn default() -> Self {
+        BackendSnapshot {
+            healthy: true,
+            circuit: crate::core::circuit::CircuitState::Closed,
+            pending_batches: 0,
+            latency_ema_ms: None,
+            routed: 0,
+            retried_away: 0,
+            failed: 0,
+            via_alias: 0,
+            via_fallback: 0,
+        }
+    }
 }
 
 impl Snapshot {
@@ -119,6 +160,7 @@ impl Snapshot {
             draining: false,
             research: Default::default(),
             continuous: None,
+            backends: Vec::new(),
         }
     }
 }

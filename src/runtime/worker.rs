@@ -8,7 +8,8 @@ use super::doorbell::Doorbell;
 use super::idle::{IdlePolicy, Idler};
 use super::messages::{BatchMsg, FromWorker, ResultMsg, ToWorker};
 use super::ring::{Consumer, Producer};
-use crate::exec::{ExecError, Executor};
+use crate::core::Ticket;
+use crate::exec::{ExecError, Executor, TokenSink};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,19 +26,55 @@ pub struct WorkerThread {
     pub stop: Arc<AtomicBool>,
     pub idle: IdlePolicy,
     pub spin: Duration,
+    /// Result-ring slots kept for batch results (the worker's in-flight limit); the rest of
+    /// the ring carries token events.
+    pub reserve: usize,
+}
+
+/// Room in a worker's result ring beyond its in-flight batches, for token events.
+pub const TOKEN_ROOM: usize = 64;
+
+/// Runs `f` on the executor, turning a panic into an error for this batch or step.
+fn guarded(
+    exec: &mut dyn Executor,
+    f: impl FnOnce(&mut dyn Executor) -> Result<(), ExecError>,
+) -> Result<(), ExecError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(exec)))
+        .unwrap_or_else(|_| Err(ExecError::Backend("executor panicked".into())))
+}
+
+/// Relays streaming text from the executor to the engine through the result ring, never
+/// taking the room reserved for batch results (pieces are dropped instead: the final output
+/// carries the whole text).
+struct RingTokens<'a> {
+    results: &'a mut Producer<FromWorker>,
+    engine_bell: &'a Doorbell,
+    /// Slots kept free for batch results.
+    reserve: usize,
+    tickets: smallvec::SmallVec<[Ticket; 32]>,
+}
+
+impl TokenSink for RingTokens<'_> {
+    fn token(&mut self, item: usize, offset: u32, text: String) {
+        let Some(&ticket) = self.tickets.get(item) else {
+            return;
+        };
+        if self.results.free_slots() > self.reserve
+            && self
+                .results
+                .push(FromWorker::Token {
+                    ticket,
+                    offset,
+                    text,
+                })
+                .is_ok()
+        {
+            self.engine_bell.ring();
+        }
+    }
 }
 
 impl WorkerThread {
-    /// Runs `f` on the executor, turning a panic into an error for this batch or step.
-    fn guarded(
-        &mut self,
-        f: impl FnOnce(&mut dyn Executor) -> Result<(), ExecError>,
-    ) -> Result<(), ExecError> {
-        let exec = &mut *self.executor;
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(exec)))
-            .unwrap_or_else(|_| Err(ExecError::Backend("executor panicked".into())))
-    }
-
     /// The worker's loop; returns when `stop` is set and its ring is empty.
     pub fn run(mut self) {
         self.bell.bind_current();
@@ -46,17 +83,29 @@ impl WorkerThread {
             if let Some(msg) = self.batches.pop() {
                 idler.busy();
                 let reply = match msg {
-                    ToWorker::Batch(BatchMsg { batch, mut items }) => {
-                        let result = self
-                            .guarded(|exec| exec.execute(&mut items, &mut crate::exec::NoTokens));
+                    ToWorker::Batch(BatchMsg {
+                        batch,
+                        mut items,
+                        dispatched_ns,
+                    }) => {
+                        let mut sink = RingTokens {
+                            results: &mut self.results,
+                            engine_bell: &self.engine_bell,
+                            reserve: self.reserve,
+                            tickets: items.iter().map(|i| i.ticket).collect(),
+                        };
+                        let result = guarded(&mut *self.executor, |exec| {
+                            exec.execute(&mut items, &mut sink)
+                        });
                         FromWorker::Batch(ResultMsg {
                             batch,
                             items,
                             result,
+                            dispatched_ns,
                         })
                     }
                     ToWorker::Step(mut items) => {
-                        let result = self.guarded(|exec| exec.step(&mut items));
+                        let result = guarded(&mut *self.executor, |exec| exec.step(&mut items));
                         FromWorker::Step(items, result)
                     }
                 };
