@@ -3,8 +3,10 @@
 //! value and why.
 //!
 //! Keys follow the Go spec's config (server, batching, workers, health, metrics) plus abe's
-//! own (`engine`). `config.toml` at the repository root documents every key; a test keeps it
-//! in sync with [`Config::default`]. Nothing here runs after start-up.
+//! own (`engine`, `continuous`) and routing across backends (`[[backends]]`, `[routing]`,
+//! `[upstream]`, whose types live in [`crate::router`]). `config.toml` at the repository
+//! root documents every key; a test keeps it in sync with [`Config::default`]. Nothing here
+//! runs after start-up.
 
 use crate::core::balancer::BalancerKind;
 use crate::core::circuit::CircuitParams;
@@ -16,6 +18,10 @@ use crate::core::strategy::{StrategyKind, StrategyParams};
 use crate::core::CoreConfig;
 use crate::exec::latency::LatencyModel;
 use crate::exec::sim::{FaultSettings, SimConfig};
+use crate::router::{
+    BackendConfig, BackendKindName, Router, RouterConfigError, RoutingConfig, Strategy,
+    UnknownStrategy,
+};
 use crate::runtime::idle::IdlePolicy;
 use crate::runtime::RuntimeConfig;
 use serde::{Deserialize, Serialize};
@@ -42,6 +48,13 @@ pub enum ConfigError {
     },
     #[error("unknown environment override {var}: no config key {key} (keys look like ABE_BATCHING_STRATEGY)")]
     UnknownEnv { var: String, key: String },
+    /// An `ABE_*` variable addressing a part of the config that only a file can set.
+    #[error("environment override {var} is not supported: {why}")]
+    UnsupportedEnv { var: String, why: String },
+    /// `[[backends]]` or `[routing]` does not build a router; the message names the backend,
+    /// model, alias or key at fault.
+    #[error(transparent)]
+    Routing(#[from] RouterConfigError),
 }
 
 fn invalid(key: &str, value: impl fmt::Display, why: impl Into<String>) -> ConfigError {
@@ -168,7 +181,8 @@ pub struct ServerConfig {
     pub admin_token: String,
     /// Drain time on SIGINT/SIGTERM before what remains is answered with an error.
     pub shutdown_timeout: Millis,
-    /// Model name reported by /v1/models and in responses.
+    /// Model name served by the default sim backend, used only when no `[[backends]]` is
+    /// configured (see [`Config::effective_backends`]).
     pub model_name: String,
 }
 
@@ -471,7 +485,9 @@ impl Default for WorkersConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthConfig {
-    /// How often upstream backends are probed (used by routing).
+    /// How often the health checker probes each `upstream` backend (GET
+    /// `upstream.health_path`); a failed probe takes the backend out of routing until one
+    /// succeeds.
     pub check_interval: Millis,
     /// Consecutive failures that open a worker's circuit.
     pub failure_threshold: u32,
@@ -511,6 +527,40 @@ impl Default for MetricsConfig {
     }
 }
 
+/// `[upstream]`: how abe talks to `upstream` backends (remote OpenAI-compatible servers).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// A TCP connection to an upstream not established within this long fails.
+    pub connect_timeout: Millis,
+    /// An upstream request not answered within this long fails with 504.
+    pub request_timeout: Millis,
+    /// Path the health checker GETs on every upstream (every `health.check_interval`);
+    /// a 2xx answer is healthy.
+    pub health_path: String,
+    /// A health probe not answered within this long counts as failed.
+    pub health_timeout: Millis,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            connect_timeout: Millis(2_000),
+            request_timeout: Millis(60_000),
+            health_path: "/v1/models".into(),
+            health_timeout: Millis(2_000),
+        }
+    }
+}
+
+/// Context length (tokens) of the model the default sim backend serves when no
+/// `[[backends]]` is configured: 128 Ki, a long-context model's, so the router refuses
+/// for length only what a real long-context server would.
+pub const DEFAULT_SIM_CONTEXT_LENGTH: u32 = 131_072;
+
+/// Most `routing.max_retries`: each retry is one more backend tried for one failed batch.
+pub const ROUTING_MAX_RETRIES_MAX: u32 = 8;
+
 /// `[engine]`: threads and rings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -547,6 +597,13 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub engine: EngineConfig,
     pub continuous: ContinuousSection,
+    /// `[[backends]]`: what abe routes to. Empty: one default sim backend (see
+    /// [`Config::effective_backends`]).
+    pub backends: Vec<BackendConfig>,
+    /// `[routing]`: strategy, weights, aliases, fallbacks, retries.
+    pub routing: RoutingConfig,
+    /// `[upstream]`: timeouts and health probes of `upstream` backends.
+    pub upstream: UpstreamConfig,
 }
 
 /// Command-line overrides for the common keys.
@@ -600,13 +657,28 @@ impl Config {
         &mut self,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        let mut tree = toml::Value::try_from(&*self).expect("config serialises to TOML");
+        // The tree holds only what the environment may set. `[[backends]]` and the alias and
+        // fallback maps are file-only: they are left out of the tree (an `ABE_BACKENDS_*`
+        // variable gets a clear error, and no alias or model name can be mistaken for a
+        // key) and carried over untouched. Round-tripping them through the tree would also
+        // replace every api_key with its redacted serialised form.
+        let mut bare = self.clone();
+        bare.backends.clear();
+        bare.routing.aliases.clear();
+        bare.routing.fallbacks.clear();
+        let mut tree = toml::Value::try_from(&bare).expect("config serialises to TOML");
         let mut any = false;
         for (var, value) in env {
             let Some(rest) = var.strip_prefix("ABE_") else {
                 continue;
             };
             let path = rest.to_ascii_lowercase();
+            if let Some(why) = file_only(&path) {
+                return Err(ConfigError::UnsupportedEnv {
+                    var,
+                    why: why.into(),
+                });
+            }
             let key_display = path.replace('_', ".");
             let Some(slot) = find_key(&mut tree, &path) else {
                 return Err(ConfigError::UnknownEnv {
@@ -619,9 +691,13 @@ impl Config {
             any = true;
         }
         if any {
-            *self = tree
+            let mut updated: Config = tree
                 .try_into()
                 .map_err(|e: toml::de::Error| invalid("environment", "ABE_*", e.to_string()))?;
+            updated.backends = std::mem::take(&mut self.backends);
+            updated.routing.aliases = std::mem::take(&mut self.routing.aliases);
+            updated.routing.fallbacks = std::mem::take(&mut self.routing.fallbacks);
+            *self = updated;
         }
         Ok(())
     }
@@ -643,8 +719,10 @@ impl Config {
     }
 
     /// Checks every key; the first problem is returned with its key, value and reason.
+    /// An unknown `routing.strategy` is not a problem: see [`Config::routing_warning`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.runtime_config().map(|_| ())?;
+        self.validate_routing()?;
         let s = &self.server;
         let host: IpAddr = s.host.parse().map_err(|_| {
             invalid(
@@ -679,6 +757,104 @@ impl Config {
                     "admin endpoints are enabled and the server binds non-loopback address {host}: \
                      set server.admin_token (ABE_SERVER_ADMIN_TOKEN) or server.admin_enabled = false"
                 ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The backends abe routes to: the `[[backends]]` tables, or when there are none, one
+    /// sim backend named `sim` serving `server.model_name` (context
+    /// [`DEFAULT_SIM_CONTEXT_LENGTH`], every capability) with `workers.count` concurrent
+    /// batches, i.e. what abe served before routing existed.
+    pub fn effective_backends(&self) -> Vec<BackendConfig> {
+        if !self.backends.is_empty() {
+            return self.backends.clone();
+        }
+        let mut sim =
+            BackendConfig::default_sim(&self.server.model_name, DEFAULT_SIM_CONTEXT_LENGTH);
+        // workers.count is validated to 1..=1024; saturate rather than wrap if unvalidated.
+        sim.max_concurrent_batches = u32::try_from(self.workers.count).unwrap_or(u32::MAX);
+        vec![sim]
+    }
+
+    /// The router `[[backends]]` (or the default sim backend) and `[routing]` describe,
+    /// seeded with `workers.seed`, and the unknown-strategy warning if any.
+    pub fn router(&self) -> Result<(Router, Option<UnknownStrategy>), ConfigError> {
+        Router::build(&self.effective_backends(), &self.routing, self.workers.seed)
+            .map_err(ConfigError::from)
+    }
+
+    /// The warning to log when `routing.strategy` names no strategy (`smart` is used then;
+    /// not an error).
+    pub fn routing_warning(&self) -> Option<String> {
+        Strategy::from_name(&self.routing.strategy)
+            .1
+            .map(|w| w.to_string())
+    }
+
+    /// Checks `[[backends]]`, `[routing]`, `[upstream]` and how they fit the rest.
+    fn validate_routing(&self) -> Result<(), ConfigError> {
+        for b in &self.backends {
+            if b.kind != BackendKindName::Upstream {
+                continue;
+            }
+            if let Some(url) = b.base_url.as_deref() {
+                if url
+                    .get(..8)
+                    .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+                {
+                    return Err(invalid(
+                        &format!("backends['{}'].base_url", b.name),
+                        url,
+                        "https is not supported: abe speaks plain HTTP/1.1 to upstreams; put a \
+                         TLS-terminating proxy (nginx, Caddy, envoy, stunnel) next to abe and \
+                         point base_url at its http:// address",
+                    ));
+                }
+            }
+        }
+        let backends = self.effective_backends();
+        Router::build(&backends, &self.routing, self.workers.seed)?;
+        let r = &self.routing;
+        if r.max_retries > ROUTING_MAX_RETRIES_MAX {
+            return Err(invalid(
+                "routing.max_retries",
+                r.max_retries,
+                format!(
+                    "must be at most {ROUTING_MAX_RETRIES_MAX} (each retry sends a failed batch \
+                     to one more backend)"
+                ),
+            ));
+        }
+        if self.batching.mode == "continuous" {
+            let sims = backends
+                .iter()
+                .filter(|b| b.kind == BackendKindName::Sim)
+                .count();
+            if backends.len() != 1 || sims != 1 {
+                return Err(invalid(
+                    "batching.mode",
+                    "continuous",
+                    format!(
+                        "continuous batching supports exactly one backend, of kind \"sim\"; \
+                         [[backends]] has {} ({} sim, {} upstream): remove the others or use \
+                         batching.mode = \"request\" to route across backends",
+                        backends.len(),
+                        sims,
+                        backends.len() - sims
+                    ),
+                ));
+            }
+        }
+        let u = &self.upstream;
+        positive_ms("upstream.connect_timeout", u.connect_timeout)?;
+        positive_ms("upstream.request_timeout", u.request_timeout)?;
+        positive_ms("upstream.health_timeout", u.health_timeout)?;
+        if !u.health_path.starts_with('/') {
+            return Err(invalid(
+                "upstream.health_path",
+                format!("\"{}\"", u.health_path),
+                "must be a path starting with /, e.g. \"/v1/models\" or \"/health\"",
             ));
         }
         Ok(())
@@ -909,6 +1085,22 @@ impl Config {
     }
 }
 
+/// Why an env key path (lowercased, `ABE_` stripped) addresses a file-only part of the
+/// config, or `None` when it may be an ordinary key.
+fn file_only(path: &str) -> Option<&'static str> {
+    let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}_"));
+    if under("backends") {
+        Some("[[backends]] tables can only be set in the config file (--config FILE)")
+    } else if under("routing_aliases") || under("routing_fallbacks") {
+        Some(
+            "[routing.aliases] and [routing.fallbacks] can only be set in the config file \
+             (--config FILE)",
+        )
+    } else {
+        None
+    }
+}
+
 /// Finds the TOML value addressed by an env key path like `batching_max_batch_size`
 /// (underscores are ambiguous, so every split against the actual tree is tried), returning
 /// its dotted name and the value.
@@ -1128,6 +1320,331 @@ mod tests {
         .unwrap();
         assert_eq!(c.server.port, 9100);
         assert_eq!(c.workers.count, 3);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Two backends (one sim, one upstream with a key), an alias and a fallback.
+    const TWO_BACKENDS: &str = r#"
+        [[backends]]
+        name = "local"
+        kind = "sim"
+        priority = 10
+        max_concurrent_batches = 2
+        [[backends.models]]
+        name = "llama3:8b"
+        context_length = 8192
+        capabilities = { tools = true, json_mode = true }
+
+        [[backends]]
+        name = "gpu-a"
+        kind = "upstream"
+        base_url = "http://10.0.0.5:8000"
+        api_key = "sk-live-0123456789"
+        priority = 0
+        max_concurrent_batches = 8
+        [[backends.models]]
+        name = "llama3:70b"
+        context_length = 32768
+        [[backends.models]]
+        name = "llama3:8b"
+        context_length = 8192
+
+        [routing]
+        strategy = "least_loaded"
+        max_retries = 3
+        [routing.weights]
+        priority = 40
+        load = 40
+        latency = 20
+        [routing.aliases]
+        "gpt-4o" = "llama3:70b"
+        [routing.fallbacks]
+        "llama3:70b" = ["llama3:8b"]
+
+        [upstream]
+        request_timeout = "90s"
+    "#;
+
+    fn two_backends() -> Config {
+        Config::from_toml(TWO_BACKENDS).expect("parses")
+    }
+
+    fn validate_err(c: &Config) -> String {
+        c.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn backends_routing_and_upstream_parse_and_validate() {
+        let c = two_backends();
+        c.validate().unwrap();
+        assert_eq!(c.routing_warning(), None);
+        assert_eq!(c.backends.len(), 2);
+        assert_eq!(c.backends[1].kind, BackendKindName::Upstream);
+        assert_eq!(
+            c.backends[1].api_key.as_ref().unwrap().expose(),
+            "sk-live-0123456789"
+        );
+        assert_eq!(c.routing.max_retries, 3);
+        assert_eq!(c.routing.aliases["gpt-4o"], "llama3:70b");
+        assert_eq!(c.routing.fallbacks["llama3:70b"], ["llama3:8b"]);
+        assert_eq!(c.upstream.request_timeout, Millis(90_000));
+        assert_eq!(c.upstream.connect_timeout, Millis(2_000));
+        assert_eq!(
+            c.effective_backends(),
+            c.backends,
+            "configured backends win"
+        );
+        let (mut router, warning) = c.router().unwrap();
+        assert!(warning.is_none());
+        let d = router
+            .route(&crate::router::Requirements::text("gpt-4o", 100))
+            .unwrap();
+        assert_eq!(
+            router.describe(&d).to_string(),
+            "backend=gpu-a; model=llama3:70b; via=alias; requested=gpt-4o"
+        );
+    }
+
+    #[test]
+    fn effective_backends_default_to_one_sim_backend_from_server_and_workers() {
+        let mut c = Config::default();
+        c.server.model_name = "tiny".into();
+        c.workers.count = 3;
+        let b = c.effective_backends();
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].kind, BackendKindName::Sim);
+        assert_eq!(b[0].max_concurrent_batches, 3);
+        assert_eq!(b[0].models.len(), 1);
+        assert_eq!(b[0].models[0].name, "tiny");
+        assert_eq!(b[0].models[0].context_length, DEFAULT_SIM_CONTEXT_LENGTH);
+        c.validate().unwrap();
+        let (mut router, _) = c.router().unwrap();
+        let d = router
+            .route(&crate::router::Requirements::text("tiny", 1))
+            .unwrap();
+        assert_eq!(
+            router.describe(&d).to_string(),
+            "backend=sim; model=tiny; via=direct"
+        );
+    }
+
+    #[test]
+    fn router_config_errors_keep_their_message() {
+        let mut c = two_backends();
+        c.routing.aliases.insert("a".into(), "b".into());
+        c.routing.aliases.insert("b".into(), "a".into());
+        let e = validate_err(&c);
+        assert!(
+            e.contains("routing.aliases") && e.contains("a -> b -> a"),
+            "{e}"
+        );
+
+        let mut c = two_backends();
+        c.routing.weights.latency = 30;
+        let e = validate_err(&c);
+        assert!(
+            e.contains("routing.weights") && e.contains("must sum to 100") && e.contains("110"),
+            "{e}"
+        );
+
+        let mut c = two_backends();
+        c.backends[1].name = "local".into();
+        let e = validate_err(&c);
+        assert!(e.contains("'local'") && e.contains("unique"), "{e}");
+
+        let mut c = two_backends();
+        c.backends[0].base_url = Some("http://h:1".into());
+        let e = validate_err(&c);
+        assert!(e.contains("'local'") && e.contains("upstream"), "{e}");
+        let mut c = two_backends();
+        c.backends[0].api_key = Some(crate::router::ApiKey::new("k"));
+        let e = validate_err(&c);
+        assert!(e.contains("'local'") && e.contains("api_key"), "{e}");
+    }
+
+    #[test]
+    fn upstream_base_url_must_be_plain_http() {
+        let mut c = two_backends();
+        c.backends[1].base_url = None;
+        let e = validate_err(&c);
+        assert!(
+            e.contains("'gpu-a'") && e.contains("base_url") && e.contains("http://"),
+            "{e}"
+        );
+        c.backends[1].base_url = Some("https://gpu-a.example:443".into());
+        let e = validate_err(&c);
+        assert!(
+            e.starts_with(
+                "invalid value for backends['gpu-a'].base_url = https://gpu-a.example:443: \
+                 https is not supported"
+            ) && e.contains("TLS-terminating proxy"),
+            "{e}"
+        );
+        c.backends[1].base_url = Some("HTTPS://gpu-a.example".into());
+        assert!(validate_err(&c).contains("https is not supported"));
+    }
+
+    #[test]
+    fn continuous_mode_needs_exactly_one_sim_backend() {
+        let mut c = two_backends();
+        c.batching.mode = "continuous".into();
+        let e = validate_err(&c);
+        assert!(
+            e.starts_with("invalid value for batching.mode = continuous")
+                && e.contains("exactly one backend")
+                && e.contains("1 sim, 1 upstream"),
+            "{e}"
+        );
+        c.backends.remove(1);
+        c.routing.aliases.clear();
+        c.routing.fallbacks.clear();
+        c.validate().unwrap();
+        let mut c = Config::default();
+        c.batching.mode = "continuous".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn max_retries_is_at_most_8() {
+        let mut c = Config::default();
+        c.routing.max_retries = 8;
+        c.validate().unwrap();
+        c.routing.max_retries = 9;
+        let e = validate_err(&c);
+        assert!(
+            e.starts_with("invalid value for routing.max_retries = 9: must be at most 8"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn upstream_keys_are_checked() {
+        let mut c = Config::default();
+        c.upstream.request_timeout = Millis(0);
+        assert!(validate_err(&c).contains("upstream.request_timeout"));
+        let mut c = Config::default();
+        c.upstream.health_path = "health".into();
+        assert!(validate_err(&c).contains("upstream.health_path"));
+    }
+
+    #[test]
+    fn env_overrides_reach_routing_and_upstream() {
+        let mut c = two_backends();
+        c.apply_env(env(&[
+            ("ABE_ROUTING_STRATEGY", "round_robin"),
+            ("ABE_ROUTING_MAX_RETRIES", "5"),
+            ("ABE_ROUTING_WEIGHTS_PRIORITY", "30"),
+            ("ABE_ROUTING_WEIGHTS_LOAD", "50"),
+            ("ABE_UPSTREAM_REQUEST_TIMEOUT", "2m"),
+            ("ABE_UPSTREAM_HEALTH_PATH", "/health"),
+        ]))
+        .unwrap();
+        assert_eq!(c.routing.strategy, "round_robin");
+        assert_eq!(c.routing.max_retries, 5);
+        assert_eq!(c.routing.weights.priority, 30);
+        assert_eq!(c.routing.weights.load, 50);
+        assert_eq!(c.upstream.request_timeout, Millis(120_000));
+        assert_eq!(c.upstream.health_path, "/health");
+        c.validate().unwrap();
+        let untouched = two_backends();
+        assert_eq!(
+            c.backends, untouched.backends,
+            "backends survive, key and all"
+        );
+        assert_eq!(c.routing.aliases, untouched.routing.aliases);
+        assert_eq!(c.routing.fallbacks, untouched.routing.fallbacks);
+
+        for var in [
+            "ABE_BACKENDS",
+            "ABE_BACKENDS_0_NAME",
+            "ABE_ROUTING_ALIASES_GPT-4O",
+            "ABE_ROUTING_FALLBACKS",
+        ] {
+            let before = two_backends();
+            let mut c = before.clone();
+            let e = c.apply_env(env(&[(var, "x")])).unwrap_err().to_string();
+            assert!(
+                e.contains(var) && e.contains("only be set in the config file"),
+                "{e}"
+            );
+            assert_eq!(c, before, "a failed override changes nothing");
+        }
+        let e = Config::default()
+            .apply_env(env(&[("ABE_ROUTING_MAX_RETRIES", "many")]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "invalid value for routing.max_retries = many: expected an integer"
+        );
+    }
+
+    #[test]
+    fn an_unknown_routing_strategy_is_a_warning_not_an_error() {
+        let mut c = Config::default();
+        c.routing.strategy = "fastest".into();
+        c.validate().unwrap();
+        let w = c.routing_warning().expect("a warning");
+        assert!(
+            w.contains("routing.strategy = \"fastest\"") && w.contains("smart"),
+            "{w}"
+        );
+        let (router, warning) = c.router().unwrap();
+        assert_eq!(router.strategy(), Strategy::Smart);
+        assert_eq!(warning.map(|w| w.to_string()), Some(w));
+    }
+
+    #[test]
+    fn config_show_prints_backends_and_routing_without_api_keys() {
+        let c = two_backends();
+        let shown = c.to_toml();
+        assert!(!shown.contains("sk-live"), "{shown}");
+        assert!(shown.contains("api_key = \"<redacted>\""), "{shown}");
+        assert!(shown.contains("[[backends]]") && shown.contains("[[backends.models]]"));
+        assert!(shown.contains("[routing.aliases]") && shown.contains("[upstream]"));
+        let back = Config::from_toml(&shown).expect("show output parses");
+        assert_eq!(back.routing, c.routing);
+        assert_eq!(back.upstream, c.upstream);
+        assert_eq!(back.backends.len(), 2);
+        assert_eq!(
+            back.backends[0], c.backends[0],
+            "no key: round-trips exactly"
+        );
+        assert_eq!(
+            back.backends[1].api_key.as_ref().unwrap().expose(),
+            crate::router::ApiKey::REDACTED
+        );
+        assert!(
+            !format!("{c:?}").contains("sk-live"),
+            "Debug is redacted too"
+        );
+        let default_shown = Config::default().to_toml();
+        assert_eq!(
+            Config::from_toml(&default_shown).unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn config_check_validates_backends_in_a_file() {
+        let dir = std::env::temp_dir().join(format!("abe-config-routing-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(&path, TWO_BACKENDS).unwrap();
+        let c = Config::load(Some(&path), env(&[]), &FlagOverrides::default()).unwrap();
+        assert_eq!(c.backends.len(), 2);
+        std::fs::write(
+            &path,
+            TWO_BACKENDS.replace("\"llama3:8b\"]", "\"llama3:8b\", \"llama3:70b\"]"),
+        )
+        .unwrap();
+        let e = Config::load(Some(&path), env(&[]), &FlagOverrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("routing.fallbacks: 'llama3:70b'") && e.contains("itself"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 

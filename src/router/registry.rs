@@ -11,7 +11,7 @@
 
 use super::error::RouterConfigError;
 use crate::core::circuit::CircuitState;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -63,7 +63,7 @@ impl ModelId {
 }
 
 /// What a model on a backend can do beyond plain text. Also used for what a request needs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Capabilities {
     /// Accepts `image_url` content parts.
@@ -85,7 +85,7 @@ impl Capabilities {
 }
 
 /// `kind` of a `[[backends]]` table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendKindName {
     /// A local pool of simulated workers (the `sim` executor).
@@ -94,10 +94,24 @@ pub enum BackendKindName {
     Upstream,
 }
 
-/// An API key. Its `Debug` is redacted so configs and registries can be logged.
+/// An API key. Its `Debug` and its serialised form are redacted (`"<redacted>"`), so
+/// configs and registries can be logged and `abe config show` never prints the key.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct ApiKey(String);
+
+impl ApiKey {
+    /// What `Debug` and `Serialize` show instead of the key.
+    pub const REDACTED: &'static str = "<redacted>";
+}
+
+impl Serialize for ApiKey {
+    /// Always `"<redacted>"`: a serialised config is for people to read, never a way to
+    /// carry the key somewhere else.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(Self::REDACTED)
+    }
+}
 
 impl ApiKey {
     /// A key from its text.
@@ -113,12 +127,12 @@ impl ApiKey {
 
 impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
+        write!(f, "ApiKey({})", Self::REDACTED)
     }
 }
 
 /// One `[[backends.models]]` table.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The name requests use (`"model"` in the request body).
@@ -131,7 +145,7 @@ pub struct ModelConfig {
 }
 
 /// One `[[backends]]` table, as written in the config file.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     /// Unique name; appears in metrics and in the routing response header.
@@ -139,10 +153,10 @@ pub struct BackendConfig {
     /// `sim` or `upstream`.
     pub kind: BackendKindName,
     /// `upstream` only: where the OpenAI-compatible API lives (`http://host:port`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// `upstream` only, optional: sent as `Authorization: Bearer <key>`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<ApiKey>,
     /// Lower is preferred (0 is best; the smart score stops telling apart above 100).
     #[serde(default = "priority_default")]
@@ -152,7 +166,7 @@ pub struct BackendConfig {
     pub max_concurrent_batches: u32,
     /// Whether one completions request may carry an array of prompts. Unset: `true` for
     /// `sim`, `false` for `upstream` (not every server accepts it).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_array: Option<bool>,
     /// The models it serves; at least one.
     pub models: Vec<ModelConfig>,
@@ -808,6 +822,18 @@ mod tests {
         s.max_concurrent_batches = 0;
         let e = build_err(&[s]);
         assert!(e.contains("max_concurrent_batches"), "{e}");
+    }
+
+    #[test]
+    fn api_keys_serialise_redacted() {
+        let mut b = sim("a", 0, &[("m", 10, Capabilities::default())]);
+        b.kind = BackendKindName::Upstream;
+        b.base_url = Some("http://h:1".into());
+        b.api_key = Some(ApiKey::new("sk-secret"));
+        let text = toml::to_string(&b).unwrap();
+        assert!(!text.contains("sk-secret"), "{text}");
+        assert!(text.contains("api_key = \"<redacted>\""), "{text}");
+        assert!(!text.contains("prompt_array"), "unset options are left out");
     }
 
     #[test]

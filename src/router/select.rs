@@ -19,7 +19,7 @@ use super::resolve::{NameId, Resolver, Routable};
 use super::strategy::{pick, Candidate, Strategy, UnknownStrategy, Weights};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -27,7 +27,7 @@ use std::fmt;
 pub const MAX_RETRIES_DEFAULT: u32 = 2;
 
 /// The `[routing]` table.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RoutingConfig {
     /// `smart`, `round_robin`, `least_loaded`, `power_of_two`, `priority_only` or `random`;

@@ -11,7 +11,7 @@ use super::error::RouterConfigError;
 use super::registry::BackendId;
 use rand::rngs::SmallRng;
 use rand::Rng;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// How to pick among eligible backends (`[routing] strategy`).
@@ -98,7 +98,7 @@ impl fmt::Display for UnknownStrategy {
 }
 
 /// Weights of the smart score's three parts (`[routing.weights]`); must sum to 100.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Weights {
     pub priority: u32,
