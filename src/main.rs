@@ -306,7 +306,12 @@ fn main() -> ExitCode {
                 ..Default::default()
             };
             load(&args)
-                .map(|_| println!("{}: ok", file.display()))
+                .map(|c| {
+                    if let Some(w) = c.routing_warning() {
+                        eprintln!("abe: warning: {w}");
+                    }
+                    println!("{}: ok", file.display())
+                })
                 .map_err(|e| e.to_string())
         }
         Command::Config(ConfigCommand::Show(args)) => load(args)

@@ -7,7 +7,7 @@ use crate::exec::sim::{Faults, SimConfig, SimExecutor};
 use crate::exec::Executor;
 use crate::http::{self, ServeError, Server};
 use crate::metrics::http_stats::HttpStats;
-use crate::router::{BackendConfig, BackendKindName, Router, RoutingConfig};
+use crate::router::{BackendConfig, BackendKindName};
 use crate::runtime::engine::Routing;
 use crate::runtime::{self, Handle, LaneWorkers, RuntimeConfig, ShutdownReport, StartError};
 use std::net::SocketAddr;
@@ -40,17 +40,12 @@ impl Running {
     pub fn start(config: Config) -> Result<Running, RunError> {
         config.validate()?;
         let runtime_cfg = config.runtime_config()?;
-        let backends = effective_backends(&config);
-        let routing_cfg = routing_config(&config);
-        let build = || {
-            Router::build(&backends, &routing_cfg, runtime_cfg.core.seed)
-                .map_err(|e| StartError::Config(format!("routing: {e}")))
-        };
-        let (engine_router, warning) = build()?;
-        if let Some(w) = warning {
+        let backends = config.effective_backends();
+        if let Some(w) = config.routing_warning() {
             tracing::warn!("{w}");
         }
-        let io_router = Arc::new(build()?.0);
+        let (engine_router, _) = config.router()?;
+        let io_router = Arc::new(config.router()?.0);
         let stop = Arc::new(AtomicBool::new(false));
         let lanes = backends
             .iter()
@@ -114,18 +109,6 @@ impl Running {
         }
         self.shutdown()
     }
-}
-
-/// The backends abe serves: one `sim` backend serving `server.model_name` with
-/// `workers.count` workers.
-fn effective_backends(config: &Config) -> Vec<BackendConfig> {
-    let mut b = BackendConfig::default_sim(&config.server.model_name, 131_072);
-    b.max_concurrent_batches = config.workers.count as u32;
-    vec![b]
-}
-
-fn routing_config(_config: &Config) -> RoutingConfig {
-    RoutingConfig::default()
 }
 
 /// Backend `index`'s worker threads: `max_concurrent_batches` executors of its kind.
