@@ -45,6 +45,7 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, now_unix_ms: u64) -> Value 
         "requests": requests(snapshot),
         "flush_reasons": flush_reasons(snapshot),
         "workers": workers(snapshot),
+        "backends": backends(snapshot),
         "http": http_json(http),
     })
 }
@@ -103,6 +104,29 @@ fn workers(snapshot: &Snapshot) -> Value {
             "batches_failed": w.batches_failed,
         })
     });
+    Value::Array(list.collect())
+}
+
+/// Each backend's routing state and counters, in config order.
+fn backends(snapshot: &Snapshot) -> Value {
+    let list = snapshot
+        .backend_names
+        .iter()
+        .zip(&snapshot.backends)
+        .map(|(name, b)| {
+            json!({
+                "name": name,
+                "healthy": b.healthy,
+                "circuit": b.circuit.as_str(),
+                "pending_batches": b.pending_batches,
+                "latency_ema_ms": b.latency_ema_ms,
+                "routed": b.routed,
+                "via_alias": b.via_alias,
+                "via_fallback": b.via_fallback,
+                "retried_away": b.retried_away,
+                "failed": b.failed,
+            })
+        });
     Value::Array(list.collect())
 }
 

@@ -61,6 +61,7 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, out: &mut String) {
     render_requests(snapshot, out);
     render_batches(snapshot, out);
     render_workers(snapshot, out);
+    render_backends(snapshot, out);
     render_research(snapshot, out);
     render_continuous(snapshot, out);
     render_http(http, out);
@@ -518,6 +519,61 @@ fn render_workers(snapshot: &Snapshot, out: &mut String) {
     }
 }
 
+/// Routing: each backend's health, circuit, load, latency and request counts.
+fn render_backends(snapshot: &Snapshot, out: &mut String) {
+    let names = &snapshot.backend_names;
+    let rows = || names.iter().zip(&snapshot.backends);
+    let name = "abe_backend_healthy";
+    let help = "1 while a backend's last health probe succeeded (sim backends are always healthy).";
+    family(out, name, MetricType::Gauge, help);
+    for (n, b) in rows() {
+        sample(out, name, &[("backend", n)], b.healthy);
+    }
+    let name = "abe_backend_circuit_state";
+    let help = "Backend circuit (from its workers' breakers): 1 for the current state.";
+    family(out, name, MetricType::Gauge, help);
+    for (n, b) in rows() {
+        for state in CIRCUIT_STATES {
+            sample(
+                out,
+                name,
+                &[("backend", n), ("state", state.as_str())],
+                b.circuit == state,
+            );
+        }
+    }
+    let name = "abe_backend_pending_batches";
+    let help = "Batches dispatched to a backend and not yet back (the smart score's load).";
+    family(out, name, MetricType::Gauge, help);
+    for (n, b) in rows() {
+        sample(out, name, &[("backend", n)], b.pending_batches);
+    }
+    let name = "abe_backend_latency_ema_seconds";
+    let help = "Smoothed batch latency of a backend (the smart score's latency); absent before its first batch.";
+    family(out, name, MetricType::Gauge, help);
+    for (n, b) in rows() {
+        if let Some(ms) = b.latency_ema_ms {
+            sample(out, name, &[("backend", n)], ms / 1000.0);
+        }
+    }
+    let name = "abe_backend_requests_total";
+    let help = "Requests by backend and what happened: routed (first choice or retry), \
+                via_alias, via_fallback, retried_away (moved to another backend after a failure), \
+                failed (answered with this backend's error).";
+    family(out, name, MetricType::Counter, help);
+    for (n, b) in rows() {
+        for (event, v) in [
+            ("routed", b.routed),
+            ("via_alias", b.via_alias),
+            ("via_fallback", b.via_fallback),
+            ("retried_away", b.retried_away),
+            ("failed", b.failed),
+        ] {
+            sample(out, name, &[("backend", n), ("event", event)], v);
+        }
+    }
+}
+
 /// HTTP responses, connections, bytes.
 fn render_http(http: &HttpStats, out: &mut String) {
     let name = "abe_http_responses_total";
@@ -598,6 +654,13 @@ mod tests {
     fn busy_snapshot() -> Snapshot {
         let mut snap = Snapshot::new(2, StrategyKind::QueueDepth);
         snap.at_ns = 10_000_000_000;
+        snap.backend_names = vec!["gpu-a".into(), "remote \"b\"".into()];
+        snap.backends = vec![Default::default(); 2];
+        snap.backends[0].latency_ema_ms = Some(12.5);
+        snap.backends[0].routed = 7;
+        snap.backends[1].healthy = false;
+        snap.backends[1].circuit = CircuitState::Open;
+        snap.backends[1].retried_away = 3;
         snap.queued_by_class[class_index(Priority::High, 2)] = 5;
         snap.queued_by_class[class_index(Priority::Critical, 0)] = 1;
         snap.queued = 6;
@@ -894,9 +957,33 @@ mod tests {
         let helps = out.lines().filter(|l| l.starts_with("# HELP ")).count();
         let types = out.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!((helps, types), (summary.families, summary.families));
-        // 27 engine and HTTP families + 8 of the research controllers (a ninth, the decode-TBT
-        // gauge, appears once the SLA controller has an observation).
-        assert_eq!(summary.families, 35);
+        // 27 engine and HTTP families + 5 of routing + 8 of the research controllers (a
+        // ninth, the decode-TBT gauge, appears once the SLA controller has an observation).
+        assert_eq!(summary.families, 40);
+    }
+
+    #[test]
+    fn backends_report_health_circuit_latency_and_counts() {
+        let out = page(&busy_snapshot(), &busy_http());
+        assert_line(&out, "abe_backend_healthy{backend=\"gpu-a\"} 1");
+        assert_line(&out, "abe_backend_healthy{backend=\"remote \\\"b\\\"\"} 0");
+        assert_line(
+            &out,
+            "abe_backend_circuit_state{backend=\"remote \\\"b\\\"\",state=\"open\"} 1",
+        );
+        assert_line(
+            &out,
+            "abe_backend_latency_ema_seconds{backend=\"gpu-a\"} 0.0125",
+        );
+        assert!(!out.contains("abe_backend_latency_ema_seconds{backend=\"remote"));
+        assert_line(
+            &out,
+            "abe_backend_requests_total{backend=\"gpu-a\",event=\"routed\"} 7",
+        );
+        assert_line(
+            &out,
+            "abe_backend_requests_total{backend=\"remote \\\"b\\\"\",event=\"retried_away\"} 3",
+        );
     }
 
     /// Runs `promtool check metrics` on `text`; `None` when promtool is not installed.

@@ -227,6 +227,12 @@ pub fn start_routed(
     let strategy = cfg.core.strategy;
     let mut snapshot = Snapshot::new(total_workers, strategy);
     snapshot.backends = vec![Default::default(); backends];
+    snapshot.backend_names = routing
+        .router
+        .registry()
+        .backends()
+        .map(|(_, b)| b.name().to_string())
+        .collect();
     let shared = Arc::new(Shared {
         engine_bell: Arc::new(Doorbell::new()),
         control: ArrayQueue::new(64),

@@ -87,8 +87,10 @@ pub struct Snapshot {
     pub research: crate::core::research::ResearchSnapshot,
     /// Slots, KV and step counters when running continuous batching.
     pub continuous: Option<ContinuousSnapshot>,
-    /// One per backend, in the router's backend order (names are the router's).
+    /// One per backend, in the router's backend order.
     pub backends: Vec<BackendSnapshot>,
+    /// Their names (set at start; from the config, never from a client).
+    pub backend_names: Vec<String>,
 }
 
 /// A backend's routing state and counters.
@@ -161,6 +163,7 @@ impl Snapshot {
             research: Default::default(),
             continuous: None,
             backends: Vec::new(),
+            backend_names: Vec::new(),
         }
     }
 }
