@@ -1117,3 +1117,55 @@ fn routing_table_defaults() {
     assert_eq!(r.max_retries, 2);
     assert!(toml::from_str::<RoutingConfig>("strategyy = 'smart'").is_err());
 }
+
+#[test]
+fn precheck_judges_static_errors_whatever_the_live_state() {
+    let mut cfg = RoutingConfig::default();
+    cfg.aliases = aliases(&[("v", "llava")]);
+    let mut r = router(
+        &[
+            backend("A", 0, &[("m", 100, NONE)]),
+            backend("B", 0, &[("llava", 100, VISION)]),
+        ],
+        &cfg,
+    );
+    // Unknown and empty names, capability mismatch: same answers as route().
+    assert_eq!(
+        r.precheck(&Requirements::text("gpt-5", 1))
+            .unwrap_err()
+            .status(),
+        404
+    );
+    assert_eq!(
+        r.precheck(&Requirements::text(" ", 1))
+            .unwrap_err()
+            .status(),
+        400
+    );
+    let vision_on_m = Requirements::new("m", 1, true, false, false);
+    assert_eq!(
+        r.precheck(&vision_on_m).unwrap_err(),
+        r.route(&vision_on_m).unwrap_err()
+    );
+    assert_eq!(
+        r.precheck(&Requirements::text("m", 101))
+            .unwrap_err()
+            .status(),
+        400,
+        "longer than every backend's context"
+    );
+    // A down backend is not a static error: precheck passes, route_name says 503.
+    let a = id(&r, "A");
+    r.registry_mut().set_healthy(a, false);
+    let (name, need) = r.precheck(&Requirements::text("m", 1)).expect("static ok");
+    assert_eq!(r.route_name(name, &need).unwrap_err().status(), 503);
+    // An alias resolves to the same decision through either path.
+    let (name, need) = r
+        .precheck(&Requirements::new("v", 1, true, false, false))
+        .unwrap();
+    assert_eq!(
+        r.route_name(name, &need).unwrap(),
+        r.route(&Requirements::new("v", 1, true, false, false))
+            .unwrap()
+    );
+}
