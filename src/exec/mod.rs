@@ -4,9 +4,11 @@
 //! synthetic output) or `upstream` (HTTP to an OpenAI-compatible backend). Executors run on
 //! worker threads: they may allocate and block, the engine never waits for them.
 
+pub mod health;
 pub mod latency;
 pub mod sim;
 pub mod synth;
+pub mod upstream;
 
 use crate::core::continuous::{EntryResult, StepEntry};
 use crate::core::{Kind, Ticket};

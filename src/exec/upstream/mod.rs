@@ -1,0 +1,14 @@
+//! The `upstream` executor: forwards batches to a remote OpenAI-compatible server (vLLM,
+//! llama.cpp server, Ollama, TGI, another abe) over plain HTTP/1.1 with keep-alive.
+//!
+//! `client` owns the connection pool and error mapping, `wire` the OpenAI request and
+//! response shapes, `sse` the stream reader, `executor` the batch-to-requests plan. Nothing
+//! here runs on the engine thread: only workers and the health checker call into it.
+
+mod client;
+mod executor;
+mod sse;
+mod wire;
+
+pub use client::{UpstreamClient, UpstreamTarget, UpstreamTimeouts};
+pub use executor::{UpstreamExecutor, CONCURRENT_REQUESTS_MAX};
