@@ -7,8 +7,10 @@ use crate::exec::sim::{Faults, SimConfig, SimExecutor};
 use crate::exec::Executor;
 use crate::http::{self, ServeError, Server};
 use crate::metrics::http_stats::HttpStats;
-use crate::router::{BackendConfig, BackendKindName};
-use crate::runtime::engine::Routing;
+use crate::exec::health::{spawn_health_checker, HealthBoard};
+use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
+use crate::router::{BackendConfig, BackendId, BackendKind, Router};
+use crate::runtime::engine::{BackendHealth, Routing};
 use crate::runtime::{self, Handle, LaneWorkers, RuntimeConfig, ShutdownReport, StartError};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -33,6 +35,8 @@ pub struct Running {
     pub handle: Arc<Handle>,
     pub server: Server,
     pub ctx: Arc<ApiContext>,
+    /// The upstream health checker, if any backend is `upstream`: its stop flag and thread.
+    health: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
 impl Running {
@@ -47,11 +51,41 @@ impl Running {
         let (engine_router, _) = config.router()?;
         let io_router = Arc::new(config.router()?.0);
         let stop = Arc::new(AtomicBool::new(false));
+        let timeouts = UpstreamTimeouts {
+            connect: config.upstream.connect_timeout.duration(),
+            request: config.upstream.request_timeout.duration(),
+        };
+        let mut clients = Vec::new();
         let lanes = backends
             .iter()
             .enumerate()
-            .map(|(b, backend)| lane_workers(&runtime_cfg, b, backend, &stop))
+            .map(|(b, backend)| {
+                let client = upstream_client(&io_router, b, timeouts);
+                if let Some(c) = &client {
+                    clients.push((b, c.clone()));
+                }
+                lane_workers(&runtime_cfg, b, backend, client, &stop)
+            })
             .collect();
+        let board = HealthBoard::new(backends.len());
+        let health = if clients.is_empty() {
+            None
+        } else {
+            let health_stop = Arc::new(AtomicBool::new(false));
+            let thread = spawn_health_checker(
+                clients,
+                board.clone(),
+                config.health.check_interval.duration(),
+                config.upstream.health_timeout.duration(),
+                config.upstream.health_path.clone(),
+                health_stop.clone(),
+            )
+            .map_err(|source| StartError::Spawn {
+                name: "abe-health".into(),
+                source,
+            })?;
+            Some((health_stop, thread))
+        };
         let config = Arc::new(config);
         let http_stats = Arc::new(HttpStats::new());
         // The default model must resolve (ApiContext picks one some backend serves).
@@ -59,7 +93,10 @@ impl Running {
         let default_name = io_router
             .lookup(&probe_ctx_default)
             .map_err(|e| StartError::Config(format!("routing: {e}")))?;
-        let routing = Routing::new(engine_router, default_name, None);
+        let health_view = health
+            .is_some()
+            .then(|| board.clone() as Arc<dyn BackendHealth>);
+        let routing = Routing::new(engine_router, default_name, health_view);
         let handle = Arc::new(runtime::start_routed(runtime_cfg, routing, lanes, stop)?);
         let ctx = Arc::new(ApiContext::new(
             handle.clone(),
@@ -72,6 +109,7 @@ impl Running {
             handle,
             server,
             ctx,
+            health,
         })
     }
 
@@ -99,6 +137,10 @@ impl Running {
             timer_control.hard_stop();
         });
         self.server.join();
+        if let Some((stop, thread)) = self.health {
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            let _ = thread.join();
+        }
         report
     }
 
@@ -111,18 +153,44 @@ impl Running {
     }
 }
 
+/// The HTTP client of backend `index` if it is `upstream` (one connection pool, shared by
+/// its workers and the health checker).
+fn upstream_client(
+    router: &Router,
+    index: usize,
+    timeouts: UpstreamTimeouts,
+) -> Option<UpstreamClient> {
+    let backend = router.registry().backend(BackendId::from_index(index));
+    match backend.kind() {
+        BackendKind::Sim => None,
+        BackendKind::Upstream { base_url, api_key } => Some(UpstreamClient::new(
+            UpstreamTarget {
+                name: backend.name().to_string(),
+                base_url: base_url.clone(),
+                api_key: api_key.as_ref().map(|k| k.expose().to_string()),
+                prompt_array: backend.accepts_prompt_array(),
+            },
+            timeouts,
+        )),
+    }
+}
+
 /// Backend `index`'s worker threads: `max_concurrent_batches` executors of its kind.
 fn lane_workers(
     cfg: &RuntimeConfig,
     index: usize,
     backend: &BackendConfig,
+    client: Option<UpstreamClient>,
     stop: &Arc<AtomicBool>,
 ) -> LaneWorkers {
     let n = backend.max_concurrent_batches.max(1) as usize;
     let faults: Vec<Arc<Faults>> = (0..n).map(|_| Faults::new(cfg.faults)).collect();
-    let executors = match backend.kind {
-        BackendKindName::Sim | BackendKindName::Upstream => (0..n)
-            .map(|i| {
+    let executors = (0..n)
+        .map(|i| match &client {
+            Some(client) => {
+                Box::new(UpstreamExecutor::new(client.clone(), stop.clone())) as Box<dyn Executor>
+            }
+            None => {
                 let sim = SimConfig {
                     seed: cfg
                         .sim
@@ -133,10 +201,20 @@ fn lane_workers(
                 };
                 Box::new(SimExecutor::new(sim, faults[i].clone(), stop.clone()))
                     as Box<dyn Executor>
-            })
-            .collect(),
-    };
+            }
+        })
+        .collect();
     LaneWorkers { executors, faults }
+}
+
+/// The engine reads upstream health from the checker's board.
+impl BackendHealth for HealthBoard {
+    fn generation(&self) -> u64 {
+        HealthBoard::generation(self)
+    }
+    fn healthy(&self, backend: usize) -> bool {
+        HealthBoard::healthy(self, backend)
+    }
 }
 
 pub use signal_hook::iterator::Signals;
