@@ -8,6 +8,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+pub mod mock_upstream;
+
 /// A config for tests: loopback, any free port, zero latency, unpinned.
 pub fn test_config() -> Config {
     let mut c = Config::default();

@@ -74,6 +74,8 @@ struct Inner {
     agent: ureq::Agent,
     /// `Bearer <api_key>`, built once.
     authorization: Option<String>,
+    /// As configured, for error messages.
+    timeouts: UpstreamTimeouts,
 }
 
 impl fmt::Debug for UpstreamClient {
@@ -110,6 +112,7 @@ impl UpstreamClient {
                 target,
                 agent: ureq::Agent::new_with_config(config),
                 authorization,
+                timeouts,
             }),
         }
     }
@@ -131,7 +134,8 @@ impl UpstreamClient {
 
     /// GET {base}{path} (e.g. "/v1/models"), Ok on 2xx within `timeout`.
     pub fn probe(&self, path: &str, timeout: Duration) -> Result<(), ExecError> {
-        let call = Call::new(self, "GET", path);
+        let mut call = Call::new(self, "GET", path);
+        call.timeout = timeout;
         let mut request = self.inner.agent.get(call.url());
         if let Some(auth) = &self.inner.authorization {
             request = request.header("Authorization", auth);
@@ -177,6 +181,8 @@ pub(super) struct Call<'a> {
     client: &'a UpstreamClient,
     method: &'static str,
     path: &'a str,
+    /// The whole call's time budget (for messages).
+    timeout: Duration,
 }
 
 impl<'a> Call<'a> {
@@ -185,6 +191,7 @@ impl<'a> Call<'a> {
             client,
             method,
             path,
+            timeout: client.inner.timeouts.request,
         }
     }
 
@@ -207,6 +214,12 @@ impl<'a> Call<'a> {
         )
     }
 
+    /// "POST /v1/completions: {detail}", for a backend's own error message, which goes back
+    /// to the client as is (a 4xx): it must not carry abe's internal addresses.
+    fn status_message(&self, detail: impl fmt::Display) -> String {
+        format!("{} {}: {detail}", self.method, self.path)
+    }
+
     /// The backend sent something that is not the expected OpenAI shape.
     pub(super) fn protocol(&self, detail: impl fmt::Display) -> ExecError {
         ExecError::Protocol {
@@ -219,9 +232,19 @@ impl<'a> Call<'a> {
     pub(super) fn transport_error(&self, e: ureq::Error) -> ExecError {
         let backend = self.backend();
         match e {
-            ureq::Error::Timeout(which) => ExecError::Timeout {
+            ureq::Error::Timeout(ureq::Timeout::Connect) => ExecError::Timeout {
                 backend,
-                message: self.message(format_args!("no answer in time ({which})")),
+                message: self.message(format_args!(
+                    "no connection within the connect timeout ({:?})",
+                    self.client.inner.timeouts.connect.min(self.timeout)
+                )),
+            },
+            ureq::Error::Timeout(_) => ExecError::Timeout {
+                backend,
+                message: self.message(format_args!(
+                    "no complete answer within the request timeout ({:?})",
+                    self.timeout
+                )),
             },
             ureq::Error::Io(io) => self.io_error(io),
             ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => ExecError::Connect {
@@ -231,7 +254,7 @@ impl<'a> Call<'a> {
             ureq::Error::StatusCode(status) => ExecError::Status {
                 backend,
                 status,
-                message: self.message("error status"),
+                message: self.status_message("error status"),
             },
             other => ExecError::Protocol {
                 backend,
@@ -292,7 +315,7 @@ impl<'a> Call<'a> {
         Err(ExecError::Status {
             backend: self.backend(),
             status,
-            message: self.message(error_detail(&body)),
+            message: self.status_message(error_detail(&body)),
         })
     }
 }
