@@ -3,12 +3,12 @@
 
 use crate::api::ApiContext;
 use crate::config::{Config, ConfigError};
+use crate::exec::health::{spawn_health_checker, HealthBoard};
 use crate::exec::sim::{Faults, SimConfig, SimExecutor};
+use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
 use crate::exec::Executor;
 use crate::http::{self, ServeError, Server};
 use crate::metrics::http_stats::HttpStats;
-use crate::exec::health::{spawn_health_checker, HealthBoard};
-use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
 use crate::router::{BackendConfig, BackendId, BackendKind, Router};
 use crate::runtime::engine::{BackendHealth, Routing};
 use crate::runtime::{self, Handle, LaneWorkers, RuntimeConfig, ShutdownReport, StartError};

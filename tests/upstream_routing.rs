@@ -1,0 +1,422 @@
+//! abe in front of real upstreams, over HTTP on 127.0.0.1: two other `abe serve` processes
+//! and a mock OpenAI server that fails on demand. Routing by model, alias and fallback;
+//! streaming relayed; a backend killed mid-run is detected, routed around with nothing
+//! lost, and comes back; upstream failures reach the client as 502 / 504 / the backend's
+//! own 4xx.
+
+mod common;
+
+use abe::config::Config;
+use common::mock_upstream::{MockUpstream, Mode};
+use common::{start, test_config, Client};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// An `abe serve` child process on a loopback port; killed on drop.
+struct AbeProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl AbeProcess {
+    /// Starts `abe serve` on `port` (0: any) serving `model`, zero latency.
+    fn start(model: &str, port: u16) -> AbeProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_abe"))
+            .args(["serve", "--port", &port.to_string()])
+            .env("ABE_SERVER_MODEL_NAME", model)
+            .env("ABE_WORKERS_LATENCY_MODEL", "none")
+            .env("ABE_WORKERS_COUNT", "2")
+            .env("ABE_ENGINE_PIN", "false")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("abe binary starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("abe listening on http://") {
+                    let _ = tx.send(url.parse::<SocketAddr>().expect("address"));
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("abe prints its address");
+        AbeProcess { child, addr }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AbeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn front(toml: &str) -> Config {
+    let file: Config = toml::from_str(toml).expect("front config parses");
+    let mut c = test_config();
+    c.backends = file.backends;
+    c.routing = file.routing;
+    c.upstream = file.upstream;
+    c.health = file.health;
+    c
+}
+
+fn completion(model: &str, prompt: &str) -> String {
+    serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 4}).to_string()
+}
+
+/// Polls `/metrics/json` until `ok` holds (bounded), returning the last page.
+fn metrics_until(
+    c: &mut Client,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let j = c.request("GET", "/metrics/json", None).json();
+        if ok(&j) {
+            return j;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn routes_by_model_alias_and_fallback_across_two_abe_processes() {
+    let alpha = AbeProcess::start("alpha", 0);
+    let beta = AbeProcess::start("beta", 0);
+    let abe = start(front(&format!(
+        r#"
+        [[backends]]
+        name = "up-alpha"
+        kind = "upstream"
+        base_url = "{}"
+        prompt_array = true
+        [[backends.models]]
+        name = "alpha"
+        context_length = 4096
+        [[backends]]
+        name = "up-beta"
+        kind = "upstream"
+        base_url = "{}"
+        [[backends.models]]
+        name = "beta"
+        context_length = 4096
+        capabilities = {{ json_mode = true }}
+        [routing.aliases]
+        a = "alpha"
+        [routing.fallbacks]
+        gamma = ["beta"]
+        "#,
+        alpha.base_url(),
+        beta.base_url()
+    )));
+    let mut c = Client::connect(abe.local_addr());
+    // The front answers what the upstream abe generated (same engine, same text).
+    let direct = Client::connect(alpha.addr)
+        .request(
+            "POST",
+            "/v1/completions",
+            Some(&completion("alpha", "hello")),
+        )
+        .json();
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(&completion("alpha", "hello")),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-abe-route"),
+        Some("backend=up-alpha; model=alpha; via=direct")
+    );
+    assert_eq!(r.json()["choices"][0]["text"], direct["choices"][0]["text"]);
+
+    let r = c.request("POST", "/v1/completions", Some(&completion("a", "hello")));
+    assert_eq!(
+        r.header("x-abe-route"),
+        Some("backend=up-alpha; model=alpha; via=alias; requested=a")
+    );
+    let r = c.request("POST", "/v1/completions", Some(&completion("gamma", "hi")));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-abe-route"),
+        Some("backend=up-beta; model=beta; via=fallback; requested=gamma")
+    );
+
+    // Capability: JSON mode only on beta.
+    let chat = |model: &str| {
+        serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "give me json"}],
+            "response_format": {"type": "json_object"},
+            "max_tokens": 3,
+        })
+        .to_string()
+    };
+    let r = c.request("POST", "/v1/chat/completions", Some(&chat("alpha")));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "capability_mismatch");
+    let r = c.request("POST", "/v1/chat/completions", Some(&chat("beta")));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["object"], "chat.completion");
+
+    // Embeddings and a relayed stream.
+    let body = serde_json::json!({"model": "beta", "input": ["x", "y", "z"]}).to_string();
+    let r = c.request("POST", "/v1/embeddings", Some(&body));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["data"].as_array().unwrap().len(), 3);
+    let body = serde_json::json!({
+        "model": "alpha", "prompt": "stream me", "max_tokens": 6, "stream": true
+    })
+    .to_string();
+    let r = c.request("POST", "/v1/completions", Some(&body));
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let streamed: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| {
+            let v: serde_json::Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["text"].as_str().unwrap_or("").to_string()
+        })
+        .collect();
+    let direct = Client::connect(alpha.addr)
+        .request(
+            "POST",
+            "/v1/completions",
+            Some(
+                &serde_json::json!({"model": "alpha", "prompt": "stream me", "max_tokens": 6})
+                    .to_string(),
+            ),
+        )
+        .json();
+    assert_eq!(streamed, direct["choices"][0]["text"].as_str().unwrap());
+
+    // /v1/models lists what is routable through the front.
+    let models = c.request("GET", "/v1/models", None).json();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    for id in ["alpha", "beta", "a", "gamma"] {
+        assert!(ids.contains(&id), "{id} not in {ids:?}");
+    }
+    abe.shutdown();
+}
+
+#[test]
+fn a_backend_killed_mid_run_is_routed_around_nothing_is_lost_and_it_comes_back() {
+    let mut one = AbeProcess::start("shared", 0);
+    let two = AbeProcess::start("shared", 0);
+    let port_one = one.addr.port();
+    let abe = start(front(&format!(
+        r#"
+        [[backends]]
+        name = "one"
+        kind = "upstream"
+        base_url = "{}"
+        max_concurrent_batches = 2
+        [[backends.models]]
+        name = "shared"
+        context_length = 4096
+        [[backends]]
+        name = "two"
+        kind = "upstream"
+        base_url = "{}"
+        max_concurrent_batches = 2
+        [[backends.models]]
+        name = "shared"
+        context_length = 4096
+        [routing]
+        strategy = "round_robin"
+        max_retries = 2
+        [health]
+        check_interval = "100ms"
+        # Workers' circuits opened while it was down; let them probe again soon.
+        recovery_timeout = "300ms"
+        "#,
+        one.base_url(),
+        two.base_url()
+    )));
+    let addr = abe.local_addr();
+    // Four clients, 100 requests each; backend one dies a quarter of the way in.
+    let clients: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                let mut statuses = Vec::new();
+                for i in 0..100 {
+                    let r = c.request(
+                        "POST",
+                        "/v1/completions",
+                        Some(&completion("shared", &format!("t{t} r{i}"))),
+                    );
+                    statuses.push((r.status, r.text()));
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut c = Client::connect(addr);
+    metrics_until(&mut c, "traffic on both backends", |j| {
+        j["backends"][0]["routed"].as_u64() >= Some(25)
+            && j["backends"][1]["routed"].as_u64() >= Some(25)
+    });
+    one.kill();
+    for h in clients {
+        for (status, body) in h.join().unwrap() {
+            assert_eq!(status, 200, "a request was lost: {body}");
+        }
+    }
+    let j = metrics_until(&mut c, "backend one unhealthy", |j| {
+        j["backends"][0]["healthy"] == false
+    });
+    assert_eq!(j["backends"][1]["healthy"], true);
+    // While it is down, everything goes to two.
+    for i in 0..10 {
+        let r = c.request(
+            "POST",
+            "/v1/completions",
+            Some(&completion("shared", &format!("d{i}"))),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            r.header("x-abe-route"),
+            Some("backend=two; model=shared; via=direct")
+        );
+    }
+    // Back on the same port: healthy again, and it takes traffic again.
+    let _one_again = AbeProcess::start("shared", port_one);
+    metrics_until(&mut c, "backend one healthy again", |j| {
+        j["backends"][0]["healthy"] == true
+    });
+    let mut served_by_one = 0;
+    std::thread::sleep(Duration::from_millis(350));
+    for i in 0..10 {
+        let r = c.request(
+            "POST",
+            "/v1/completions",
+            Some(&completion("shared", &format!("b{i}"))),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        if r.header("x-abe-route") == Some("backend=one; model=shared; via=direct") {
+            served_by_one += 1;
+        }
+    }
+    assert!(
+        served_by_one > 0,
+        "backend one never served after it came back"
+    );
+    abe.shutdown();
+    drop(two);
+}
+
+#[test]
+fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backends_4xx() {
+    let flaky = MockUpstream::start();
+    let steady = MockUpstream::start();
+    let abe = start(front(&format!(
+        r#"
+        [[backends]]
+        name = "flaky"
+        kind = "upstream"
+        base_url = "{}"
+        priority = 0
+        [[backends.models]]
+        name = "m"
+        context_length = 4096
+        [[backends.models]]
+        name = "only-flaky"
+        context_length = 4096
+        [[backends]]
+        name = "steady"
+        kind = "upstream"
+        base_url = "{}"
+        priority = 10
+        [[backends.models]]
+        name = "m"
+        context_length = 4096
+        [routing]
+        strategy = "priority_only"
+        max_retries = 1
+        [upstream]
+        request_timeout = "500ms"
+        [health]
+        check_interval = "1h"
+        "#,
+        flaky.base_url(),
+        steady.base_url()
+    )));
+    let mut c = Client::connect(abe.local_addr());
+    let r = c.request("POST", "/v1/completions", Some(&completion("m", "hi")));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-abe-route"),
+        Some("backend=flaky; model=m; via=direct")
+    );
+
+    // 5xx: retried on the next candidate, the client sees a success.
+    flaky.set_mode(Mode::Status(500));
+    let r = c.request("POST", "/v1/completions", Some(&completion("m", "again")));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-abe-route"),
+        Some("backend=steady; model=m; via=direct")
+    );
+    assert_eq!(r.json()["choices"][0]["text"], "echo:again");
+    // Nowhere else to go: 502 naming the backend and its answer.
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(&completion("only-flaky", "x")),
+    );
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "upstream_error");
+    assert!(r.error_message().contains("'flaky'"), "{}", r.text());
+
+    // A 4xx is the request's own problem: relayed, not retried.
+    flaky.set_mode(Mode::Status(400));
+    let before = steady.requests("/v1/completions");
+    let r = c.request("POST", "/v1/completions", Some(&completion("m", "bad")));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "upstream_rejected");
+    assert_eq!(
+        steady.requests("/v1/completions"),
+        before,
+        "4xx was retried"
+    );
+
+    // A backend that does not answer in time: 504 when nothing else can serve.
+    flaky.set_mode(Mode::Hang);
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(&completion("only-flaky", "slow")),
+    );
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "upstream_timeout");
+    abe.shutdown();
+}
