@@ -1120,8 +1120,10 @@ fn routing_table_defaults() {
 
 #[test]
 fn precheck_judges_static_errors_whatever_the_live_state() {
-    let mut cfg = RoutingConfig::default();
-    cfg.aliases = aliases(&[("v", "llava")]);
+    let cfg = RoutingConfig {
+        aliases: aliases(&[("v", "llava")]),
+        ..Default::default()
+    };
     let mut r = router(
         &[
             backend("A", 0, &[("m", 100, NONE)]),
