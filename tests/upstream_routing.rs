@@ -420,3 +420,64 @@ fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backend
     assert_eq!(r.json()["error"]["code"], "upstream_timeout");
     abe.shutdown();
 }
+
+#[test]
+fn an_upstream_stream_is_relayed_chunk_by_chunk() {
+    let mock = MockUpstream::start();
+    // Each piece comes 200 ms after the previous one: the upstream is still streaming when
+    // the first piece reaches the client, unless abe held it back.
+    mock.set_piece_delay(Duration::from_millis(200));
+    let abe = start(front(&format!(
+        r#"
+        [[backends]]
+        name = "mock"
+        kind = "upstream"
+        base_url = "{}"
+        [[backends.models]]
+        name = "m"
+        context_length = 4096
+        "#,
+        mock.base_url()
+    )));
+    let mut c = Client::connect(abe.local_addr());
+    let body = serde_json::json!({
+        "model": "m", "prompt": "one two three four five", "max_tokens": 8, "stream": true
+    })
+    .to_string();
+    c.send_raw(&common::request_bytes(
+        "POST",
+        "/v1/completions",
+        Some(&body),
+        &[],
+    ));
+    let mut texts = Vec::new();
+    let mut in_flight_at_first_piece = None;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = c.reader.read_line(&mut line).expect("stream readable");
+        assert!(n > 0, "stream ended without [DONE]");
+        let Some(data) = line.trim_end().strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        let text = v["choices"][0]["text"].as_str().unwrap_or("").to_string();
+        if !text.is_empty() && in_flight_at_first_piece.is_none() {
+            in_flight_at_first_piece = Some(mock.in_flight());
+        }
+        texts.push(text);
+    }
+    assert_eq!(
+        in_flight_at_first_piece,
+        Some(1),
+        "the first piece arrived only after the upstream finished"
+    );
+    assert_eq!(
+        texts.concat(),
+        common::mock_upstream::mock_text("one two three four five", 8)
+    );
+    abe.shutdown();
+}

@@ -202,6 +202,11 @@ impl MockUpstream {
     }
 
     /// The most requests the mock has held at once (read, not yet answered).
+    /// Requests being answered now.
+    pub fn in_flight(&self) -> u64 {
+        self.shared.in_flight.load(Ordering::Acquire)
+    }
+
     pub fn in_flight_max(&self) -> u64 {
         self.shared.in_flight_max.load(Ordering::Acquire)
     }
