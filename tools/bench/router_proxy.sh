@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# What routing through abe costs: wrk with the same small POST against an `abe serve`
+# directly (latency model `none`), and against a second abe that routes to it as an
+# `upstream` backend (one backend, 4 workers forwarding over keep-alive HTTP/1.1).
+# Prints req/s, latency p50/p99, and CPU per request of each abe process.
+# Needs: wrk (Debian package). Usage: tools/bench/router_proxy.sh [seconds] [connections]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+secs="${1:-10}"
+conns="${2:-64}"
+cargo build --release --bin abe >/dev/null
+here="$(pwd)/tools/bench"
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+cfg="$(mktemp --suffix=.toml)"
+cat >"$cfg" <<TOML
+[[backends]]
+name = "upstream-abe"
+kind = "upstream"
+base_url = "http://127.0.0.1:18490"
+prompt_array = true
+max_concurrent_batches = 4
+[[backends.models]]
+name = "abe-sim"
+context_length = 131072
+TOML
+ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_PIN=false RUST_LOG=warn \
+  ./target/release/abe serve --port 18490 >/dev/null &
+up=$!
+for _ in $(seq 1 100); do curl -sf http://127.0.0.1:18490/health >/dev/null && break; sleep 0.1; done
+ABE_ENGINE_PIN=false RUST_LOG=warn ./target/release/abe serve --port 18491 --config "$cfg" >/dev/null &
+front=$!
+trap 'kill $up $front 2>/dev/null || true; rm -f "$cfg"' EXIT
+sleep 1
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u +%F)"
+run() { # name url
+  local name=$1 url=$2
+  wrk -t1 -c"$conns" -d1s -s "$here/post.lua" "$url" >/dev/null # warm-up
+  local b_up b_front a_up a_front out reqs
+  b_up=$(cpu_ticks $up); b_front=$(cpu_ticks $front)
+  out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$here/post.lua" "$url")
+  a_up=$(cpu_ticks $up); a_front=$(cpu_ticks $front)
+  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+  printf "%-8s c=%-3s %10s req/s  p50 %8s  p99 %8s  CPU/req: upstream abe %6s us, front abe %6s us\n" \
+    "$name" "$conns" "$(awk '/Requests\/sec/ {print $2}' <<<"$out")" \
+    "$(awk '$1=="50%" {print $2}' <<<"$out")" "$(awk '$1=="99%" {print $2}' <<<"$out")" \
+    "$(awk -v t=$((a_up - b_up)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')" \
+    "$(awk -v t=$((a_front - b_front)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')"
+}
+run direct http://127.0.0.1:18490/v1/completions
+run routed http://127.0.0.1:18491/v1/completions
