@@ -50,6 +50,10 @@ impl Running {
         }
         let (engine_router, _) = config.router()?;
         let io_router = Arc::new(config.router()?.0);
+        // The default model must resolve (ApiContext picks one some backend serves).
+        let default_name = io_router
+            .lookup(&ApiContext::default_model_for(&config, &io_router))
+            .map_err(|e| StartError::Config(format!("routing: {e}")))?;
         let stop = Arc::new(AtomicBool::new(false));
         let timeouts = UpstreamTimeouts {
             connect: config.upstream.connect_timeout.duration(),
@@ -88,16 +92,20 @@ impl Running {
         };
         let config = Arc::new(config);
         let http_stats = Arc::new(HttpStats::new());
-        // The default model must resolve (ApiContext picks one some backend serves).
-        let probe_ctx_default = ApiContext::default_model_for(&config, &io_router);
-        let default_name = io_router
-            .lookup(&probe_ctx_default)
-            .map_err(|e| StartError::Config(format!("routing: {e}")))?;
         let health_view = health
             .is_some()
             .then(|| board.clone() as Arc<dyn BackendHealth>);
         let routing = Routing::new(engine_router, default_name, health_view);
-        let handle = Arc::new(runtime::start_routed(runtime_cfg, routing, lanes, stop)?);
+        let handle = match runtime::start_routed(runtime_cfg, routing, lanes, stop) {
+            Ok(h) => Arc::new(h),
+            Err(e) => {
+                if let Some((stop, thread)) = health {
+                    stop.store(true, std::sync::atomic::Ordering::Release);
+                    let _ = thread.join();
+                }
+                return Err(e.into());
+            }
+        };
         let ctx = Arc::new(ApiContext::new(
             handle.clone(),
             config,

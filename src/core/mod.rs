@@ -203,6 +203,25 @@ impl Core {
         Ok(ticket)
     }
 
+    /// Queues a request the driver moves here from another core (a retry on another
+    /// backend): accepted while draining too (it was admitted before the drain began), and
+    /// counted in `stats.readmitted`, not `admitted`. A refusal (table full) is not counted
+    /// either: the driver answers the request, which the first core already counted.
+    pub fn readmit(&mut self, _now: Nanos, mut meta: RequestMeta) -> Result<Ticket, Reject> {
+        if !self.cfg.priority_enabled {
+            meta.priority = Priority::Normal;
+        }
+        let Some(ticket) = self.table.insert(meta) else {
+            return Err(Reject::QueueFull {
+                capacity: self.table.capacity(),
+            });
+        };
+        self.enqueue(ticket.index);
+        self.queued += 1;
+        self.stats.readmitted += 1;
+        Ok(ticket)
+    }
+
     /// Removes a still-queued request (client went away). Returns false when the request is
     /// unknown or already dispatched (its batch will still complete; the driver drops the
     /// answer).

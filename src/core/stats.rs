@@ -114,6 +114,10 @@ impl WaitHistogram {
 pub struct CoreStats {
     /// Requests accepted into the table.
     pub admitted: u64,
+    /// Requests moved into the table from another backend's core after a failure there
+    /// (`Core::readmit`); not in `admitted`, so admitted + readmitted = completed + failed +
+    /// live for one core.
+    pub readmitted: u64,
     /// Requests refused at admission because the table was full.
     pub rejected_full: u64,
     /// Requests refused at admission because the core is draining.
@@ -147,6 +151,7 @@ impl CoreStats {
     /// their sum).
     pub fn merge(&mut self, other: &CoreStats) {
         self.admitted += other.admitted;
+        self.readmitted += other.readmitted;
         self.rejected_full += other.rejected_full;
         self.rejected_draining += other.rejected_draining;
         self.completed += other.completed;

@@ -46,7 +46,8 @@ pub struct Slot {
     pub job: Option<Job>,
     pub outcomes: Vec<Option<Outcome>>,
     pub remaining: usize,
-    /// Where the engine routed the job (its first part): the `x-abe-route` header.
+    /// Where the engine routed the job (the first of its parts to be answered): the
+    /// `x-abe-route` header.
     pub route: Option<crate::router::Decision>,
 }
 

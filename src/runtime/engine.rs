@@ -17,11 +17,11 @@ use super::ring::{Consumer, Producer};
 use super::snapshot::{WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
 use super::Shared;
 use crate::core::circuit::CircuitState;
-use crate::core::RequestMeta;
 use crate::core::{
     Action, BatchOutcome, Completion as CoreCompletion, Core, FailReason, Nanos, Priority,
     BUCKET_COUNT, CLASS_COUNT,
 };
+use crate::core::{Reject, RequestMeta};
 use crate::exec::{BatchItem, ExecError, Work};
 use crate::router::{BackendId, Decision, ModelId, NameId, Need, Router, Via};
 use hdrhistogram::Histogram;
@@ -254,6 +254,30 @@ pub struct Engine {
     aborted: bool,
     /// Tells workers (and their executors) to cut work short and exit.
     stop: Arc<AtomicBool>,
+    stats_fix: StatsFix,
+}
+
+/// What the cores' own counters get wrong about requests that failed on one backend: a
+/// request moved to another backend is counted again there (as `readmitted`) and its first
+/// core counted it as finished; a request that failed alone in a batch its core counted as
+/// served was not completed. Applied to the merged stats at publish, so the exported
+/// outcomes count each client request once, by its final answer.
+#[derive(Clone, Copy, Debug, Default)]
+struct StatsFix {
+    moved_from_ok_batch: u64,
+    moved_from_failed_batch: u64,
+    failed_in_ok_batch: u64,
+}
+
+impl StatsFix {
+    fn apply(&self, s: &mut crate::core::CoreStats) {
+        let moved = self.moved_from_failed_batch;
+        s.completed = s
+            .completed
+            .saturating_sub(self.moved_from_ok_batch + self.failed_in_ok_batch);
+        s.failed = (s.failed + self.failed_in_ok_batch).saturating_sub(moved);
+        s.worker_errors = (s.worker_errors + self.failed_in_ok_batch).saturating_sub(moved);
+    }
 }
 
 impl Engine {
@@ -315,6 +339,7 @@ impl Engine {
             drain_deadline_ns: None,
             aborted: false,
             stop,
+            stats_fix: StatsFix::default(),
         }
     }
 
@@ -332,6 +357,11 @@ impl Engine {
         loop {
             let now = self.io.clock.now();
             self.routing.refresh_health();
+            // Before admission: a circuit due its probe must be routable for this turn's
+            // requests (nothing else wakes the engine when a recovery time passes).
+            for (l, lane) in self.lanes.iter().enumerate() {
+                Self::sync_circuit(&mut self.routing, lane.at(l).backend, &lane.core, now);
+            }
             let mut worked = self.io.accept_submitters();
             worked |= self.read_controls(now);
             worked |= self.admit_submissions(now);
@@ -365,9 +395,6 @@ impl Engine {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                if lane.core.stats().batches_formed > 0 {
-                    Self::sync_circuit(&mut self.routing, at.backend, &lane.core, now);
-                }
             }
             worked |= dispatched;
             self.io.flush_wakes();
@@ -486,7 +513,7 @@ impl Engine {
             name: routing.default_name,
             need: Need::default(),
         });
-        let decision = match routing.router.route_name(route.name, &route.need) {
+        let mut decision = match routing.router.route_name(route.name, &route.need) {
             Ok(d) => d,
             Err(e) => {
                 // Cold path (no backend can take it now): the error message allocates.
@@ -494,10 +521,35 @@ impl Engine {
                 return;
             }
         };
+        // A full queue on the chosen backend: try the model's other candidates before 429.
+        let mut full = [BackendId::FIRST; MAX_TRIES];
+        let mut full_len = 0;
+        let admitted = loop {
+            let b = decision.backend.index();
+            match lanes[b].core.admit(now, meta) {
+                Err(Reject::QueueFull { capacity }) if full_len < MAX_TRIES - 1 => {
+                    full[full_len] = decision.backend;
+                    full_len += 1;
+                    let req = crate::router::Requirements {
+                        model: "",
+                        estimated_tokens: route.need.estimated_tokens,
+                        needs: route.need.needs,
+                    };
+                    match routing
+                        .router
+                        .pick_excluding(decision.model, &req, &full[..full_len])
+                    {
+                        Some(next) => decision.backend = next,
+                        None => break Err(Reject::QueueFull { capacity }),
+                    }
+                }
+                other => break other,
+            }
+        };
         work.model = Some(routing.model_names[decision.model.index()].clone());
         let b = decision.backend.index();
         let lane = &mut lanes[b];
-        match lane.core.admit(now, meta) {
+        match admitted {
             Ok(ticket) => {
                 let c = &mut routing.counters[b];
                 c.routed += 1;
@@ -516,6 +568,7 @@ impl Engine {
                 debug_assert!(slot.reply.is_none(), "pending slot reused while live");
                 slot.stream = work.stream;
                 slot.tokens_sent = false;
+                slot.first_token_ns = 0;
                 slot.work = Some(work);
                 slot.reply = Some(reply);
                 slot.submitter = submitter;
@@ -592,11 +645,6 @@ impl Engine {
             dispatched_ns,
         } = msg;
         let backend = BackendId::from_index(l);
-        {
-            let registry = self.routing.router.registry_mut();
-            registry.batch_finished(backend);
-            registry.record_latency_ms(backend, now.saturating_sub(dispatched_ns) as f64 / 1e6);
-        }
         let backend_fault = match &result {
             Err(e) => e.is_backend_fault(),
             Ok(()) => {
@@ -611,6 +659,16 @@ impl Engine {
         } else {
             BatchOutcome::Ok
         };
+        {
+            let registry = self.routing.router.registry_mut();
+            registry.batch_finished(backend);
+            // A backend that fails at once must not look fast to the smart score.
+            if outcome == BatchOutcome::Ok {
+                let ms = now.saturating_sub(dispatched_ns) as f64 / 1e6;
+                registry.record_latency_ms(backend, ms);
+            }
+        }
+        let batch_ok = outcome == BatchOutcome::Ok;
         let base = self.lanes[l].pending_base;
         match self.lanes[l].core.complete(now, batch, outcome) {
             CoreCompletion::Deliver => {
@@ -627,7 +685,7 @@ impl Engine {
                             index,
                             Err(RequestError::Worker("executor gave no output".into())),
                         ),
-                        (Some(e), _) => self.retry_or_fail(now, index, item.work, e),
+                        (Some(e), _) => self.retry_or_fail(now, index, item.work, e, batch_ok),
                     }
                 }
             }
@@ -641,7 +699,17 @@ impl Engine {
     /// A request failed on its backend: move it to another backend of the same model when
     /// the failure is the backend's, retries are left, and the client has seen no part of
     /// the answer; otherwise answer the error.
-    fn retry_or_fail(&mut self, now: Nanos, index: u32, work: Work, error: ExecError) {
+    ///
+    /// `batch_ok`: the core counted the batch as served (the failure was this request's
+    /// alone), so its stats count the request as completed until corrected here.
+    fn retry_or_fail(
+        &mut self,
+        now: Nanos,
+        index: u32,
+        work: Work,
+        error: ExecError,
+        batch_ok: bool,
+    ) {
         let slot = &self.io.pending[index as usize];
         let route = slot.route;
         let (l, _) = lane_of(&self.lanes, index);
@@ -669,8 +737,13 @@ impl Engine {
         if let Some((d, b)) = retry_to {
             let meta = slot.meta;
             let lane = &mut self.lanes[b.index()];
-            if let Ok(ticket) = lane.core.admit(now, meta) {
+            if let Ok(ticket) = lane.core.readmit(now, meta) {
                 let to = lane.pending_base + ticket.index;
+                if batch_ok {
+                    self.stats_fix.moved_from_ok_batch += 1;
+                } else {
+                    self.stats_fix.moved_from_failed_batch += 1;
+                }
                 self.routing.counters[l].retried_away += 1;
                 self.routing.counters[b.index()].routed += 1;
                 let mut route = route;
@@ -682,6 +755,9 @@ impl Engine {
             }
         }
         self.routing.counters[l].failed += 1;
+        if batch_ok {
+            self.stats_fix.failed_in_ok_batch += 1;
+        }
         self.io
             .finish(now, index, Err(RequestError::Backend(error)));
     }
@@ -712,6 +788,7 @@ impl Engine {
                 w += 1;
             }
         }
+        self.stats_fix.apply(&mut stats);
         snap.stats = stats;
         snap.strategy = self.lanes[0].core.strategy();
         snap.queued_by_class = queued_by_class;

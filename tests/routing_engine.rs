@@ -1,0 +1,213 @@
+//! The engine's routing, through the in-process runtime API (no HTTP): circuits that
+//! recover are routable at once, a full backend queue spills to another backend of the
+//! model, retries during a drain, and outcome counters that count each request once.
+
+use abe::core::{Kind, Priority};
+use abe::exec::latency::LatencyModel;
+use abe::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
+use abe::exec::Executor;
+use abe::router::{BackendConfig, Router, RoutingConfig};
+use abe::runtime::engine::Routing;
+use abe::runtime::{self, LaneWorkers, Request, RequestError, RuntimeConfig};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn completion(prompt: &str) -> Request {
+    Request {
+        priority: Priority::Normal,
+        kind: Kind::Completion,
+        prompt: prompt.to_string(),
+        max_tokens: 4,
+        ..Default::default()
+    }
+}
+
+/// One backend, one worker. Its circuit opens; after recovery_ns, with the engine parked,
+/// the next request is routed there (the circuit is due a probe), not refused with 503.
+#[test]
+fn first_request_after_circuit_recovery_is_not_refused() {
+    let mut cfg = RuntimeConfig::default();
+    cfg.core.workers = 1;
+    cfg.sim.latency = LatencyModel::None;
+    cfg.pin = false;
+    cfg.core.circuit.recovery_ns = 250_000_000;
+    let handle = runtime::start(cfg).unwrap();
+    handle.set_faults(
+        0,
+        FaultSettings {
+            error_rate: 1.0,
+            ..Default::default()
+        },
+    );
+    for i in 0..5 {
+        let r = handle.submit(completion(&format!("f{i}"))).wait();
+        assert!(matches!(r, Err(RequestError::Backend(_))), "{r:?}");
+    }
+    handle.set_faults(0, FaultSettings::default());
+    // Due a probe 250 ms after the 5th failure; the parked engine last synced the
+    // router's copy of the circuit at about +200 ms (MAX_PARK = 100 ms wakes).
+    std::thread::sleep(Duration::from_millis(265));
+    let r = handle.submit(completion("after recovery")).wait();
+    assert!(r.is_ok(), "first request after recovery: {r:?}");
+}
+
+fn sim_lane(
+    cfg: &RuntimeConfig,
+    n: usize,
+    faults: FaultSettings,
+    stop: &Arc<AtomicBool>,
+) -> LaneWorkers {
+    let faults: Vec<Arc<Faults>> = (0..n).map(|_| Faults::new(faults)).collect();
+    let executors = (0..n)
+        .map(|i| {
+            Box::new(SimExecutor::new(
+                SimConfig {
+                    seed: i as u64,
+                    ..cfg.sim.clone()
+                },
+                faults[i].clone(),
+                stop.clone(),
+            )) as Box<dyn Executor>
+        })
+        .collect();
+    LaneWorkers { executors, faults }
+}
+
+/// Two backends serve model m; priority_only prefers `a`. When a's queue is full, new
+/// requests go to `b` (same model) instead of a 429.
+#[test]
+fn a_full_backend_queue_spills_to_another_backend_of_the_model() {
+    let mut a = BackendConfig::default_sim("m", 100_000);
+    a.name = "a".into();
+    a.max_concurrent_batches = 1;
+    let mut b = a.clone();
+    b.name = "b".into();
+    b.priority = 5;
+    let routing_cfg = RoutingConfig {
+        strategy: "priority_only".into(),
+        ..Default::default()
+    };
+    let (router, _) = Router::build(&[a, b], &routing_cfg, 1).unwrap();
+    let name = router.lookup("m").unwrap();
+    let routing = Routing::new(router, name, None);
+    let mut cfg = RuntimeConfig::default();
+    cfg.core.workers = 1;
+    cfg.core.queue_capacity = 4;
+    cfg.core.max_batch_size = 1;
+    cfg.core.max_inflight_per_worker = 1;
+    cfg.sim.latency = LatencyModel::None;
+    cfg.pin = false;
+    let stop = Arc::new(AtomicBool::new(false));
+    let slow = FaultSettings {
+        added_latency_ms: 300.0,
+        ..Default::default()
+    };
+    let lanes = vec![
+        sim_lane(&cfg, 1, slow, &stop),
+        sim_lane(&cfg, 1, FaultSettings::default(), &stop),
+    ];
+    let handle = runtime::start_routed(cfg, routing, lanes, stop).unwrap();
+    let pending: Vec<_> = (0..8)
+        .map(|i| handle.submit(completion(&format!("r{i}"))))
+        .collect();
+    let mut full = 0;
+    for p in pending {
+        match p
+            .wait_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no answer"))
+        {
+            Ok(_) => {}
+            Err(RequestError::Rejected(_)) => full += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(full, 0, "{full} requests refused with b idle");
+    let snap = wait_for(&handle, |s| s.stats.completed == 8);
+    assert!(snap.backends[1].routed >= 3, "{:?}", snap.backends);
+}
+
+fn two_lanes(a_faults: FaultSettings) -> runtime::Handle {
+    let mut a = BackendConfig::default_sim("m", 100_000);
+    a.name = "a".into();
+    a.max_concurrent_batches = 1;
+    let mut b = a.clone();
+    b.name = "b".into();
+    b.priority = 5;
+    let routing_cfg = RoutingConfig {
+        strategy: "priority_only".into(),
+        ..Default::default()
+    };
+    let (router, _) = Router::build(&[a, b], &routing_cfg, 1).unwrap();
+    let name = router.lookup("m").unwrap();
+    let routing = Routing::new(router, name, None);
+    let mut cfg = RuntimeConfig::default();
+    cfg.core.workers = 1;
+    cfg.sim.latency = LatencyModel::None;
+    cfg.pin = false;
+    let stop = Arc::new(AtomicBool::new(false));
+    let lanes = vec![
+        sim_lane(&cfg, 1, a_faults, &stop),
+        sim_lane(&cfg, 1, FaultSettings::default(), &stop),
+    ];
+    runtime::start_routed(cfg, routing, lanes, stop).unwrap()
+}
+
+/// Polls the published snapshot until `ok` holds (bounded).
+fn wait_for(
+    handle: &runtime::Handle,
+    ok: impl Fn(&runtime::Snapshot) -> bool,
+) -> runtime::Snapshot {
+    for _ in 0..1000 {
+        let s = handle.snapshot();
+        if ok(&s) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("snapshot never got there: {:?}", handle.snapshot().stats);
+}
+
+/// Requests failed by `a`, retried and served by `b`: counted once each, as completed.
+#[test]
+fn a_retried_request_is_counted_once() {
+    let handle = two_lanes(FaultSettings {
+        error_rate: 1.0,
+        ..Default::default()
+    });
+    for i in 0..3 {
+        let r = handle.submit(completion(&format!("x{i}"))).wait();
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let s = wait_for(&handle, |s| {
+        s.backends[1].routed == 3 && s.stats.completed == 3
+    });
+    assert_eq!(
+        (
+            s.stats.admitted,
+            s.stats.completed,
+            s.stats.failed,
+            s.stats.worker_errors
+        ),
+        (3, 3, 0, 0)
+    );
+    assert_eq!(s.backends[0].retried_away, 3);
+}
+
+/// During a graceful drain (deadline far away), a request whose backend fails it is still
+/// moved to the healthy backend.
+#[test]
+fn a_request_failed_during_drain_is_still_retried() {
+    let handle = two_lanes(FaultSettings {
+        error_rate: 1.0,
+        added_latency_ms: 300.0,
+        ..Default::default()
+    });
+    let p = handle.submit(completion("x"));
+    std::thread::sleep(Duration::from_millis(50));
+    let waiter = std::thread::spawn(move || p.wait());
+    let report = handle.shutdown(Duration::from_secs(10));
+    let r = waiter.join().unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    assert!(report.clean, "{report:?}");
+}
