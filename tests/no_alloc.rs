@@ -6,10 +6,15 @@
 
 use abe::core::{Action, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
 use abe::exec::latency::LatencyModel;
-use abe::runtime::{self, Request, RuntimeConfig, ThreadRole};
+use abe::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
+use abe::router::{BackendConfig, Need, Router, RoutingConfig};
+use abe::runtime::engine::Routing;
+use abe::runtime::{self, LaneWorkers, Request, RouteRequest, RuntimeConfig, ThreadRole};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 struct Counting;
 
@@ -53,6 +58,17 @@ fn mark_engine(role: ThreadRole) {
 
 /// Runs `n` requests through a submitter with at most `window` in flight.
 fn drive(sub: &mut runtime::Submitter, n: u64, window: usize, prompt: &str) {
+    drive_routed(sub, n, window, prompt, &[None]);
+}
+
+/// As `drive`, request `i` asking for `routes[i % routes.len()]`.
+fn drive_routed(
+    sub: &mut runtime::Submitter,
+    n: u64,
+    window: usize,
+    prompt: &str,
+    routes: &[Option<RouteRequest>],
+) {
     let mut sent = 0u64;
     let mut done = 0u64;
     while done < n {
@@ -68,6 +84,7 @@ fn drive(sub: &mut runtime::Submitter, n: u64, window: usize, prompt: &str) {
                 max_tokens: 4,
                 // Streaming: in continuous mode the engine also sends token events.
                 stream: true,
+                route: routes[(sent % routes.len() as u64) as usize],
                 ..Default::default()
             };
             match sub.submit(req, sent) {
@@ -108,6 +125,71 @@ fn engine_thread_allocates_nothing_over_100k_requests_in_steady_state() {
         "engine thread allocated {} times over 100,000 requests",
         after - before
     );
+}
+
+#[test]
+fn engine_thread_allocates_nothing_routing_across_backends() {
+    // Three sim backends: `a` and `b` serve model m (round-robin between them), `c` serves
+    // n; requests alternate between the two models.
+    let backend = |name: &str, model: &str| {
+        let mut b = BackendConfig::default_sim(model, 100_000);
+        b.name = name.into();
+        b.max_concurrent_batches = 1;
+        b
+    };
+    let routing_cfg = RoutingConfig {
+        strategy: "round_robin".into(),
+        ..Default::default()
+    };
+    let backends = [backend("a", "m"), backend("b", "m"), backend("c", "n")];
+    let (router, _) = Router::build(&backends, &routing_cfg, 7).unwrap();
+    let need = Need::default();
+    let routes = [
+        Some(RouteRequest {
+            name: router.lookup("m").unwrap(),
+            need,
+        }),
+        Some(RouteRequest {
+            name: router.lookup("n").unwrap(),
+            need,
+        }),
+    ];
+    let routing = Routing::new(router, routes[0].unwrap().name, None);
+    let mut cfg = RuntimeConfig::default();
+    cfg.core.workers = 1;
+    cfg.sim.latency = LatencyModel::None;
+    cfg.pin = false;
+    cfg.on_thread_start = Some(mark_engine);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sim_cfg: SimConfig = cfg.sim.clone();
+    let lanes = (0..3)
+        .map(|_| {
+            let faults = vec![Faults::new(FaultSettings::default())];
+            let sim = SimExecutor::new(sim_cfg.clone(), faults[0].clone(), stop.clone());
+            LaneWorkers {
+                executors: vec![Box::new(sim) as Box<dyn abe::exec::Executor>],
+                faults,
+            }
+        })
+        .collect();
+    let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
+    let mut sub = handle.submitter(None).expect("submitter");
+    drive_routed(&mut sub, 20_000, 256, "warm up the engine", &routes);
+    let before = COUNTED.load(Ordering::Relaxed);
+    drive_routed(&mut sub, 100_000, 256, "steady state", &routes);
+    let after = COUNTED.load(Ordering::Relaxed);
+    let snap = handle.snapshot();
+    let report = handle.shutdown(std::time::Duration::from_secs(10));
+    assert!(report.clean);
+    assert_eq!(
+        after - before,
+        0,
+        "engine thread allocated {} times over 100,000 routed requests",
+        after - before
+    );
+    // Every backend took its share: m alternates between a and b, n goes to c.
+    let routed: Vec<u64> = snap.backends.iter().map(|b| b.routed).collect();
+    assert!(routed.iter().all(|&r| r > 10_000), "{routed:?}");
 }
 
 #[test]
