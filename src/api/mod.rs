@@ -5,6 +5,7 @@
 //! the runtime are non-blocking: snapshot reads, strategy control pushes).
 
 pub mod chat;
+pub mod json_out;
 pub mod render;
 pub mod stream;
 pub mod wire;

@@ -42,10 +42,13 @@ pub struct Slot {
     pub stream: Option<StreamSlot>,
     /// Set once the response is known.
     pub response: Option<Response>,
-    /// For engine jobs: how to render, and the outcomes gathered so far.
+    /// For engine jobs: how to render, and the outcomes gathered so far. Once `remaining`
+    /// is 0 the job is rendered straight into the write buffer when it reaches the front.
     pub job: Option<Job>,
     pub outcomes: Vec<Option<Outcome>>,
     pub remaining: usize,
+    /// The response id of a finished job (`cmpl-<id>`), set when its last part arrives.
+    pub response_id: u64,
 }
 
 /// A request head parsed, waiting for its body.
@@ -180,16 +183,31 @@ impl Conn {
                 }
                 continue;
             }
-            if front.response.is_none() {
+            let finished_job = front.job.is_some() && front.remaining == 0;
+            if front.response.is_none() && !finished_job {
                 break;
             }
             let slot = self.slots.pop_front().expect("front exists");
-            let mut response = slot.response.expect("checked above");
-            if slot.keep_alive_header {
-                response.headers.push("Connection: keep-alive".into());
-            }
-            response.write_to(&mut self.write_buf, slot.close, slot.head_only);
-            on_response(slot.endpoint, response.status.code());
+            let code = match (slot.response, &slot.job) {
+                (Some(mut response), _) => {
+                    if slot.keep_alive_header {
+                        response.headers.push("Connection: keep-alive".into());
+                    }
+                    response.write_to(&mut self.write_buf, slot.close, slot.head_only);
+                    response.status.code()
+                }
+                (None, Some(job)) => crate::api::render::write_job(
+                    job,
+                    &slot.outcomes,
+                    slot.response_id,
+                    &mut self.write_buf,
+                    slot.close,
+                    slot.keep_alive_header,
+                    slot.head_only,
+                ),
+                (None, None) => unreachable!("checked above: a response or a finished job"),
+            };
+            on_response(slot.endpoint, code);
             staged = true;
             if slot.close {
                 self.close_when_flushed = true;

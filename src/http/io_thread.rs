@@ -415,6 +415,7 @@ impl IoThread {
             job: None,
             outcomes: Vec::new(),
             remaining: 0,
+            response_id: 0,
         });
         self.touched.push(idx);
     }
@@ -466,6 +467,7 @@ impl IoThread {
                 job: Some(job),
                 outcomes: (0..parts).map(|_| None).collect(),
                 remaining: parts,
+                response_id: 0,
             });
             (seq, conn.generation)
         };
@@ -592,13 +594,8 @@ impl IoThread {
         }
         slot.outcomes[part] = Some(outcome);
         if slot.remaining == 0 {
-            let outcomes = slot
-                .outcomes
-                .iter_mut()
-                .map(|o| o.take().expect("all parts answered"))
-                .collect();
-            let job = slot.job.take().expect("engine slot has a job");
-            slot.response = Some(job.render(outcomes, response_id));
+            // Rendered straight into the write buffer when the slot reaches the front.
+            slot.response_id = response_id;
             self.touched.push(idx);
         }
     }
