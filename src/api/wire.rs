@@ -8,9 +8,13 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
 
+/// Strings of a `prompt`, `input` or `stop`: inline when there is one (the usual case), so
+/// a single prompt costs no list allocation.
+pub type Texts = smallvec::SmallVec<[String; 1]>;
+
 /// `prompt` / `input`: one string or an array of strings.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TextInputs(pub Vec<String>);
+pub struct TextInputs(pub Texts);
 
 impl<'de> Deserialize<'de> for TextInputs {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -21,13 +25,13 @@ impl<'de> Deserialize<'de> for TextInputs {
                 f.write_str("a string or an array of strings")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<TextInputs, E> {
-                Ok(TextInputs(vec![v.to_string()]))
+                Ok(TextInputs(smallvec::smallvec![v.to_string()]))
             }
             fn visit_string<E: de::Error>(self, v: String) -> Result<TextInputs, E> {
-                Ok(TextInputs(vec![v]))
+                Ok(TextInputs(smallvec::smallvec![v]))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextInputs, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1));
+                let mut out = Texts::with_capacity(seq.size_hint().unwrap_or(1));
                 while let Some(s) = seq.next_element::<String>()? {
                     out.push(s);
                 }
@@ -175,15 +179,11 @@ pub fn stop_sequences(
             "'stop' sequences must not be empty strings",
         ));
     }
-    Ok((!stops.is_empty()).then(|| stops.into()))
+    Ok((!stops.is_empty()).then(|| stops.into_vec().into()))
 }
 
 /// Validates text inputs: present, non-empty list, no empty string, at most `max` items.
-pub fn inputs(
-    field: &str,
-    value: Option<TextInputs>,
-    max: usize,
-) -> Result<Vec<String>, BodyError> {
+pub fn inputs(field: &str, value: Option<TextInputs>, max: usize) -> Result<Texts, BodyError> {
     let Some(TextInputs(items)) = value else {
         return Err(body_error(
             "missing_field",
@@ -226,7 +226,7 @@ mod tests {
     #[test]
     fn prompt_accepts_a_string_or_an_array_and_names_bad_types() {
         let b: CompletionBody = parse_body(br#"{"prompt":"hi","extra":{"x":1}}"#).unwrap();
-        assert_eq!(b.prompt, Some(TextInputs(vec!["hi".into()])));
+        assert_eq!(b.prompt, Some(TextInputs(smallvec::smallvec!["hi".into()])));
         let b: CompletionBody = parse_body(br#"{"prompt":["a","b"]}"#).unwrap();
         assert_eq!(b.prompt.unwrap().0.len(), 2);
         let e = parse_body::<CompletionBody>(br#"{"prompt":5}"#).unwrap_err();
@@ -256,9 +256,19 @@ mod tests {
             inputs("prompt", None, 10).unwrap_err().message,
             "missing required field 'prompt'"
         );
-        let e = inputs("prompt", Some(TextInputs(vec!["a".into(), "".into()])), 10).unwrap_err();
+        let e = inputs(
+            "prompt",
+            Some(TextInputs(smallvec::smallvec!["a".into(), "".into()])),
+            10,
+        )
+        .unwrap_err();
         assert_eq!(e.message, "'prompt' must not be an empty string (item 1)");
-        let e = inputs("input", Some(TextInputs(vec!["a".into(); 3])), 2).unwrap_err();
+        let e = inputs(
+            "input",
+            Some(TextInputs(smallvec::smallvec!["a".into(); 3])),
+            2,
+        )
+        .unwrap_err();
         assert!(e.message.contains("at most 2"));
         assert_eq!(priority(None, Some("high")).unwrap(), Priority::High);
         assert_eq!(priority(Some("low"), Some("high")).unwrap(), Priority::Low);

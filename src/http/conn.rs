@@ -28,6 +28,10 @@ pub struct StreamSlot {
     pub error: Option<crate::runtime::RequestError>,
 }
 
+/// The outcomes of a job's parts, by part. Inline for the usual single part (one prompt),
+/// so a request allocates nothing for it.
+pub type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
+
 /// One request's place in the response order.
 pub struct Slot {
     pub seq: u64,
@@ -45,7 +49,7 @@ pub struct Slot {
     /// For engine jobs: how to render, and the outcomes gathered so far. Once `remaining`
     /// is 0 the job is rendered straight into the write buffer when it reaches the front.
     pub job: Option<Job>,
-    pub outcomes: Vec<Option<Outcome>>,
+    pub outcomes: Outcomes,
     pub remaining: usize,
     /// The response id of a finished job (`cmpl-<id>`), set when its last part arrives.
     pub response_id: u64,

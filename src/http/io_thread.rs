@@ -5,7 +5,7 @@
 //! batch is written once. Nothing here may block: the engine's answers arrive on this
 //! thread's completion ring and a mio `Waker` says when to look.
 
-use super::conn::{Conn, Partial, ReadResult, Slot, StreamSlot};
+use super::conn::{Conn, Outcomes, Partial, ReadResult, Slot, StreamSlot};
 use super::parse::{self, Method};
 use super::response::{Response, Status};
 use crate::api::{self, ApiContext, Routed};
@@ -68,6 +68,9 @@ pub struct IoThread {
     next_response_id: u64,
     /// Read scratch, allocated once (a stack array would be zeroed on every read).
     read_chunk: Vec<u8>,
+    /// Completions taken off the ring in one turn; empty between turns, kept for its
+    /// allocation.
+    completions: Vec<crate::runtime::Completion>,
 }
 
 impl IoThread {
@@ -100,6 +103,7 @@ impl IoThread {
             touched: Vec::new(),
             next_response_id: thread_index << 48,
             read_chunk: vec![0; 16 * 1024],
+            completions: Vec::new(),
         })
     }
 
@@ -365,7 +369,9 @@ impl IoThread {
                 return consumed;
             }
             let Partial { head, .. } = conn.partial.take().expect("set above");
-            let body: Vec<u8> = conn.read_buf[head.head_len..need].to_vec();
+            // The body is parsed where it lies in the read buffer (no copy); the request is
+            // consumed once routing is done with it.
+            let routed = api::route(&self.ctx, &head, &conn.read_buf[head.head_len..need]);
             conn.read_buf.drain(..need);
             conn.request_started = None;
             consumed = true;
@@ -376,7 +382,7 @@ impl IoThread {
             let endpoint = Endpoint::from_path(&head.path);
             let head_only = head.method == Method::Head;
             let keep_alive_header = head.http10 && !close;
-            match api::route(&self.ctx, &head, &body) {
+            match routed {
                 Routed::Now(response) => {
                     let response = if keep_alive_header {
                         response.with_header("Connection: keep-alive")
@@ -413,7 +419,7 @@ impl IoThread {
             stream: None,
             response: Some(response),
             job: None,
-            outcomes: Vec::new(),
+            outcomes: Outcomes::new(),
             remaining: 0,
             response_id: 0,
         });
@@ -601,9 +607,9 @@ impl IoThread {
     }
 
     fn drain_completions(&mut self) {
-        let mut events = Vec::new();
+        let mut events = std::mem::take(&mut self.completions);
         self.submitter.drain_completions(|c| events.push(c));
-        for c in events {
+        for c in events.drain(..) {
             match c.event {
                 Event::Token { offset, text } => {
                     if let Some((_, f)) = self.inflight_of(c.tag) {
@@ -617,6 +623,7 @@ impl IoThread {
                 }
             }
         }
+        self.completions = events; // keep the allocation
     }
 
     /// Services every connection touched this turn (read, parse, stage, write, close).
