@@ -65,6 +65,10 @@ pub fn string(out: &mut Vec<u8>, s: &str) {
 /// Appends the decimal digits of `n`.
 #[inline]
 pub fn uint(out: &mut Vec<u8>, n: u64) {
+    if n < 10 {
+        out.push(b'0' + n as u8); // indexes and small counts: the usual case
+        return;
+    }
     let mut buf = [0u8; 20];
     let digits = decimal(&mut buf, n);
     out.extend_from_slice(digits);

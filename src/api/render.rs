@@ -3,7 +3,7 @@
 
 use super::json_out;
 use super::{Job, JobKind};
-use crate::exec::Output;
+use crate::exec::{FinishReason, Output};
 use crate::http::response::{self, Response, Status};
 use crate::runtime::Outcome;
 use base64::Engine as _;
@@ -51,9 +51,18 @@ pub fn write_text_body<'a, I>(
 where
     I: Iterator<Item = &'a Output> + Clone,
 {
-    let (what, id_prefix, object) = match shape {
-        TextShape::Completion => ("completion", "cmpl-", "text_completion"),
-        TextShape::Chat => ("chat completion", "chatcmpl-", "chat.completion"),
+    // Literal runs are joined per shape so each is one copy.
+    let (what, id_open, after_id) = match shape {
+        TextShape::Completion => (
+            "completion",
+            &b"{\"id\":\"cmpl-"[..],
+            &b"\",\"object\":\"text_completion\",\"created\":"[..],
+        ),
+        TextShape::Chat => (
+            "chat completion",
+            &b"{\"id\":\"chatcmpl-"[..],
+            &b"\",\"object\":\"chat.completion\",\"created\":"[..],
+        ),
     };
     if outputs
         .clone()
@@ -61,12 +70,9 @@ where
     {
         return Err(wrong_output(what, "an embedding"));
     }
-    out.extend_from_slice(b"{\"id\":\"");
-    out.extend_from_slice(id_prefix.as_bytes());
+    out.extend_from_slice(id_open);
     json_out::hex16(out, id);
-    out.extend_from_slice(b"\",\"object\":\"");
-    out.extend_from_slice(object.as_bytes());
-    out.extend_from_slice(b"\",\"created\":");
+    out.extend_from_slice(after_id);
     json_out::uint(out, created);
     out.extend_from_slice(b",\"model\":");
     json_out::string(out, model);
@@ -103,9 +109,10 @@ where
                 out.push(b'}');
             }
         }
-        out.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":\"");
-        out.extend_from_slice(finish_reason.as_str().as_bytes());
-        out.extend_from_slice(b"\"}");
+        out.extend_from_slice(match finish_reason {
+            FinishReason::Length => b",\"logprobs\":null,\"finish_reason\":\"length\"}",
+            FinishReason::Stop => b",\"logprobs\":null,\"finish_reason\":\"stop\"}",
+        });
     }
     out.extend_from_slice(b"],\"usage\":{\"prompt_tokens\":");
     json_out::uint(out, prompt);
@@ -321,7 +328,6 @@ pub fn models(model: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::FinishReason;
 
     #[test]
     fn completion_has_one_choice_per_output_and_summed_usage() {
@@ -403,10 +409,7 @@ mod tests {
             vector: vec![1.0],
             prompt_tokens: 1,
         }];
-        assert_eq!(
-            completion("m", 0, 0, &vector).status,
-            Status::InternalError
-        );
+        assert_eq!(completion("m", 0, 0, &vector).status, Status::InternalError);
         assert_eq!(embedding("m", false, &plain).status, Status::InternalError);
     }
 

@@ -109,7 +109,13 @@ pub fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BodyError
     }
     // Fast path: plain serde_json. Only a failed parse pays for serde_path_to_error, which
     // re-parses to name the offending field.
-    if let Ok(v) = serde_json::from_slice(body) {
+    // A body that is valid UTF-8 as a whole (checked once) is parsed as a str, so serde_json
+    // does not validate every string again.
+    let fast = match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    };
+    if let Ok(v) = fast {
         return Ok(v);
     }
     let de = &mut serde_json::Deserializer::from_slice(body);

@@ -106,9 +106,11 @@ pub fn parse_head(
     max_header_bytes: usize,
     max_body_bytes: usize,
 ) -> Result<Option<Head>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
+    // Header storage stays uninitialised: httparse writes only the entries it fills (saves
+    // zeroing all MAX_HEADERS of them for every request).
+    let mut headers = [std::mem::MaybeUninit::<httparse::Header>::uninit(); MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let head_len = match req.parse_with_uninit_headers(buf, &mut headers) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             if buf.len() > max_header_bytes {
