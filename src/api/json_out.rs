@@ -74,17 +74,33 @@ pub fn uint(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(digits);
 }
 
+/// "00" to "99": two digits per division (a ten-digit Unix time takes five).
+static DIGIT_PAIRS: [[u8; 2]; 100] = {
+    let mut t = [[0u8; 2]; 100];
+    let mut i = 0;
+    while i < 100 {
+        t[i] = [b'0' + (i / 10) as u8, b'0' + (i % 10) as u8];
+        i += 1;
+    }
+    t
+};
+
 /// Writes `n` in decimal at the end of `buf`; returns the digits.
 #[inline]
 pub fn decimal(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
     let mut at = buf.len();
-    loop {
+    while n >= 100 {
+        let pair = DIGIT_PAIRS[(n % 100) as usize];
+        n /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&pair);
+    }
+    if n >= 10 {
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&DIGIT_PAIRS[n as usize]);
+    } else {
         at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        buf[at] = b'0' + n as u8;
     }
     &buf[at..]
 }

@@ -99,6 +99,23 @@ fn head_error(status: Status, message: impl Into<String>) -> HeadError {
     }
 }
 
+/// `s` as a decimal `usize`, accepting exactly what `str::parse::<usize>` accepts (an
+/// optional `+`, then at least one digit, no overflow) without its generic machinery.
+fn decimal_usize(s: &str) -> Option<usize> {
+    let digits = s.strip_prefix('+').unwrap_or(s).as_bytes();
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: usize = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(usize::from(b - b'0'))?;
+    }
+    Some(n)
+}
+
 /// Parses a request head from the front of `buf`. `Ok(None)`: incomplete, read more (the
 /// caller enforces `max_header_bytes` on what it buffers before a head completes).
 pub fn parse_head(
@@ -171,7 +188,7 @@ pub fn parse_head(
         let value = || std::str::from_utf8(h.value).unwrap_or_default().trim();
         if name.eq_ignore_ascii_case("content-length") {
             let value = value();
-            let n: usize = value.parse().map_err(|_| {
+            let n = decimal_usize(value).ok_or_else(|| {
                 head_error(
                     Status::BadRequest,
                     format!("invalid Content-Length '{value}'"),
@@ -291,6 +308,25 @@ mod tests {
         assert_eq!(parse(garbage).unwrap_err().status, Status::BadRequest);
         let conflicting = "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
         assert_eq!(parse(conflicting).unwrap_err().status, Status::BadRequest);
+    }
+
+    #[test]
+    fn content_length_digits_parse_like_std() {
+        for s in [
+            "0",
+            "30",
+            "+7",
+            "",
+            "+",
+            "-1",
+            "1a",
+            " 1",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(decimal_usize(s), s.parse::<usize>().ok(), "{s:?}");
+        }
     }
 
     #[test]
