@@ -84,9 +84,12 @@ pub struct Conn {
     /// No more requests are read (an error, `Connection: close`, or peer EOF).
     pub read_done: bool,
     /// The socket may hold unread bytes: set by a readable event, cleared when a read
-    /// would block. mio is edge-triggered, so reading is retried only while this is set
-    /// (saves a failing `recv` per pass of the service loop).
+    /// would block or comes back short. mio is edge-triggered, so reading is retried only
+    /// while this is set (saves a failing `recv` per pass of the service loop).
     pub readable: bool,
+    /// A readable event said the peer closed (or the socket has an error): keep reading
+    /// until the read that reports it, even after a short read.
+    pub read_closed_hint: bool,
     /// Close once every slot is written.
     pub close_when_flushed: bool,
 }
@@ -116,6 +119,7 @@ impl Conn {
             write_started: None,
             read_done: false,
             readable: true,
+            read_closed_hint: false,
             close_when_flushed: false,
         }
     }
@@ -140,6 +144,14 @@ impl Conn {
                     self.read_buf.extend_from_slice(&chunk[..n]);
                     self.last_activity = now;
                     total += n;
+                    if n < want && !self.read_closed_hint {
+                        // A short read on a stream socket means its receive buffer is
+                        // empty (epoll(7), Q9): bytes arriving later raise a new edge, so
+                        // the `recv` that would only say WouldBlock is skipped. Not when
+                        // the peer closed: that is seen only by reading on to EOF.
+                        self.readable = false;
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.readable = false;

@@ -1,9 +1,10 @@
 //! One io thread: a mio event loop that accepts connections, parses every pipelined request,
 //! submits engine work through its own [`Submitter`], and writes responses in order.
 //!
-//! Events are hints: every readable connection is read until WouldBlock, every response
-//! batch is written once. Nothing here may block: the engine's answers arrive on this
-//! thread's completion ring and a mio `Waker` says when to look.
+//! Events are hints: every readable connection is read until WouldBlock (or a short read,
+//! which says the same on a stream socket), every response batch is written once. Nothing
+//! here may block: the engine's answers arrive on this thread's completion ring and a mio
+//! `Waker` says when to look.
 
 use super::conn::{Conn, Outcomes, Partial, ReadResult, Slot, StreamSlot};
 use super::parse::{self, Method};
@@ -136,7 +137,7 @@ impl IoThread {
                     Token(t) => {
                         let idx = t - FIRST_CONN;
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            self.on_readable(idx);
+                            self.on_readable(idx, ev.is_read_closed() || ev.is_error());
                         }
                         if ev.is_writable() {
                             self.touched.push(idx);
@@ -215,9 +216,10 @@ impl IoThread {
         }
     }
 
-    fn on_readable(&mut self, idx: usize) {
+    fn on_readable(&mut self, idx: usize, closed: bool) {
         if let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) {
             conn.readable = true;
+            conn.read_closed_hint |= closed;
         }
         self.touched.push(idx);
     }
