@@ -42,6 +42,40 @@ impl<'de> Deserialize<'de> for TextInputs {
     }
 }
 
+/// A string field borrowed from the request body when it has no escapes (the usual case),
+/// owned only when unescaping had to build a new string. Reads as a `str`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Str<'a>(pub std::borrow::Cow<'a, str>);
+
+impl std::ops::Deref for Str<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
 /// `stream_options` of a streaming request.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(default)]
@@ -52,11 +86,13 @@ pub struct StreamOptionsBody {
 /// Body of `POST /v1/completions`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct CompletionBody {
-    pub model: Option<String>,
+pub struct CompletionBody<'a> {
+    #[serde(borrow)]
+    pub model: Option<Str<'a>>,
     pub prompt: Option<TextInputs>,
     pub max_tokens: Option<i64>,
-    pub priority: Option<String>,
+    #[serde(borrow)]
+    pub priority: Option<Str<'a>>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptionsBody>,
     pub stop: Option<TextInputs>,
@@ -71,12 +107,15 @@ pub struct CompletionBody {
 /// Body of `POST /v1/embeddings`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct EmbeddingBody {
-    pub model: Option<String>,
+pub struct EmbeddingBody<'a> {
+    #[serde(borrow)]
+    pub model: Option<Str<'a>>,
     pub input: Option<TextInputs>,
-    pub encoding_format: Option<String>,
+    #[serde(borrow)]
+    pub encoding_format: Option<Str<'a>>,
     pub dimensions: Option<i64>,
-    pub priority: Option<String>,
+    #[serde(borrow)]
+    pub priority: Option<Str<'a>>,
 }
 
 /// A request body problem: HTTP 400 with `code` and `message`.
@@ -233,6 +272,19 @@ mod tests {
     fn prompt_accepts_a_string_or_an_array_and_names_bad_types() {
         let b: CompletionBody = parse_body(br#"{"prompt":"hi","extra":{"x":1}}"#).unwrap();
         assert_eq!(b.prompt, Some(TextInputs(smallvec::smallvec!["hi".into()])));
+        let b: CompletionBody = parse_body(br#"{"prompt":["a","b"]}"#).unwrap();
+        assert_eq!(b.prompt.unwrap().0.len(), 2);
+        // Plain strings are borrowed from the body; escaped ones are unescaped copies.
+        let b: CompletionBody = parse_body(br#"{"model":"m-1","priority":"h\u0069gh"}"#).unwrap();
+        let model = b.model.unwrap();
+        assert!(matches!(model.0, std::borrow::Cow::Borrowed("m-1")));
+        assert_eq!(b.priority.as_deref(), Some("high"));
+        let e = parse_body::<CompletionBody>(br#"{"model":7}"#).unwrap_err();
+        assert!(
+            e.message.starts_with("invalid value for 'model'"),
+            "{}",
+            e.message
+        );
         let b: CompletionBody = parse_body(br#"{"prompt":["a","b"]}"#).unwrap();
         assert_eq!(b.prompt.unwrap().0.len(), 2);
         let e = parse_body::<CompletionBody>(br#"{"prompt":5}"#).unwrap_err();
