@@ -602,6 +602,36 @@ fn more_pipelined_requests_than_the_window_are_all_answered_even_after_a_half_cl
 }
 
 #[test]
+fn a_request_followed_by_a_half_close_is_answered_and_the_connection_closed() {
+    // The server stops reading after a short read; the peer's FIN must still be seen,
+    // whether it arrives with the request or after it. The keep-alive timeout is far
+    // longer than the client's read timeout, so only seeing the FIN closes in time.
+    let mut cfg = test_config();
+    cfg.server.keep_alive_timeout = abe::config::Millis(600_000);
+    let abe = start(cfg);
+    for i in 0..20 {
+        let mut c = Client::connect(abe.local_addr());
+        c.send_raw(&request_bytes(
+            "POST",
+            "/v1/completions",
+            Some(r#"{"prompt":"hi","max_tokens":1}"#),
+            &[],
+        ));
+        if i % 2 == 1 {
+            std::thread::sleep(Duration::from_millis(5)); // FIN after the request was read
+        }
+        c.reader
+            .get_ref()
+            .shutdown(std::net::Shutdown::Write)
+            .unwrap();
+        let r = c.read_response().expect("answered despite the half-close");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(c.is_closed(), "closed once answered (connection {i})");
+    }
+    abe.shutdown();
+}
+
+#[test]
 fn connection_close_after_a_full_window_closes_right_after_the_answers() {
     let abe = start(test_config());
     let mut c = Client::connect(abe.local_addr());

@@ -48,12 +48,14 @@ pub struct Message {
 /// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct ChatBody {
-    pub model: Option<String>,
+pub struct ChatBody<'a> {
+    #[serde(borrow)]
+    pub model: Option<super::wire::Str<'a>>,
     pub messages: Option<Vec<Message>>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
-    pub priority: Option<String>,
+    #[serde(borrow)]
+    pub priority: Option<super::wire::Str<'a>>,
     pub stream: Option<bool>,
     pub stream_options: Option<super::wire::StreamOptionsBody>,
     pub stop: Option<super::wire::TextInputs>,

@@ -5,6 +5,7 @@
 //! the runtime are non-blocking: snapshot reads, strategy control pushes).
 
 pub mod chat;
+pub mod json_out;
 pub mod render;
 pub mod stream;
 pub mod wire;
@@ -16,7 +17,7 @@ use crate::http::parse::{Head, Method};
 use crate::http::response::{Response, Status};
 use crate::metrics::http_stats::HttpStats;
 use crate::router::{RequirementsBuilder, RouteError, Router};
-use crate::runtime::{Handle, Outcome, Request, RequestError, RouteRequest};
+use crate::runtime::{Handle, Request, RequestError, RouteRequest};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use wire::{BodyError, CompletionBody, EmbeddingBody};
@@ -78,11 +79,6 @@ impl ApiContext {
             .map(|m| router.registry().model_name(m).to_string())
             .unwrap_or_else(|| config.server.model_name.clone())
     }
-
-    /// The `x-abe-route` header line for a decision.
-    pub fn route_header(&self, decision: &crate::router::Decision) -> String {
-        format!("x-abe-route: {}", self.router.describe(decision))
-    }
 }
 
 /// What a request turns into.
@@ -109,25 +105,6 @@ pub struct Job {
     pub created_unix: u64,
     /// Answer as a Server-Sent Events stream (`stream: true`).
     pub stream: Option<stream::StreamOptions>,
-}
-
-impl Job {
-    /// The HTTP response for the outcomes, in request order. Any error answers the whole
-    /// request with that error (the first one).
-    pub fn render(&self, outcomes: Vec<Outcome>, id: u64) -> Response {
-        let mut outputs = Vec::with_capacity(outcomes.len());
-        for o in outcomes {
-            match o {
-                Ok(out) => outputs.push(out),
-                Err(e) => return error_response(&e),
-            }
-        }
-        match self.kind {
-            JobKind::Completion => render::completion(&self.model, self.created_unix, id, &outputs),
-            JobKind::Chat => render::chat_completion(&self.model, self.created_unix, id, &outputs),
-            JobKind::Embedding { base64 } => render::embedding(&self.model, base64, &outputs),
-        }
-    }
 }
 
 /// Seconds since the Unix epoch.

@@ -1,8 +1,11 @@
 //! OpenAI response bodies: completions, embeddings (float or base64 little-endian f32),
 //! models. Shapes and `usage` follow OpenAI's API.
 
-use crate::exec::Output;
-use crate::http::response::{Response, Status};
+use super::json_out;
+use super::{Job, JobKind};
+use crate::exec::{FinishReason, Output};
+use crate::http::response::{self, Response, Status};
+use crate::runtime::Outcome;
 use base64::Engine as _;
 use serde::Serialize;
 
@@ -14,137 +17,135 @@ struct Usage {
     total_tokens: u64,
 }
 
-#[derive(Serialize)]
-struct CompletionChoice<'a> {
-    text: &'a str,
-    index: usize,
-    logprobs: Option<()>,
-    finish_reason: &'static str,
+/// Which text answer a body is written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextShape {
+    /// `text_completion`: `choices[i].text`.
+    Completion,
+    /// `chat.completion`: `choices[i].message` from the assistant.
+    Chat,
 }
 
-#[derive(Serialize)]
-struct CompletionResponse<'a> {
-    id: String,
-    object: &'static str,
+/// The 500 for an executor that answered a `what` with the wrong kind of output.
+fn wrong_output(what: &str, got: &str) -> Response {
+    Response::error(
+        Status::InternalError,
+        "internal_error",
+        format!("the executor answered a {what} with {got}"),
+    )
+}
+
+/// Writes the JSON body of a completion (one choice per output, in order, usage summed)
+/// or chat completion to `out`, with [`json_out`] (no intermediate values: this runs once
+/// per request). Field order and bytes are what serde_json wrote for the former structs.
+/// An embedding among the outputs is an executor bug: nothing is written and the 500 comes
+/// back instead.
+pub fn write_text_body<'a, I>(
+    out: &mut Vec<u8>,
+    shape: TextShape,
+    model: &str,
     created: u64,
-    model: &'a str,
-    choices: Vec<CompletionChoice<'a>>,
-    usage: Usage,
-}
-
-/// Maps text outputs to choices with `make(index, text, finish_reason)`, summing usage.
-/// An embedding among them is an executor bug, answered with a 500.
-fn text_choices<'a, T>(
-    outputs: &'a [Output],
-    what: &str,
-    make: impl Fn(usize, &'a str, &'static str) -> T,
-) -> Result<(Vec<T>, Usage), Response> {
+    id: u64,
+    outputs: I,
+) -> Result<(), Response>
+where
+    I: Iterator<Item = &'a Output> + Clone,
+{
+    // Literal runs are joined per shape so each is one copy.
+    let (what, id_open, after_id) = match shape {
+        TextShape::Completion => (
+            "completion",
+            &b"{\"id\":\"cmpl-"[..],
+            &b"\",\"object\":\"text_completion\",\"created\":"[..],
+        ),
+        TextShape::Chat => (
+            "chat completion",
+            &b"{\"id\":\"chatcmpl-"[..],
+            &b"\",\"object\":\"chat.completion\",\"created\":"[..],
+        ),
+    };
+    if outputs
+        .clone()
+        .any(|o| matches!(o, Output::Embedding { .. }))
+    {
+        return Err(wrong_output(what, "an embedding"));
+    }
+    out.extend_from_slice(id_open);
+    json_out::hex16(out, id);
+    out.extend_from_slice(after_id);
+    json_out::uint(out, created);
+    out.extend_from_slice(b",\"model\":");
+    json_out::string(out, model);
+    out.extend_from_slice(b",\"choices\":[");
     let mut prompt = 0u64;
     let mut completion = 0u64;
-    let mut choices = Vec::with_capacity(outputs.len());
-    for (index, out) in outputs.iter().enumerate() {
+    for (index, o) in outputs.enumerate() {
         let Output::Text {
             text,
             prompt_tokens,
             completion_tokens,
             finish_reason,
-        } = out
+        } = o
         else {
-            return Err(Response::error(
-                Status::InternalError,
-                "internal_error",
-                format!("the executor answered a {what} with an embedding"),
-            ));
+            unreachable!("checked above: every output is text");
         };
         prompt += u64::from(*prompt_tokens);
         completion += u64::from(*completion_tokens);
-        choices.push(make(index, text, finish_reason.as_str()));
+        if index > 0 {
+            out.push(b',');
+        }
+        match shape {
+            TextShape::Completion => {
+                out.extend_from_slice(b"{\"text\":");
+                json_out::string(out, text);
+                out.extend_from_slice(b",\"index\":");
+                json_out::uint(out, index as u64);
+            }
+            TextShape::Chat => {
+                out.extend_from_slice(b"{\"index\":");
+                json_out::uint(out, index as u64);
+                out.extend_from_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
+                json_out::string(out, text);
+                out.push(b'}');
+            }
+        }
+        out.extend_from_slice(match finish_reason {
+            FinishReason::Length => b",\"logprobs\":null,\"finish_reason\":\"length\"}",
+            FinishReason::Stop => b",\"logprobs\":null,\"finish_reason\":\"stop\"}",
+        });
     }
-    let usage = Usage {
-        prompt_tokens: prompt,
-        completion_tokens: Some(completion),
-        total_tokens: prompt + completion,
-    };
-    Ok((choices, usage))
+    out.extend_from_slice(b"],\"usage\":{\"prompt_tokens\":");
+    json_out::uint(out, prompt);
+    out.extend_from_slice(b",\"completion_tokens\":");
+    json_out::uint(out, completion);
+    out.extend_from_slice(b",\"total_tokens\":");
+    json_out::uint(out, prompt + completion);
+    out.extend_from_slice(b"}}");
+    Ok(())
+}
+
+fn text_response(
+    shape: TextShape,
+    model: &str,
+    created: u64,
+    id: u64,
+    outputs: &[Output],
+) -> Response {
+    let mut body = Vec::with_capacity(256);
+    match write_text_body(&mut body, shape, model, created, id, outputs.iter()) {
+        Ok(()) => Response::json(Status::Ok, body),
+        Err(r) => r,
+    }
 }
 
 /// `POST /v1/completions` answer: one choice per prompt, in order.
 pub fn completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
-    let made = text_choices(outputs, "completion", |index, text, finish_reason| {
-        CompletionChoice {
-            text,
-            index,
-            logprobs: None,
-            finish_reason,
-        }
-    });
-    let (choices, usage) = match made {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let body = CompletionResponse {
-        id: format!("cmpl-{id:016x}"),
-        object: "text_completion",
-        created,
-        model,
-        choices,
-        usage,
-    };
-    Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
-}
-
-#[derive(Serialize)]
-struct ChatMessage<'a> {
-    role: &'static str,
-    content: &'a str,
-}
-
-#[derive(Serialize)]
-struct ChatChoice<'a> {
-    index: usize,
-    message: ChatMessage<'a>,
-    logprobs: Option<()>,
-    finish_reason: &'static str,
-}
-
-#[derive(Serialize)]
-struct ChatResponse<'a> {
-    id: String,
-    object: &'static str,
-    created: u64,
-    model: &'a str,
-    choices: Vec<ChatChoice<'a>>,
-    usage: Usage,
+    text_response(TextShape::Completion, model, created, id, outputs)
 }
 
 /// `POST /v1/chat/completions` answer: one assistant message.
 pub fn chat_completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
-    let made = text_choices(
-        outputs,
-        "chat completion",
-        |index, content, finish_reason| ChatChoice {
-            index,
-            message: ChatMessage {
-                role: "assistant",
-                content,
-            },
-            logprobs: None,
-            finish_reason,
-        },
-    );
-    let (choices, usage) = match made {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let body = ChatResponse {
-        id: format!("chatcmpl-{id:016x}"),
-        object: "chat.completion",
-        created,
-        model,
-        choices,
-        usage,
-    };
-    Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
+    text_response(TextShape::Chat, model, created, id, outputs)
 }
 
 #[derive(Serialize)]
@@ -178,11 +179,20 @@ pub fn embedding_base64(v: &[f32]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// `POST /v1/embeddings` answer: one item per input, in order.
-pub fn embedding(model: &str, base64: bool, outputs: &[Output]) -> Response {
+/// Writes the JSON body of an embeddings answer (one item per input, in order) to `out`.
+/// A text output among them is an executor bug: nothing is written and the 500 comes back.
+pub fn write_embedding_body<'a, I>(
+    out: &mut Vec<u8>,
+    model: &str,
+    base64: bool,
+    outputs: I,
+) -> Result<(), Response>
+where
+    I: Iterator<Item = &'a Output>,
+{
     let mut prompt = 0u64;
-    let mut data = Vec::with_capacity(outputs.len());
-    for (index, out) in outputs.iter().enumerate() {
+    let mut data = Vec::with_capacity(outputs.size_hint().0);
+    for (index, out) in outputs.enumerate() {
         match out {
             Output::Embedding {
                 vector,
@@ -201,11 +211,11 @@ pub fn embedding(model: &str, base64: bool, outputs: &[Output]) -> Response {
                 });
             }
             Output::Text { .. } => {
-                return Response::error(
+                return Err(Response::error(
                     Status::InternalError,
                     "internal_error",
                     "the executor answered an embedding with text",
-                )
+                ))
             }
         }
     }
@@ -219,7 +229,105 @@ pub fn embedding(model: &str, base64: bool, outputs: &[Output]) -> Response {
             total_tokens: prompt,
         },
     };
-    Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
+    // Writing into a Vec cannot fail, and these types always serialize.
+    let _ = serde_json::to_writer(&mut *out, &body);
+    Ok(())
+}
+
+/// `POST /v1/embeddings` answer: one item per input, in order.
+pub fn embedding(model: &str, base64: bool, outputs: &[Output]) -> Response {
+    let mut body = Vec::new();
+    match write_embedding_body(&mut body, model, base64, outputs.iter()) {
+        Ok(()) => Response::json(Status::Ok, body),
+        Err(r) => r,
+    }
+}
+
+/// Writes the whole HTTP response for a finished job (head and body) straight into a
+/// connection's write buffer `out`, and returns its status code. `outcomes` are the job's
+/// parts in request order, all answered; any error answers the whole request with that
+/// error (the first one). `close` and `keep_alive_header` add the
+/// `Connection` header; `head_only` leaves the body out. `route`, when the engine reported
+/// one, is written as the `x-abe-route` header (also on an error answer).
+#[allow(clippy::too_many_arguments)] // the slot's parts, passed without a struct per call
+pub fn write_job(
+    job: &Job,
+    outcomes: &[Option<Outcome>],
+    id: u64,
+    out: &mut Vec<u8>,
+    close: bool,
+    keep_alive_header: bool,
+    head_only: bool,
+    route: Option<(&crate::router::Router, &crate::router::Decision)>,
+) -> u16 {
+    let route_header = |out: &mut Vec<u8>| {
+        if let Some((router, d)) = route {
+            use std::io::Write as _;
+            // Writing into a Vec cannot fail.
+            let _ = write!(out, "x-abe-route: {}\r\n", router.describe(d));
+        }
+    };
+    let failed = outcomes.iter().find_map(|o| match o {
+        Some(Err(e)) => Some(e),
+        _ => None,
+    });
+    let fallback = match failed {
+        Some(e) => super::error_response(e),
+        None => {
+            let outputs = outcomes.iter().filter_map(|o| match o {
+                Some(Ok(output)) => Some(output),
+                _ => None,
+            });
+            debug_assert_eq!(
+                outputs.clone().count(),
+                outcomes.len(),
+                "all parts answered"
+            );
+            let written = response::write_json_ok(
+                out,
+                close,
+                keep_alive_header,
+                head_only,
+                route_header,
+                |body| match job.kind {
+                    JobKind::Completion => write_text_body(
+                        body,
+                        TextShape::Completion,
+                        &job.model,
+                        job.created_unix,
+                        id,
+                        outputs,
+                    ),
+                    JobKind::Chat => write_text_body(
+                        body,
+                        TextShape::Chat,
+                        &job.model,
+                        job.created_unix,
+                        id,
+                        outputs,
+                    ),
+                    JobKind::Embedding { base64 } => {
+                        write_embedding_body(body, &job.model, base64, outputs)
+                    }
+                },
+            );
+            match written {
+                Ok(()) => return Status::Ok.code(),
+                Err(r) => r,
+            }
+        }
+    };
+    let mut fallback = fallback;
+    if let Some((router, d)) = route {
+        fallback
+            .headers
+            .push(format!("x-abe-route: {}", router.describe(d)));
+    }
+    if keep_alive_header {
+        fallback.headers.push("Connection: keep-alive".into());
+    }
+    fallback.write_to(out, close, head_only);
+    fallback.status.code()
 }
 
 /// `GET /v1/models`.
@@ -249,7 +357,6 @@ pub fn models(router: &crate::router::Router) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::FinishReason;
 
     #[test]
     fn completion_has_one_choice_per_output_and_summed_usage() {
@@ -273,6 +380,66 @@ mod tests {
         assert_eq!(v["choices"][1]["index"], 1);
         assert_eq!(v["choices"][1]["finish_reason"], "stop");
         assert_eq!(v["usage"]["total_tokens"], 7);
+    }
+
+    #[test]
+    fn text_bodies_have_the_openai_fields_and_escape_tricky_text() {
+        let tricky = "quote \" backslash \\ nl \n nul \u{0} é 日本 🙂 \u{2028}";
+        let outs = vec![Output::Text {
+            text: tricky.into(),
+            prompt_tokens: 4,
+            completion_tokens: 9,
+            finish_reason: FinishReason::Stop,
+        }];
+        let r = completion("m\"x", 1_700_000_000, 0xab, &outs);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "id": "cmpl-00000000000000ab",
+                "object": "text_completion",
+                "created": 1_700_000_000u64,
+                "model": "m\"x",
+                "choices": [{"text": tricky, "index": 0, "logprobs": null, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13},
+            })
+        );
+        let r = chat_completion("m", 5, 1, &outs);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "id": "chatcmpl-0000000000000001",
+                "object": "chat.completion",
+                "created": 5,
+                "model": "m",
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": tricky},
+                    "logprobs": null,
+                    "finish_reason": "stop",
+                }],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13},
+            })
+        );
+        // Field order as serde_json wrote it for the former structs.
+        let plain = vec![Output::Text {
+            text: "hi".into(),
+            prompt_tokens: 1,
+            completion_tokens: 1,
+            finish_reason: FinishReason::Length,
+        }];
+        let r = completion("abe-sim", 7, 1, &plain);
+        assert_eq!(
+            std::str::from_utf8(&r.body).unwrap(),
+            r#"{"id":"cmpl-0000000000000001","object":"text_completion","created":7,"model":"abe-sim","choices":[{"text":"hi","index":0,"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#
+        );
+        let vector = vec![Output::Embedding {
+            vector: vec![1.0],
+            prompt_tokens: 1,
+        }];
+        assert_eq!(completion("m", 0, 0, &vector).status, Status::InternalError);
+        assert_eq!(embedding("m", false, &plain).status, Status::InternalError);
     }
 
     #[test]

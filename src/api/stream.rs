@@ -7,8 +7,8 @@
 //! event shapes do not depend on that: an iteration-level engine can emit them token by
 //! token. Runs on io threads only.
 
+use super::json_out;
 use crate::exec::Output;
-use serde_json::json;
 
 /// Streaming options from the request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,18 +46,51 @@ pub fn token_pieces(text: &str) -> impl Iterator<Item = &str> {
 
 /// Appends `payload` as one HTTP/1.1 chunk.
 fn chunk(out: &mut Vec<u8>, payload: &[u8]) {
-    use std::io::Write;
-    let _ = write!(out, "{:x}\r\n", payload.len());
+    chunk_size(out, payload.len());
     out.extend_from_slice(payload);
     out.extend_from_slice(b"\r\n");
 }
 
-/// Appends one SSE event (`data: <json>\n\n`) as one chunk.
-fn event(out: &mut Vec<u8>, value: &serde_json::Value) {
-    let mut e = b"data: ".to_vec();
-    e.extend_from_slice(value.to_string().as_bytes());
-    e.extend_from_slice(b"\n\n");
-    chunk(out, &e);
+/// Appends a chunk-size line: `len` in lower-case hex, no leading zeros, CRLF.
+fn chunk_size(out: &mut Vec<u8>, len: usize) {
+    let mut line = [0u8; CHUNK_SIZE_MAX];
+    let n = chunk_size_line(&mut line, len);
+    out.extend_from_slice(&line[..n]);
+}
+
+/// The longest chunk-size line: 16 hex digits and CRLF.
+const CHUNK_SIZE_MAX: usize = 16 + 2;
+
+/// Writes the chunk-size line of `len` to the front of `line`; returns its length.
+fn chunk_size_line(line: &mut [u8; CHUNK_SIZE_MAX], len: usize) -> usize {
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
+    for (i, d) in line[..digits].iter_mut().enumerate() {
+        *d = b"0123456789abcdef"[(len >> (4 * (digits - 1 - i))) & 0xf];
+    }
+    line[digits..digits + 2].copy_from_slice(b"\r\n");
+    digits + 2
+}
+
+/// Appends one SSE event (`data: <json>\n\n`) as one chunk, the JSON written by `json`
+/// straight into `out` (no `Value`, no intermediate buffer): the payload goes after a gap
+/// for the longest size line, then moves down behind the real one (one short memmove).
+///
+/// Every JSON object here is written with its keys in sorted order, compact, strings
+/// escaped like serde_json: the bytes `serde_json::Value::to_string` wrote before.
+fn event(out: &mut Vec<u8>, json: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.resize(start + CHUNK_SIZE_MAX, 0);
+    out.extend_from_slice(b"data: ");
+    json(out);
+    out.extend_from_slice(b"\n\n");
+    let payload_at = start + CHUNK_SIZE_MAX;
+    let len = out.len() - payload_at;
+    let mut line = [0u8; CHUNK_SIZE_MAX];
+    let n = chunk_size_line(&mut line, len);
+    out[start..start + n].copy_from_slice(&line[..n]);
+    out.copy_within(payload_at.., start + n);
+    out.truncate(start + n + len);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Where one choice of a stream is.
@@ -74,10 +107,9 @@ struct PartState {
 pub struct StreamWriter {
     kind: StreamKind,
     opts: StreamOptions,
-    id: String,
-    object: &'static str,
-    model: String,
-    created: u64,
+    /// What follows the `choices` array in every chunk of this stream (the same each
+    /// time, so rendered once): `],"created":..,"id":"..","model":"..","object":".."`.
+    after_choices: Vec<u8>,
     parts: Vec<PartState>,
     prompt_tokens: u64,
     completion_tokens: u64,
@@ -95,17 +127,25 @@ impl StreamWriter {
         id: u64,
         parts: usize,
     ) -> StreamWriter {
-        let (id, object) = match kind {
-            StreamKind::Completion => (format!("cmpl-{id:016x}"), "text_completion"),
-            StreamKind::Chat => (format!("chatcmpl-{id:016x}"), "chat.completion.chunk"),
+        let (id_prefix, object) = match kind {
+            StreamKind::Completion => (&b"cmpl-"[..], &b"text_completion"[..]),
+            StreamKind::Chat => (&b"chatcmpl-"[..], &b"chat.completion.chunk"[..]),
         };
+        let mut after_choices = Vec::with_capacity(96 + model.len());
+        after_choices.extend_from_slice(b"],\"created\":");
+        json_out::uint(&mut after_choices, created);
+        after_choices.extend_from_slice(b",\"id\":\"");
+        after_choices.extend_from_slice(id_prefix);
+        json_out::hex16(&mut after_choices, id);
+        after_choices.extend_from_slice(b"\",\"model\":");
+        json_out::string(&mut after_choices, model);
+        after_choices.extend_from_slice(b",\"object\":\"");
+        after_choices.extend_from_slice(object);
+        after_choices.push(b'"');
         StreamWriter {
             kind,
             opts,
-            id,
-            object,
-            model: model.to_string(),
-            created,
+            after_choices,
             parts: vec![PartState::default(); parts],
             prompt_tokens: 0,
             completion_tokens: 0,
@@ -118,30 +158,44 @@ impl StreamWriter {
         self.started
     }
 
-    fn chunk_json(&self, choices: serde_json::Value) -> serde_json::Value {
-        json!({"id": self.id, "object": self.object, "created": self.created,
-               "model": self.model, "choices": choices})
+    /// One chunk event whose `choices` array holds what `choice` writes.
+    fn chunk_event(&self, out: &mut Vec<u8>, choice: impl FnOnce(&mut Vec<u8>)) {
+        event(out, |o| {
+            o.extend_from_slice(b"{\"choices\":[");
+            choice(o);
+            o.extend_from_slice(&self.after_choices);
+            o.push(b'}');
+        });
     }
 
     fn piece(&mut self, part: usize, piece: &str, out: &mut Vec<u8>) {
         self.started = true;
         match self.kind {
-            StreamKind::Completion => {
-                let c = self.chunk_json(json!([{"text": piece, "index": part,
-                    "logprobs": null, "finish_reason": null}]));
-                event(out, &c);
-            }
+            StreamKind::Completion => self.chunk_event(out, |o| {
+                o.extend_from_slice(b"{\"finish_reason\":null,\"index\":");
+                json_out::uint(o, part as u64);
+                o.extend_from_slice(b",\"logprobs\":null,\"text\":");
+                json_out::string(o, piece);
+                o.push(b'}');
+            }),
             StreamKind::Chat => {
                 if !self.parts[part].role_sent {
                     self.parts[part].role_sent = true;
-                    let c = self.chunk_json(json!([{"index": part,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": null, "finish_reason": null}]));
-                    event(out, &c);
+                    self.chunk_event(out, |o| {
+                        o.extend_from_slice(
+                            b"{\"delta\":{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":",
+                        );
+                        json_out::uint(o, part as u64);
+                        o.extend_from_slice(b",\"logprobs\":null}");
+                    });
                 }
-                let c = self.chunk_json(json!([{"index": part, "delta": {"content": piece},
-                    "logprobs": null, "finish_reason": null}]));
-                event(out, &c);
+                self.chunk_event(out, |o| {
+                    o.extend_from_slice(b"{\"delta\":{\"content\":");
+                    json_out::string(o, piece);
+                    o.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
+                    json_out::uint(o, part as u64);
+                    o.extend_from_slice(b",\"logprobs\":null}");
+                });
             }
         }
         self.parts[part].sent_bytes += piece.len();
@@ -183,35 +237,50 @@ impl StreamWriter {
         if self.kind == StreamKind::Chat && !self.parts[part].role_sent {
             self.piece(part, "", out);
         }
-        let finish = match self.kind {
-            StreamKind::Completion => json!([{"text": "", "index": part, "logprobs": null,
-                "finish_reason": finish_reason.as_str()}]),
-            StreamKind::Chat => json!([{"index": part, "delta": {}, "logprobs": null,
-                "finish_reason": finish_reason.as_str()}]),
-        };
-        let c = self.chunk_json(finish);
-        event(out, &c);
+        let reason = finish_reason.as_str();
+        match self.kind {
+            StreamKind::Completion => self.chunk_event(out, |o| {
+                o.extend_from_slice(b"{\"finish_reason\":\"");
+                o.extend_from_slice(reason.as_bytes());
+                o.extend_from_slice(b"\",\"index\":");
+                json_out::uint(o, part as u64);
+                o.extend_from_slice(b",\"logprobs\":null,\"text\":\"\"}");
+            }),
+            StreamKind::Chat => self.chunk_event(out, |o| {
+                o.extend_from_slice(b"{\"delta\":{},\"finish_reason\":\"");
+                o.extend_from_slice(reason.as_bytes());
+                o.extend_from_slice(b"\",\"index\":");
+                json_out::uint(o, part as u64);
+                o.extend_from_slice(b",\"logprobs\":null}");
+            }),
+        }
         self.started = true;
     }
 
     /// An error after the stream started: an OpenAI-shaped error event.
     pub fn error(&mut self, message: &str, out: &mut Vec<u8>) {
-        event(
-            out,
-            &json!({"error": {"message": message, "type": "server_error", "code": "stream_failed"}}),
-        );
+        event(out, |o| {
+            o.extend_from_slice(b"{\"error\":{\"code\":\"stream_failed\",\"message\":");
+            json_out::string(o, message);
+            o.extend_from_slice(b",\"type\":\"server_error\"}}");
+        });
     }
 
     /// Ends the stream: the usage chunk if asked for, `data: [DONE]`, the last chunk.
     pub fn end(&mut self, out: &mut Vec<u8>) {
         if self.opts.include_usage {
-            let mut last = self.chunk_json(json!([]));
-            last["usage"] = json!({
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            let (prompt, completion) = (self.prompt_tokens, self.completion_tokens);
+            event(out, |o| {
+                o.extend_from_slice(b"{\"choices\":[");
+                o.extend_from_slice(&self.after_choices);
+                o.extend_from_slice(b",\"usage\":{\"completion_tokens\":");
+                json_out::uint(o, completion);
+                o.extend_from_slice(b",\"prompt_tokens\":");
+                json_out::uint(o, prompt);
+                o.extend_from_slice(b",\"total_tokens\":");
+                json_out::uint(o, prompt + completion);
+                o.extend_from_slice(b"}}");
             });
-            event(out, &last);
         }
         chunk(out, b"data: [DONE]\n\n");
         out.extend_from_slice(b"0\r\n\r\n");
@@ -262,6 +331,87 @@ mod tests {
             }
             out.push(tail[..n].to_string());
             rest = &tail[n + 2..];
+        }
+    }
+
+    #[test]
+    fn chunk_size_lines_are_hex_without_leading_zeros() {
+        for len in [0usize, 1, 9, 10, 15, 16, 255, 256, 4095, 65_536, usize::MAX] {
+            let mut line = [0u8; CHUNK_SIZE_MAX];
+            let n = chunk_size_line(&mut line, len);
+            assert_eq!(&line[..n], format!("{len:x}\r\n").as_bytes());
+        }
+    }
+
+    /// Every event is exactly what `serde_json::Value::to_string` writes for its JSON
+    /// (sorted keys, compact, serde_json's escaping): the bytes this writer replaced.
+    #[test]
+    fn events_are_canonical_json_with_the_openai_chunk_fields() {
+        let tricky = "quote \" back \\ nl \n ctl \u{1} é 🙂";
+        let model = "m\"odel\\é";
+        for kind in [StreamKind::Completion, StreamKind::Chat] {
+            let mut w = StreamWriter::new(
+                kind,
+                StreamOptions {
+                    include_usage: true,
+                },
+                model,
+                1_795_363_920,
+                0xabc,
+                12,
+            );
+            let mut body = vec![];
+            w.token(11, 0, tricky, &mut body);
+            let text = format!("{tricky} two");
+            w.finish_part(11, &out(&text), &mut body);
+            w.error(tricky, &mut body);
+            w.end(&mut body);
+            let texts = payloads(&body);
+            assert_eq!(texts.last().unwrap(), "data: [DONE]\n\n");
+            let mut streamed = String::new();
+            for t in &texts[..texts.len() - 1] {
+                let json = t
+                    .strip_prefix("data: ")
+                    .unwrap()
+                    .strip_suffix("\n\n")
+                    .unwrap();
+                let v: serde_json::Value = serde_json::from_str(json).unwrap();
+                assert_eq!(v.to_string(), json, "not canonical: {json}");
+                if v.get("error").is_some() {
+                    assert_eq!(v["error"]["message"], tricky);
+                    assert_eq!(v["error"]["type"], "server_error");
+                    continue;
+                }
+                assert_eq!(v["model"], model);
+                assert_eq!(v["created"], 1_795_363_920u64);
+                match kind {
+                    StreamKind::Completion => {
+                        assert_eq!(v["id"], "cmpl-0000000000000abc");
+                        assert_eq!(v["object"], "text_completion");
+                    }
+                    StreamKind::Chat => {
+                        assert_eq!(v["id"], "chatcmpl-0000000000000abc");
+                        assert_eq!(v["object"], "chat.completion.chunk");
+                    }
+                }
+                if let Some(usage) = v.get("usage") {
+                    assert_eq!(v["choices"], serde_json::json!([]));
+                    assert_eq!(
+                        usage["total_tokens"],
+                        2 + usage["completion_tokens"].as_u64().unwrap()
+                    );
+                    continue;
+                }
+                let c = &v["choices"][0];
+                assert_eq!(c["index"], 11);
+                assert_eq!(c["logprobs"], serde_json::Value::Null);
+                let piece = match kind {
+                    StreamKind::Completion => c["text"].as_str().unwrap(),
+                    StreamKind::Chat => c["delta"]["content"].as_str().unwrap_or(""),
+                };
+                streamed.push_str(piece);
+            }
+            assert_eq!(streamed, text, "{kind:?}: the pieces are the text");
         }
     }
 

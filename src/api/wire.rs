@@ -8,9 +8,13 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
 
+/// Strings of a `prompt`, `input` or `stop`: inline when there is one (the usual case), so
+/// a single prompt costs no list allocation.
+pub type Texts = smallvec::SmallVec<[String; 1]>;
+
 /// `prompt` / `input`: one string or an array of strings.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TextInputs(pub Vec<String>);
+pub struct TextInputs(pub Texts);
 
 impl<'de> Deserialize<'de> for TextInputs {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -21,13 +25,13 @@ impl<'de> Deserialize<'de> for TextInputs {
                 f.write_str("a string or an array of strings")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<TextInputs, E> {
-                Ok(TextInputs(vec![v.to_string()]))
+                Ok(TextInputs(smallvec::smallvec![v.to_string()]))
             }
             fn visit_string<E: de::Error>(self, v: String) -> Result<TextInputs, E> {
-                Ok(TextInputs(vec![v]))
+                Ok(TextInputs(smallvec::smallvec![v]))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextInputs, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1));
+                let mut out = Texts::with_capacity(seq.size_hint().unwrap_or(1));
                 while let Some(s) = seq.next_element::<String>()? {
                     out.push(s);
                 }
@@ -35,6 +39,40 @@ impl<'de> Deserialize<'de> for TextInputs {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// A string field borrowed from the request body when it has no escapes (the usual case),
+/// owned only when unescaping had to build a new string. Reads as a `str`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Str<'a>(pub std::borrow::Cow<'a, str>);
+
+impl std::ops::Deref for Str<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Str<'de>, E> {
+                Ok(Str(std::borrow::Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
@@ -48,11 +86,13 @@ pub struct StreamOptionsBody {
 /// Body of `POST /v1/completions`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct CompletionBody {
-    pub model: Option<String>,
+pub struct CompletionBody<'a> {
+    #[serde(borrow)]
+    pub model: Option<Str<'a>>,
     pub prompt: Option<TextInputs>,
     pub max_tokens: Option<i64>,
-    pub priority: Option<String>,
+    #[serde(borrow)]
+    pub priority: Option<Str<'a>>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptionsBody>,
     pub stop: Option<TextInputs>,
@@ -67,12 +107,15 @@ pub struct CompletionBody {
 /// Body of `POST /v1/embeddings`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct EmbeddingBody {
-    pub model: Option<String>,
+pub struct EmbeddingBody<'a> {
+    #[serde(borrow)]
+    pub model: Option<Str<'a>>,
     pub input: Option<TextInputs>,
-    pub encoding_format: Option<String>,
+    #[serde(borrow)]
+    pub encoding_format: Option<Str<'a>>,
     pub dimensions: Option<i64>,
-    pub priority: Option<String>,
+    #[serde(borrow)]
+    pub priority: Option<Str<'a>>,
 }
 
 /// A request body problem: HTTP 400 with `code` and `message`.
@@ -105,7 +148,13 @@ pub fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, BodyError
     }
     // Fast path: plain serde_json. Only a failed parse pays for serde_path_to_error, which
     // re-parses to name the offending field.
-    if let Ok(v) = serde_json::from_slice(body) {
+    // A body that is valid UTF-8 as a whole (checked once) is parsed as a str, so serde_json
+    // does not validate every string again.
+    let fast = match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    };
+    if let Ok(v) = fast {
         return Ok(v);
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
@@ -175,15 +224,11 @@ pub fn stop_sequences(
             "'stop' sequences must not be empty strings",
         ));
     }
-    Ok((!stops.is_empty()).then(|| stops.into()))
+    Ok((!stops.is_empty()).then(|| stops.into_vec().into()))
 }
 
 /// Validates text inputs: present, non-empty list, no empty string, at most `max` items.
-pub fn inputs(
-    field: &str,
-    value: Option<TextInputs>,
-    max: usize,
-) -> Result<Vec<String>, BodyError> {
+pub fn inputs(field: &str, value: Option<TextInputs>, max: usize) -> Result<Texts, BodyError> {
     let Some(TextInputs(items)) = value else {
         return Err(body_error(
             "missing_field",
@@ -226,7 +271,20 @@ mod tests {
     #[test]
     fn prompt_accepts_a_string_or_an_array_and_names_bad_types() {
         let b: CompletionBody = parse_body(br#"{"prompt":"hi","extra":{"x":1}}"#).unwrap();
-        assert_eq!(b.prompt, Some(TextInputs(vec!["hi".into()])));
+        assert_eq!(b.prompt, Some(TextInputs(smallvec::smallvec!["hi".into()])));
+        let b: CompletionBody = parse_body(br#"{"prompt":["a","b"]}"#).unwrap();
+        assert_eq!(b.prompt.unwrap().0.len(), 2);
+        // Plain strings are borrowed from the body; escaped ones are unescaped copies.
+        let b: CompletionBody = parse_body(br#"{"model":"m-1","priority":"h\u0069gh"}"#).unwrap();
+        let model = b.model.unwrap();
+        assert!(matches!(model.0, std::borrow::Cow::Borrowed("m-1")));
+        assert_eq!(b.priority.as_deref(), Some("high"));
+        let e = parse_body::<CompletionBody>(br#"{"model":7}"#).unwrap_err();
+        assert!(
+            e.message.starts_with("invalid value for 'model'"),
+            "{}",
+            e.message
+        );
         let b: CompletionBody = parse_body(br#"{"prompt":["a","b"]}"#).unwrap();
         assert_eq!(b.prompt.unwrap().0.len(), 2);
         let e = parse_body::<CompletionBody>(br#"{"prompt":5}"#).unwrap_err();
@@ -256,9 +314,19 @@ mod tests {
             inputs("prompt", None, 10).unwrap_err().message,
             "missing required field 'prompt'"
         );
-        let e = inputs("prompt", Some(TextInputs(vec!["a".into(), "".into()])), 10).unwrap_err();
+        let e = inputs(
+            "prompt",
+            Some(TextInputs(smallvec::smallvec!["a".into(), "".into()])),
+            10,
+        )
+        .unwrap_err();
         assert_eq!(e.message, "'prompt' must not be an empty string (item 1)");
-        let e = inputs("input", Some(TextInputs(vec!["a".into(); 3])), 2).unwrap_err();
+        let e = inputs(
+            "input",
+            Some(TextInputs(smallvec::smallvec!["a".into(); 3])),
+            2,
+        )
+        .unwrap_err();
         assert!(e.message.contains("at most 2"));
         assert_eq!(priority(None, Some("high")).unwrap(), Priority::High);
         assert_eq!(priority(Some("low"), Some("high")).unwrap(), Priority::Low);

@@ -28,6 +28,10 @@ pub struct StreamSlot {
     pub error: Option<crate::runtime::RequestError>,
 }
 
+/// The outcomes of a job's parts, by part. Inline for the usual single part (one prompt),
+/// so a request allocates nothing for it.
+pub type Outcomes = smallvec::SmallVec<[Option<Outcome>; 1]>;
+
 /// One request's place in the response order.
 pub struct Slot {
     pub seq: u64,
@@ -42,13 +46,16 @@ pub struct Slot {
     pub stream: Option<StreamSlot>,
     /// Set once the response is known.
     pub response: Option<Response>,
-    /// For engine jobs: how to render, and the outcomes gathered so far.
+    /// For engine jobs: how to render, and the outcomes gathered so far. Once `remaining`
+    /// is 0 the job is rendered straight into the write buffer when it reaches the front.
     pub job: Option<Job>,
-    pub outcomes: Vec<Option<Outcome>>,
+    pub outcomes: Outcomes,
     pub remaining: usize,
     /// Where the engine routed the job (the first of its parts to be answered): the
     /// `x-abe-route` header.
     pub route: Option<crate::router::Decision>,
+    /// The response id of a finished job (`cmpl-<id>`), set when its last part arrives.
+    pub response_id: u64,
 }
 
 /// A request head parsed, waiting for its body.
@@ -80,9 +87,12 @@ pub struct Conn {
     /// No more requests are read (an error, `Connection: close`, or peer EOF).
     pub read_done: bool,
     /// The socket may hold unread bytes: set by a readable event, cleared when a read
-    /// would block. mio is edge-triggered, so reading is retried only while this is set
-    /// (saves a failing `recv` per pass of the service loop).
+    /// would block or comes back short. mio is edge-triggered, so reading is retried only
+    /// while this is set (saves a failing `recv` per pass of the service loop).
     pub readable: bool,
+    /// A readable event said the peer closed (or the socket has an error): keep reading
+    /// until the read that reports it, even after a short read.
+    pub read_closed_hint: bool,
     /// Close once every slot is written.
     pub close_when_flushed: bool,
 }
@@ -112,6 +122,7 @@ impl Conn {
             write_started: None,
             read_done: false,
             readable: true,
+            read_closed_hint: false,
             close_when_flushed: false,
         }
     }
@@ -136,6 +147,14 @@ impl Conn {
                     self.read_buf.extend_from_slice(&chunk[..n]);
                     self.last_activity = now;
                     total += n;
+                    if n < want && !self.read_closed_hint {
+                        // A short read on a stream socket means its receive buffer is
+                        // empty (epoll(7), Q9): bytes arriving later raise a new edge, so
+                        // the `recv` that would only say WouldBlock is skipped. Not when
+                        // the peer closed: that is seen only by reading on to EOF.
+                        self.readable = false;
+                        break;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.readable = false;
@@ -151,7 +170,12 @@ impl Conn {
     /// Moves finished responses from the front of the queue into the write buffer, in
     /// order, reporting (endpoint, status) of each to `on_response` for stats. Returns true
     /// if it moved any.
-    pub fn stage_ready(&mut self, mut on_response: impl FnMut(Endpoint, u16)) -> bool {
+    /// `router` names the backend of a routed job in its `x-abe-route` header.
+    pub fn stage_ready(
+        &mut self,
+        router: &crate::router::Router,
+        mut on_response: impl FnMut(Endpoint, u16),
+    ) -> bool {
         let mut staged = false;
         while let Some(front) = self.slots.front_mut() {
             if let (Some(st), None) = (front.stream.as_mut(), front.response.as_ref()) {
@@ -183,16 +207,32 @@ impl Conn {
                 }
                 continue;
             }
-            if front.response.is_none() {
+            let finished_job = front.job.is_some() && front.remaining == 0;
+            if front.response.is_none() && !finished_job {
                 break;
             }
             let slot = self.slots.pop_front().expect("front exists");
-            let mut response = slot.response.expect("checked above");
-            if slot.keep_alive_header {
-                response.headers.push("Connection: keep-alive".into());
-            }
-            response.write_to(&mut self.write_buf, slot.close, slot.head_only);
-            on_response(slot.endpoint, response.status.code());
+            let code = match (slot.response, &slot.job) {
+                (Some(mut response), _) => {
+                    if slot.keep_alive_header {
+                        response.headers.push("Connection: keep-alive".into());
+                    }
+                    response.write_to(&mut self.write_buf, slot.close, slot.head_only);
+                    response.status.code()
+                }
+                (None, Some(job)) => crate::api::render::write_job(
+                    job,
+                    &slot.outcomes,
+                    slot.response_id,
+                    &mut self.write_buf,
+                    slot.close,
+                    slot.keep_alive_header,
+                    slot.head_only,
+                    slot.route.as_ref().map(|d| (router, d)),
+                ),
+                (None, None) => unreachable!("checked above: a response or a finished job"),
+            };
+            on_response(slot.endpoint, code);
             staged = true;
             if slot.close {
                 self.close_when_flushed = true;

@@ -1,11 +1,12 @@
 //! One io thread: a mio event loop that accepts connections, parses every pipelined request,
 //! submits engine work through its own [`Submitter`], and writes responses in order.
 //!
-//! Events are hints: every readable connection is read until WouldBlock, every response
-//! batch is written once. Nothing here may block: the engine's answers arrive on this
-//! thread's completion ring and a mio `Waker` says when to look.
+//! Events are hints: every readable connection is read until WouldBlock (or a short read,
+//! which says the same on a stream socket), every response batch is written once. Nothing
+//! here may block: the engine's answers arrive on this thread's completion ring and a mio
+//! `Waker` says when to look.
 
-use super::conn::{Conn, Partial, ReadResult, Slot, StreamSlot};
+use super::conn::{Conn, Outcomes, Partial, ReadResult, Slot, StreamSlot};
 use super::parse::{self, Method};
 use super::response::{Response, Status};
 use crate::api::{self, ApiContext, Routed};
@@ -68,6 +69,9 @@ pub struct IoThread {
     next_response_id: u64,
     /// Read scratch, allocated once (a stack array would be zeroed on every read).
     read_chunk: Vec<u8>,
+    /// Completions taken off the ring in one turn; empty between turns, kept for its
+    /// allocation.
+    completions: Vec<crate::runtime::Completion>,
 }
 
 impl IoThread {
@@ -100,6 +104,7 @@ impl IoThread {
             touched: Vec::new(),
             next_response_id: thread_index << 48,
             read_chunk: vec![0; 16 * 1024],
+            completions: Vec::new(),
         })
     }
 
@@ -132,7 +137,7 @@ impl IoThread {
                     Token(t) => {
                         let idx = t - FIRST_CONN;
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                            self.on_readable(idx);
+                            self.on_readable(idx, ev.is_read_closed() || ev.is_error());
                         }
                         if ev.is_writable() {
                             self.touched.push(idx);
@@ -211,9 +216,10 @@ impl IoThread {
         }
     }
 
-    fn on_readable(&mut self, idx: usize) {
+    fn on_readable(&mut self, idx: usize, closed: bool) {
         if let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) {
             conn.readable = true;
+            conn.read_closed_hint |= closed;
         }
         self.touched.push(idx);
     }
@@ -230,6 +236,7 @@ impl IoThread {
         let max_pipelined = server.max_pipelined;
         let max_write = server.max_write_buffer_bytes;
         let stats = self.ctx.http_stats.clone();
+        let router = self.ctx.router.clone();
         loop {
             let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
                 return;
@@ -262,7 +269,9 @@ impl IoThread {
             let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
                 return;
             };
-            progress |= conn.stage_ready(|endpoint, code| stats.record_response(endpoint, code));
+            progress |= conn.stage_ready(&router, |endpoint, code| {
+                stats.record_response(endpoint, code)
+            });
             match conn.flush(now) {
                 Ok(n) => {
                     stats.add_bytes_out(n as u64);
@@ -365,7 +374,9 @@ impl IoThread {
                 return consumed;
             }
             let Partial { head, .. } = conn.partial.take().expect("set above");
-            let body: Vec<u8> = conn.read_buf[head.head_len..need].to_vec();
+            // The body is parsed where it lies in the read buffer (no copy); the request is
+            // consumed once routing is done with it.
+            let routed = api::route(&self.ctx, &head, &conn.read_buf[head.head_len..need]);
             conn.read_buf.drain(..need);
             conn.request_started = None;
             consumed = true;
@@ -376,7 +387,7 @@ impl IoThread {
             let endpoint = Endpoint::from_path(&head.path);
             let head_only = head.method == Method::Head;
             let keep_alive_header = head.http10 && !close;
-            match api::route(&self.ctx, &head, &body) {
+            match routed {
                 Routed::Now(response) => {
                     let response = if keep_alive_header {
                         response.with_header("Connection: keep-alive")
@@ -413,9 +424,10 @@ impl IoThread {
             stream: None,
             response: Some(response),
             job: None,
-            outcomes: Vec::new(),
+            outcomes: Outcomes::new(),
             remaining: 0,
             route: None,
+            response_id: 0,
         });
         self.touched.push(idx);
     }
@@ -468,6 +480,7 @@ impl IoThread {
                 outcomes: (0..parts).map(|_| None).collect(),
                 remaining: parts,
                 route: None,
+                response_id: 0,
             });
             (seq, conn.generation)
         };
@@ -554,7 +567,6 @@ impl IoThread {
     ) {
         self.next_response_id += 1;
         let response_id = self.next_response_id;
-        let ctx = self.ctx.clone();
         let Some(slot) = self.slot_mut(idx, generation, seq) else {
             return;
         };
@@ -599,25 +611,16 @@ impl IoThread {
         }
         slot.outcomes[part] = Some(outcome);
         if slot.remaining == 0 {
-            let outcomes = slot
-                .outcomes
-                .iter_mut()
-                .map(|o| o.take().expect("all parts answered"))
-                .collect();
-            let job = slot.job.take().expect("engine slot has a job");
-            let mut response = job.render(outcomes, response_id);
-            if let Some(d) = &slot.route {
-                response = response.with_header(ctx.route_header(d));
-            }
-            slot.response = Some(response);
+            // Rendered straight into the write buffer when the slot reaches the front.
+            slot.response_id = response_id;
             self.touched.push(idx);
         }
     }
 
     fn drain_completions(&mut self) {
-        let mut events = Vec::new();
+        let mut events = std::mem::take(&mut self.completions);
         self.submitter.drain_completions(|c| events.push(c));
-        for c in events {
+        for c in events.drain(..) {
             match c.event {
                 Event::Token { offset, text } => {
                     if let Some((_, f)) = self.inflight_of(c.tag) {
@@ -631,6 +634,7 @@ impl IoThread {
                 }
             }
         }
+        self.completions = events; // keep the allocation
     }
 
     /// Services every connection touched this turn (read, parse, stage, write, close).

@@ -18,12 +18,57 @@ pub enum Method {
     Other,
 }
 
+/// The paths abe serves, kept without allocating when a request names one of them.
+const KNOWN_PATHS: [&str; 9] = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/health",
+    "/ready",
+    "/metrics",
+    "/metrics/json",
+    "/admin/strategy",
+];
+
+/// A request path without its query string: one of [`KNOWN_PATHS`] (no allocation, the
+/// usual case) or a copy of whatever the client sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestPath(std::borrow::Cow<'static, str>);
+
+impl RequestPath {
+    /// `path`, borrowed from [`KNOWN_PATHS`] when it is one of them.
+    pub fn new(path: &str) -> RequestPath {
+        match KNOWN_PATHS.iter().find(|k| **k == path) {
+            Some(k) => RequestPath(std::borrow::Cow::Borrowed(k)),
+            None => RequestPath(std::borrow::Cow::Owned(path.to_string())),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for RequestPath {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<&str> for RequestPath {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// What the server keeps of a parsed request head.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Head {
     pub method: Method,
     /// Path without the query string.
-    pub path: String,
+    pub path: RequestPath,
     /// Bytes of the head, including the final CRLFCRLF.
     pub head_len: usize,
     /// Body length from Content-Length (0 when absent).
@@ -54,6 +99,23 @@ fn head_error(status: Status, message: impl Into<String>) -> HeadError {
     }
 }
 
+/// `s` as a decimal `usize`, accepting exactly what `str::parse::<usize>` accepts (an
+/// optional `+`, then at least one digit, no overflow) without its generic machinery.
+fn decimal_usize(s: &str) -> Option<usize> {
+    let digits = s.strip_prefix('+').unwrap_or(s).as_bytes();
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: usize = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(usize::from(b - b'0'))?;
+    }
+    Some(n)
+}
+
 /// Parses a request head from the front of `buf`. `Ok(None)`: incomplete, read more (the
 /// caller enforces `max_header_bytes` on what it buffers before a head completes).
 pub fn parse_head(
@@ -61,9 +123,11 @@ pub fn parse_head(
     max_header_bytes: usize,
     max_body_bytes: usize,
 ) -> Result<Option<Head>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let head_len = match req.parse(buf) {
+    // Header storage stays uninitialised: httparse writes only the entries it fills (saves
+    // zeroing all MAX_HEADERS of them for every request).
+    let mut headers = [std::mem::MaybeUninit::<httparse::Header>::uninit(); MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let head_len = match req.parse_with_uninit_headers(buf, &mut headers) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             if buf.len() > max_header_bytes {
@@ -100,7 +164,11 @@ pub fn parse_head(
         _ => Method::Other,
     };
     let target = req.path.unwrap_or("/");
-    let path = target.split('?').next().unwrap_or("/").to_string();
+    let path = match target.bytes().position(|b| b == b'?') {
+        Some(q) => &target[..q],
+        None => target,
+    };
+    let path = RequestPath::new(path);
     let http10 = req.version == Some(0);
     let mut close = http10;
     let mut content_length: Option<usize> = None;
@@ -109,15 +177,18 @@ pub fn parse_head(
     let mut authorization = None;
     for h in req.headers.iter() {
         let name = h.name;
-        let value = std::str::from_utf8(h.value).map_err(|_| {
-            head_error(
+        // Every header value must be UTF-8 (httparse lets obs-text through); ASCII, the
+        // usual case, needs no further check. Only the headers used below are converted.
+        if !h.value.is_ascii() && std::str::from_utf8(h.value).is_err() {
+            return Err(head_error(
                 Status::BadRequest,
                 format!("header {name} is not valid UTF-8"),
-            )
-        })?;
-        let value = value.trim();
+            ));
+        }
+        let value = || std::str::from_utf8(h.value).unwrap_or_default().trim();
         if name.eq_ignore_ascii_case("content-length") {
-            let n: usize = value.parse().map_err(|_| {
+            let value = value();
+            let n = decimal_usize(value).ok_or_else(|| {
                 head_error(
                     Status::BadRequest,
                     format!("invalid Content-Length '{value}'"),
@@ -137,7 +208,7 @@ pub fn parse_head(
                 "chunked request bodies are not supported: send Content-Length",
             ));
         } else if name.eq_ignore_ascii_case("connection") {
-            for token in value.split(',') {
+            for token in value().split(',') {
                 let t = token.trim();
                 if t.eq_ignore_ascii_case("close") {
                     close = true;
@@ -146,6 +217,7 @@ pub fn parse_head(
                 }
             }
         } else if name.eq_ignore_ascii_case("expect") {
+            let value = value();
             if value.eq_ignore_ascii_case("100-continue") {
                 expect_continue = true;
             } else {
@@ -155,9 +227,9 @@ pub fn parse_head(
                 ));
             }
         } else if name.eq_ignore_ascii_case("x-priority") {
-            priority = Some(value.to_string());
+            priority = Some(value().to_string());
         } else if name.eq_ignore_ascii_case("authorization") {
-            authorization = Some(value.to_string());
+            authorization = Some(value().to_string());
         }
     }
     // RFC 9112 6.3: no Content-Length and no Transfer-Encoding means an empty body.
@@ -206,6 +278,12 @@ mod tests {
         .unwrap();
         assert_eq!(h.method, Method::Post);
         assert_eq!(h.path, "/v1/completions");
+        let odd = parse("GET /v1/other?q=1 HTTP/1.1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(odd.path, "/v1/other");
+        let bad = parse_head(b"GET / HTTP/1.1\r\nX-A: \xff\r\n\r\n", 1024, 100);
+        assert_eq!(bad.unwrap_err().status, Status::BadRequest);
         assert_eq!(h.content_length, 12);
         assert_eq!(h.priority.as_deref(), Some("high"));
         assert!(h.expect_continue && !h.close);
@@ -230,6 +308,25 @@ mod tests {
         assert_eq!(parse(garbage).unwrap_err().status, Status::BadRequest);
         let conflicting = "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
         assert_eq!(parse(conflicting).unwrap_err().status, Status::BadRequest);
+    }
+
+    #[test]
+    fn content_length_digits_parse_like_std() {
+        for s in [
+            "0",
+            "30",
+            "+7",
+            "",
+            "+",
+            "-1",
+            "1a",
+            " 1",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(decimal_usize(s), s.parse::<usize>().ok(), "{s:?}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Responses are rendered straight into a connection's write buffer. Every error body is
 //! `{"error":{"message","type","code"}}` with a message a person can act on.
 
-use std::io::Write;
+use crate::api::json_out;
 
 /// The statuses abe sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -140,14 +140,15 @@ impl Response {
 
     /// Writes head and body to `out`. `head_only` omits the body (HEAD requests).
     pub fn write_to(&self, out: &mut Vec<u8>, close: bool, head_only: bool) {
-        let _ = write!(
-            out,
-            "HTTP/1.1 {} {}\r\nServer: abe\r\nContent-Type: {}\r\nContent-Length: {}\r\n",
-            self.status.code(),
-            self.status.reason(),
-            self.content_type,
-            self.body.len()
-        );
+        out.extend_from_slice(b"HTTP/1.1 ");
+        json_out::uint(out, u64::from(self.status.code()));
+        out.push(b' ');
+        out.extend_from_slice(self.status.reason().as_bytes());
+        out.extend_from_slice(b"\r\nServer: abe\r\nContent-Type: ");
+        out.extend_from_slice(self.content_type.as_bytes());
+        out.extend_from_slice(b"\r\nContent-Length: ");
+        json_out::uint(out, self.body.len() as u64);
+        out.extend_from_slice(b"\r\n");
         for h in &self.headers {
             out.extend_from_slice(h.as_bytes());
             out.extend_from_slice(b"\r\n");
@@ -160,6 +161,73 @@ impl Response {
             out.extend_from_slice(&self.body);
         }
     }
+}
+
+/// Start of every `200 OK` JSON head, up to the Content-Length value.
+const JSON_OK_PREFIX: &[u8] =
+    b"HTTP/1.1 200 OK\r\nServer: abe\r\nContent-Type: application/json\r\nContent-Length: ";
+
+/// Where extra header lines go in [`JSON_OK_PREFIX`]: after the status line.
+const JSON_OK_STATUS_LINE: usize = "HTTP/1.1 200 OK\r\n".len();
+
+/// The longest head tail after the Content-Length value: 20 digits, then the longest
+/// `Connection` lines and the blank line.
+const JSON_OK_TAIL_MAX: usize =
+    20 + "\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n".len();
+
+/// Appends a `200 OK` `application/json` response to `out` whose body `body` writes straight
+/// into `out` (no body buffer of its own): the same bytes [`Response::write_to`] writes for
+/// `Response::json(Status::Ok, body)`, plus `Connection: keep-alive` when `keep_alive_header`
+/// and `Connection: close` when `close`, and whatever header lines (each ending in CRLF)
+/// `extra_head` writes. `head_only` leaves the body out (HEAD).
+///
+/// The body is written after a gap wide enough for the longest head tail; once its length
+/// is known the tail is written and the body moved down over the rest of the gap (one
+/// short `memmove`). If `body` fails, `out` is left as it was and the error is returned.
+pub fn write_json_ok<E>(
+    out: &mut Vec<u8>,
+    close: bool,
+    keep_alive_header: bool,
+    head_only: bool,
+    extra_head: impl FnOnce(&mut Vec<u8>),
+    body: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<(), E> {
+    let start = out.len();
+    out.extend_from_slice(&JSON_OK_PREFIX[..JSON_OK_STATUS_LINE]);
+    extra_head(out);
+    out.extend_from_slice(&JSON_OK_PREFIX[JSON_OK_STATUS_LINE..]);
+    let tail_at = out.len();
+    let body_at = tail_at + JSON_OK_TAIL_MAX;
+    out.resize(body_at, 0);
+    if let Err(e) = body(out) {
+        out.truncate(start);
+        return Err(e);
+    }
+    let body_len = out.len() - body_at;
+    let mut tail = [0u8; JSON_OK_TAIL_MAX];
+    let mut n = 0;
+    let mut put = |bytes: &[u8]| {
+        tail[n..n + bytes.len()].copy_from_slice(bytes);
+        n += bytes.len();
+    };
+    let mut digits = [0u8; 20];
+    put(json_out::decimal(&mut digits, body_len as u64));
+    put(b"\r\n");
+    if keep_alive_header {
+        put(b"Connection: keep-alive\r\n");
+    }
+    if close {
+        put(b"Connection: close\r\n");
+    }
+    put(b"\r\n");
+    out[tail_at..tail_at + n].copy_from_slice(&tail[..n]);
+    if head_only {
+        out.truncate(tail_at + n);
+    } else {
+        out.copy_within(body_at.., tail_at + n);
+        out.truncate(tail_at + n + body_len);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -180,5 +248,54 @@ mod tests {
         assert!(text.contains("Retry-After: 1\r\n"));
         assert!(text.contains("Connection: close\r\n"));
         assert!(text.ends_with(&String::from_utf8(r.body.clone()).unwrap()));
+    }
+
+    #[test]
+    fn json_ok_written_in_place_matches_a_rendered_response() {
+        let body = br#"{"a":"b \" c","n":[1,2,3]}"#;
+        for (close, keep_alive, head_only) in [
+            (false, false, false),
+            (true, false, false),
+            (false, true, false),
+            (true, true, true),
+        ] {
+            let mut expected = b"earlier bytes".to_vec();
+            let mut r = Response::json(Status::Ok, body.to_vec());
+            if keep_alive {
+                r = r.with_header("Connection: keep-alive");
+            }
+            r.write_to(&mut expected, close, head_only);
+            let mut out = b"earlier bytes".to_vec();
+            write_json_ok::<()>(
+                &mut out,
+                close,
+                keep_alive,
+                head_only,
+                |_| {},
+                |o| {
+                    o.extend_from_slice(body);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                String::from_utf8(expected).unwrap()
+            );
+        }
+        let mut out = b"kept".to_vec();
+        let failed = write_json_ok(
+            &mut out,
+            false,
+            false,
+            false,
+            |_| {},
+            |o| {
+                o.extend_from_slice(b"partial");
+                Err("no")
+            },
+        );
+        assert_eq!(failed, Err("no"));
+        assert_eq!(out, b"kept");
     }
 }

@@ -76,7 +76,10 @@ impl Endpoint {
     /// The endpoint a request path (query string allowed) is counted under. A convenience for
     /// the router; it decides nothing about routing itself.
     pub fn from_path(path: &str) -> Endpoint {
-        let path = path.split('?').next().unwrap_or(path);
+        let path = match path.bytes().position(|b| b == b'?') {
+            Some(q) => &path[..q],
+            None => path,
+        };
         match path {
             "/v1/completions" => Endpoint::Completions,
             "/v1/chat/completions" => Endpoint::ChatCompletions,

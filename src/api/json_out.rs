@@ -1,0 +1,182 @@
+//! A small JSON writer for the fixed response shapes of the hot path (completions, chat
+//! completions): strings, integers and literal punctuation appended straight to a byte
+//! buffer, with no intermediate `String`, `Value` or serializer state.
+//!
+//! Output is byte-for-byte what `serde_json` writes for the same values (strings are escaped
+//! with the same rules: `"`, `\` and control characters; everything else, non-ASCII
+//! included, is copied as UTF-8), so switching a shape to this writer changes no response.
+//! Only writing lives here; requests are always parsed with serde.
+
+/// What each byte turns into inside a JSON string: 0 = copied as is, `u` = `\u00XX`,
+/// anything else = a backslash and that character (`\"`, `\\`, `\n`, ...). Same table as
+/// serde_json's, so the output is identical.
+static ESCAPE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = b'u';
+        i += 1;
+    }
+    t[0x08] = b'b';
+    t[0x09] = b't';
+    t[0x0a] = b'n';
+    t[0x0c] = b'f';
+    t[0x0d] = b'r';
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t
+};
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `s` as a JSON string (quotes included), escaped.
+#[inline]
+pub fn string(out: &mut Vec<u8>, s: &str) {
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc = ESCAPE[usize::from(b)];
+        if esc == 0 {
+            continue;
+        }
+        // `i` is at an ASCII byte (every escaped byte is < 0x80), so the run before it ends
+        // on a character boundary.
+        out.extend_from_slice(&bytes[start..i]);
+        if esc == b'u' {
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX_DIGITS[usize::from(b >> 4)],
+                HEX_DIGITS[usize::from(b & 0xf)],
+            ]);
+        } else {
+            out.extend_from_slice(&[b'\\', esc]);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// Appends the decimal digits of `n`.
+#[inline]
+pub fn uint(out: &mut Vec<u8>, n: u64) {
+    if n < 10 {
+        out.push(b'0' + n as u8); // indexes and small counts: the usual case
+        return;
+    }
+    let mut buf = [0u8; 20];
+    let digits = decimal(&mut buf, n);
+    out.extend_from_slice(digits);
+}
+
+/// "00" to "99": two digits per division (a ten-digit Unix time takes five).
+static DIGIT_PAIRS: [[u8; 2]; 100] = {
+    let mut t = [[0u8; 2]; 100];
+    let mut i = 0;
+    while i < 100 {
+        t[i] = [b'0' + (i / 10) as u8, b'0' + (i % 10) as u8];
+        i += 1;
+    }
+    t
+};
+
+/// Writes `n` in decimal at the end of `buf`; returns the digits.
+#[inline]
+pub fn decimal(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
+    let mut at = buf.len();
+    while n >= 100 {
+        let pair = DIGIT_PAIRS[(n % 100) as usize];
+        n /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&pair);
+    }
+    if n >= 10 {
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&DIGIT_PAIRS[n as usize]);
+    } else {
+        at -= 1;
+        buf[at] = b'0' + n as u8;
+    }
+    &buf[at..]
+}
+
+/// Appends `n` as exactly 16 lower-case hex digits (zero-padded), like `{n:016x}`.
+#[inline]
+pub fn hex16(out: &mut Vec<u8>, n: u64) {
+    let mut buf = [0u8; 16];
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = HEX_DIGITS[((n >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out.extend_from_slice(&buf);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TRICKY: &[&str] = &[
+        "",
+        "plain",
+        "quote \" and backslash \\ and slash /",
+        "\\\"",
+        "line\nfeed\r\ttab\u{8}bs\u{c}ff",
+        "\u{0}\u{1}\u{1f} nul and unit separator",
+        "\u{7f} del is not escaped",
+        "non-ASCII: é ß 日本語 🙂 \u{2028}\u{2029}",
+        "ends with escape\n",
+        "\"",
+        "mixed é\"\\\u{1}🙂\n",
+    ];
+
+    #[test]
+    fn strings_match_serde_json_byte_for_byte_and_parse_back() {
+        for s in TRICKY {
+            let mut out = Vec::new();
+            string(&mut out, s);
+            assert_eq!(
+                out,
+                serde_json::to_vec(s).unwrap(),
+                "escaping of {s:?} differs from serde_json"
+            );
+            let back: String = serde_json::from_slice(&out).unwrap();
+            assert_eq!(&back, s);
+        }
+    }
+
+    #[test]
+    fn every_single_char_below_0x80_round_trips() {
+        for c in (0u8..0x80).map(char::from) {
+            let s = format!("a{c}b");
+            let mut out = Vec::new();
+            string(&mut out, &s);
+            assert_eq!(out, serde_json::to_vec(&s).unwrap(), "char {:#x}", c as u32);
+        }
+    }
+
+    #[test]
+    fn integers_and_hex_match_std_formatting() {
+        for n in [
+            0u64,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12345,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut out = Vec::new();
+            uint(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+            let mut out = Vec::new();
+            hex16(&mut out, n);
+            assert_eq!(out, format!("{n:016x}").into_bytes());
+        }
+    }
+}
