@@ -195,12 +195,20 @@ pub struct Routing {
     /// Served model names by `ModelId`, shared so a request's `Work` gets one without
     /// allocating.
     pub model_names: Vec<Arc<str>>,
+    /// Per backend: its executor reads `Work::model` (upstream backends; a `sim` one does
+    /// not, and skipping the shared counter's increment and decrement keeps the hot path
+    /// cheaper).
+    wants_model: Vec<bool>,
     /// The name requests without a resolved model (in-process callers) are routed by.
     pub default_name: NameId,
     pub health: Option<Arc<dyn BackendHealth>>,
     health_seen: u64,
     /// Per backend: counters published in the snapshot.
     counters: Vec<crate::runtime::snapshot::BackendSnapshot>,
+    /// Per backend: when its circuit as routing sees it may change without a batch
+    /// completing (an open worker circuit becomes due its probe); `Nanos::MAX`: not before
+    /// the next completion.
+    circuit_due_ns: Vec<Nanos>,
 }
 
 impl Routing {
@@ -214,13 +222,20 @@ impl Routing {
             .map(|m| Arc::from(registry.model_name(ModelId::from_index(m))))
             .collect();
         let counters = vec![Default::default(); registry.len()];
+        let wants_model = registry
+            .backends()
+            .map(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }))
+            .collect();
+        let circuit_due_ns = vec![Nanos::MAX; registry.len()];
         Routing {
             router,
             model_names,
+            wants_model,
             default_name,
             health,
             health_seen: u64::MAX,
             counters,
+            circuit_due_ns,
         }
     }
 
@@ -360,7 +375,9 @@ impl Engine {
             // Before admission: a circuit due its probe must be routable for this turn's
             // requests (nothing else wakes the engine when a recovery time passes).
             for (l, lane) in self.lanes.iter().enumerate() {
-                Self::sync_circuit(&mut self.routing, lane.at(l).backend, &lane.core, now);
+                if now >= self.routing.circuit_due_ns[l] {
+                    Self::sync_circuit(&mut self.routing, lane.at(l).backend, &lane.core, now);
+                }
             }
             let mut worked = self.io.accept_submitters();
             worked |= self.read_controls(now);
@@ -432,20 +449,26 @@ impl Engine {
     fn sync_circuit(routing: &mut Routing, backend: BackendId, core: &Core, now: Nanos) {
         let params = core.config().circuit;
         let mut state = CircuitState::Open;
+        // Only while no worker's circuit is closed can time alone change the state (an open
+        // one becomes due its probe); a closed one changes only when a batch completes,
+        // which syncs again.
+        let mut next_due = Nanos::MAX;
         for w in core.workers() {
-            let s = w.circuit.last_state();
-            let due =
-                s == CircuitState::Open && w.circuit.reopens_at(&params).is_some_and(|t| now >= t);
-            match s {
+            match w.circuit.last_state() {
                 CircuitState::Closed => {
                     state = CircuitState::Closed;
+                    next_due = Nanos::MAX;
                     break;
                 }
                 CircuitState::HalfOpen => state = CircuitState::HalfOpen,
-                CircuitState::Open if due => state = CircuitState::HalfOpen,
-                CircuitState::Open => {}
+                CircuitState::Open => match w.circuit.reopens_at(&params) {
+                    Some(t) if now >= t => state = CircuitState::HalfOpen,
+                    Some(t) => next_due = next_due.min(t),
+                    None => {}
+                },
             }
         }
+        routing.circuit_due_ns[backend.index()] = next_due;
         let c = &mut routing.counters[backend.index()];
         c.circuit = state;
         let routed_state = match state {
@@ -546,8 +569,10 @@ impl Engine {
                 other => break other,
             }
         };
-        work.model = Some(routing.model_names[decision.model.index()].clone());
         let b = decision.backend.index();
+        if routing.wants_model[b] {
+            work.model = Some(routing.model_names[decision.model.index()].clone());
+        }
         let lane = &mut lanes[b];
         match admitted {
             Ok(ticket) => {
@@ -750,6 +775,10 @@ impl Engine {
                 route.tried[route.tried_len as usize] = b;
                 route.tried_len += 1;
                 route.decision = Some(Decision { backend: b, ..d });
+                let mut work = work;
+                if self.routing.wants_model[b.index()] && work.model.is_none() {
+                    work.model = Some(self.routing.model_names[d.model.index()].clone());
+                }
                 self.io.move_pending(index, to, work, route);
                 return;
             }
