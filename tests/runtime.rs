@@ -370,6 +370,7 @@ fn continuous_mode_answers_every_request_once_with_natural_lengths() {
                             assert_eq!(completion_tokens, 20);
                             length += 1
                         }
+                        abe::exec::FinishReason::ToolCalls => panic!("sim calls no tools"),
                     }
                 }
                 other => panic!("unexpected {other:?}"),

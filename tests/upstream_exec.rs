@@ -101,6 +101,7 @@ fn text_of(item: &BatchItem) -> (&str, u32, u32, FinishReason) {
             prompt_tokens,
             completion_tokens,
             finish_reason,
+            ..
         } => (text, *prompt_tokens, *completion_tokens, *finish_reason),
         other => panic!("not text: {other:?}"),
     }

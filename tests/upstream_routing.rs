@@ -481,3 +481,67 @@ fn an_upstream_stream_is_relayed_chunk_by_chunk() {
     );
     abe.shutdown();
 }
+
+#[test]
+fn tool_calls_from_an_upstream_reach_the_client_whole_and_streamed() {
+    let mock = MockUpstream::start();
+    let abe = start(front(&format!(
+        r#"
+        [[backends]]
+        name = "tools-backend"
+        kind = "upstream"
+        base_url = "{}"
+        [[backends.models]]
+        name = "m"
+        context_length = 4096
+        capabilities = {{ tools = true }}
+        "#,
+        mock.base_url()
+    )));
+    let mut c = Client::connect(abe.local_addr());
+    let request = |stream: bool| {
+        serde_json::json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "weather in Oslo"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+            "stream": stream,
+        })
+        .to_string()
+    };
+    let r = c.request("POST", "/v1/chat/completions", Some(&request(false)));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert!(choice["message"]["content"].is_null(), "{v}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["function"]["arguments"], "{\"q\":\"weather in Oslo\"}");
+    // The upstream was asked with the tools and without streaming.
+    let sent = mock.last_json("/v1/chat/completions").unwrap();
+    assert_eq!(sent["tools"][0]["function"]["name"], "get_weather");
+    assert_eq!(sent["stream"], false);
+
+    // A streaming client gets the calls in one delta (with `index`), then tool_calls.
+    let r = c.request("POST", "/v1/chat/completions", Some(&request(true)));
+    assert_eq!(r.status, 200);
+    let events: Vec<serde_json::Value> = r
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let calls: Vec<&serde_json::Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(calls.len(), 1, "{events:?}");
+    assert_eq!(calls[0][0]["index"], 0);
+    assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+    abe.shutdown();
+}

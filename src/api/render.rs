@@ -85,6 +85,7 @@ where
             prompt_tokens,
             completion_tokens,
             finish_reason,
+            tool_calls,
         } = o
         else {
             unreachable!("checked above: every output is text");
@@ -105,13 +106,26 @@ where
                 out.extend_from_slice(b"{\"index\":");
                 json_out::uint(out, index as u64);
                 out.extend_from_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
-                json_out::string(out, text);
+                match tool_calls {
+                    // A tool call with no text: `content` is null, as OpenAI sends it.
+                    Some(calls) => {
+                        if text.is_empty() {
+                            out.extend_from_slice(b"null");
+                        } else {
+                            json_out::string(out, text);
+                        }
+                        out.extend_from_slice(b",\"tool_calls\":");
+                        out.extend_from_slice(calls.as_bytes());
+                    }
+                    None => json_out::string(out, text),
+                }
                 out.push(b'}');
             }
         }
         out.extend_from_slice(match finish_reason {
             FinishReason::Length => b",\"logprobs\":null,\"finish_reason\":\"length\"}",
             FinishReason::Stop => b",\"logprobs\":null,\"finish_reason\":\"stop\"}",
+            FinishReason::ToolCalls => b",\"logprobs\":null,\"finish_reason\":\"tool_calls\"}",
         });
     }
     out.extend_from_slice(b"],\"usage\":{\"prompt_tokens\":");
@@ -366,12 +380,14 @@ mod tests {
                 prompt_tokens: 3,
                 completion_tokens: 2,
                 finish_reason: FinishReason::Length,
+                tool_calls: None,
             },
             Output::Text {
                 text: "c".into(),
                 prompt_tokens: 1,
                 completion_tokens: 1,
                 finish_reason: FinishReason::Stop,
+                tool_calls: None,
             },
         ];
         let r = completion("m", 7, 1, &outs);
@@ -390,6 +406,7 @@ mod tests {
             prompt_tokens: 4,
             completion_tokens: 9,
             finish_reason: FinishReason::Stop,
+            tool_calls: None,
         }];
         let r = completion("m\"x", 1_700_000_000, 0xab, &outs);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -428,6 +445,7 @@ mod tests {
             prompt_tokens: 1,
             completion_tokens: 1,
             finish_reason: FinishReason::Length,
+            tool_calls: None,
         }];
         let r = completion("abe-sim", 7, 1, &plain);
         assert_eq!(

@@ -223,6 +223,7 @@ impl StreamWriter {
             prompt_tokens,
             completion_tokens,
             finish_reason,
+            tool_calls,
         } = output
         else {
             return;
@@ -236,6 +237,17 @@ impl StreamWriter {
         }
         if self.kind == StreamKind::Chat && !self.parts[part].role_sent {
             self.piece(part, "", out);
+        }
+        if let (StreamKind::Chat, Some(calls)) = (self.kind, tool_calls) {
+            // Relayed whole in one delta; stream deltas number their calls with `index`.
+            let calls = indexed_tool_calls(calls);
+            self.chunk_event(out, |o| {
+                o.extend_from_slice(b"{\"delta\":{\"tool_calls\":");
+                o.extend_from_slice(calls.as_bytes());
+                o.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
+                json_out::uint(o, part as u64);
+                o.extend_from_slice(b",\"logprobs\":null}");
+            });
         }
         let reason = finish_reason.as_str();
         match self.kind {
@@ -296,6 +308,22 @@ pub fn head(close: bool) -> &'static [u8] {
     }
 }
 
+/// A `tool_calls` array (JSON text) with `"index": i` in each call, as streamed deltas
+/// carry it; the text unchanged when it is not an array of objects.
+fn indexed_tool_calls(calls: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(calls) {
+        Ok(serde_json::Value::Array(mut list)) => {
+            for (i, call) in list.iter_mut().enumerate() {
+                if let Some(obj) = call.as_object_mut() {
+                    obj.entry("index").or_insert(i.into());
+                }
+            }
+            serde_json::Value::Array(list).to_string()
+        }
+        _ => calls.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,6 +335,7 @@ mod tests {
             prompt_tokens: 2,
             completion_tokens: text.split(' ').count() as u32,
             finish_reason: FinishReason::Length,
+            tool_calls: None,
         }
     }
 

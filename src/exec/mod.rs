@@ -51,6 +51,8 @@ pub enum FinishReason {
     Length,
     /// A stop sequence or end of sequence.
     Stop,
+    /// The model called tools (an upstream backend's answer; see `Output::Text::tool_calls`).
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -59,6 +61,7 @@ impl FinishReason {
         match self {
             FinishReason::Length => "length",
             FinishReason::Stop => "stop",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -71,6 +74,9 @@ pub enum Output {
         prompt_tokens: u32,
         completion_tokens: u32,
         finish_reason: FinishReason,
+        /// Chat answers from an upstream backend: the message's `tool_calls` array as the
+        /// backend sent it (JSON text), relayed to the client as is. `None` otherwise.
+        tool_calls: Option<Box<str>>,
     },
     Embedding {
         vector: Vec<f32>,

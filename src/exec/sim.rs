@@ -260,6 +260,7 @@ impl Executor for SimExecutor {
                     prompt_tokens: state.prompt_tokens,
                     completion_tokens: state.generated,
                     finish_reason: FinishReason::Stop,
+                    tool_calls: None,
                 });
                 continue;
             }
@@ -276,6 +277,7 @@ impl Executor for SimExecutor {
                     } else {
                         FinishReason::Stop
                     },
+                    tool_calls: None,
                 });
             }
         }
@@ -323,6 +325,7 @@ impl Executor for SimExecutor {
                         prompt_tokens: p,
                         completion_tokens: tokens,
                         finish_reason,
+                        tool_calls: None,
                     }
                 }
                 Kind::Embedding => {

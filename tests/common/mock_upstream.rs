@@ -745,6 +745,22 @@ fn chat(stream: &mut TcpStream, body: &Value, close: bool, shared: &Shared) -> A
     let max = max_tokens(body, &["max_completion_tokens", "max_tokens"]);
     let model = model_of(body);
     let (words, cut) = mock_words(&prompt, max);
+    // A request offering tools is answered with a call of the first one (not streamed).
+    let first_tool = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .and_then(|t| t.first())
+        .and_then(|t| t["function"]["name"].as_str());
+    if let Some(name) = first_tool {
+        let answer = json!({"id": "chatcmpl-mock", "object": "chat.completion", "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_mock", "type": "function",
+                    "function": {"name": name, "arguments": format!("{{\"q\":{:?}}}", prompt)}}]},
+                "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}});
+        return Ok(write_json(stream, 200, &answer, close));
+    }
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
         let chunk = |delta: Value, finish_reason: Value| {
             json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "model": model,

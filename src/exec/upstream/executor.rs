@@ -150,7 +150,10 @@ fn plan(
         };
         match (work.kind, &work.chat_body) {
             (Kind::Completion, Some(chat)) => match wire::chat_body(chat, model, work.stream) {
-                Ok(body) => jobs.push(single(Shape::Chat, body)),
+                Ok((body, stream)) => jobs.push(Job {
+                    stream,
+                    ..single(Shape::Chat, body)
+                }),
                 Err(e) => failed.push((index, ExecError::Backend(e))),
             },
             (Kind::Completion, None) if work.stream || !prompt_array => jobs.push(single(
@@ -413,6 +416,7 @@ impl JobContext<'_> {
                 .unwrap_or_else(|| prompt_tokens(&item.prompt)),
             completion_tokens: usage.completion_tokens.unwrap_or(pieces),
             finish_reason: finish.unwrap_or(FinishReason::Stop),
+            tool_calls: None,
         })
     }
 }
@@ -456,6 +460,7 @@ fn split_text(call: &Call<'_>, job: &Job, parsed: TextResponse) -> Vec<ItemResul
                     prompt_tokens: prompt[k],
                     completion_tokens: completion[k],
                     finish_reason: c.finish_reason,
+                    tool_calls: c.tool_calls,
                 })
                 .ok_or_else(|| call.protocol(format_args!("no choice for prompt {k}")));
             (item.index, output)

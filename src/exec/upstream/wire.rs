@@ -53,17 +53,28 @@ pub(super) fn embeddings_body(model: &str, inputs: &[&str], dimensions: u32) -> 
 
 /// The client's chat body with `model` replaced, `stream` forced, and `stream_options`
 /// dropped (abe does not ask the backend for a usage chunk; several backends reject
-/// `stream_options` without `stream`).
-pub(super) fn chat_body(original: &str, model: &str, stream: bool) -> Result<String, String> {
+/// `stream_options` without `stream`), and whether the backend is asked to stream: not when
+/// the request offers tools (a streamed answer's tool calls come in fragments abe does not
+/// reassemble; the whole answer is relayed to a streaming client at the end instead).
+pub(super) fn chat_body(
+    original: &str,
+    model: &str,
+    stream: bool,
+) -> Result<(String, bool), String> {
     let mut v: Value = serde_json::from_str(original)
         .map_err(|e| format!("the client's chat body is not JSON: {e}"))?;
     let body = v
         .as_object_mut()
         .ok_or("the client's chat body is not a JSON object")?;
+    let has_tools = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    let stream = stream && !has_tools;
     body.insert("model".into(), model.into());
     body.insert("stream".into(), stream.into());
     body.remove("stream_options");
-    Ok(v.to_string())
+    Ok((v.to_string(), stream))
 }
 
 /// Token counts a backend reports.
@@ -82,6 +93,8 @@ pub(super) struct Choice {
     pub index: usize,
     pub text: String,
     pub finish_reason: FinishReason,
+    /// Chat: the message's non-empty `tool_calls` array, as JSON text.
+    pub tool_calls: Option<Box<str>>,
 }
 
 /// A parsed /v1/completions or /v1/chat/completions answer.
@@ -99,11 +112,12 @@ pub(super) struct EmbeddingsResponse {
     pub usage: Option<Usage>,
 }
 
-/// OpenAI's name to abe's: "length" is the only way to run out; "stop", "eos", "tool_calls",
-/// "content_filter" or none all mean the output ended by itself.
+/// OpenAI's name to abe's: "length" is the only way to run out, "tool_calls" is relayed;
+/// "stop", "eos", "content_filter" or none all mean the output ended by itself.
 pub(super) fn finish_reason(name: Option<&str>) -> FinishReason {
     match name {
         Some("length") => FinishReason::Length,
+        Some("tool_calls") => FinishReason::ToolCalls,
         _ => FinishReason::Stop,
     }
 }
@@ -143,6 +157,7 @@ pub(super) fn parse_completions(body: &str) -> Result<TextResponse, String> {
             index: c.index.unwrap_or(k),
             text: c.text,
             finish_reason: finish_reason(c.finish_reason.as_deref()),
+            tool_calls: None,
         })
         .collect();
     Ok(TextResponse {
@@ -181,20 +196,22 @@ pub(super) fn parse_chat(body: &str) -> Result<TextResponse, String> {
         .into_iter()
         .next()
         .ok_or("the answer has no choices")?;
-    let has_tool_calls = first
+    let tool_calls = first
         .message
         .tool_calls
-        .as_ref()
-        .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
-    if first.message.content.is_none() && has_tool_calls {
-        // abe's Output carries text only; dropping the calls silently would be a wrong answer.
-        return Err("the answer is a tool call, which abe cannot relay yet".into());
+        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+        .map(|t| t.to_string().into_boxed_str());
+    let mut finish = finish_reason(first.finish_reason.as_deref());
+    if tool_calls.is_some() && finish == FinishReason::Stop {
+        // Some servers say "stop" with tool calls; OpenAI says "tool_calls".
+        finish = FinishReason::ToolCalls;
     }
     Ok(TextResponse {
         choices: vec![Choice {
             index: 0,
             text: first.message.content.unwrap_or_default(),
-            finish_reason: finish_reason(first.finish_reason.as_deref()),
+            finish_reason: finish,
+            tool_calls,
         }],
         usage: raw.usage,
     })
@@ -379,12 +396,23 @@ mod tests {
     fn chat_body_replaces_model_and_stream() {
         let original = r#"{"model":"alias","messages":[{"role":"user","content":"hi"}],
             "stream":true,"stream_options":{"include_usage":true},"tools":[]}"#;
-        let v: Value = serde_json::from_str(&chat_body(original, "real", false).unwrap()).unwrap();
+        let (body, stream) = chat_body(original, "real", false).unwrap();
+        assert!(!stream);
+        let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["model"], "real");
         assert_eq!(v["stream"], false);
         assert!(v.get("stream_options").is_none());
         assert_eq!(v["messages"][0]["content"], "hi");
         assert_eq!(v["tools"], json!([]));
+        // Empty tools: streams as asked; tools offered: asked whole.
+        assert!(chat_body(original, "real", true).unwrap().1);
+        let tools = r#"{"messages":[],"tools":[{"type":"function"}],"stream":true}"#;
+        let (body, stream) = chat_body(tools, "real", true).unwrap();
+        assert!(!stream);
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["stream"],
+            false
+        );
         assert!(chat_body("[1]", "m", false).is_err());
         assert!(chat_body("{", "m", false).is_err());
     }
@@ -404,13 +432,19 @@ mod tests {
     }
 
     #[test]
-    fn chat_takes_the_first_message_and_refuses_tool_calls() {
+    fn chat_takes_the_first_message_and_keeps_tool_calls() {
         let r = parse_chat(r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}"#)
             .unwrap();
         assert_eq!(r.choices[0].text, "hi");
+        assert_eq!(r.choices[0].tool_calls, None);
         assert!(parse_chat(r#"{"choices":[]}"#).is_err());
-        let tool = r#"{"choices":[{"message":{"content":null,"tool_calls":[{"id":"1"}]}}]}"#;
-        assert!(parse_chat(tool).unwrap_err().contains("tool call"));
+        let tool = r#"{"choices":[{"message":{"content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"stop"}]}"#;
+        let r = parse_chat(tool).unwrap();
+        assert_eq!(r.choices[0].text, "");
+        assert_eq!(r.choices[0].finish_reason, FinishReason::ToolCalls);
+        let calls: Value =
+            serde_json::from_str(r.choices[0].tool_calls.as_deref().unwrap()).unwrap();
+        assert_eq!(calls[0]["function"]["name"], "f");
     }
 
     #[test]
