@@ -123,6 +123,18 @@ fn requests_go_to_the_backend_serving_their_model_and_say_so() {
         Some("backend=big; model=m-shared; via=direct")
     );
 
+    // A stream's head says where it went too.
+    let body =
+        serde_json::json!({"model": "fast", "prompt": "hi", "max_tokens": 3, "stream": true})
+            .to_string();
+    let r = c.request("POST", "/v1/completions", Some(&body));
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-abe-route"),
+        Some("backend=small; model=m-small; via=alias; requested=fast")
+    );
+    assert!(r.text().contains("data: [DONE]"));
+
     // Embeddings are routed too.
     let body = serde_json::json!({"model": "m-shared", "input": ["a", "b"]}).to_string();
     let r = c.request("POST", "/v1/embeddings", Some(&body));

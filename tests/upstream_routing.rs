@@ -190,6 +190,11 @@ fn routes_by_model_alias_and_fallback_across_two_abe_processes() {
     .to_string();
     let r = c.request("POST", "/v1/completions", Some(&body));
     assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-abe-route"),
+        Some("backend=up-alpha; model=alpha; via=direct"),
+        "a stream's head names its backend too"
+    );
     let text = r.text();
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     let streamed: String = text

@@ -308,6 +308,16 @@ pub fn head(close: bool) -> &'static [u8] {
     }
 }
 
+/// Appends [`head`] to `out` with the header lines `extra` writes (each ending in CRLF)
+/// after the status line.
+pub fn write_head(out: &mut Vec<u8>, close: bool, extra: impl FnOnce(&mut Vec<u8>)) {
+    const STATUS_LINE: usize = "HTTP/1.1 200 OK\r\n".len();
+    let head = head(close);
+    out.extend_from_slice(&head[..STATUS_LINE]);
+    extra(out);
+    out.extend_from_slice(&head[STATUS_LINE..]);
+}
+
 /// A `tool_calls` array (JSON text) with `"index": i` in each call, as streamed deltas
 /// carry it; the text unchanged when it is not an array of objects.
 fn indexed_tool_calls(calls: &str) -> String {

@@ -183,8 +183,14 @@ impl Conn {
                 // a failure can still be a plain HTTP error), then whatever is ready.
                 if !st.head_written && (st.done || !st.pending.is_empty()) {
                     st.head_written = true;
-                    self.write_buf
-                        .extend_from_slice(crate::api::stream::head(front.close));
+                    let route = front.route;
+                    crate::api::stream::write_head(&mut self.write_buf, front.close, |out| {
+                        if let Some(d) = &route {
+                            use std::io::Write as _;
+                            // Writing into a Vec cannot fail.
+                            let _ = write!(out, "x-abe-route: {}\r\n", router.describe(d));
+                        }
+                    });
                 }
                 if st.head_written && !st.pending.is_empty() {
                     self.write_buf.extend_from_slice(&st.pending);

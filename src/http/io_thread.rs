@@ -544,10 +544,19 @@ impl IoThread {
     }
 
     /// A token of a streaming request: written to its stream at once.
-    fn stream_token(&mut self, f: InFlight, offset: u32, text: &str) {
+    fn stream_token(
+        &mut self,
+        f: InFlight,
+        offset: u32,
+        text: &str,
+        route: Option<crate::router::Decision>,
+    ) {
         let Some(slot) = self.slot_mut(f.conn, f.generation, f.seq) else {
             return;
         };
+        if slot.route.is_none() {
+            slot.route = route;
+        }
         if let Some(st) = slot.stream.as_mut() {
             st.writer.token(f.part, offset, text, &mut st.pending);
             self.touched.push(f.conn);
@@ -624,7 +633,7 @@ impl IoThread {
             match c.event {
                 Event::Token { offset, text } => {
                     if let Some((_, f)) = self.inflight_of(c.tag) {
-                        self.stream_token(f, offset, &text);
+                        self.stream_token(f, offset, &text, c.route);
                     }
                 }
                 Event::Done(outcome) => {

@@ -1114,7 +1114,7 @@ impl EngineIo {
             .push(Completion {
                 tag,
                 event: Event::Token { offset, text },
-                route: None,
+                route: slot.route.decision,
             })
             .is_ok()
         {
