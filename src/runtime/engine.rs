@@ -1,10 +1,14 @@
-//! The engine thread: the only owner of the scheduling core in the live runtime.
+//! The engine thread: the only owner of the scheduling cores and the router in the live
+//! runtime.
 //!
-//! Each turn it reads the clock once, drains submitter rings (highest priority first),
-//! drains worker results, polls the core and carries out its actions, then idles per policy
-//! until the core's next deadline or a doorbell. After start-up it must not allocate, lock
-//! (other than `try_lock` to publish a snapshot), or block; `tests/no_alloc.rs` checks the
-//! allocation part over 100,000 requests.
+//! One core per backend ("lane": its queues, its workers, their circuit breakers). Each turn
+//! it reads the clock once, takes health changes, drains submitter rings (highest priority
+//! first) routing each request to a backend's core, drains worker results (answering, or
+//! moving a request a backend failed to another backend), polls every core and carries out
+//! their actions, then idles per policy until the earliest deadline or a doorbell. After
+//! start-up it must not allocate (error answers excepted), lock (other than `try_lock` to
+//! publish a snapshot), or block; `tests/no_alloc.rs` checks the allocation part over
+//! 100,000 requests, routed across backends too.
 
 use super::clock::Clock;
 use super::doorbell::Doorbell;
