@@ -4,7 +4,7 @@
 use crate::api::ApiContext;
 use crate::config::{Config, ConfigError};
 use crate::exec::health::{spawn_health_checker, HealthBoard};
-use crate::exec::sim::{Faults, SimConfig, SimExecutor};
+use crate::exec::sim::Faults;
 use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
 use crate::exec::Executor;
 use crate::http::{self, ServeError, Server};
@@ -192,27 +192,17 @@ fn lane_workers(
     stop: &Arc<AtomicBool>,
 ) -> LaneWorkers {
     let n = backend.max_concurrent_batches.max(1) as usize;
-    let faults: Vec<Arc<Faults>> = (0..n).map(|_| Faults::new(cfg.faults)).collect();
-    let executors = (0..n)
-        .map(|i| match &client {
-            Some(client) => {
+    let Some(client) = client else {
+        return runtime::sim_lane(cfg, n, (index as u64) << 32, stop);
+    };
+    LaneWorkers {
+        executors: (0..n)
+            .map(|_| {
                 Box::new(UpstreamExecutor::new(client.clone(), stop.clone())) as Box<dyn Executor>
-            }
-            None => {
-                let sim = SimConfig {
-                    seed: cfg
-                        .sim
-                        .seed
-                        .wrapping_add((index as u64) << 32)
-                        .wrapping_add(i as u64),
-                    ..cfg.sim.clone()
-                };
-                Box::new(SimExecutor::new(sim, faults[i].clone(), stop.clone()))
-                    as Box<dyn Executor>
-            }
-        })
-        .collect();
-    LaneWorkers { executors, faults }
+            })
+            .collect(),
+        faults: (0..n).map(|_| Faults::new(cfg.faults)).collect(),
+    }
 }
 
 /// The engine reads upstream health from the checker's board.

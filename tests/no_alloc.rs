@@ -6,10 +6,9 @@
 
 use abe::core::{Action, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
 use abe::exec::latency::LatencyModel;
-use abe::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
 use abe::router::{BackendConfig, Need, Router, RoutingConfig};
 use abe::runtime::engine::Routing;
-use abe::runtime::{self, LaneWorkers, Request, RouteRequest, RuntimeConfig, ThreadRole};
+use abe::runtime::{self, Request, RouteRequest, RuntimeConfig, ThreadRole};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::AtomicBool;
@@ -161,16 +160,8 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
     cfg.pin = false;
     cfg.on_thread_start = Some(mark_engine);
     let stop = Arc::new(AtomicBool::new(false));
-    let sim_cfg: SimConfig = cfg.sim.clone();
     let lanes = (0..3)
-        .map(|_| {
-            let faults = vec![Faults::new(FaultSettings::default())];
-            let sim = SimExecutor::new(sim_cfg.clone(), faults[0].clone(), stop.clone());
-            LaneWorkers {
-                executors: vec![Box::new(sim) as Box<dyn abe::exec::Executor>],
-                faults,
-            }
-        })
+        .map(|l| runtime::sim_lane(&cfg, 1, l << 32, &stop))
         .collect();
     let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
     let mut sub = handle.submitter(None).expect("submitter");

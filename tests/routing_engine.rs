@@ -4,11 +4,10 @@
 
 use abe::core::{Kind, Priority};
 use abe::exec::latency::LatencyModel;
-use abe::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
-use abe::exec::Executor;
+use abe::exec::sim::FaultSettings;
 use abe::router::{BackendConfig, Router, RoutingConfig};
 use abe::runtime::engine::Routing;
-use abe::runtime::{self, LaneWorkers, Request, RequestError, RuntimeConfig};
+use abe::runtime::{self, Request, RequestError, RuntimeConfig};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,62 +51,19 @@ fn first_request_after_circuit_recovery_is_not_refused() {
     assert!(r.is_ok(), "first request after recovery: {r:?}");
 }
 
-fn sim_lane(
-    cfg: &RuntimeConfig,
-    n: usize,
-    faults: FaultSettings,
-    stop: &Arc<AtomicBool>,
-) -> LaneWorkers {
-    let faults: Vec<Arc<Faults>> = (0..n).map(|_| Faults::new(faults)).collect();
-    let executors = (0..n)
-        .map(|i| {
-            Box::new(SimExecutor::new(
-                SimConfig {
-                    seed: i as u64,
-                    ..cfg.sim.clone()
-                },
-                faults[i].clone(),
-                stop.clone(),
-            )) as Box<dyn Executor>
-        })
-        .collect();
-    LaneWorkers { executors, faults }
-}
-
 /// Two backends serve model m; priority_only prefers `a`. When a's queue is full, new
 /// requests go to `b` (same model) instead of a 429.
 #[test]
 fn a_full_backend_queue_spills_to_another_backend_of_the_model() {
-    let mut a = BackendConfig::default_sim("m", 100_000);
-    a.name = "a".into();
-    a.max_concurrent_batches = 1;
-    let mut b = a.clone();
-    b.name = "b".into();
-    b.priority = 5;
-    let routing_cfg = RoutingConfig {
-        strategy: "priority_only".into(),
-        ..Default::default()
-    };
-    let (router, _) = Router::build(&[a, b], &routing_cfg, 1).unwrap();
-    let name = router.lookup("m").unwrap();
-    let routing = Routing::new(router, name, None);
-    let mut cfg = RuntimeConfig::default();
-    cfg.core.workers = 1;
-    cfg.core.queue_capacity = 4;
-    cfg.core.max_batch_size = 1;
-    cfg.core.max_inflight_per_worker = 1;
-    cfg.sim.latency = LatencyModel::None;
-    cfg.pin = false;
-    let stop = Arc::new(AtomicBool::new(false));
     let slow = FaultSettings {
         added_latency_ms: 300.0,
         ..Default::default()
     };
-    let lanes = vec![
-        sim_lane(&cfg, 1, slow, &stop),
-        sim_lane(&cfg, 1, FaultSettings::default(), &stop),
-    ];
-    let handle = runtime::start_routed(cfg, routing, lanes, stop).unwrap();
+    let handle = two_lanes_with(slow, |cfg| {
+        cfg.core.queue_capacity = 4;
+        cfg.core.max_batch_size = 1;
+        cfg.core.max_inflight_per_worker = 1;
+    });
     let pending: Vec<_> = (0..8)
         .map(|i| handle.submit(completion(&format!("r{i}"))))
         .collect();
@@ -128,6 +84,15 @@ fn a_full_backend_queue_spills_to_another_backend_of_the_model() {
 }
 
 fn two_lanes(a_faults: FaultSettings) -> runtime::Handle {
+    two_lanes_with(a_faults, |_| {})
+}
+
+/// Backends `a` (priority 0, faults `a_faults`) and `b` (priority 5), one sim worker each,
+/// both serving model m, routed `priority_only`; `tweak` adjusts the runtime config.
+fn two_lanes_with(
+    a_faults: FaultSettings,
+    tweak: impl FnOnce(&mut RuntimeConfig),
+) -> runtime::Handle {
     let mut a = BackendConfig::default_sim("m", 100_000);
     a.name = "a".into();
     a.max_concurrent_batches = 1;
@@ -145,11 +110,13 @@ fn two_lanes(a_faults: FaultSettings) -> runtime::Handle {
     cfg.core.workers = 1;
     cfg.sim.latency = LatencyModel::None;
     cfg.pin = false;
+    tweak(&mut cfg);
     let stop = Arc::new(AtomicBool::new(false));
     let lanes = vec![
-        sim_lane(&cfg, 1, a_faults, &stop),
-        sim_lane(&cfg, 1, FaultSettings::default(), &stop),
+        runtime::sim_lane(&cfg, 1, 0, &stop),
+        runtime::sim_lane(&cfg, 1, 1 << 32, &stop),
     ];
+    lanes[0].faults[0].set(a_faults);
     runtime::start_routed(cfg, routing, lanes, stop).unwrap()
 }
 

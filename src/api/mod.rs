@@ -257,25 +257,28 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
     }
 }
 
-/// The model a request names (or the default), checked against the router: unknown
-/// models (404), empty names and capability mismatches (400) are answered here, before
-/// anything reaches the engine. `texts` are the request's text parts (for the size
-/// estimate), `needs` what else it asks for. Returns the name to echo and the resolved
-/// route.
+/// The model a request names, or the default.
+fn model_of<'a>(ctx: &'a ApiContext, model: Option<&'a str>) -> &'a str {
+    model.unwrap_or(&ctx.default_model)
+}
+
+/// `model` (see [`model_of`]) checked against the router: unknown models (404), empty names
+/// and capability mismatches (400) are answered here, before anything reaches the engine.
+/// `texts` are the request's text parts (for the size estimate), `needs` what else it asks
+/// for.
 fn check_model<'a>(
-    ctx: &'a ApiContext,
-    model: Option<&'a str>,
+    ctx: &ApiContext,
+    model: &'a str,
     texts: &[&str],
     needs: impl FnOnce(&mut RequirementsBuilder<'a>),
-) -> Result<(String, RouteRequest), Routed> {
-    let model = model.unwrap_or(&ctx.default_model);
+) -> Result<RouteRequest, Routed> {
     let mut b = RequirementsBuilder::new(model);
     for t in texts {
         b.text(t);
     }
     needs(&mut b);
     match ctx.router.precheck(&b.build()) {
-        Ok((name, need)) => Ok((model.to_string(), RouteRequest { name, need })),
+        Ok((name, need)) => Ok(RouteRequest { name, need }),
         Err(e) => Err(Routed::Now(route_error(&e))),
     }
 }
@@ -412,13 +415,13 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
     )?;
     let prompts =
         wire::inputs("prompt", b.prompt, ctx.config.server.max_batch_inputs).map_err(bad)?;
-    let mut model = String::new();
+    let model = model_of(ctx, b.model.as_deref());
     let mut requests = Vec::with_capacity(prompts.len());
     for prompt in prompts {
-        let (name, route) = check_model(ctx, b.model.as_deref(), &[&prompt], |_| {})?;
-        model = name;
+        let route = check_model(ctx, model, &[&prompt], |_| {})?;
         requests.push(g.request(prompt, b.predicted_output_tokens, route));
     }
+    let model = model.to_string();
     Ok(Routed::Submit(Job {
         kind: JobKind::Completion,
         model,
@@ -451,10 +454,12 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
         },
     )?;
     let texts = chat::texts(b.messages.as_deref().unwrap_or_default());
-    let (model, route) = check_model(ctx, b.model.as_deref(), &texts, |r| {
+    let model = model_of(ctx, b.model.as_deref());
+    let route = check_model(ctx, model, &texts, |r| {
         chat::needs(&b, r);
     })?;
     drop(texts);
+    let model = model.to_string();
     let chat_body = if ctx.has_upstream {
         std::str::from_utf8(body).ok().map(Arc::from)
     } else {
@@ -496,13 +501,12 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
     };
     let priority = wire::priority(b.priority.as_deref(), head.priority.as_deref()).map_err(bad)?;
     let inputs = wire::inputs("input", b.input, ctx.config.server.max_batch_inputs).map_err(bad)?;
-    let mut model = String::new();
-    let mut routes = Vec::with_capacity(inputs.len());
-    for input in &inputs {
-        let (name, route) = check_model(ctx, b.model.as_deref(), &[input], |_| {})?;
-        model = name;
-        routes.push(route);
-    }
+    let model = model_of(ctx, b.model.as_deref());
+    let routes = inputs
+        .iter()
+        .map(|input| check_model(ctx, model, &[input], |_| {}))
+        .collect::<Result<Vec<_>, _>>()?;
+    let model = model.to_string();
     let requests = inputs
         .into_iter()
         .zip(routes)

@@ -276,9 +276,7 @@ pub fn write_job(
 ) -> u16 {
     let route_header = |out: &mut Vec<u8>| {
         if let Some((router, d)) = route {
-            use std::io::Write as _;
-            // Writing into a Vec cannot fail.
-            let _ = write!(out, "x-abe-route: {}\r\n", router.describe(d));
+            write_route_header(out, router, d);
         }
     };
     let failed = outcomes.iter().find_map(|o| match o {
@@ -335,7 +333,7 @@ pub fn write_job(
     if let Some((router, d)) = route {
         fallback
             .headers
-            .push(format!("x-abe-route: {}", router.describe(d)));
+            .push(format!("{ROUTE_HEADER}: {}", router.describe(d)));
     }
     if keep_alive_header {
         fallback.headers.push("Connection: keep-alive".into());
@@ -343,6 +341,21 @@ pub fn write_job(
     fallback.write_to(out, close, head_only);
     fallback.status.code()
 }
+
+/// Appends the `x-abe-route` header line (with its CRLF) saying where the engine routed a
+/// request, e.g. `x-abe-route: backend=gpu-a; model=llama3:8b; via=direct`.
+pub fn write_route_header(
+    out: &mut Vec<u8>,
+    router: &crate::router::Router,
+    decision: &crate::router::Decision,
+) {
+    use std::io::Write as _;
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "{ROUTE_HEADER}: {}\r\n", router.describe(decision));
+}
+
+/// The response header naming the backend that served a routed request.
+pub const ROUTE_HEADER: &str = "x-abe-route";
 
 /// `GET /v1/models`.
 pub fn models(router: &crate::router::Router) -> Response {

@@ -186,9 +186,7 @@ impl Conn {
                     let route = front.route;
                     crate::api::stream::write_head(&mut self.write_buf, front.close, |out| {
                         if let Some(d) = &route {
-                            use std::io::Write as _;
-                            // Writing into a Vec cannot fail.
-                            let _ = write!(out, "x-abe-route: {}\r\n", router.describe(d));
+                            crate::api::render::write_route_header(out, router, d);
                         }
                     });
                 }

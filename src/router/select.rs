@@ -82,6 +82,15 @@ impl Need {
             needs: req.needs,
         }
     }
+
+    /// As requirements for [`Router::pick_excluding`] (the model is decided already).
+    pub fn requirements(&self) -> Requirements<'static> {
+        Requirements {
+            model: "",
+            estimated_tokens: self.estimated_tokens,
+            needs: self.needs,
+        }
+    }
 }
 
 /// A routing decision: which backend, for which served model, and why.
@@ -200,12 +209,7 @@ impl Router {
     /// Routes a request whose model name was resolved already ([`lookup`](Self::lookup) or
     /// [`precheck`](Self::precheck)). No allocation unless it fails.
     pub fn route_name(&mut self, name: NameId, need: &Need) -> Result<Decision, RouteError> {
-        let req = Requirements {
-            model: "",
-            estimated_tokens: need.estimated_tokens,
-            needs: need.needs,
-        };
-        let req = &req;
+        let req = &need.requirements();
         if let Some(model) = self.resolver.served(name) {
             if let Some(backend) = self.pick_excluding(model, req, &[]) {
                 return Ok(Decision {

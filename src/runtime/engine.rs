@@ -243,6 +243,12 @@ impl Routing {
         }
     }
 
+    /// What `Work::model` must hold for `model` on `backend`: its name for an upstream
+    /// backend, nothing for a `sim` one.
+    fn model_for(&self, backend: BackendId, model: ModelId) -> Option<Arc<str>> {
+        self.wants_model[backend.index()].then(|| self.model_names[model.index()].clone())
+    }
+
     /// Takes health changes the checker published.
     fn refresh_health(&mut self) {
         let Some(h) = &self.health else { return };
@@ -557,11 +563,7 @@ impl Engine {
                 Err(Reject::QueueFull { capacity }) if full_len < MAX_TRIES - 1 => {
                     full[full_len] = decision.backend;
                     full_len += 1;
-                    let req = crate::router::Requirements {
-                        model: "",
-                        estimated_tokens: route.need.estimated_tokens,
-                        needs: route.need.needs,
-                    };
+                    let req = route.need.requirements();
                     match routing
                         .router
                         .pick_excluding(decision.model, &req, &full[..full_len])
@@ -574,9 +576,7 @@ impl Engine {
             }
         };
         let b = decision.backend.index();
-        if routing.wants_model[b] {
-            work.model = Some(routing.model_names[decision.model.index()].clone());
-        }
+        work.model = routing.model_for(decision.backend, decision.model);
         let lane = &mut lanes[b];
         match admitted {
             Ok(ticket) => {
@@ -751,14 +751,9 @@ impl Engine {
                     && retries_used < self.routing.router.max_retries()
                     && (route.tried_len as usize) < MAX_TRIES =>
             {
-                let req = crate::router::Requirements {
-                    model: "",
-                    estimated_tokens: route.need.estimated_tokens,
-                    needs: route.need.needs,
-                };
                 self.routing
                     .router
-                    .pick_excluding(d.model, &req, route.tried())
+                    .pick_excluding(d.model, &route.need.requirements(), route.tried())
                     .map(|b| (d, b))
             }
             _ => None,
@@ -780,9 +775,7 @@ impl Engine {
                 route.tried_len += 1;
                 route.decision = Some(Decision { backend: b, ..d });
                 let mut work = work;
-                if self.routing.wants_model[b.index()] && work.model.is_none() {
-                    work.model = Some(self.routing.model_names[d.model.index()].clone());
-                }
+                work.model = self.routing.model_for(b, d.model);
                 self.io.move_pending(index, to, work, route);
                 return;
             }

@@ -125,20 +125,37 @@ pub enum SubmitError {
 
 /// Starts the engine and worker threads with `sim` executors.
 pub fn start(cfg: RuntimeConfig) -> Result<Handle, StartError> {
-    let workers = cfg.core.workers;
-    let faults: Vec<Arc<Faults>> = (0..workers).map(|_| Faults::new(cfg.faults)).collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let executors: Vec<Box<dyn crate::exec::Executor>> = (0..workers)
-        .map(|i| {
+    let LaneWorkers { executors, faults } = sim_lane(&cfg, cfg.core.workers, 0, &stop);
+    start_with_executors(cfg, executors, faults, stop)
+}
+
+/// `workers` `sim` executors with `cfg`'s latency model and faults, worker `i` seeded
+/// `cfg.sim.seed + seed_offset + i`.
+pub fn sim_lane(
+    cfg: &RuntimeConfig,
+    workers: usize,
+    seed_offset: u64,
+    stop: &Arc<AtomicBool>,
+) -> LaneWorkers {
+    let faults: Vec<Arc<Faults>> = (0..workers).map(|_| Faults::new(cfg.faults)).collect();
+    let executors = faults
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
             let sim = SimConfig {
-                seed: cfg.sim.seed.wrapping_add(i as u64),
+                seed: cfg
+                    .sim
+                    .seed
+                    .wrapping_add(seed_offset)
+                    .wrapping_add(i as u64),
                 ..cfg.sim.clone()
             };
-            Box::new(SimExecutor::new(sim, faults[i].clone(), stop.clone()))
+            Box::new(SimExecutor::new(sim, f.clone(), stop.clone()))
                 as Box<dyn crate::exec::Executor>
         })
         .collect();
-    start_with_executors(cfg, executors, faults, stop)
+    LaneWorkers { executors, faults }
 }
 
 /// The model the runtime serves when started without a router ([`start`],
