@@ -349,9 +349,10 @@ pub fn write_route_header(
     router: &crate::router::Router,
     decision: &crate::router::Decision,
 ) {
-    use std::io::Write as _;
-    // Writing into a Vec cannot fail.
-    let _ = write!(out, "{ROUTE_HEADER}: {}\r\n", router.describe(decision));
+    out.extend_from_slice(ROUTE_HEADER.as_bytes());
+    out.extend_from_slice(b": ");
+    router.describe(decision).write_to(out);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The response header naming the backend that served a routed request.

@@ -526,24 +526,37 @@ pub struct DecisionText<'a> {
     decision: Decision,
 }
 
-impl fmt::Display for DecisionText<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl DecisionText<'_> {
+    /// The text's pieces in order (no formatting machinery: the io thread writes this into
+    /// every routed response).
+    fn pieces(&self) -> [&str; 6] {
         let r = self.router;
         let d = self.decision;
-        write!(
-            f,
-            "backend={}; model={}",
+        let (via, requested) = match d.via {
+            Via::Direct => ("; via=direct", ""),
+            Via::Alias { alias } => ("; via=alias; requested=", r.resolver.name(alias)),
+            Via::Fallback { from } => ("; via=fallback; requested=", r.resolver.name(from)),
+        };
+        [
+            "backend=",
             r.registry.backend(d.backend).name(),
-            r.registry.model_name(d.model)
-        )?;
-        match d.via {
-            Via::Direct => f.write_str("; via=direct"),
-            Via::Alias { alias } => {
-                write!(f, "; via=alias; requested={}", r.resolver.name(alias))
-            }
-            Via::Fallback { from } => {
-                write!(f, "; via=fallback; requested={}", r.resolver.name(from))
-            }
+            "; model=",
+            r.registry.model_name(d.model),
+            via,
+            requested,
+        ]
+    }
+
+    /// Appends the text to `out`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        for piece in self.pieces() {
+            out.extend_from_slice(piece.as_bytes());
         }
+    }
+}
+
+impl fmt::Display for DecisionText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.pieces().iter().try_for_each(|p| f.write_str(p))
     }
 }
