@@ -12,6 +12,7 @@ use super::response::{Response, Status};
 use crate::api::{self, ApiContext, Routed};
 use crate::metrics::http_stats::Endpoint;
 use crate::runtime::doorbell::SleepFlag;
+use crate::runtime::idle::{IdlePolicy, Idler};
 use crate::runtime::{Event, Submitter};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -53,6 +54,8 @@ pub struct IoThread {
     pub submitter: Submitter,
     /// Set while this thread sleeps in `poll`; the engine wakes it only then.
     sleep_flag: Arc<SleepFlag>,
+    /// How long to keep polling for completions before sleeping (`[engine] idle`, `spin_us`).
+    idler: Idler,
     pub ctx: Arc<ApiContext>,
     pub shared: Arc<ServerShared>,
     conns: Vec<Option<Conn>>,
@@ -92,6 +95,14 @@ impl IoThread {
             listener: Some(listener),
             submitter,
             sleep_flag,
+            idler: Idler::new(
+                ctx.config
+                    .engine
+                    .idle
+                    .parse()
+                    .unwrap_or(IdlePolicy::Adaptive),
+                Duration::from_micros(ctx.config.engine.spin_us),
+            ),
             ctx,
             shared,
             conns: Vec::new(),
@@ -113,16 +124,29 @@ impl IoThread {
         let mut events = Events::with_capacity(1024);
         let mut last_tick = Instant::now();
         loop {
-            self.sleep_flag.before_sleep();
-            // Re-check after announcing the sleep: completions pushed before the engine could
-            // see the flag must not wait for the next tick.
-            let timeout = if self.submitter.has_completions() || !self.touched.is_empty() {
-                Duration::ZERO
+            let polled = if self.submitter.has_completions() || !self.touched.is_empty() {
+                self.poll.poll(&mut events, Some(Duration::ZERO))
+            } else if self.inflight_count > 0 && self.idler.keep_polling(Instant::now()) {
+                // Completions for requests in flight are microseconds away: poll again (after
+                // the idle policy's yield) instead of sleeping in epoll_wait, whose wake-up
+                // costs the engine an eventfd write and this thread a context switch.
+                self.poll.poll(&mut events, Some(Duration::ZERO))
             } else {
-                TICK
+                self.sleep_flag.before_sleep();
+                // Re-check after announcing the sleep: completions pushed before the engine
+                // could see the flag must not wait for the next tick.
+                let timeout = if self.submitter.has_completions() {
+                    Duration::ZERO
+                } else {
+                    TICK
+                };
+                let polled = self.poll.poll(&mut events, Some(timeout));
+                self.sleep_flag.after_sleep();
+                polled
             };
-            let polled = self.poll.poll(&mut events, Some(timeout));
-            self.sleep_flag.after_sleep();
+            if !events.is_empty() || self.submitter.has_completions() || self.inflight_count == 0 {
+                self.idler.busy();
+            }
             if let Err(e) = polled {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "io thread poll failed; stopping");
