@@ -1030,6 +1030,7 @@ impl Config {
             spin_us: e.spin_us,
             ring_capacity: e.ring_capacity,
             max_submitters: self.server.io_threads + 8,
+            io_threads: self.server.io_threads,
             on_thread_start: None,
         })
     }

@@ -97,6 +97,7 @@ pub fn start(ctx: Arc<ApiContext>) -> Result<Server, ServeError> {
             }
         })))?;
         let mio_listener = mio::net::TcpListener::from_std(listener.try_clone()?);
+        let core = ctx.handle.io_core(i);
         let io = IoThread::new(
             poll,
             mio_listener,
@@ -110,7 +111,10 @@ pub fn start(ctx: Arc<ApiContext>) -> Result<Server, ServeError> {
         threads.push(
             std::thread::Builder::new()
                 .name(format!("abe-io-{i}"))
-                .spawn(move || io.run())?,
+                .spawn(move || {
+                    crate::runtime::pin::pin_current(&format!("abe-io-{i}"), core);
+                    io.run()
+                })?,
         );
     }
     Ok(Server {

@@ -49,6 +49,9 @@ pub struct RuntimeConfig {
     pub faults: FaultSettings,
     /// Pin the engine and workers to cores.
     pub pin: bool,
+    /// HTTP io threads that will run beside this runtime (pinned by the front end on the
+    /// cores [`Handle::io_core`] gives them); 0 for in-process use.
+    pub io_threads: usize,
     /// How the engine and workers wait when idle.
     pub idle: IdlePolicy,
     /// How long `adaptive` yields before parking.
@@ -70,6 +73,7 @@ impl Default for RuntimeConfig {
             sim: SimConfig::default(),
             faults: FaultSettings::default(),
             pin: true,
+            io_threads: 0,
             idle: IdlePolicy::Adaptive,
             spin_us: 20,
             ring_capacity: 1024,
@@ -264,7 +268,7 @@ pub fn start_routed(
         clock,
         faults,
     });
-    let placement = pin::plan(cfg.pin, pin::core_count(), total_workers);
+    let placement = pin::plan(cfg.pin, pin::core_count(), total_workers, cfg.io_threads);
     let per_worker = cfg.core.max_inflight_per_worker.max(1) as usize;
     let spin = Duration::from_micros(cfg.spin_us);
     let mut worker_links = Vec::with_capacity(total_workers);
@@ -384,6 +388,7 @@ pub fn start_routed(
         shared,
         engine: Mutex::new(Some(engine_handle)),
         shared_submitter: Mutex::new(shared_submitter),
+        io_cores: placement.io,
     })
 }
 
@@ -392,6 +397,8 @@ pub struct Handle {
     shared: Arc<Shared>,
     engine: Mutex<Option<JoinHandle<()>>>,
     shared_submitter: Mutex<Submitter>,
+    /// Where io thread `i` should be pinned (see [`pin::plan`]).
+    io_cores: Vec<Option<usize>>,
 }
 
 /// A request submitted through `Handle::submit`; wait on it for the answer.
@@ -425,6 +432,11 @@ pub struct ShutdownReport {
 }
 
 impl Handle {
+    /// The core io thread `i` should be pinned to, if any (`RuntimeConfig::io_threads`).
+    pub fn io_core(&self, i: usize) -> Option<usize> {
+        self.io_cores.get(i).copied().flatten()
+    }
+
     /// Submits one request; the returned [`Pending`] yields exactly one outcome. Refusals at
     /// the door (shutting down, intake full) come back as an already-answered `Pending`.
     pub fn submit(&self, request: Request) -> Pending {
