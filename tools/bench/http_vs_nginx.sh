@@ -1,44 +1,70 @@
 #!/usr/bin/env bash
 # Load test: abe serve (latency model `none`, so only abe's own overhead is measured) and
 # nginx returning a fixed 200, under wrk with the same small POST, at -c64 and -c8.
-# Prints req/s, latency p50/p99 and server CPU per request (utime+stime from /proc).
-# Needs: wrk, nginx (Debian packages). Usage: tools/bench/http_vs_nginx.sh [seconds]
+# The two servers run side by side and are measured in alternation (nginx, abe, nginx, abe,
+# ...) for ROUNDS rounds, so a slow phase of the machine hits both; each round's ratio
+# compares neighbouring runs. Prints every run (req/s, latency p50/p99, server CPU per
+# request from utime+stime in /proc) and, per concurrency, the medians and the median ratio.
+# Needs: wrk, nginx (Debian packages).
+# Usage: tools/bench/http_vs_nginx.sh [seconds per run] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-10}"
+rounds="${2:-5}"
 cargo build --release --bin abe >/dev/null
 here="$(pwd)/tools/bench"
+results="$(mktemp)"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
-run() { # name pid url conns
-  local name=$1 pid=$2 url=$3 conns=$4
-  wrk -t1 -c"$conns" -d1s -s "$here/post.lua" "$url" >/dev/null # warm-up
-  local before after out reqs
+# Latency as wrk prints it (us, ms, s) in microseconds.
+to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us$/,"",v); print v} else if (v ~ /ms$/) {sub(/ms$/,"",v); print v*1000} else {sub(/s$/,"",v); print v*1e6}}' <<<"$1"; }
+
+run() { # name pid url conns round
+  local name=$1 pid=$2 url=$3 conns=$4 round=$5
+  local before after out reqs rps p50 p99 cpu_us
   before=$(cpu_ticks "$pid")
   out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$here/post.lua" "$url")
   after=$(cpu_ticks "$pid")
   reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-  local rps p50 p99
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-  p50=$(awk '$1=="50%" {print $2}' <<<"$out")
-  p99=$(awk '$1=="99%" {print $2}' <<<"$out")
-  local cpu_us
+  p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
+  p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
   cpu_us=$(awk -v t=$((after - before)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')
-  printf "%-6s c=%-3s %10s req/s  p50 %8s  p99 %8s  server CPU %6s us/req\n" \
-    "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_us"
+  printf "round %s  %-6s c=%-3s %10.0f req/s  p50 %6.0f us  p99 %6.0f us  server CPU %5s us/req\n" \
+    "$round" "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_us"
+  echo "$name $conns $round $rps $p50 $p99 $cpu_us" >>"$results"
 }
 
 nginx -c "$here/nginx.conf" &
 ngx=$!
 ABE_WORKERS_LATENCY_MODEL=none RUST_LOG=warn ./target/release/abe serve --port 18480 >/dev/null &
 abe=$!
-trap 'kill $ngx $abe 2>/dev/null || true' EXIT
+trap 'kill $ngx $abe 2>/dev/null || true; rm -f "$results"' EXIT
 sleep 1
 ngx_worker=$(pgrep -P "$ngx" | head -1)
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u +%F)"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD)"
+for c in 64 8; do # warm-up
+  wrk -t1 -c"$c" -d1s -s "$here/post.lua" http://127.0.0.1:18481/ >/dev/null
+  wrk -t1 -c"$c" -d1s -s "$here/post.lua" http://127.0.0.1:18480/v1/completions >/dev/null
+done
+for r in $(seq 1 "$rounds"); do
+  for c in 64 8; do
+    run nginx "$ngx_worker" http://127.0.0.1:18481/ "$c" "$r"
+    run abe "$abe" http://127.0.0.1:18480/v1/completions "$c" "$r"
+  done
+done
+median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+col() { awk -v n="$1" -v c="$2" -v k="$3" '$1 == n && $2 == c {print $k}' "$results"; }
+echo "medians over $rounds rounds:"
 for c in 64 8; do
-  run nginx "$ngx_worker" http://127.0.0.1:18481/ "$c"
-  run abe "$abe" http://127.0.0.1:18480/v1/completions "$c"
+  for name in nginx abe; do
+    printf "  %-6s c=%-3s %10.0f req/s  p50 %6.0f us  p99 %6.0f us  server CPU %5.2f us/req\n" \
+      "$name" "$c" "$(col $name $c 4 | median)" "$(col $name $c 5 | median)" \
+      "$(col $name $c 6 | median)" "$(col $name $c 7 | median)"
+  done
+  ratios=$(paste <(col nginx $c 4) <(col abe $c 4) | awk '{printf "%.3f\n", $2 / $1}')
+  printf "  abe/nginx req/s at c=%s: median %.3f (per round: %s)\n" \
+    "$c" "$(median <<<"$ratios")" "$(paste -sd' ' <<<"$ratios")"
 done
