@@ -565,7 +565,7 @@ pub const ROUTING_MAX_RETRIES_MAX: u32 = 8;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
-    /// Pin the engine and workers to cores.
+    /// Pin the runtime threads (engine, workers, io threads) to cores (`runtime::pin::plan`).
     pub pin: bool,
     /// spin | adaptive | park
     pub idle: String,

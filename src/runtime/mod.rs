@@ -47,7 +47,7 @@ pub struct RuntimeConfig {
     pub sim: SimConfig,
     /// Faults injected into every worker at start.
     pub faults: FaultSettings,
-    /// Pin the engine and workers to cores.
+    /// Pin the engine and workers to cores (where: `pin::plan`).
     pub pin: bool,
     /// HTTP io threads that will run beside this runtime (pinned by the front end on the
     /// cores [`Handle::io_core`] gives them); 0 for in-process use.
