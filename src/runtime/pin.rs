@@ -13,13 +13,16 @@ pub struct Placement {
 
 /// Plans placement on `cores` cores for `workers` worker threads and `io` io threads.
 ///
-/// On 1 or 2 cores every thread shares the last core, which leaves the other one to clients
-/// and the rest of the system: the threads hand work to each other by yielding, at once and
-/// with warm caches, instead of waking each other across cores. Measured on 2 cores with wrk
-/// at c=64 (BENCHMARKS.md): 6.1 us of server CPU per request against 6.8 with the workers on
-/// the other core and 7.2 unpinned. On more cores the engine gets the last core, io threads
-/// the cores below it (one each, while that leaves a core for workers; otherwise they share
-/// the engine's), and workers the cores left, round-robin. Unpinned when `pin` is false.
+/// A server (io threads present) on 1 or 2 cores puts every thread on the last core, which
+/// leaves the other one to clients and the rest of the system: the threads hand work to each
+/// other by yielding, at once and with warm caches, instead of waking each other across
+/// cores. Measured on 2 cores with wrk at c=64 (BENCHMARKS.md): 6.1 us of server CPU per
+/// request against 6.8 with the workers on the other core and 7.2 unpinned. Without io
+/// threads (the in-process `Handle`) the callers' threads are not ours to place, and the
+/// engine sharing its core with the workers measured worse (`runtime/round_trip` 17.5 us
+/// against 6.3), so otherwise the engine gets the last core, io threads the cores below it
+/// (one each, while that leaves a core for workers; otherwise they share the engine's), and
+/// workers the cores left, round-robin. Unpinned when `pin` is false.
 pub fn plan(pin: bool, cores: usize, workers: usize, io: usize) -> Placement {
     if !pin || cores == 0 {
         return Placement {
@@ -29,7 +32,7 @@ pub fn plan(pin: bool, cores: usize, workers: usize, io: usize) -> Placement {
         };
     }
     let engine = cores - 1;
-    if cores <= 2 {
+    if cores <= 2 && io > 0 {
         return Placement {
             engine: Some(engine),
             workers: vec![Some(engine); workers],
@@ -81,7 +84,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn on_two_cores_or_fewer_everything_shares_the_last_core() {
+    fn a_server_on_two_cores_or_fewer_puts_everything_on_the_last_core() {
         let p = plan(true, 2, 4, 1);
         assert_eq!(p.engine, Some(1));
         assert_eq!(p.io, vec![Some(1)]);
