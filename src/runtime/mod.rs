@@ -268,7 +268,13 @@ pub fn start_routed(
         clock,
         faults,
     });
-    let placement = pin::plan(cfg.pin, pin::core_count(), total_workers, cfg.io_threads);
+    let placement = pin::plan(
+        cfg.pin,
+        pin::core_count(),
+        total_workers,
+        cfg.io_threads,
+        cfg.idle,
+    );
     let per_worker = cfg.core.max_inflight_per_worker.max(1) as usize;
     let spin = Duration::from_micros(cfg.spin_us);
     let mut worker_links = Vec::with_capacity(total_workers);

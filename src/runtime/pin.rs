@@ -2,6 +2,8 @@
 //!
 //! A failed pin is logged with the thread's name and the thread runs unpinned.
 
+use super::idle::IdlePolicy;
+
 /// Which core each runtime thread is pinned to, if any.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
@@ -22,8 +24,9 @@ pub struct Placement {
 /// engine sharing its core with the workers measured worse (`runtime/round_trip` 17.5 us
 /// against 6.3), so otherwise the engine gets the last core, io threads the cores below it
 /// (one each, while that leaves a core for workers; otherwise they share the engine's), and
-/// workers the cores left, round-robin. Unpinned when `pin` is false.
-pub fn plan(pin: bool, cores: usize, workers: usize, io: usize) -> Placement {
+/// workers the cores left, round-robin. Threads that busy-spin (idle policy `spin`) never
+/// share one core on purpose: each would burn the others' time. Unpinned when `pin` is false.
+pub fn plan(pin: bool, cores: usize, workers: usize, io: usize, idle: IdlePolicy) -> Placement {
     if !pin || cores == 0 {
         return Placement {
             engine: None,
@@ -32,7 +35,7 @@ pub fn plan(pin: bool, cores: usize, workers: usize, io: usize) -> Placement {
         };
     }
     let engine = cores - 1;
-    if cores <= 2 && io > 0 {
+    if cores <= 2 && io > 0 && idle != IdlePolicy::Spin {
         return Placement {
             engine: Some(engine),
             workers: vec![Some(engine); workers],
@@ -83,26 +86,39 @@ pub fn core_count() -> usize {
 mod tests {
     use super::*;
 
+    const A: IdlePolicy = IdlePolicy::Adaptive;
+
+    #[test]
+    fn spinning_threads_are_not_put_on_one_core() {
+        let p = plan(true, 2, 4, 1, IdlePolicy::Spin);
+        assert_eq!(p.engine, Some(1));
+        assert_eq!(p.workers, vec![Some(0); 4]);
+        assert_eq!(
+            plan(true, 2, 4, 1, IdlePolicy::Park).workers,
+            vec![Some(1); 4]
+        );
+    }
+
     #[test]
     fn a_server_on_two_cores_or_fewer_puts_everything_on_the_last_core() {
-        let p = plan(true, 2, 4, 1);
+        let p = plan(true, 2, 4, 1, A);
         assert_eq!(p.engine, Some(1));
         assert_eq!(p.io, vec![Some(1)]);
         assert_eq!(p.workers, vec![Some(1); 4]);
-        let p = plan(true, 1, 2, 1);
+        let p = plan(true, 1, 2, 1, A);
         assert_eq!(
             (p.engine, p.io, p.workers),
             (Some(0), vec![Some(0)], vec![Some(0); 2])
         );
-        assert_eq!(plan(false, 4, 2, 1).engine, None);
-        assert_eq!(plan(false, 4, 2, 1).io, vec![None]);
-        assert_eq!(plan(false, 4, 2, 1).workers, vec![None; 2]);
+        assert_eq!(plan(false, 4, 2, 1, A).engine, None);
+        assert_eq!(plan(false, 4, 2, 1, A).io, vec![None]);
+        assert_eq!(plan(false, 4, 2, 1, A).workers, vec![None; 2]);
     }
 
     #[test]
     fn on_more_cores_engine_io_and_workers_get_cores_of_their_own() {
         // 8 cores, 2 io threads: engine 7, io 6 and 5, workers on 0..=4.
-        let p = plan(true, 8, 6, 2);
+        let p = plan(true, 8, 6, 2, A);
         assert_eq!(p.engine, Some(7));
         assert_eq!(p.io, vec![Some(6), Some(5)]);
         assert_eq!(
@@ -110,10 +126,10 @@ mod tests {
             vec![Some(0), Some(1), Some(2), Some(3), Some(4), Some(0)]
         );
         // 4 cores, no io threads (in-process use): workers on 0..=2.
-        let p = plan(true, 4, 4, 0);
+        let p = plan(true, 4, 4, 0, A);
         assert_eq!(p.workers, vec![Some(0), Some(1), Some(2), Some(0)]);
         // 3 cores, 2 io threads: no core would be left for workers, so io shares the engine's.
-        let p = plan(true, 3, 2, 2);
+        let p = plan(true, 3, 2, 2, A);
         assert_eq!(p.io, vec![Some(2), Some(2)]);
         assert_eq!(p.workers, vec![Some(0), Some(1)]);
     }
