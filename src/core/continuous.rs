@@ -317,9 +317,7 @@ impl Continuous {
 
     /// The ticket of table slot `index` while it holds a request.
     pub fn ticket_of(&self, index: u32) -> Option<Ticket> {
-        ((index as usize) < self.table.capacity()
-            && self.table.state(index) != super::table::SlotState::Free)
-            .then(|| self.table.ticket_at(index))
+        self.table.ticket_if_live(index)
     }
 
     /// Removes a request that is still waiting (client went away). Active requests are

@@ -138,6 +138,15 @@ impl RequestTable {
         }
     }
 
+    /// The ticket of slot `index` while it holds a request (None when free or out of range).
+    pub fn ticket_if_live(&self, index: u32) -> Option<Ticket> {
+        let s = self.slots.get(index as usize)?;
+        (s.state != SlotState::Free).then_some(Ticket {
+            index,
+            generation: s.generation,
+        })
+    }
+
     /// Metadata of slot `index`.
     pub fn meta(&self, index: u32) -> &RequestMeta {
         &self.slots[index as usize].meta
