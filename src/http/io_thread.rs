@@ -555,7 +555,6 @@ impl IoThread {
         Some(f)
     }
 
-    /// Records one part's outcome; renders the response when the job is complete.
     /// The slot `seq` of connection `idx`, if the connection is still the one that asked.
     fn slot_mut(&mut self, idx: usize, generation: u32, seq: u64) -> Option<&mut Slot> {
         let conn = self.conns.get_mut(idx).and_then(|c| c.as_mut())?;
