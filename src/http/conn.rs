@@ -202,11 +202,7 @@ impl Conn {
                 on_response(slot.endpoint, 200);
                 staged = true;
                 if slot.close {
-                    self.close_when_flushed = true;
-                    self.read_done = true;
-                    self.slots.clear();
-                    self.read_buf.clear();
-                    self.partial = None;
+                    self.close_after_staged();
                     break;
                 }
                 continue;
@@ -239,15 +235,21 @@ impl Conn {
             on_response(slot.endpoint, code);
             staged = true;
             if slot.close {
-                self.close_when_flushed = true;
-                self.read_done = true;
-                self.slots.clear();
-                self.read_buf.clear();
-                self.partial = None;
+                self.close_after_staged();
                 break;
             }
         }
         staged
+    }
+
+    /// A response that closes the connection is staged: nothing after it is read or
+    /// answered, and the connection closes once it is written.
+    fn close_after_staged(&mut self) {
+        self.close_when_flushed = true;
+        self.read_done = true;
+        self.slots.clear();
+        self.read_buf.clear();
+        self.partial = None;
     }
 
     /// Response bytes staged and not yet written.

@@ -259,12 +259,12 @@ impl IoThread {
         let buffer_limit = server.max_header_bytes + server.max_body_bytes + 1;
         let max_pipelined = server.max_pipelined;
         let max_write = server.max_write_buffer_bytes;
-        let stats = self.ctx.http_stats.clone();
-        let router = self.ctx.router.clone();
         loop {
+            // Stats and router are borrowed from `ctx` next to `conn`: no `Arc` clone per call.
             let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
                 return;
             };
+            let stats = &self.ctx.http_stats;
             let mut progress = false;
             if !conn.read_done
                 && conn.readable
@@ -293,7 +293,8 @@ impl IoThread {
             let Some(conn) = self.conns.get_mut(idx).and_then(|c| c.as_mut()) else {
                 return;
             };
-            progress |= conn.stage_ready(&router, |endpoint, code| {
+            let stats = &self.ctx.http_stats;
+            progress |= conn.stage_ready(&self.ctx.router, |endpoint, code| {
                 stats.record_response(endpoint, code)
             });
             match conn.flush(now) {
@@ -554,7 +555,6 @@ impl IoThread {
         Some(f)
     }
 
-    /// Records one part's outcome; renders the response when the job is complete.
     /// The slot `seq` of connection `idx`, if the connection is still the one that asked.
     fn slot_mut(&mut self, idx: usize, generation: u32, seq: u64) -> Option<&mut Slot> {
         let conn = self.conns.get_mut(idx).and_then(|c| c.as_mut())?;

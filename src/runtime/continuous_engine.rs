@@ -7,7 +7,7 @@
 //! than `try_lock` to publish), no blocking. Step buffers circulate engine -> worker ->
 //! engine; request payloads are moved or `Arc`-shared, never copied.
 
-use super::engine::{EngineIo, WorkerLink};
+use super::engine::{EngineIo, RouteState, WorkerLink};
 use super::idle::Idler;
 use super::messages::{Control, FromWorker, RequestError, Submission, ToWorker};
 use super::snapshot::{ContinuousSnapshot, WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
@@ -171,21 +171,7 @@ impl ContinuousEngine {
                 meta, work, reply, ..
             } = sub;
             match sched.admit(meta) {
-                Ok(ticket) => {
-                    let tag = match reply {
-                        super::messages::Reply::Tag(t) => Some(t),
-                        super::messages::Reply::Waiter(_) => None,
-                    };
-                    io.note_admitted(s, tag, ticket.index);
-                    let slot = &mut io.pending[ticket.index as usize];
-                    debug_assert!(slot.reply.is_none(), "pending slot reused while live");
-                    slot.stream = work.stream;
-                    slot.work = Some(work);
-                    slot.reply = Some(reply);
-                    slot.submitter = s;
-                    slot.arrival_ns = meta.arrival_ns;
-                    slot.first_token_ns = 0;
-                }
+                Ok(ticket) => io.occupy(ticket.index, s, reply, work, meta, RouteState::NONE),
                 Err(reject) => {
                     let error = match reject {
                         ContinuousReject::QueueFull { .. } => {
@@ -242,7 +228,7 @@ impl ContinuousEngine {
                             let slot = &mut self.io.pending[e.ticket.index as usize];
                             if slot.first_token_ns == 0 {
                                 slot.first_token_ns = now.max(1);
-                                let ttft = now.saturating_sub(slot.arrival_ns).max(1);
+                                let ttft = now.saturating_sub(slot.meta.arrival_ns).max(1);
                                 push_sample(
                                     &mut self.new_ttft_ns,
                                     ttft,

@@ -79,7 +79,6 @@ pub(super) struct PendingSlot {
     pub(super) work: Option<Work>,
     pub(super) reply: Option<Reply>,
     pub(super) submitter: u16,
-    pub(super) arrival_ns: Nanos,
     /// Continuous batching: when the first output token was sampled (0: not yet).
     pub(super) first_token_ns: Nanos,
     /// The client asked for a stream (token events wanted).
@@ -87,8 +86,9 @@ pub(super) struct PendingSlot {
     /// A token event reached the submitter: the request may no longer move to another
     /// backend (the client has seen part of this backend's answer).
     pub(super) tokens_sent: bool,
-    /// Request-level batching: what the request asked for and where it went.
+    /// What the request asked for, and when it arrived (`meta.arrival_ns`).
     pub(super) meta: RequestMeta,
+    /// Request-level batching: where the request went.
     pub(super) route: RouteState,
 }
 
@@ -107,7 +107,7 @@ pub(super) struct RouteState {
 pub const MAX_TRIES: usize = 9;
 
 impl RouteState {
-    const NONE: RouteState = RouteState {
+    pub(super) const NONE: RouteState = RouteState {
         name: NameId::FIRST,
         need: Need {
             estimated_tokens: 0,
@@ -588,28 +588,13 @@ impl Engine {
                     Via::Fallback { .. } => c.via_fallback += 1,
                 }
                 let index = lane.pending_base + ticket.index;
-                let tag = match reply {
-                    Reply::Tag(t) => Some(t),
-                    Reply::Waiter(_) => None,
-                };
-                io.note_admitted(submitter, tag, index);
-                let slot = &mut io.pending[index as usize];
-                debug_assert!(slot.reply.is_none(), "pending slot reused while live");
-                slot.stream = work.stream;
-                slot.tokens_sent = false;
-                slot.first_token_ns = 0;
-                slot.work = Some(work);
-                slot.reply = Some(reply);
-                slot.submitter = submitter;
-                slot.arrival_ns = meta.arrival_ns;
-                slot.meta = meta;
                 let mut state = RouteState::NONE;
                 state.name = route.name;
                 state.need = route.need;
                 state.decision = Some(decision);
                 state.tried[0] = decision.backend;
                 state.tried_len = 1;
-                slot.route = state;
+                io.occupy(index, submitter, reply, work, meta, state);
             }
             Err(reject) => {
                 drop(work);
@@ -870,7 +855,6 @@ impl EngineIo {
                     work: None,
                     reply: None,
                     submitter: 0,
-                    arrival_ns: 0,
                     first_token_ns: 0,
                     stream: false,
                     tokens_sent: false,
@@ -934,10 +918,18 @@ impl EngineIo {
         worked
     }
 
-    /// Remembers that table slot `index` now holds the request of `reply` (for cancels).
-    pub(super) fn note_admitted(&mut self, submitter: u16, reply_tag: Option<u64>, index: u32) {
-        self.pending[index as usize].cancelled = false;
-        if let Some(tag) = reply_tag {
+    /// Puts a request just admitted (or moved) into table slot `index`, and remembers its
+    /// tag's slot for cancels.
+    pub(super) fn occupy(
+        &mut self,
+        index: u32,
+        submitter: u16,
+        reply: Reply,
+        work: Work,
+        meta: RequestMeta,
+        route: RouteState,
+    ) {
+        if let Some(tag) = reply.tag() {
             if let Some(t) = self.submitters[submitter as usize]
                 .tag_slots
                 .get_mut(tag_key(tag))
@@ -945,6 +937,17 @@ impl EngineIo {
                 *t = index;
             }
         }
+        let slot = &mut self.pending[index as usize];
+        debug_assert!(slot.reply.is_none(), "pending slot reused while live");
+        slot.cancelled = false;
+        slot.stream = work.stream;
+        slot.tokens_sent = false;
+        slot.first_token_ns = 0;
+        slot.work = Some(work);
+        slot.reply = Some(reply);
+        slot.submitter = submitter;
+        slot.meta = meta;
+        slot.route = route;
     }
 
     /// Takes the cancellations submitters sent, calling `cancel(io, table index)` for each
@@ -1044,31 +1047,11 @@ impl EngineIo {
     fn move_pending(&mut self, from: u32, to: u32, work: Work, route: RouteState) {
         let slot = &mut self.pending[from as usize];
         let reply = slot.reply.take().expect("a live request has its reply");
-        let (submitter, arrival_ns, stream, meta, cancelled) = (
-            slot.submitter,
-            slot.arrival_ns,
-            slot.stream,
-            slot.meta,
-            slot.cancelled,
-        );
         slot.work = None;
-        let tag = match reply {
-            Reply::Tag(t) => Some(t),
-            Reply::Waiter(_) => None,
-        };
-        self.note_admitted(submitter, tag, to);
-        let dst = &mut self.pending[to as usize];
-        debug_assert!(dst.reply.is_none(), "pending slot reused while live");
-        dst.reply = Some(reply);
-        dst.work = Some(work);
-        dst.submitter = submitter;
-        dst.arrival_ns = arrival_ns;
-        dst.stream = stream;
-        dst.tokens_sent = false;
-        dst.first_token_ns = 0;
-        dst.meta = meta;
-        dst.cancelled = cancelled;
-        dst.route = route;
+        let (submitter, meta, cancelled) = (slot.submitter, slot.meta, slot.cancelled);
+        self.occupy(to, submitter, reply, work, meta, route);
+        // A cancel that came while the request was out still holds.
+        self.pending[to as usize].cancelled = cancelled;
     }
 
     /// Answers the request in table slot `index`.
@@ -1082,7 +1065,7 @@ impl EngineIo {
         let submitter = slot.submitter;
         let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
         if outcome.is_ok() {
-            let latency_ns = now.saturating_sub(slot.arrival_ns).max(1);
+            let latency_ns = now.saturating_sub(slot.meta.arrival_ns).max(1);
             self.record_sample(SampleKind::Latency, latency_ns);
         }
         self.send(submitter, reply, outcome, route);

@@ -143,6 +143,16 @@ pub enum Reply {
     Tag(u64),
 }
 
+impl Reply {
+    /// The tag of a tagged submission; `None` for a blocking caller.
+    pub fn tag(&self) -> Option<u64> {
+        match self {
+            Reply::Tag(t) => Some(*t),
+            Reply::Waiter(_) => None,
+        }
+    }
+}
+
 /// One request on its way from a submitter to the engine.
 #[derive(Debug)]
 pub struct Submission {
