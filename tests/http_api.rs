@@ -475,19 +475,21 @@ fn connections_past_the_limit_are_refused_politely() {
     abe.shutdown();
 }
 
-#[test]
-fn overload_is_429_with_retry_after() {
+/// One worker serving one request at a time, 300 ms each.
+fn one_slow_worker_config() -> abe::config::Config {
     let mut cfg = test_config();
-    cfg.batching.queue_capacity = 4;
-    cfg.batching.max_batch_size = 1;
     cfg.workers.count = 1;
+    cfg.batching.max_batch_size = 1;
     cfg.workers.latency_model = "linear".into();
     cfg.workers.base_latency_ms = 300.0;
     cfg.workers.per_token_latency_ms = 0.0;
-    let abe = start(cfg);
-    let mut c = Client::connect(abe.local_addr());
+    cfg
+}
+
+/// `n` completion requests in one buffer, prompts `"0"`, `"1"`, ...
+fn pipelined_completions(n: usize) -> Vec<u8> {
     let mut bytes = Vec::new();
-    for i in 0..10 {
+    for i in 0..n {
         bytes.extend(request_bytes(
             "POST",
             "/v1/completions",
@@ -495,7 +497,16 @@ fn overload_is_429_with_retry_after() {
             &[],
         ));
     }
-    c.send_raw(&bytes);
+    bytes
+}
+
+#[test]
+fn overload_is_429_with_retry_after() {
+    let mut cfg = one_slow_worker_config();
+    cfg.batching.queue_capacity = 4;
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    c.send_raw(&pipelined_completions(10));
     let mut statuses = Vec::new();
     for _ in 0..10 {
         let r = c.read_response().unwrap();
@@ -916,25 +927,10 @@ fn a_client_that_disconnects_frees_its_slot_in_continuous_mode() {
 
 #[test]
 fn queued_requests_of_a_client_that_disconnects_are_dropped() {
-    let mut cfg = test_config();
-    cfg.workers.count = 1;
-    cfg.batching.max_batch_size = 1;
-    cfg.workers.latency_model = "linear".into();
-    cfg.workers.base_latency_ms = 300.0;
-    cfg.workers.per_token_latency_ms = 0.0;
-    let abe = start(cfg);
+    let abe = start(one_slow_worker_config());
     let addr = abe.local_addr();
     let mut c = Client::connect(addr);
-    let mut bytes = Vec::new();
-    for i in 0..20 {
-        bytes.extend(request_bytes(
-            "POST",
-            "/v1/completions",
-            Some(&format!(r#"{{"prompt":"{i}"}}"#)),
-            &[],
-        ));
-    }
-    c.send_raw(&bytes);
+    c.send_raw(&pipelined_completions(20));
     std::thread::sleep(Duration::from_millis(100)); // let the server read and queue them
     drop(c);
     // Served one at a time, 20 requests would take 6 s; the queued ones are dropped instead.

@@ -55,6 +55,16 @@ fn mark_engine(role: ThreadRole) {
     }
 }
 
+/// `workers` sim workers, zero latency, unpinned, the engine thread counted.
+fn engine_config(workers: usize) -> RuntimeConfig {
+    let mut cfg = RuntimeConfig::default();
+    cfg.core.workers = workers;
+    cfg.sim.latency = LatencyModel::None;
+    cfg.pin = false;
+    cfg.on_thread_start = Some(mark_engine);
+    cfg
+}
+
 /// Runs `n` requests through a submitter with at most `window` in flight.
 fn drive(sub: &mut runtime::Submitter, n: u64, window: usize, prompt: &str) {
     drive_routed(sub, n, window, prompt, &[None]);
@@ -105,12 +115,7 @@ fn drive_routed(
 
 #[test]
 fn engine_thread_allocates_nothing_over_100k_requests_in_steady_state() {
-    let mut cfg = RuntimeConfig::default();
-    cfg.core.workers = 2;
-    cfg.sim.latency = LatencyModel::None;
-    cfg.pin = false;
-    cfg.on_thread_start = Some(mark_engine);
-    let handle = runtime::start(cfg).expect("runtime starts");
+    let handle = runtime::start(engine_config(2)).expect("runtime starts");
     let mut sub = handle.submitter(None).expect("submitter");
     drive(&mut sub, 20_000, 256, "warm up the engine");
     let before = COUNTED.load(Ordering::Relaxed);
@@ -154,11 +159,7 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
         }),
     ];
     let routing = Routing::new(router, routes[0].unwrap().name, None);
-    let mut cfg = RuntimeConfig::default();
-    cfg.core.workers = 1;
-    cfg.sim.latency = LatencyModel::None;
-    cfg.pin = false;
-    cfg.on_thread_start = Some(mark_engine);
+    let cfg = engine_config(1);
     let stop = Arc::new(AtomicBool::new(false));
     let lanes = (0..3)
         .map(|l| runtime::sim_lane(&cfg, 1, l << 32, &stop))
@@ -185,16 +186,12 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
 
 #[test]
 fn engine_thread_allocates_nothing_in_continuous_mode() {
-    let mut cfg = RuntimeConfig::default();
-    cfg.core.workers = 2;
-    cfg.sim.latency = LatencyModel::None;
-    cfg.pin = false;
+    let mut cfg = engine_config(2);
     cfg.continuous = Some(abe::core::continuous::ContinuousConfig {
         max_slots: 16,
         max_queue: 4096,
         ..Default::default()
     });
-    cfg.on_thread_start = Some(mark_engine);
     let handle = runtime::start(cfg).expect("runtime starts");
     let mut sub = handle.submitter(None).expect("submitter");
     drive(&mut sub, 5_000, 128, "warm up the engine");

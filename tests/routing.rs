@@ -9,7 +9,7 @@ mod common;
 
 use abe::config::Config;
 use abe::exec::sim::FaultSettings;
-use common::{start, test_config, Client};
+use common::{post_completion, start, test_config, Client};
 
 /// Three sim backends:
 /// - `small` serves `m-small` (context 64 tokens, no capabilities), priority 0;
@@ -65,19 +65,11 @@ fn routed_config() -> Config {
     c
 }
 
-fn completion(model: &str, prompt: &str) -> String {
-    serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 4}).to_string()
-}
-
 #[test]
 fn requests_go_to_the_backend_serving_their_model_and_say_so() {
     let abe = start(routed_config());
     let mut c = Client::connect(abe.local_addr());
-    let r = c.request(
-        "POST",
-        "/v1/completions",
-        Some(&completion("m-small", "hi")),
-    );
+    let r = post_completion(&mut c, "m-small", "hi");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.header("x-abe-route"),
@@ -85,14 +77,14 @@ fn requests_go_to_the_backend_serving_their_model_and_say_so() {
     );
     assert_eq!(r.json()["model"], "m-small");
 
-    let r = c.request("POST", "/v1/completions", Some(&completion("m-big", "hi")));
+    let r = post_completion(&mut c, "m-big", "hi");
     assert_eq!(
         r.header("x-abe-route"),
         Some("backend=big; model=m-big; via=direct")
     );
 
     // Alias: served by the target, the header names what was asked for.
-    let r = c.request("POST", "/v1/completions", Some(&completion("fast", "hi")));
+    let r = post_completion(&mut c, "fast", "hi");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.header("x-abe-route"),
@@ -101,11 +93,7 @@ fn requests_go_to_the_backend_serving_their_model_and_say_so() {
 
     // Too long for m-small's 64-token context: its fallback m-big serves it.
     let long = "word ".repeat(100);
-    let r = c.request(
-        "POST",
-        "/v1/completions",
-        Some(&completion("m-small", &long)),
-    );
+    let r = post_completion(&mut c, "m-small", &long);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.header("x-abe-route"),
@@ -113,11 +101,7 @@ fn requests_go_to_the_backend_serving_their_model_and_say_so() {
     );
 
     // priority_only: the shared model goes to the preferred backend.
-    let r = c.request(
-        "POST",
-        "/v1/completions",
-        Some(&completion("m-shared", "x")),
-    );
+    let r = post_completion(&mut c, "m-shared", "x");
     assert_eq!(
         r.header("x-abe-route"),
         Some("backend=big; model=m-shared; via=direct")
@@ -147,12 +131,12 @@ fn requests_go_to_the_backend_serving_their_model_and_say_so() {
 fn routing_errors_are_the_specs() {
     let abe = start(routed_config());
     let mut c = Client::connect(abe.local_addr());
-    let r = c.request("POST", "/v1/completions", Some(&completion("gpt-5", "hi")));
+    let r = post_completion(&mut c, "gpt-5", "hi");
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["code"], "model_not_found");
     assert!(r.error_message().contains("Model 'gpt-5' not found"));
 
-    let r = c.request("POST", "/v1/completions", Some(&completion("", "hi")));
+    let r = post_completion(&mut c, "", "hi");
     assert_eq!(r.status, 400);
 
     // Vision and tools on a model whose only backend has neither.
@@ -207,11 +191,7 @@ fn models_lists_every_routable_name_and_metrics_have_each_backend() {
     assert_eq!(alias["abe_alias_of"], "m-small");
 
     for _ in 0..3 {
-        let r = c.request(
-            "POST",
-            "/v1/completions",
-            Some(&completion("m-small", "hi")),
-        );
+        let r = post_completion(&mut c, "m-small", "hi");
         assert_eq!(r.status, 200);
     }
     // Published at least every few ms; poll until the counters show.
@@ -256,11 +236,7 @@ fn a_failing_backend_is_routed_around_and_nothing_is_lost() {
     }
     let mut c = Client::connect(abe.local_addr());
     for i in 0..40 {
-        let r = c.request(
-            "POST",
-            "/v1/completions",
-            Some(&completion("m-shared", &format!("p{i}"))),
-        );
+        let r = post_completion(&mut c, "m-shared", &format!("p{i}"));
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
         assert_eq!(
             r.header("x-abe-route"),
@@ -285,7 +261,7 @@ fn a_failing_backend_is_routed_around_and_nothing_is_lost() {
     assert_eq!(j["backends"][1]["failed"], 0, "{j}");
 
     // A model only big serves has nowhere else to go: 503 naming why.
-    let r = c.request("POST", "/v1/completions", Some(&completion("m-big", "x")));
+    let r = post_completion(&mut c, "m-big", "x");
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "no_healthy_backend");
     abe.shutdown();

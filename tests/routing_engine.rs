@@ -22,14 +22,20 @@ fn completion(prompt: &str) -> Request {
     }
 }
 
-/// One backend, one worker. Its circuit opens; after recovery_ns, with the engine parked,
-/// the next request is routed there (the circuit is due a probe), not refused with 503.
-#[test]
-fn first_request_after_circuit_recovery_is_not_refused() {
+/// One sim worker, zero latency, unpinned.
+fn one_worker_config() -> RuntimeConfig {
     let mut cfg = RuntimeConfig::default();
     cfg.core.workers = 1;
     cfg.sim.latency = LatencyModel::None;
     cfg.pin = false;
+    cfg
+}
+
+/// One backend, one worker. Its circuit opens; after recovery_ns, with the engine parked,
+/// the next request is routed there (the circuit is due a probe), not refused with 503.
+#[test]
+fn first_request_after_circuit_recovery_is_not_refused() {
+    let mut cfg = one_worker_config();
     cfg.core.circuit.recovery_ns = 250_000_000;
     let handle = runtime::start(cfg).unwrap();
     handle.set_faults(
@@ -106,10 +112,7 @@ fn two_lanes_with(
     let (router, _) = Router::build(&[a, b], &routing_cfg, 1).unwrap();
     let name = router.lookup("m").unwrap();
     let routing = Routing::new(router, name, None);
-    let mut cfg = RuntimeConfig::default();
-    cfg.core.workers = 1;
-    cfg.sim.latency = LatencyModel::None;
-    cfg.pin = false;
+    let mut cfg = one_worker_config();
     tweak(&mut cfg);
     let stop = Arc::new(AtomicBool::new(false));
     let lanes = vec![

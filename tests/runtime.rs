@@ -53,6 +53,25 @@ fn wait_for(handle: &Handle, what: &str, mut cond: impl FnMut(&runtime::Snapshot
     }
 }
 
+/// Makes every batch on worker 0 hang for a minute.
+fn hang_worker_0(handle: &Handle) {
+    handle.set_faults(
+        0,
+        FaultSettings {
+            hang_rate: 1.0,
+            hang_ms: 60_000.0,
+            ..Default::default()
+        },
+    );
+}
+
+/// Submits `n` normal-priority completions, prompts `r0`, `r1`, ...
+fn submit_numbered(handle: &Handle, n: usize) -> Vec<Pending> {
+    (0..n)
+        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::Normal)))
+        .collect()
+}
+
 #[test]
 fn ten_thousand_concurrent_submissions_each_get_exactly_one_result() {
     let handle = Arc::new(runtime::start(config(4, LatencyModel::None)).unwrap());
@@ -202,17 +221,8 @@ fn shutdown_under_load_answers_every_request() {
 #[test]
 fn shutdown_deadline_aborts_hung_work_with_an_error_and_still_answers_everything() {
     let handle = runtime::start(config(1, LatencyModel::None)).unwrap();
-    handle.set_faults(
-        0,
-        FaultSettings {
-            hang_rate: 1.0,
-            hang_ms: 60_000.0,
-            ..Default::default()
-        },
-    );
-    let pending: Vec<Pending> = (0..50)
-        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::Normal)))
-        .collect();
+    hang_worker_0(&handle);
+    let pending = submit_numbered(&handle, 50);
     std::thread::sleep(Duration::from_millis(50));
     let started = Instant::now();
     let report = handle.shutdown(Duration::from_millis(200));
@@ -293,9 +303,7 @@ fn a_full_queue_refuses_with_an_overload_error_and_serves_the_rest() {
     cfg.core.queue_capacity = 40;
     cfg.core.max_batch_size = 8;
     let handle = runtime::start(cfg).unwrap();
-    let pending: Vec<Pending> = (0..100)
-        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::Normal)))
-        .collect();
+    let pending = submit_numbered(&handle, 100);
     let outcomes = wait_all(pending);
     let ok = outcomes.iter().filter(|o| o.is_ok()).count();
     let overload = outcomes
@@ -411,17 +419,8 @@ fn continuous_mode_output_matches_request_level_output_for_the_same_request() {
 #[test]
 fn continuous_mode_shutdown_deadline_aborts_hung_steps_and_answers_everything() {
     let handle = runtime::start(continuous_config(1, LatencyModel::None)).unwrap();
-    handle.set_faults(
-        0,
-        FaultSettings {
-            hang_rate: 1.0,
-            hang_ms: 60_000.0,
-            ..Default::default()
-        },
-    );
-    let pending: Vec<Pending> = (0..30)
-        .map(|i| handle.submit(completion(&format!("r{i}"), Priority::Normal)))
-        .collect();
+    hang_worker_0(&handle);
+    let pending = submit_numbered(&handle, 30);
     std::thread::sleep(Duration::from_millis(50));
     let report = handle.shutdown(Duration::from_millis(200));
     assert!(!report.clean);
@@ -528,14 +527,7 @@ fn continuous_mode_fails_requests_that_wait_past_the_request_deadline() {
     cfg.core.request_timeout_ns = 200_000_000; // 200 ms
     let handle = runtime::start(cfg).unwrap();
     // The only slot's step hangs; everything behind it waits past its deadline.
-    handle.set_faults(
-        0,
-        FaultSettings {
-            hang_rate: 1.0,
-            hang_ms: 60_000.0,
-            ..Default::default()
-        },
-    );
+    hang_worker_0(&handle);
     let first = handle.submit(completion("first", Priority::Normal));
     std::thread::sleep(Duration::from_millis(50));
     let waiting: Vec<Pending> = (0..5)

@@ -236,14 +236,12 @@ fn fifo_batching_matches_the_multi_bin_closed_form_for_one_bin() {
     );
 }
 
-/// K > 1 through the driver's oracle pre-binning (see src/sim/binning.rs): the backlog is
-/// sorted into K equal-mass bins by output length and fed to the unchanged FIFO core in
-/// single-bin groups of B, which is the paper's multi-bin policy on a saturated queue.
-#[test]
-fn oracle_binning_matches_the_closed_form_and_throughput_rises_with_bins() {
+/// For K = 1, 2, 4, 8 (sweep point `point(K)`): `strategy`'s throughput is within 2 % of
+/// the closed form, and rises with K.
+fn assert_closed_form_rising_with_k(strategy: &str, point: impl Fn(u32) -> String) {
     let mut last = 0.0;
     for k in [1u32, 2, 4, 8] {
-        let got = paper_throughput("fixed", &format!("oracle_bins={k}"));
+        let got = paper_throughput(strategy, &point(k));
         let want = closed_form(f64::from(k));
         assert!(
             (got / want - 1.0).abs() < 0.02,
@@ -254,23 +252,21 @@ fn oracle_binning_matches_the_closed_form_and_throughput_rises_with_bins() {
     }
 }
 
+/// K > 1 through the driver's oracle pre-binning (see src/sim/binning.rs): the backlog is
+/// sorted into K equal-mass bins by output length and fed to the unchanged FIFO core in
+/// single-bin groups of B, which is the paper's multi-bin policy on a saturated queue.
+#[test]
+fn oracle_binning_matches_the_closed_form_and_throughput_rises_with_bins() {
+    assert_closed_form_rising_with_k("fixed", |k| format!("oracle_bins={k}"));
+}
+
 /// The same check through the real `multi_bin` strategy, on the unsorted backlog. The
 /// scenario pins its batch size to 8 and lets its bins start equal-width over [1, 10000];
 /// the backlog is binned on admission, before any statistics, and every length is in
 /// [5000, 10000], so `bins = 2K` gives K equal-mass bins (see the scenario's notes).
 #[test]
 fn multi_bin_strategy_matches_the_closed_form() {
-    let mut last = 0.0;
-    for k in [1u32, 2, 4, 8] {
-        let got = paper_throughput("multi_bin", &format!("bins={}", 2 * k));
-        let want = closed_form(f64::from(k));
-        assert!(
-            (got / want - 1.0).abs() < 0.02,
-            "K = {k}: simulated {got:.4}, closed form {want:.4}"
-        );
-        assert!(got > last, "throughput must rise with K");
-        last = got;
-    }
+    assert_closed_form_rising_with_k("multi_bin", |k| format!("bins={}", 2 * k));
 }
 
 #[test]

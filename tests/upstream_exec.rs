@@ -40,9 +40,14 @@ fn client_for(base_url: String, prompt_array: bool, request: Duration) -> Upstre
     UpstreamClient::new(target, timeouts(request))
 }
 
+/// An executor on `client` whose stop flag is never set.
+fn executor_on(client: UpstreamClient) -> UpstreamExecutor {
+    UpstreamExecutor::new(client, Arc::new(AtomicBool::new(false)))
+}
+
 fn executor(mock: &MockUpstream, prompt_array: bool) -> UpstreamExecutor {
     let client = client_for(mock.base_url(), prompt_array, Duration::from_secs(10));
-    UpstreamExecutor::new(client, Arc::new(AtomicBool::new(false)))
+    executor_on(client)
 }
 
 fn completion(prompt: &str, max_tokens: u32) -> Work {
@@ -343,7 +348,7 @@ fn the_api_key_is_sent_as_a_bearer_token() {
         prompt_array: true,
     };
     let client = UpstreamClient::new(target, timeouts(Duration::from_secs(10)));
-    let mut exec = UpstreamExecutor::new(client.clone(), Arc::new(AtomicBool::new(false)));
+    let mut exec = executor_on(client.clone());
     let mut items = batch(vec![completion("k", 1)]);
     exec.execute(&mut items, &mut NoTokens).unwrap();
     assert_eq!(
@@ -457,7 +462,7 @@ fn a_hanging_backend_times_out() {
     let mock = MockUpstream::start();
     mock.set_mode(Mode::Hang);
     let client = client_for(mock.base_url(), true, Duration::from_millis(300));
-    let mut exec = UpstreamExecutor::new(client, Arc::new(AtomicBool::new(false)));
+    let mut exec = executor_on(client);
     let mut streamed = completion("s", 2);
     streamed.stream = true;
     let mut items = batch(vec![completion("a", 1), streamed]);
@@ -475,7 +480,7 @@ fn a_stream_that_stalls_past_the_request_timeout_fails_after_its_first_pieces() 
     // Ten pieces 150 ms apart against a 400 ms budget: some arrive, the rest cannot.
     mock.set_piece_delay(Duration::from_millis(150));
     let client = client_for(mock.base_url(), true, Duration::from_millis(400));
-    let mut exec = UpstreamExecutor::new(client, Arc::new(AtomicBool::new(false)));
+    let mut exec = executor_on(client);
     let mut work = completion("1 2 3 4 5 6 7 8 9", 16);
     work.stream = true;
     let mut items = batch(vec![work]);
@@ -523,7 +528,7 @@ fn dead_port_url() -> String {
 fn a_refused_connection_is_a_connect_error_naming_backend_and_url() {
     let url = dead_port_url();
     let client = client_for(url.clone(), true, Duration::from_secs(5));
-    let mut exec = UpstreamExecutor::new(client, Arc::new(AtomicBool::new(false)));
+    let mut exec = executor_on(client);
     let mut items = batch(vec![completion("a", 1), embedding("b", 0)]);
     exec.execute(&mut items, &mut NoTokens).unwrap();
     for item in &items {

@@ -8,7 +8,7 @@ mod common;
 
 use abe::config::Config;
 use common::mock_upstream::{MockUpstream, Mode};
-use common::{start, test_config, Client};
+use common::{post_completion, start, test_config, Client};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -75,10 +75,6 @@ fn front(toml: &str) -> Config {
     c
 }
 
-fn completion(model: &str, prompt: &str) -> String {
-    serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 4}).to_string()
-}
-
 /// Polls `/metrics/json` until `ok` holds (bounded), returning the last page.
 fn metrics_until(
     c: &mut Client,
@@ -131,18 +127,8 @@ fn routes_by_model_alias_and_fallback_across_two_abe_processes() {
     )));
     let mut c = Client::connect(abe.local_addr());
     // The front answers what the upstream abe generated (same engine, same text).
-    let direct = Client::connect(alpha.addr)
-        .request(
-            "POST",
-            "/v1/completions",
-            Some(&completion("alpha", "hello")),
-        )
-        .json();
-    let r = c.request(
-        "POST",
-        "/v1/completions",
-        Some(&completion("alpha", "hello")),
-    );
+    let direct = post_completion(&mut Client::connect(alpha.addr), "alpha", "hello").json();
+    let r = post_completion(&mut c, "alpha", "hello");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.header("x-abe-route"),
@@ -150,12 +136,12 @@ fn routes_by_model_alias_and_fallback_across_two_abe_processes() {
     );
     assert_eq!(r.json()["choices"][0]["text"], direct["choices"][0]["text"]);
 
-    let r = c.request("POST", "/v1/completions", Some(&completion("a", "hello")));
+    let r = post_completion(&mut c, "a", "hello");
     assert_eq!(
         r.header("x-abe-route"),
         Some("backend=up-alpha; model=alpha; via=alias; requested=a")
     );
-    let r = c.request("POST", "/v1/completions", Some(&completion("gamma", "hi")));
+    let r = post_completion(&mut c, "gamma", "hi");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.header("x-abe-route"),
@@ -274,11 +260,7 @@ fn a_backend_killed_mid_run_is_routed_around_nothing_is_lost_and_it_comes_back()
                 let mut c = Client::connect(addr);
                 let mut statuses = Vec::new();
                 for i in 0..100 {
-                    let r = c.request(
-                        "POST",
-                        "/v1/completions",
-                        Some(&completion("shared", &format!("t{t} r{i}"))),
-                    );
+                    let r = post_completion(&mut c, "shared", &format!("t{t} r{i}"));
                     statuses.push((r.status, r.text()));
                 }
                 statuses
@@ -302,11 +284,7 @@ fn a_backend_killed_mid_run_is_routed_around_nothing_is_lost_and_it_comes_back()
     assert_eq!(j["backends"][1]["healthy"], true);
     // While it is down, everything goes to two.
     for i in 0..10 {
-        let r = c.request(
-            "POST",
-            "/v1/completions",
-            Some(&completion("shared", &format!("d{i}"))),
-        );
+        let r = post_completion(&mut c, "shared", &format!("d{i}"));
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(
             r.header("x-abe-route"),
@@ -321,11 +299,7 @@ fn a_backend_killed_mid_run_is_routed_around_nothing_is_lost_and_it_comes_back()
     let mut served_by_one = 0;
     std::thread::sleep(Duration::from_millis(350));
     for i in 0..10 {
-        let r = c.request(
-            "POST",
-            "/v1/completions",
-            Some(&completion("shared", &format!("b{i}"))),
-        );
+        let r = post_completion(&mut c, "shared", &format!("b{i}"));
         assert_eq!(r.status, 200, "{}", r.text());
         if r.header("x-abe-route") == Some("backend=one; model=shared; via=direct") {
             served_by_one += 1;
@@ -376,7 +350,7 @@ fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backend
         steady.base_url()
     )));
     let mut c = Client::connect(abe.local_addr());
-    let r = c.request("POST", "/v1/completions", Some(&completion("m", "hi")));
+    let r = post_completion(&mut c, "m", "hi");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.header("x-abe-route"),
@@ -385,7 +359,7 @@ fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backend
 
     // 5xx: retried on the next candidate, the client sees a success.
     flaky.set_mode(Mode::Status(500));
-    let r = c.request("POST", "/v1/completions", Some(&completion("m", "again")));
+    let r = post_completion(&mut c, "m", "again");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.header("x-abe-route"),
@@ -393,11 +367,7 @@ fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backend
     );
     assert_eq!(r.json()["choices"][0]["text"], "echo:again");
     // Nowhere else to go: 502 naming the backend and its answer.
-    let r = c.request(
-        "POST",
-        "/v1/completions",
-        Some(&completion("only-flaky", "x")),
-    );
+    let r = post_completion(&mut c, "only-flaky", "x");
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "upstream_error");
     assert!(r.error_message().contains("'flaky'"), "{}", r.text());
@@ -405,7 +375,7 @@ fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backend
     // A 4xx is the request's own problem: relayed, not retried.
     flaky.set_mode(Mode::Status(400));
     let before = steady.requests("/v1/completions");
-    let r = c.request("POST", "/v1/completions", Some(&completion("m", "bad")));
+    let r = post_completion(&mut c, "m", "bad");
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "upstream_rejected");
     assert_eq!(
@@ -416,11 +386,7 @@ fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backend
 
     // A backend that does not answer in time: 504 when nothing else can serve.
     flaky.set_mode(Mode::Hang);
-    let r = c.request(
-        "POST",
-        "/v1/completions",
-        Some(&completion("only-flaky", "slow")),
-    );
+    let r = post_completion(&mut c, "only-flaky", "slow");
     assert_eq!(r.status, 504, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "upstream_timeout");
     abe.shutdown();

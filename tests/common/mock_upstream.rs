@@ -662,16 +662,23 @@ fn model_of(body: &Value) -> Value {
 /// `Err(message)` is a 400 for the client.
 type Answer = Result<io::Result<()>, String>;
 
-fn completions(stream: &mut TcpStream, body: &Value, close: bool, shared: &Shared) -> Answer {
-    let prompts: Vec<String> = match body.get("prompt") {
-        Some(Value::String(s)) => vec![s.clone()],
+/// `body[field]` as a list: a string, or an array of strings; `Err` is the 400 message.
+fn strings(body: &Value, field: &str) -> Result<Vec<String>, String> {
+    match body.get(field) {
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(a)) => a
             .iter()
             .map(|p| p.as_str().map(str::to_string))
             .collect::<Option<_>>()
-            .ok_or("mock upstream: prompt arrays must hold strings")?,
-        _ => return Err("mock upstream: prompt must be a string or an array of strings".into()),
-    };
+            .ok_or_else(|| format!("mock upstream: {field} arrays must hold strings")),
+        _ => Err(format!(
+            "mock upstream: {field} must be a string or an array of strings"
+        )),
+    }
+}
+
+fn completions(stream: &mut TcpStream, body: &Value, close: bool, shared: &Shared) -> Answer {
+    let prompts = strings(body, "prompt")?;
     let max = max_tokens(body, &["max_tokens"]);
     let model = model_of(body);
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
@@ -785,15 +792,7 @@ fn chat(stream: &mut TcpStream, body: &Value, close: bool, shared: &Shared) -> A
 }
 
 fn embeddings(stream: &mut TcpStream, body: &Value, close: bool) -> Answer {
-    let inputs: Vec<String> = match body.get("input") {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|p| p.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or("mock upstream: input arrays must hold strings")?,
-        _ => return Err("mock upstream: input must be a string or an array of strings".into()),
-    };
+    let inputs = strings(body, "input")?;
     let dims = body
         .get("dimensions")
         .and_then(Value::as_u64)

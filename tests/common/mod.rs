@@ -25,6 +25,12 @@ pub fn start(config: Config) -> Running {
     Running::start(config).expect("abe starts")
 }
 
+/// POSTs a `/v1/completions` request for `model` (at most 4 tokens) and reads the answer.
+pub fn post_completion(c: &mut Client, model: &str, prompt: &str) -> Resp {
+    let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 4});
+    c.request("POST", "/v1/completions", Some(&body.to_string()))
+}
+
 /// A parsed HTTP response.
 #[derive(Debug, Clone)]
 pub struct Resp {
