@@ -264,18 +264,14 @@ fn model_of<'a>(ctx: &'a ApiContext, model: Option<&'a str>) -> &'a str {
 
 /// `model` (see [`model_of`]) checked against the router: unknown models (404), empty names
 /// and capability mismatches (400) are answered here, before anything reaches the engine.
-/// `texts` are the request's text parts (for the size estimate), `needs` what else it asks
-/// for.
+/// `needs` adds what the request asks for: its text (for the size estimate) and any
+/// capabilities.
 fn check_model<'a>(
     ctx: &ApiContext,
     model: &'a str,
-    texts: &[&str],
     needs: impl FnOnce(&mut RequirementsBuilder<'a>),
 ) -> Result<RouteRequest, Routed> {
     let mut b = RequirementsBuilder::new(model);
-    for t in texts {
-        b.text(t);
-    }
     needs(&mut b);
     match ctx.router.precheck(&b.build()) {
         Ok((name, need)) => Ok(RouteRequest { name, need }),
@@ -418,7 +414,9 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
     let model = model_of(ctx, b.model.as_deref());
     let mut requests = Vec::with_capacity(prompts.len());
     for prompt in prompts {
-        let route = check_model(ctx, model, &[&prompt], |_| {})?;
+        let route = check_model(ctx, model, |r| {
+            r.text(&prompt);
+        })?;
         requests.push(g.request(prompt, b.predicted_output_tokens, route));
     }
     let model = model.to_string();
@@ -453,12 +451,8 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             stop: b.stop.clone(),
         },
     )?;
-    let texts = chat::texts(b.messages.as_deref().unwrap_or_default());
     let model = model_of(ctx, b.model.as_deref());
-    let route = check_model(ctx, model, &texts, |r| {
-        chat::needs(&b, r);
-    })?;
-    drop(texts);
+    let route = check_model(ctx, model, |r| chat::needs(&b, r))?;
     let model = model.to_string();
     let chat_body = if ctx.has_upstream {
         std::str::from_utf8(body).ok().map(Arc::from)
@@ -504,7 +498,11 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
     let model = model_of(ctx, b.model.as_deref());
     let routes = inputs
         .iter()
-        .map(|input| check_model(ctx, model, &[input], |_| {}))
+        .map(|input| {
+            check_model(ctx, model, |r| {
+                r.text(input);
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let model = model.to_string();
     let requests = inputs
