@@ -392,7 +392,7 @@ fn generation(
 }
 
 fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
-    let b: CompletionBody = wire::parse_body(body).map_err(bad)?;
+    let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
     let g = generation(
         ctx,
         head,
@@ -406,7 +406,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             seed: b.seed,
             temperature: b.temperature,
             top_p: b.top_p,
-            stop: b.stop.clone(),
+            stop: b.stop.take(),
         },
     )?;
     let prompts =
@@ -430,7 +430,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
 }
 
 fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
-    let b: chat::ChatBody = wire::parse_body(body).map_err(bad)?;
+    let mut b: chat::ChatBody = wire::parse_body(body).map_err(bad)?;
     let (field, max_tokens) = match (b.max_completion_tokens, b.max_tokens) {
         (Some(n), _) => ("max_completion_tokens", Some(n)),
         (None, n) => ("max_tokens", n),
@@ -448,7 +448,7 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             seed: b.seed,
             temperature: b.temperature,
             top_p: b.top_p,
-            stop: b.stop.clone(),
+            stop: b.stop.take(),
         },
     )?;
     let model = model_of(ctx, b.model.as_deref());
