@@ -78,29 +78,24 @@ pub struct ResponseFormat {
     pub kind: Option<String>,
 }
 
-/// The text of every message (string contents and text parts), for the size estimate.
-pub fn texts(messages: &[Message]) -> Vec<&str> {
-    let mut out = Vec::with_capacity(messages.len());
-    for m in messages {
-        match &m.content {
-            Some(Content::Text(t)) => out.push(t.as_str()),
-            Some(Content::Parts(parts)) => {
-                out.extend(parts.iter().filter_map(|p| p.text.as_deref()));
-            }
-            None => {}
-        }
-    }
-    out
-}
-
-/// What a chat request needs beyond text: vision for any `image_url` part, tools for a
+/// What a chat request asks of a backend: the text of every message (string contents and
+/// text parts) for the size estimate, vision for any `image_url` part, tools for a
 /// non-empty `tools`, JSON mode for `response_format.type == "json_object"`.
 pub fn needs(body: &ChatBody, b: &mut crate::router::RequirementsBuilder<'_>) {
     for m in body.messages.iter().flatten() {
-        if let Some(Content::Parts(parts)) = &m.content {
-            for p in parts {
-                b.content_part(&p.kind);
+        match &m.content {
+            Some(Content::Text(t)) => {
+                b.text(t);
             }
+            Some(Content::Parts(parts)) => {
+                for p in parts {
+                    if let Some(t) = &p.text {
+                        b.text(t);
+                    }
+                    b.content_part(&p.kind);
+                }
+            }
+            None => {}
         }
     }
     b.tools(body.tools.as_ref().map_or(0, Vec::len));

@@ -264,18 +264,14 @@ fn model_of<'a>(ctx: &'a ApiContext, model: Option<&'a str>) -> &'a str {
 
 /// `model` (see [`model_of`]) checked against the router: unknown models (404), empty names
 /// and capability mismatches (400) are answered here, before anything reaches the engine.
-/// `texts` are the request's text parts (for the size estimate), `needs` what else it asks
-/// for.
+/// `needs` adds what the request asks for: its text (for the size estimate) and any
+/// capabilities.
 fn check_model<'a>(
     ctx: &ApiContext,
     model: &'a str,
-    texts: &[&str],
     needs: impl FnOnce(&mut RequirementsBuilder<'a>),
 ) -> Result<RouteRequest, Routed> {
     let mut b = RequirementsBuilder::new(model);
-    for t in texts {
-        b.text(t);
-    }
     needs(&mut b);
     match ctx.router.precheck(&b.build()) {
         Ok((name, need)) => Ok(RouteRequest { name, need }),
@@ -396,7 +392,7 @@ fn generation(
 }
 
 fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
-    let b: CompletionBody = wire::parse_body(body).map_err(bad)?;
+    let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
     let g = generation(
         ctx,
         head,
@@ -410,7 +406,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
             seed: b.seed,
             temperature: b.temperature,
             top_p: b.top_p,
-            stop: b.stop.clone(),
+            stop: b.stop.take(),
         },
     )?;
     let prompts =
@@ -418,7 +414,9 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
     let model = model_of(ctx, b.model.as_deref());
     let mut requests = Vec::with_capacity(prompts.len());
     for prompt in prompts {
-        let route = check_model(ctx, model, &[&prompt], |_| {})?;
+        let route = check_model(ctx, model, |r| {
+            r.text(&prompt);
+        })?;
         requests.push(g.request(prompt, b.predicted_output_tokens, route));
     }
     let model = model.to_string();
@@ -432,7 +430,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
 }
 
 fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
-    let b: chat::ChatBody = wire::parse_body(body).map_err(bad)?;
+    let mut b: chat::ChatBody = wire::parse_body(body).map_err(bad)?;
     let (field, max_tokens) = match (b.max_completion_tokens, b.max_tokens) {
         (Some(n), _) => ("max_completion_tokens", Some(n)),
         (None, n) => ("max_tokens", n),
@@ -450,15 +448,11 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
             seed: b.seed,
             temperature: b.temperature,
             top_p: b.top_p,
-            stop: b.stop.clone(),
+            stop: b.stop.take(),
         },
     )?;
-    let texts = chat::texts(b.messages.as_deref().unwrap_or_default());
     let model = model_of(ctx, b.model.as_deref());
-    let route = check_model(ctx, model, &texts, |r| {
-        chat::needs(&b, r);
-    })?;
-    drop(texts);
+    let route = check_model(ctx, model, |r| chat::needs(&b, r))?;
     let model = model.to_string();
     let chat_body = if ctx.has_upstream {
         std::str::from_utf8(body).ok().map(Arc::from)
@@ -504,7 +498,11 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
     let model = model_of(ctx, b.model.as_deref());
     let routes = inputs
         .iter()
-        .map(|input| check_model(ctx, model, &[input], |_| {}))
+        .map(|input| {
+            check_model(ctx, model, |r| {
+                r.text(input);
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let model = model.to_string();
     let requests = inputs

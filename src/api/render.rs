@@ -138,30 +138,6 @@ where
     Ok(())
 }
 
-fn text_response(
-    shape: TextShape,
-    model: &str,
-    created: u64,
-    id: u64,
-    outputs: &[Output],
-) -> Response {
-    let mut body = Vec::with_capacity(256);
-    match write_text_body(&mut body, shape, model, created, id, outputs.iter()) {
-        Ok(()) => Response::json(Status::Ok, body),
-        Err(r) => r,
-    }
-}
-
-/// `POST /v1/completions` answer: one choice per prompt, in order.
-pub fn completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
-    text_response(TextShape::Completion, model, created, id, outputs)
-}
-
-/// `POST /v1/chat/completions` answer: one assistant message.
-pub fn chat_completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
-    text_response(TextShape::Chat, model, created, id, outputs)
-}
-
 #[derive(Serialize)]
 #[serde(untagged)]
 enum EmbeddingValue<'a> {
@@ -246,15 +222,6 @@ where
     // Writing into a Vec cannot fail, and these types always serialize.
     let _ = serde_json::to_writer(&mut *out, &body);
     Ok(())
-}
-
-/// `POST /v1/embeddings` answer: one item per input, in order.
-pub fn embedding(model: &str, base64: bool, outputs: &[Output]) -> Response {
-    let mut body = Vec::new();
-    match write_embedding_body(&mut body, model, base64, outputs.iter()) {
-        Ok(()) => Response::json(Status::Ok, body),
-        Err(r) => r,
-    }
 }
 
 /// Writes the whole HTTP response for a finished job (head and body) straight into a
@@ -385,6 +352,41 @@ pub fn models(router: &crate::router::Router) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Whole responses for one body, as the tests read them (the server writes bodies
+    // straight into a connection's buffer with `write_job`).
+    fn text_response(
+        shape: TextShape,
+        model: &str,
+        created: u64,
+        id: u64,
+        outputs: &[Output],
+    ) -> Response {
+        let mut body = Vec::with_capacity(256);
+        match write_text_body(&mut body, shape, model, created, id, outputs.iter()) {
+            Ok(()) => Response::json(Status::Ok, body),
+            Err(r) => r,
+        }
+    }
+
+    /// `POST /v1/completions` answer: one choice per prompt, in order.
+    fn completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
+        text_response(TextShape::Completion, model, created, id, outputs)
+    }
+
+    /// `POST /v1/chat/completions` answer: one assistant message.
+    fn chat_completion(model: &str, created: u64, id: u64, outputs: &[Output]) -> Response {
+        text_response(TextShape::Chat, model, created, id, outputs)
+    }
+
+    /// `POST /v1/embeddings` answer: one item per input, in order.
+    fn embedding(model: &str, base64: bool, outputs: &[Output]) -> Response {
+        let mut body = Vec::new();
+        match write_embedding_body(&mut body, model, base64, outputs.iter()) {
+            Ok(()) => Response::json(Status::Ok, body),
+            Err(r) => r,
+        }
+    }
 
     #[test]
     fn completion_has_one_choice_per_output_and_summed_usage() {

@@ -44,20 +44,6 @@ pub fn token_pieces(text: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// Appends `payload` as one HTTP/1.1 chunk.
-fn chunk(out: &mut Vec<u8>, payload: &[u8]) {
-    chunk_size(out, payload.len());
-    out.extend_from_slice(payload);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Appends a chunk-size line: `len` in lower-case hex, no leading zeros, CRLF.
-fn chunk_size(out: &mut Vec<u8>, len: usize) {
-    let mut line = [0u8; CHUNK_SIZE_MAX];
-    let n = chunk_size_line(&mut line, len);
-    out.extend_from_slice(&line[..n]);
-}
-
 /// The longest chunk-size line: 16 hex digits and CRLF.
 const CHUNK_SIZE_MAX: usize = 16 + 2;
 
@@ -71,8 +57,8 @@ fn chunk_size_line(line: &mut [u8; CHUNK_SIZE_MAX], len: usize) -> usize {
     digits + 2
 }
 
-/// Appends one SSE event (`data: <json>\n\n`) as one chunk, the JSON written by `json`
-/// straight into `out` (no `Value`, no intermediate buffer): the payload goes after a gap
+/// Appends one SSE event (`data: <json>\n\n`, or the final `data: [DONE]\n\n`) as one
+/// chunk, the JSON written by `json` straight into `out` (no `Value`, no intermediate buffer): the payload goes after a gap
 /// for the longest size line, then moves down behind the real one (one short memmove).
 ///
 /// Every JSON object here is written with its keys in sorted order, compact, strings
@@ -294,7 +280,7 @@ impl StreamWriter {
                 o.extend_from_slice(b"}}");
             });
         }
-        chunk(out, b"data: [DONE]\n\n");
+        event(out, |o| o.extend_from_slice(b"[DONE]"));
         out.extend_from_slice(b"0\r\n\r\n");
     }
 }

@@ -12,7 +12,7 @@ use super::latency_ext::LatencySpec;
 use super::report::{ParamValue, RunReport, SimReport, SweepAxis};
 use super::scenario::Scenario;
 use super::settings::EngineSettings;
-use super::sweep::{self, SweepKey};
+use super::sweep;
 use super::workload::{Digest, SimRequest};
 use super::SimError;
 use crate::core::request::ms_to_nanos;
@@ -272,9 +272,4 @@ fn execute(ctx: &RunContext<'_>, jobs: &[Job], threads: usize) -> Result<Vec<Run
                 .expect("every job ran")
         })
         .collect()
-}
-
-/// Sweep keys, for help text.
-pub fn sweep_keys() -> String {
-    SweepKey::ALL.map(|k| k.as_str()).join(", ")
 }
