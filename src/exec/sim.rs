@@ -236,13 +236,14 @@ impl Executor for SimExecutor {
                 continue;
             }
             let word = synth::word(&mut state.words);
+            let checked_len = state.text.len();
             if state.generated > 0 {
                 state.text.push(' ');
             }
             state.text.push_str(word);
             state.generated += 1;
             let stops = state.stop.as_deref();
-            let stop_cut = super::stop_at(&state.text, stops);
+            let stop_cut = super::stop_at_since(&state.text, checked_len, stops);
             if state.stream
                 && stop_cut.is_none()
                 && !super::may_continue_into_stop(&state.text, stops)
