@@ -10,6 +10,7 @@
 //! are handed in as values.
 
 use super::error::RouterConfigError;
+use super::requirements::Requirements;
 use crate::core::circuit::CircuitState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -261,6 +262,15 @@ pub struct Offer {
     pub priority: u32,
     pub context_length: u32,
     pub capabilities: Capabilities,
+}
+
+impl Offer {
+    /// This offer could take `req`, whatever its backend's live state: the context is long
+    /// enough and every capability it needs is there.
+    #[inline]
+    pub fn capable(&self, req: &Requirements<'_>) -> bool {
+        self.context_length >= req.estimated_tokens && self.capabilities.covers(req.needs)
+    }
 }
 
 /// A backend's live state. Starts healthy with a closed circuit, nothing pending and no
