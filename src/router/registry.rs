@@ -658,29 +658,37 @@ fn validate_model(cfg: &BackendConfig, j: usize, m: &ModelConfig) -> Result<(), 
     Ok(())
 }
 
+/// A `sim` backend for the router's tests, serving `models` as (name, context length,
+/// capabilities), with the default `max_concurrent_batches`.
+#[cfg(test)]
+pub(crate) fn sim_backend(
+    name: &str,
+    priority: u32,
+    models: &[(&str, u32, Capabilities)],
+) -> BackendConfig {
+    BackendConfig {
+        name: name.into(),
+        kind: BackendKindName::Sim,
+        base_url: None,
+        api_key: None,
+        priority,
+        max_concurrent_batches: MAX_CONCURRENT_BATCHES_DEFAULT,
+        prompt_array: None,
+        models: models
+            .iter()
+            .map(|&(n, c, capabilities)| ModelConfig {
+                name: n.into(),
+                context_length: c,
+                capabilities,
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::sim_backend as sim;
     use super::*;
-
-    fn sim(name: &str, priority: u32, models: &[(&str, u32, Capabilities)]) -> BackendConfig {
-        BackendConfig {
-            name: name.into(),
-            kind: BackendKindName::Sim,
-            base_url: None,
-            api_key: None,
-            priority,
-            max_concurrent_batches: 2,
-            prompt_array: None,
-            models: models
-                .iter()
-                .map(|&(n, c, caps)| ModelConfig {
-                    name: n.into(),
-                    context_length: c,
-                    capabilities: caps,
-                })
-                .collect(),
-        }
-    }
 
     #[test]
     fn parses_backends_tables_from_toml() {
