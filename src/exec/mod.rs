@@ -239,6 +239,21 @@ pub fn stop_at(text: &str, stops: Option<&[String]>) -> Option<usize> {
         .min()
 }
 
+/// As [`stop_at`], for `text` grown from its first `old_len` bytes, which held no stop
+/// sequence (they were checked when they were generated). A new match must end past
+/// `old_len`, so it starts at most `longest stop - 1` bytes before it: only from there is
+/// searched, and checking after every token costs the new piece, not the whole text.
+pub fn stop_at_since(text: &str, old_len: usize, stops: Option<&[String]>) -> Option<usize> {
+    let stops = stops?;
+    debug_assert!(stop_at(&text[..old_len], Some(stops)).is_none());
+    let longest = stops.iter().map(String::len).max()?;
+    let mut from = old_len.saturating_sub(longest.saturating_sub(1));
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    stop_at(&text[from..], Some(stops)).map(|cut| from + cut)
+}
+
 /// Does `text` end with a proper prefix of one of `stops` (so the next tokens may complete
 /// it, and what is generated so far must not be streamed yet)?
 pub fn may_continue_into_stop(text: &str, stops: Option<&[String]>) -> bool {
@@ -254,4 +269,34 @@ pub fn may_continue_into_stop(text: &str, stops: Option<&[String]>) -> bool {
 /// Prompt tokens as abe estimates them: bytes / 4, rounded up.
 pub fn prompt_tokens(text: &str) -> u32 {
     u32::try_from(text.len().div_ceil(4)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_at_since_finds_what_stop_at_finds_in_grown_text() {
+        let stops: Vec<String> = ["river stone", "é!", "x"].map(String::from).into();
+        let words = ["the", "river", "stone", "é!", "café", "x"];
+        let mut text = String::new();
+        for &w in words.iter().cycle().take(40) {
+            let old_len = text.len();
+            if !text.is_empty() {
+                text.push(' ');
+            }
+            text.push_str(w);
+            let full = stop_at(&text, Some(&stops));
+            assert_eq!(
+                stop_at_since(&text, old_len, Some(&stops)),
+                full,
+                "{text:?}"
+            );
+            if let Some(cut) = full {
+                text.truncate(cut);
+            }
+        }
+        assert_eq!(stop_at_since("abc", 0, None), None);
+        assert_eq!(stop_at_since("abc", 0, Some(&[])), None);
+    }
 }

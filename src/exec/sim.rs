@@ -149,6 +149,30 @@ impl SimExecutor {
             std::thread::sleep((until - now).min(Duration::from_millis(50)));
         }
     }
+
+    /// Spends `service_ms` plus the injected latency and hang, then draws the injected
+    /// error: what every batch and every step goes through.
+    fn serve(&mut self, service_ms: f64) -> Result<(), ExecError> {
+        let faults = self.faults.get();
+        let mut ms = service_ms + faults.added_latency_ms;
+        if faults.hang_rate > 0.0 && self.rng.gen_bool(faults.hang_rate.clamp(0.0, 1.0)) {
+            ms += faults.hang_ms;
+        }
+        self.sleep_ms(ms);
+        if faults.error_rate > 0.0 && self.rng.gen_bool(faults.error_rate.clamp(0.0, 1.0)) {
+            return Err(ExecError::Injected("error_rate"));
+        }
+        Ok(())
+    }
+
+    /// Dimensions of an embedding: as asked, or the configured default.
+    fn embedding_dims(&self, work: &super::Work) -> u32 {
+        if work.dimensions > 0 {
+            work.dimensions
+        } else {
+            self.cfg.embedding_dimensions
+        }
+    }
 }
 
 impl SimExecutor {
@@ -164,12 +188,7 @@ impl SimExecutor {
                 ((-f64::from(mean) * u.ln()).round() as u32).max(1)
             }
         };
-        let dims = if work.dimensions > 0 {
-            work.dimensions
-        } else {
-            self.cfg.embedding_dimensions
-        };
-        let embedding_dims = (work.kind == Kind::Embedding).then_some(dims);
+        let embedding_dims = (work.kind == Kind::Embedding).then(|| self.embedding_dims(work));
         SlotState {
             embedding_dims,
             key,
@@ -188,21 +207,13 @@ impl SimExecutor {
 
 impl Executor for SimExecutor {
     fn step(&mut self, items: &mut [StepItem]) -> Result<(), ExecError> {
-        let faults = self.faults.get();
         let (decode, prefill) = crate::core::continuous::step_tokens(
             &items
                 .iter()
                 .map(|i| i.entry)
                 .collect::<smallvec::SmallVec<[_; 64]>>(),
         );
-        let mut ms = self.cfg.latency.step_ms(decode, prefill) + faults.added_latency_ms;
-        if faults.hang_rate > 0.0 && self.rng.gen_bool(faults.hang_rate.clamp(0.0, 1.0)) {
-            ms += faults.hang_ms;
-        }
-        self.sleep_ms(ms);
-        if faults.error_rate > 0.0 && self.rng.gen_bool(faults.error_rate.clamp(0.0, 1.0)) {
-            return Err(ExecError::Injected("error_rate"));
-        }
+        self.serve(self.cfg.latency.step_ms(decode, prefill))?;
         for item in items.iter_mut() {
             let slot = item.entry.slot as usize;
             if slot >= self.slots.len() {
@@ -236,13 +247,14 @@ impl Executor for SimExecutor {
                 continue;
             }
             let word = synth::word(&mut state.words);
+            let checked_len = state.text.len();
             if state.generated > 0 {
                 state.text.push(' ');
             }
             state.text.push_str(word);
             state.generated += 1;
             let stops = state.stop.as_deref();
-            let stop_cut = super::stop_at(&state.text, stops);
+            let stop_cut = super::stop_at_since(&state.text, checked_len, stops);
             if state.stream
                 && stop_cut.is_none()
                 && !super::may_continue_into_stop(&state.text, stops)
@@ -251,35 +263,27 @@ impl Executor for SimExecutor {
                 item.token = Some(state.text[state.unsent_from..].to_string());
                 state.unsent_from = state.text.len();
             }
-            if let Some(cut) = stop_cut {
-                let mut state = self.slots[slot].take().expect("checked above");
-                state.text.truncate(cut);
-                item.result = EntryResult::Finished;
-                item.output = Some(Output::Text {
-                    text: state.text,
-                    prompt_tokens: state.prompt_tokens,
-                    completion_tokens: state.generated,
-                    finish_reason: FinishReason::Stop,
-                    tool_calls: None,
-                });
+            let finish_reason = if stop_cut.is_some() {
+                FinishReason::Stop
+            } else if state.generated >= state.max_tokens {
+                FinishReason::Length
+            } else if state.generated >= state.natural_tokens {
+                FinishReason::Stop
+            } else {
                 continue;
+            };
+            let mut state = self.slots[slot].take().expect("checked above");
+            if let Some(cut) = stop_cut {
+                state.text.truncate(cut);
             }
-            let done_length = state.generated >= state.max_tokens;
-            if done_length || state.generated >= state.natural_tokens {
-                let state = self.slots[slot].take().expect("checked above");
-                item.result = EntryResult::Finished;
-                item.output = Some(Output::Text {
-                    text: state.text,
-                    prompt_tokens: state.prompt_tokens,
-                    completion_tokens: state.generated,
-                    finish_reason: if done_length {
-                        FinishReason::Length
-                    } else {
-                        FinishReason::Stop
-                    },
-                    tool_calls: None,
-                });
-            }
+            item.result = EntryResult::Finished;
+            item.output = Some(Output::Text {
+                text: state.text,
+                prompt_tokens: state.prompt_tokens,
+                completion_tokens: state.generated,
+                finish_reason,
+                tool_calls: None,
+            });
         }
         Ok(())
     }
@@ -289,7 +293,6 @@ impl Executor for SimExecutor {
         items: &mut [BatchItem],
         _tokens: &mut dyn crate::exec::TokenSink,
     ) -> Result<(), ExecError> {
-        let faults = self.faults.get();
         let mut shapes: smallvec::SmallVec<[(u32, u32); 64]> = smallvec::SmallVec::new();
         for item in items.iter() {
             let p = prompt_tokens(&item.work.prompt);
@@ -299,14 +302,8 @@ impl Executor for SimExecutor {
             };
             shapes.push((p, o));
         }
-        let mut ms = self.cfg.latency.batch_ms(&shapes, &mut self.rng) + faults.added_latency_ms;
-        if faults.hang_rate > 0.0 && self.rng.gen_bool(faults.hang_rate.clamp(0.0, 1.0)) {
-            ms += faults.hang_ms;
-        }
-        self.sleep_ms(ms);
-        if faults.error_rate > 0.0 && self.rng.gen_bool(faults.error_rate.clamp(0.0, 1.0)) {
-            return Err(ExecError::Injected("error_rate"));
-        }
+        let service_ms = self.cfg.latency.batch_ms(&shapes, &mut self.rng);
+        self.serve(service_ms)?;
         for (item, &(p, o)) in items.iter_mut().zip(shapes.iter()) {
             let key = item.work.stream_key();
             item.output = Some(match item.work.kind {
@@ -328,17 +325,10 @@ impl Executor for SimExecutor {
                         tool_calls: None,
                     }
                 }
-                Kind::Embedding => {
-                    let dims = if item.work.dimensions > 0 {
-                        item.work.dimensions
-                    } else {
-                        self.cfg.embedding_dimensions
-                    };
-                    Output::Embedding {
-                        vector: synth::embedding(key, dims as usize),
-                        prompt_tokens: p,
-                    }
-                }
+                Kind::Embedding => Output::Embedding {
+                    vector: synth::embedding(key, self.embedding_dims(&item.work) as usize),
+                    prompt_tokens: p,
+                },
             });
         }
         Ok(())

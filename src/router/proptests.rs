@@ -3,10 +3,11 @@
 //! a maximal score (the first on ties), alias resolution always terminates (graphs with
 //! cycles are rejected at build), and every decision respects every filter.
 
+use super::registry::sim_backend;
 use super::strategy::{pick, Strategy as Routing};
 use super::{
-    score, BackendConfig, BackendId, BackendKindName, Candidate, Capabilities, ModelConfig,
-    Requirements, Router, RouterConfigError, RoutingConfig, Weights,
+    score, BackendConfig, BackendId, Candidate, Capabilities, Requirements, Router,
+    RouterConfigError, RoutingConfig, Weights,
 };
 use crate::core::circuit::CircuitState;
 use proptest::prelude::*;
@@ -95,19 +96,12 @@ fn router_of(backends: &[Live], strategy: &str, seed: u64) -> Router {
     let cfgs: Vec<BackendConfig> = backends
         .iter()
         .enumerate()
-        .map(|(i, l)| BackendConfig {
-            name: format!("b{i}"),
-            kind: BackendKindName::Sim,
-            base_url: None,
-            api_key: None,
-            priority: l.priority,
-            max_concurrent_batches: 1,
-            prompt_array: None,
-            models: vec![ModelConfig {
-                name: "m".into(),
-                context_length: l.context_length,
-                capabilities: l.caps,
-            }],
+        .map(|(i, l)| {
+            sim_backend(
+                &format!("b{i}"),
+                l.priority,
+                &[("m", l.context_length, l.caps)],
+            )
         })
         .collect();
     let cfg = RoutingConfig {
@@ -277,22 +271,12 @@ proptest! {
             .iter()
             .map(|(a, t)| (format!("n{a}"), format!("n{t}")))
             .collect();
-        let backends: Vec<BackendConfig> = vec![BackendConfig {
-            name: "b".into(),
-            kind: BackendKindName::Sim,
-            base_url: None,
-            api_key: None,
-            priority: 0,
-            max_concurrent_batches: 1,
-            prompt_array: None,
-            models: (0..4)
-                .map(|i| ModelConfig {
-                    name: format!("n{i}"),
-                    context_length: 100,
-                    capabilities: Capabilities::default(),
-                })
-                .collect(),
-        }];
+        let names: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
+        let models: Vec<_> = names
+            .iter()
+            .map(|n| (n.as_str(), 100, Capabilities::default()))
+            .collect();
+        let backends = [sim_backend("b", 0, &models)];
         let cfg = RoutingConfig { aliases: aliases.clone(), ..RoutingConfig::default() };
         match Router::build(&backends, &cfg, 1) {
             Err(RouterConfigError::AliasCycle { cycle }) => {

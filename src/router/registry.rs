@@ -10,6 +10,7 @@
 //! are handed in as values.
 
 use super::error::RouterConfigError;
+use super::requirements::Requirements;
 use crate::core::circuit::CircuitState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -261,6 +262,15 @@ pub struct Offer {
     pub priority: u32,
     pub context_length: u32,
     pub capabilities: Capabilities,
+}
+
+impl Offer {
+    /// This offer could take `req`, whatever its backend's live state: the context is long
+    /// enough and every capability it needs is there.
+    #[inline]
+    pub fn capable(&self, req: &Requirements<'_>) -> bool {
+        self.context_length >= req.estimated_tokens && self.capabilities.covers(req.needs)
+    }
 }
 
 /// A backend's live state. Starts healthy with a closed circuit, nothing pending and no
@@ -648,29 +658,37 @@ fn validate_model(cfg: &BackendConfig, j: usize, m: &ModelConfig) -> Result<(), 
     Ok(())
 }
 
+/// A `sim` backend for the router's tests, serving `models` as (name, context length,
+/// capabilities), with the default `max_concurrent_batches`.
+#[cfg(test)]
+pub(crate) fn sim_backend(
+    name: &str,
+    priority: u32,
+    models: &[(&str, u32, Capabilities)],
+) -> BackendConfig {
+    BackendConfig {
+        name: name.into(),
+        kind: BackendKindName::Sim,
+        base_url: None,
+        api_key: None,
+        priority,
+        max_concurrent_batches: MAX_CONCURRENT_BATCHES_DEFAULT,
+        prompt_array: None,
+        models: models
+            .iter()
+            .map(|&(n, c, capabilities)| ModelConfig {
+                name: n.into(),
+                context_length: c,
+                capabilities,
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::sim_backend as sim;
     use super::*;
-
-    fn sim(name: &str, priority: u32, models: &[(&str, u32, Capabilities)]) -> BackendConfig {
-        BackendConfig {
-            name: name.into(),
-            kind: BackendKindName::Sim,
-            base_url: None,
-            api_key: None,
-            priority,
-            max_concurrent_batches: 2,
-            prompt_array: None,
-            models: models
-                .iter()
-                .map(|&(n, c, caps)| ModelConfig {
-                    name: n.into(),
-                    context_length: c,
-                    capabilities: caps,
-                })
-                .collect(),
-        }
-    }
 
     #[test]
     fn parses_backends_tables_from_toml() {

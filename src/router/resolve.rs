@@ -265,27 +265,14 @@ fn check_fallbacks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::router::registry::{BackendConfig, BackendKindName, Capabilities, ModelConfig};
+    use crate::router::registry::{sim_backend, Capabilities};
 
     fn registry(models: &[&str]) -> Registry {
-        Registry::build(&[BackendConfig {
-            name: "b".into(),
-            kind: BackendKindName::Sim,
-            base_url: None,
-            api_key: None,
-            priority: 0,
-            max_concurrent_batches: 1,
-            prompt_array: None,
-            models: models
-                .iter()
-                .map(|m| ModelConfig {
-                    name: m.to_string(),
-                    context_length: 100,
-                    capabilities: Capabilities::default(),
-                })
-                .collect(),
-        }])
-        .unwrap()
+        let models: Vec<_> = models
+            .iter()
+            .map(|&m| (m, 100, Capabilities::default()))
+            .collect();
+        Registry::build(&[sim_backend("b", 0, &models)]).unwrap()
     }
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -13,7 +13,7 @@ use super::error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
 };
-use super::registry::{BackendConfig, BackendId, ModelId, Offer, Registry};
+use super::registry::{BackendConfig, BackendId, ModelId, Registry};
 use super::requirements::Requirements;
 use super::resolve::{NameId, Resolver, Routable};
 use super::strategy::{pick, Candidate, Strategy, UnknownStrategy, Weights};
@@ -191,10 +191,7 @@ impl Router {
             .chain(r.alias_of(name).and_then(|t| r.served(t)))
             .chain(r.chain_for(name).iter().filter_map(|&f| r.served(f)));
         for model in candidates {
-            let capable = self.registry.offers(model).iter().any(|o| {
-                o.context_length >= need.estimated_tokens && o.capabilities.covers(need.needs)
-            });
-            if capable {
+            if self.registry.offers(model).iter().any(|o| o.capable(req)) {
                 return Ok((name, need));
             }
         }
@@ -284,11 +281,7 @@ impl Router {
         let capacity = self.scratch.capacity();
         for offer in self.registry.offers(model) {
             let state = self.registry.state(offer.backend);
-            if !state.routable()
-                || offer.context_length < req.estimated_tokens
-                || !offer.capabilities.covers(req.needs)
-                || exclude.contains(&offer.backend)
-            {
+            if !state.routable() || !offer.capable(req) || exclude.contains(&offer.backend) {
                 continue;
             }
             debug_assert!(self.scratch.len() < capacity, "scratch sized at build");
@@ -402,16 +395,13 @@ impl RouterView<'_> {
         if offers.is_empty() {
             return ModelOutcome::NotServed;
         }
-        let capable = |o: &&Offer| {
-            o.context_length >= req.estimated_tokens && o.capabilities.covers(req.needs)
-        };
-        if offers.iter().any(|o| capable(&o)) {
+        if offers.iter().any(|o| o.capable(req)) {
             let mut unavailable = Unavailable {
                 serving: 0,
                 unhealthy: 0,
                 circuit_not_closed: 0,
             };
-            for o in offers.iter().filter(capable) {
+            for o in offers.iter().filter(|o| o.capable(req)) {
                 let s = self.registry.state(o.backend);
                 debug_assert!(!s.routable(), "a capable routable backend would be picked");
                 unavailable.serving += 1;

@@ -2,6 +2,7 @@
 //! to US-06, acceptance criteria AC-01 to AC-16 and the spec's edge cases, each test named
 //! after what it proves.
 
+use super::registry::sim_backend as backend;
 use super::*;
 use crate::core::circuit::CircuitState;
 use std::collections::BTreeMap;
@@ -23,26 +24,6 @@ const JSON: Capabilities = Capabilities {
     json_mode: true,
     ..NONE
 };
-
-fn backend(name: &str, priority: u32, models: &[(&str, u32, Capabilities)]) -> BackendConfig {
-    BackendConfig {
-        name: name.into(),
-        kind: BackendKindName::Sim,
-        base_url: None,
-        api_key: None,
-        priority,
-        max_concurrent_batches: 4,
-        prompt_array: None,
-        models: models
-            .iter()
-            .map(|&(m, ctx, capabilities)| ModelConfig {
-                name: m.into(),
-                context_length: ctx,
-                capabilities,
-            })
-            .collect(),
-    }
-}
 
 fn routing(strategy: &str) -> RoutingConfig {
     RoutingConfig {
