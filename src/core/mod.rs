@@ -183,20 +183,31 @@ impl Core {
     }
 
     /// Queues a request. On success the ticket identifies it until its final answer.
-    pub fn admit(&mut self, _now: Nanos, meta: RequestMeta) -> Result<Ticket, Reject> {
+    pub fn admit(&mut self, _now: Nanos, mut meta: RequestMeta) -> Result<Ticket, Reject> {
+        if !self.cfg.priority_enabled {
+            meta.priority = Priority::Normal;
+        }
         if self.draining {
             self.stats.rejected_draining += 1;
             return Err(Reject::ShuttingDown);
         }
-        let ticket = self
-            .queue_new(meta)
-            .inspect_err(|_| self.stats.rejected_full += 1)?;
+        let Some(ticket) = self.table.insert(meta) else {
+            self.stats.rejected_full += 1;
+            return Err(Reject::QueueFull {
+                capacity: self.table.capacity(),
+            });
+        };
+        self.enqueue(ticket.index);
+        self.queued += 1;
         self.stats.admitted += 1;
         Ok(ticket)
     }
 
-    /// Inserts `meta` into the table and its queue (the shared half of `admit` and `readmit`).
-    fn queue_new(&mut self, mut meta: RequestMeta) -> Result<Ticket, Reject> {
+    /// Queues a request the driver moves here from another core (a retry on another
+    /// backend): accepted while draining too (it was admitted before the drain began), and
+    /// counted in `stats.readmitted`, not `admitted`. A refusal (table full) is not counted
+    /// either: the driver answers the request, which the first core already counted.
+    pub fn readmit(&mut self, _now: Nanos, mut meta: RequestMeta) -> Result<Ticket, Reject> {
         if !self.cfg.priority_enabled {
             meta.priority = Priority::Normal;
         }
@@ -207,15 +218,6 @@ impl Core {
         };
         self.enqueue(ticket.index);
         self.queued += 1;
-        Ok(ticket)
-    }
-
-    /// Queues a request the driver moves here from another core (a retry on another
-    /// backend): accepted while draining too (it was admitted before the drain began), and
-    /// counted in `stats.readmitted`, not `admitted`. A refusal (table full) is not counted
-    /// either: the driver answers the request, which the first core already counted.
-    pub fn readmit(&mut self, _now: Nanos, meta: RequestMeta) -> Result<Ticket, Reject> {
-        let ticket = self.queue_new(meta)?;
         self.stats.readmitted += 1;
         Ok(ticket)
     }
