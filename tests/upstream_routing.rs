@@ -349,6 +349,17 @@ fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backend
         flaky.base_url(),
         steady.base_url()
     )));
+    // The health checker probes each backend once at start (then hourly). Changing the
+    // flaky mock's mode before it answered that probe would mark it unhealthy, which is
+    // not what this test is about.
+    let probed = Instant::now();
+    while flaky.answered("/v1/models") == 0 || steady.answered("/v1/models") == 0 {
+        assert!(
+            probed.elapsed() < Duration::from_secs(30),
+            "no start-up probe"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut c = Client::connect(abe.local_addr());
     let r = post_completion(&mut c, "m", "hi");
     assert_eq!(r.status, 200, "{}", r.text());

@@ -97,6 +97,8 @@ pub fn mock_tokens(text: &str) -> u64 {
 #[derive(Default)]
 struct Seen {
     requests: HashMap<String, u64>,
+    /// Requests whose answer was written in full, by path.
+    answered: HashMap<String, u64>,
     last_body: HashMap<String, String>,
     last_headers: HashMap<String, Vec<(String, String)>>,
 }
@@ -215,6 +217,15 @@ impl MockUpstream {
     pub fn requests(&self, path: &str) -> u64 {
         lock(&self.shared.seen)
             .requests
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Requests to `path` answered in full (in whatever mode was set when each was read).
+    pub fn answered(&self, path: &str) -> u64 {
+        lock(&self.shared.seen)
+            .answered
             .get(path)
             .copied()
             .unwrap_or(0)
@@ -355,6 +366,10 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
                 answer(&mut stream, &req, shared)?;
             }
         }
+        *lock(&shared.seen)
+            .answered
+            .entry(req.path.clone())
+            .or_default() += 1;
         if req.close {
             return Ok(());
         }
