@@ -24,8 +24,9 @@ pub struct Placement {
 /// engine sharing its core with the workers measured worse (`runtime/round_trip` 17.5 us
 /// against 6.3), so otherwise the engine gets the last core, io threads the cores below it
 /// (one each, while that leaves a core for workers; otherwise they share the engine's), and
-/// workers the cores left, round-robin. Threads that busy-spin (idle policy `spin`) never
-/// share one core on purpose: each would burn the others' time. Unpinned when `pin` is false.
+/// workers the cores left, round-robin (on one core, where none is left, the engine's).
+/// Threads that busy-spin (idle policy `spin`) never share one core on purpose: each would
+/// burn the others' time. Unpinned when `pin` is false.
 pub fn plan(pin: bool, cores: usize, workers: usize, io: usize, idle: IdlePolicy) -> Placement {
     if !pin || cores == 0 {
         return Placement {
@@ -51,9 +52,16 @@ pub fn plan(pin: bool, cores: usize, workers: usize, io: usize, idle: IdlePolicy
     } else {
         cores - 1
     };
+    // On one core (the in-process handle, or a spinning server) no core is left for the
+    // workers: they share the engine's, the only one there is.
+    let workers = if worker_cores == 0 {
+        vec![Some(engine); workers]
+    } else {
+        (0..workers).map(|i| Some(i % worker_cores)).collect()
+    };
     Placement {
         engine: Some(engine),
-        workers: (0..workers).map(|i| Some(i % worker_cores)).collect(),
+        workers,
         io: io_cores,
     }
 }
@@ -132,5 +140,18 @@ mod tests {
         let p = plan(true, 3, 2, 2, A);
         assert_eq!(p.io, vec![Some(2), Some(2)]);
         assert_eq!(p.workers, vec![Some(0), Some(1)]);
+    }
+
+    #[test]
+    fn one_core_without_io_threads_or_spinning_puts_the_workers_on_the_engines_core() {
+        // Used to divide by zero: no core is left for workers (`i % 0`).
+        let p = plan(true, 1, 3, 0, A);
+        assert_eq!((p.engine, p.workers), (Some(0), vec![Some(0); 3]));
+        let p = plan(true, 1, 2, 1, IdlePolicy::Spin);
+        assert_eq!(
+            (p.engine, p.io, p.workers),
+            (Some(0), vec![Some(0)], vec![Some(0); 2])
+        );
+        assert_eq!(plan(true, 1, 0, 0, A).workers, Vec::new());
     }
 }
