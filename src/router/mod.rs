@@ -4,6 +4,7 @@
 //! (maybe an alias) and needs some capabilities; the router resolves the name, filters the
 //! backends that can serve it now, and picks one by strategy.
 //!
+//! - [`capabilities`]: vision, tools, JSON mode: what a model offers and a request needs.
 //! - [`registry`]: backends, their models and capabilities, live state per backend.
 //! - [`resolve`]: aliases and fallback chains (single level, checked at build).
 //! - [`requirements`]: what a request needs (model, estimated tokens, vision, tools, JSON).
@@ -26,6 +27,7 @@
 //! backend and the response header are the caller's; they feed state in through
 //! [`Registry`]'s methods and read decisions out.
 
+pub mod capabilities;
 pub mod error;
 pub mod registry;
 pub mod requirements;
@@ -38,13 +40,14 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
+pub use capabilities::Capabilities;
 pub use error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
 };
 pub use registry::{
     ApiKey, Backend, BackendConfig, BackendId, BackendKind, BackendKindName, BackendState,
-    Capabilities, ModelConfig, ModelId, Offer, Registry,
+    ModelConfig, ModelId, Offer, Registry,
 };
 pub use requirements::{estimate_tokens, Requirements, RequirementsBuilder};
 pub use resolve::{NameId, Resolver, Routable};

@@ -9,6 +9,7 @@
 //! after [`Registry::build`]: health probes and latency measurements happen elsewhere and
 //! are handed in as values.
 
+use super::capabilities::Capabilities;
 use super::error::RouterConfigError;
 use super::requirements::Requirements;
 use crate::core::circuit::CircuitState;
@@ -60,28 +61,6 @@ impl ModelId {
     /// As an index into per-model arrays.
     pub const fn index(self) -> usize {
         self.0 as usize
-    }
-}
-
-/// What a model on a backend can do beyond plain text. Also used for what a request needs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Capabilities {
-    /// Accepts `image_url` content parts.
-    pub vision: bool,
-    /// Accepts a `tools` array (function calling).
-    pub tools: bool,
-    /// Honours `response_format = {"type": "json_object"}`.
-    pub json_mode: bool,
-}
-
-impl Capabilities {
-    /// Everything `need` asks for is here.
-    #[inline]
-    pub const fn covers(self, need: Capabilities) -> bool {
-        (self.vision || !need.vision)
-            && (self.tools || !need.tools)
-            && (self.json_mode || !need.json_mode)
     }
 }
 
@@ -891,20 +870,5 @@ mod tests {
         assert_eq!(r.state(a).latency_ema_ms(), Some(100.0));
         r.record_latency_ms(a, 200.0);
         assert_eq!(r.state(a).latency_ema_ms(), Some(120.0));
-    }
-
-    #[test]
-    fn capabilities_cover() {
-        let all = Capabilities {
-            vision: true,
-            tools: true,
-            json_mode: true,
-        };
-        let none = Capabilities::default();
-        assert!(all.covers(all) && all.covers(none) && none.covers(none));
-        assert!(!none.covers(Capabilities {
-            tools: true,
-            ..none
-        }));
     }
 }

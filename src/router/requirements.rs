@@ -8,7 +8,7 @@
 //! `response_format.type == "json_object"` means JSON mode). Nothing here parses JSON,
 //! allocates or copies the prompt: the model name is borrowed.
 
-use super::registry::Capabilities;
+use super::capabilities::Capabilities;
 
 /// Characters per estimated token (the spec's rough ratio).
 pub const CHARS_PER_TOKEN: u64 = 4;

@@ -265,7 +265,8 @@ fn check_fallbacks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::router::registry::{sim_backend, Capabilities};
+    use crate::router::capabilities::Capabilities;
+    use crate::router::registry::sim_backend;
 
     fn registry(models: &[&str]) -> Registry {
         let models: Vec<_> = models

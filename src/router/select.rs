@@ -72,7 +72,7 @@ pub enum Via {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Need {
     pub estimated_tokens: u32,
-    pub needs: super::registry::Capabilities,
+    pub needs: super::capabilities::Capabilities,
 }
 
 impl Need {
