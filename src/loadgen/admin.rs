@@ -7,7 +7,6 @@
 //! which strategy it runs (not abe, or admin disabled) is labelled `unknown`.
 
 use super::client::Conn;
-use super::run::LoadgenOptions;
 use super::target::Target;
 use super::LoadgenError;
 use std::time::Duration;
@@ -28,20 +27,20 @@ fn request(target: &Target, method: &str, path: &str, token: Option<&str>) -> Ve
     r.into_bytes()
 }
 
-/// Checks the target is reachable, applies `opts.strategy`, and returns the strategy name
-/// for the report.
+/// Checks the target is reachable, switches it to `strategy` if one is given (with
+/// `token` as the bearer token), and returns the strategy name for the report.
 pub fn prepare(
     target: &Target,
     timeout: Duration,
-    opts: &LoadgenOptions,
+    strategy: Option<&str>,
+    token: Option<&str>,
 ) -> Result<String, LoadgenError> {
     let mut conn = Conn::new(target.addr, timeout);
     conn.connect().map_err(|_| LoadgenError::Connect {
         url: target.url.clone(),
         addr: target.addr,
     })?;
-    let token = opts.admin_token.as_deref();
-    if let Some(name) = &opts.strategy {
+    if let Some(name) = strategy {
         let path = format!("/admin/strategy/{name}");
         let resp = conn
             .request(&request(target, "POST", &path, token))
@@ -59,7 +58,7 @@ pub fn prepare(
                 ),
             });
         }
-        return Ok(name.clone());
+        return Ok(name.to_string());
     }
     let current = conn
         .request(&request(target, "GET", "/admin/strategy", token))

@@ -251,7 +251,12 @@ pub fn run_scenario(
         opts.rate_scale,
     )?;
     let timeout = Duration::from_secs_f64(opts.timeout_ms / 1e3);
-    let strategy = super::admin::prepare(&target, timeout, opts)?;
+    let strategy = super::admin::prepare(
+        &target,
+        timeout,
+        opts.strategy.as_deref(),
+        opts.admin_token.as_deref(),
+    )?;
 
     let out = drive(&target, &schedule, opts, timeout, sla_ms, on_progress)?;
     let Collected {
