@@ -16,4 +16,5 @@ pub mod metrics;
 pub mod router;
 pub mod runtime;
 pub mod serve;
+pub mod server;
 pub mod sim;

@@ -7,11 +7,11 @@ use crate::exec::health::{spawn_health_checker, HealthBoard};
 use crate::exec::sim::Faults;
 use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
 use crate::exec::Executor;
-use crate::http::{self, ServeError, Server};
 use crate::metrics::http_stats::HttpStats;
 use crate::router::{BackendConfig, BackendId, BackendKind, Router};
 use crate::runtime::engine::{BackendHealth, Routing};
 use crate::runtime::{self, Handle, LaneWorkers, RuntimeConfig, ShutdownReport, StartError};
+use crate::server::{self, ServeError, Server};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -112,7 +112,7 @@ impl Running {
             http_stats,
             io_router,
         ));
-        let server = http::start(ctx.clone())?;
+        let server = server::start(ctx.clone())?;
         Ok(Running {
             handle,
             server,

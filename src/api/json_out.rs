@@ -5,7 +5,12 @@
 //! Output is byte-for-byte what `serde_json` writes for the same values (strings are escaped
 //! with the same rules: `"`, `\` and control characters; everything else, non-ASCII
 //! included, is copied as UTF-8), so switching a shape to this writer changes no response.
-//! Only writing lives here; requests are always parsed with serde.
+//! Only writing lives here; requests are always parsed with serde. Numbers are written by
+//! [`crate::http::number`], which the HTTP heads share; they are re-exported here so a
+//! shape is written with one module.
+
+use crate::http::number::HEX_DIGITS;
+pub use crate::http::number::{hex16, uint};
 
 /// What each byte turns into inside a JSON string: 0 = copied as is, `u` = `\u00XX`,
 /// anything else = a backslash and that character (`\"`, `\\`, `\n`, ...). Same table as
@@ -26,8 +31,6 @@ static ESCAPE: [u8; 256] = {
     t[b'\\' as usize] = b'\\';
     t
 };
-
-const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// Appends `s` as a JSON string (quotes included), escaped.
 #[inline]
@@ -60,59 +63,6 @@ pub fn string(out: &mut Vec<u8>, s: &str) {
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
-}
-
-/// Appends the decimal digits of `n`.
-#[inline]
-pub fn uint(out: &mut Vec<u8>, n: u64) {
-    if n < 10 {
-        out.push(b'0' + n as u8); // indexes and small counts: the usual case
-        return;
-    }
-    let mut buf = [0u8; 20];
-    let digits = decimal(&mut buf, n);
-    out.extend_from_slice(digits);
-}
-
-/// "00" to "99": two digits per division (a ten-digit Unix time takes five).
-static DIGIT_PAIRS: [[u8; 2]; 100] = {
-    let mut t = [[0u8; 2]; 100];
-    let mut i = 0;
-    while i < 100 {
-        t[i] = [b'0' + (i / 10) as u8, b'0' + (i % 10) as u8];
-        i += 1;
-    }
-    t
-};
-
-/// Writes `n` in decimal at the end of `buf`; returns the digits.
-#[inline]
-pub fn decimal(buf: &mut [u8; 20], mut n: u64) -> &[u8] {
-    let mut at = buf.len();
-    while n >= 100 {
-        let pair = DIGIT_PAIRS[(n % 100) as usize];
-        n /= 100;
-        at -= 2;
-        buf[at..at + 2].copy_from_slice(&pair);
-    }
-    if n >= 10 {
-        at -= 2;
-        buf[at..at + 2].copy_from_slice(&DIGIT_PAIRS[n as usize]);
-    } else {
-        at -= 1;
-        buf[at] = b'0' + n as u8;
-    }
-    &buf[at..]
-}
-
-/// Appends `n` as exactly 16 lower-case hex digits (zero-padded), like `{n:016x}`.
-#[inline]
-pub fn hex16(out: &mut Vec<u8>, n: u64) {
-    let mut buf = [0u8; 16];
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = HEX_DIGITS[((n >> (60 - 4 * i)) & 0xf) as usize];
-    }
-    out.extend_from_slice(&buf);
 }
 
 #[cfg(test)]
@@ -155,28 +105,6 @@ mod tests {
             let mut out = Vec::new();
             string(&mut out, &s);
             assert_eq!(out, serde_json::to_vec(&s).unwrap(), "char {:#x}", c as u32);
-        }
-    }
-
-    #[test]
-    fn integers_and_hex_match_std_formatting() {
-        for n in [
-            0u64,
-            1,
-            9,
-            10,
-            99,
-            100,
-            12345,
-            u64::from(u32::MAX),
-            u64::MAX,
-        ] {
-            let mut out = Vec::new();
-            uint(&mut out, n);
-            assert_eq!(out, n.to_string().into_bytes());
-            let mut out = Vec::new();
-            hex16(&mut out, n);
-            assert_eq!(out, format!("{n:016x}").into_bytes());
         }
     }
 }

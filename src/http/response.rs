@@ -3,7 +3,7 @@
 //! Responses are rendered straight into a connection's write buffer. Every error body is
 //! `{"error":{"message","type","code"}}` with a message a person can act on.
 
-use crate::api::json_out;
+use super::number;
 
 /// The statuses abe sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -141,13 +141,13 @@ impl Response {
     /// Writes head and body to `out`. `head_only` omits the body (HEAD requests).
     pub fn write_to(&self, out: &mut Vec<u8>, close: bool, head_only: bool) {
         out.extend_from_slice(b"HTTP/1.1 ");
-        json_out::uint(out, u64::from(self.status.code()));
+        number::uint(out, u64::from(self.status.code()));
         out.push(b' ');
         out.extend_from_slice(self.status.reason().as_bytes());
         out.extend_from_slice(b"\r\nServer: abe\r\nContent-Type: ");
         out.extend_from_slice(self.content_type.as_bytes());
         out.extend_from_slice(b"\r\nContent-Length: ");
-        json_out::uint(out, self.body.len() as u64);
+        number::uint(out, self.body.len() as u64);
         out.extend_from_slice(b"\r\n");
         for h in &self.headers {
             out.extend_from_slice(h.as_bytes());
@@ -211,7 +211,7 @@ pub fn write_json_ok<E>(
         n += bytes.len();
     };
     let mut digits = [0u8; 20];
-    put(json_out::decimal(&mut digits, body_len as u64));
+    put(number::decimal(&mut digits, body_len as u64));
     put(b"\r\n");
     if keep_alive_header {
         put(b"Connection: keep-alive\r\n");

@@ -6,7 +6,7 @@
 //! engine takes the core the io thread and the client need: measured with wrk at c=8, a
 //! 20 us busy-spin cost 26 us of CPU per request, yielding 17 us, parking at once 18 us.
 //! The io threads follow the same policy while they wait for completions (see
-//! `http::io_thread`); the engine and workers while their rings are empty.
+//! `server::io_thread`); the engine and workers while their rings are empty.
 
 use super::doorbell::Doorbell;
 use std::fmt;

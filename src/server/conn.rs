@@ -6,9 +6,9 @@
 //! (a head larger than `max_header_bytes` is 431, a body larger than `max_body_bytes` is
 //! 413), so a connection's memory is bounded.
 
-use super::parse::Head;
-use super::response::Response;
 use crate::api::Job;
+use crate::http::parse::Head;
+use crate::http::response::Response;
 use crate::metrics::http_stats::Endpoint;
 use crate::runtime::Outcome;
 use mio::net::TcpStream;

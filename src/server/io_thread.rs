@@ -7,9 +7,9 @@
 //! `Waker` says when to look.
 
 use super::conn::{Conn, Outcomes, Partial, ReadResult, Slot, StreamSlot};
-use super::parse::{self, Method};
-use super::response::{Response, Status};
 use crate::api::{self, ApiContext, Routed};
+use crate::http::parse::{self, Method};
+use crate::http::response::{Response, Status};
 use crate::metrics::http_stats::Endpoint;
 use crate::runtime::doorbell::SleepFlag;
 use crate::runtime::idle::{IdlePolicy, Idler};
