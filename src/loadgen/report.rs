@@ -13,6 +13,7 @@
 
 use super::LoadgenError;
 use crate::sim::report::RunReport;
+use crate::sim::table::{format_table, run_rows, RunColumn};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -71,6 +72,21 @@ pub struct LiveReport {
     pub live: LiveStats,
 }
 
+/// The simulator's columns that a client can measure; `late` follows them.
+const TABLE_COLUMNS: [RunColumn; 11] = [
+    RunColumn::Run,
+    RunColumn::Completed,
+    RunColumn::Rejected,
+    RunColumn::Failed,
+    RunColumn::ThroughputRps,
+    RunColumn::OutputTokensPerS,
+    RunColumn::P50Ms,
+    RunColumn::P90Ms,
+    RunColumn::P99Ms,
+    RunColumn::P99_9Ms,
+    RunColumn::SlaPercent,
+];
+
 impl LiveReport {
     /// The run (there is exactly one).
     pub fn run(&self) -> &RunReport {
@@ -100,7 +116,6 @@ impl LiveReport {
     /// ones.
     pub fn table(&self) -> String {
         let r = self.run();
-        let l = &r.latency_ms;
         let live = &self.live;
         let mut t = String::new();
         let _ = writeln!(
@@ -115,35 +130,12 @@ impl LiveReport {
             self.sla_ms,
             self.request_digest
         );
-        let header = [
-            "run",
-            "completed",
-            "rejected",
-            "failed",
-            "req/s",
-            "out tok/s",
-            "p50 ms",
-            "p90 ms",
-            "p99 ms",
-            "p99.9 ms",
-            "SLA %",
-            "late",
-        ];
-        let row = [
-            r.label.clone(),
-            r.completed.to_string(),
-            r.rejected_queue_full.to_string(),
-            r.failed.to_string(),
-            format!("{:.2}", r.throughput_rps),
-            format!("{:.1}", r.output_tokens_per_s),
-            format!("{:.1}", l.p50),
-            format!("{:.1}", l.p90),
-            format!("{:.1}", l.p99),
-            format!("{:.1}", l.p99_9),
-            format!("{:.1}", r.sla_attainment * 100.0),
-            live.late_sends.to_string(),
-        ];
-        t.push_str(&crate::sim::report::format_table(&header, &[row.to_vec()]));
+        let (mut header, mut rows) = run_rows(&TABLE_COLUMNS, &self.runs);
+        header.push("late");
+        for row in &mut rows {
+            row.push(live.late_sends.to_string());
+        }
+        t.push_str(&format_table(&header, &rows));
         let _ = writeln!(
             t,
             "offered {:.2} req/s | makespan {:.2} s | send lag p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms | {} of {} sent > {} ms late",

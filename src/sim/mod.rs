@@ -4,7 +4,7 @@
 //! request shapes), engine settings and a latency model. [`run::simulate`] generates the
 //! request sequence once from a seed, feeds the identical sequence to every strategy (and
 //! every sweep point), and returns a [`report::SimReport`]; [`output`] writes it as JSON,
-//! CSV time series and SVG charts.
+//! CSV time series and SVG charts; [`table`] is the run table that it and `abe loadgen` print.
 //!
 //! What must never happen here: reading the wall clock, sleeping, or letting anything that
 //! is not a function of (seed, scenario, options) into a report. Same inputs, same bytes.
@@ -26,6 +26,7 @@ pub mod scenario;
 pub mod series;
 pub mod settings;
 pub mod sweep;
+pub mod table;
 pub mod trace;
 pub mod workload;
 

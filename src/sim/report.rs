@@ -12,6 +12,7 @@ use super::driver::RunOutput;
 use super::latency_ext::LatencySpec;
 use super::series::TimeSeries;
 use super::settings::EngineSettings;
+use super::table::{format_table, run_rows, RunColumn};
 use crate::core::FlushReason;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -218,6 +219,25 @@ impl RunReport {
     }
 }
 
+/// The columns of the simulator's table.
+const TABLE_COLUMNS: [RunColumn; 15] = [
+    RunColumn::Run,
+    RunColumn::Completed,
+    RunColumn::Rejected,
+    RunColumn::MemoryHits,
+    RunColumn::Failed,
+    RunColumn::ThroughputRps,
+    RunColumn::OutputTokensPerS,
+    RunColumn::P50Ms,
+    RunColumn::P90Ms,
+    RunColumn::P99Ms,
+    RunColumn::P99_9Ms,
+    RunColumn::WaitMs,
+    RunColumn::SlaPercent,
+    RunColumn::Batch,
+    RunColumn::UtilisationPercent,
+];
+
 impl SimReport {
     /// Pretty JSON with a trailing newline. Deterministic.
     pub fn to_json(&self) -> String {
@@ -238,79 +258,8 @@ impl SimReport {
             self.latency.name(),
             self.sla_ms
         );
-        let header = [
-            "run",
-            "completed",
-            "rejected",
-            "mem hits",
-            "failed",
-            "req/s",
-            "out tok/s",
-            "p50 ms",
-            "p90 ms",
-            "p99 ms",
-            "p99.9 ms",
-            "wait ms",
-            "SLA %",
-            "batch",
-            "util %",
-        ];
-        let rows: Vec<Vec<String>> = self
-            .runs
-            .iter()
-            .map(|r| {
-                let l = &r.latency_ms;
-                vec![
-                    r.label.clone(),
-                    r.completed.to_string(),
-                    r.rejected_queue_full.to_string(),
-                    r.memory_limit_hits.to_string(),
-                    r.failed.to_string(),
-                    format!("{:.2}", r.throughput_rps),
-                    format!("{:.1}", r.output_tokens_per_s),
-                    format!("{:.1}", l.p50),
-                    format!("{:.1}", l.p90),
-                    format!("{:.1}", l.p99),
-                    format!("{:.1}", l.p99_9),
-                    format!("{:.1}", r.queue_wait_ms_mean),
-                    format!("{:.1}", r.sla_attainment * 100.0),
-                    format!("{:.2}", r.mean_batch_size),
-                    format!("{:.1}", r.worker_utilisation * 100.0),
-                ]
-            })
-            .collect();
+        let (header, rows) = run_rows(&TABLE_COLUMNS, &self.runs);
         t.push_str(&format_table(&header, &rows));
         t
     }
-}
-
-/// A plain-text table: each column as wide as its widest cell, the first column
-/// left-aligned, the others right-aligned, two spaces between columns. Shared by the
-/// simulator's and the load generator's reports so both print alike.
-pub fn format_table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| {
-            rows.iter()
-                .map(|row| row[c].len())
-                .chain([header[c].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
-        for (c, cell) in cells.enumerate() {
-            if c == 0 {
-                let _ = write!(out, "{cell:<w$}", w = widths[0]);
-            } else {
-                let _ = write!(out, "  {cell:>w$}", w = widths[c]);
-            }
-        }
-        out.push('\n');
-    };
-    line(&mut header.iter().copied());
-    for row in rows {
-        line(&mut row.iter().map(String::as_str));
-    }
-    out
 }

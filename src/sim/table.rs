@@ -1,0 +1,124 @@
+//! The run table that `abe simulate` and `abe loadgen` print: its columns, each cell written
+//! from a [`RunReport`] in one place, and the plain-text layout.
+//!
+//! Each report picks its columns from [`RunColumn`] (the load generator leaves out what only
+//! the server can see and adds its own), so a column reads the same in both. Nothing here
+//! may depend on anything but the report: the simulator's table is byte-identical for a seed.
+
+use super::report::RunReport;
+use std::fmt::Write as _;
+
+/// One column of the run table: its header and how a run's cell is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunColumn {
+    /// The run's label: strategy and sweep point.
+    Run,
+    Completed,
+    /// Refused at admission because the queue was full.
+    Rejected,
+    /// KV-memory limit hits.
+    MemoryHits,
+    Failed,
+    ThroughputRps,
+    OutputTokensPerS,
+    P50Ms,
+    P90Ms,
+    P99Ms,
+    P99_9Ms,
+    /// Mean queue wait.
+    WaitMs,
+    /// SLA attainment.
+    SlaPercent,
+    /// Mean batch size.
+    Batch,
+    /// Worker utilisation.
+    UtilisationPercent,
+}
+
+impl RunColumn {
+    /// The column's header.
+    pub const fn header(self) -> &'static str {
+        match self {
+            RunColumn::Run => "run",
+            RunColumn::Completed => "completed",
+            RunColumn::Rejected => "rejected",
+            RunColumn::MemoryHits => "mem hits",
+            RunColumn::Failed => "failed",
+            RunColumn::ThroughputRps => "req/s",
+            RunColumn::OutputTokensPerS => "out tok/s",
+            RunColumn::P50Ms => "p50 ms",
+            RunColumn::P90Ms => "p90 ms",
+            RunColumn::P99Ms => "p99 ms",
+            RunColumn::P99_9Ms => "p99.9 ms",
+            RunColumn::WaitMs => "wait ms",
+            RunColumn::SlaPercent => "SLA %",
+            RunColumn::Batch => "batch",
+            RunColumn::UtilisationPercent => "util %",
+        }
+    }
+
+    /// The cell of run `r` in this column.
+    pub fn cell(self, r: &RunReport) -> String {
+        let l = &r.latency_ms;
+        match self {
+            RunColumn::Run => r.label.clone(),
+            RunColumn::Completed => r.completed.to_string(),
+            RunColumn::Rejected => r.rejected_queue_full.to_string(),
+            RunColumn::MemoryHits => r.memory_limit_hits.to_string(),
+            RunColumn::Failed => r.failed.to_string(),
+            RunColumn::ThroughputRps => format!("{:.2}", r.throughput_rps),
+            RunColumn::OutputTokensPerS => format!("{:.1}", r.output_tokens_per_s),
+            RunColumn::P50Ms => format!("{:.1}", l.p50),
+            RunColumn::P90Ms => format!("{:.1}", l.p90),
+            RunColumn::P99Ms => format!("{:.1}", l.p99),
+            RunColumn::P99_9Ms => format!("{:.1}", l.p99_9),
+            RunColumn::WaitMs => format!("{:.1}", r.queue_wait_ms_mean),
+            RunColumn::SlaPercent => format!("{:.1}", r.sla_attainment * 100.0),
+            RunColumn::Batch => format!("{:.2}", r.mean_batch_size),
+            RunColumn::UtilisationPercent => format!("{:.1}", r.worker_utilisation * 100.0),
+        }
+    }
+}
+
+/// The headers of `columns`, and one row of cells per run.
+pub fn run_rows(
+    columns: &[RunColumn],
+    runs: &[RunReport],
+) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let header = columns.iter().map(|c| c.header()).collect();
+    let rows = runs
+        .iter()
+        .map(|r| columns.iter().map(|c| c.cell(r)).collect())
+        .collect();
+    (header, rows)
+}
+
+/// A plain-text table: each column as wide as its widest cell, the first column
+/// left-aligned, the others right-aligned, two spaces between columns.
+pub fn format_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .map(|row| row[c].len())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        for (c, cell) in cells.enumerate() {
+            if c == 0 {
+                let _ = write!(out, "{cell:<w$}", w = widths[0]);
+            } else {
+                let _ = write!(out, "  {cell:>w$}", w = widths[c]);
+            }
+        }
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
