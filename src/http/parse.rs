@@ -7,7 +7,7 @@
 use super::response::Status;
 
 /// Most headers in one request head (more is 431).
-pub const MAX_HEADERS: usize = 64;
+pub const HEADERS_MAX: usize = 64;
 
 /// Request method, as far as routing cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,8 +124,8 @@ pub fn parse_head(
     max_body_bytes: usize,
 ) -> Result<Option<Head>, HeadError> {
     // Header storage stays uninitialised: httparse writes only the entries it fills (saves
-    // zeroing all MAX_HEADERS of them for every request).
-    let mut headers = [std::mem::MaybeUninit::<httparse::Header>::uninit(); MAX_HEADERS];
+    // zeroing all HEADERS_MAX of them for every request).
+    let mut headers = [std::mem::MaybeUninit::<httparse::Header>::uninit(); HEADERS_MAX];
     let mut req = httparse::Request::new(&mut []);
     let head_len = match req.parse_with_uninit_headers(buf, &mut headers) {
         Ok(httparse::Status::Complete(n)) => n,
@@ -141,7 +141,7 @@ pub fn parse_head(
         Err(httparse::Error::TooManyHeaders) => {
             return Err(head_error(
                 Status::HeaderTooLarge,
-                format!("more than {MAX_HEADERS} request headers"),
+                format!("more than {HEADERS_MAX} request headers"),
             ))
         }
         Err(e) => {

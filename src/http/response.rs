@@ -168,11 +168,11 @@ const JSON_OK_PREFIX: &[u8] =
     b"HTTP/1.1 200 OK\r\nServer: abe\r\nContent-Type: application/json\r\nContent-Length: ";
 
 /// Where extra header lines go in [`JSON_OK_PREFIX`]: after the status line.
-const JSON_OK_STATUS_LINE: usize = "HTTP/1.1 200 OK\r\n".len();
+const JSON_OK_STATUS_LINE_BYTES: usize = "HTTP/1.1 200 OK\r\n".len();
 
 /// The longest head tail after the Content-Length value: 20 digits, then the longest
 /// `Connection` lines and the blank line.
-const JSON_OK_TAIL_MAX: usize =
+const JSON_OK_TAIL_BYTES_MAX: usize =
     20 + "\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n".len();
 
 /// Appends a `200 OK` `application/json` response to `out` whose body `body` writes straight
@@ -193,18 +193,18 @@ pub fn write_json_ok<E>(
     body: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
 ) -> Result<(), E> {
     let start = out.len();
-    out.extend_from_slice(&JSON_OK_PREFIX[..JSON_OK_STATUS_LINE]);
+    out.extend_from_slice(&JSON_OK_PREFIX[..JSON_OK_STATUS_LINE_BYTES]);
     extra_head(out);
-    out.extend_from_slice(&JSON_OK_PREFIX[JSON_OK_STATUS_LINE..]);
+    out.extend_from_slice(&JSON_OK_PREFIX[JSON_OK_STATUS_LINE_BYTES..]);
     let tail_at = out.len();
-    let body_at = tail_at + JSON_OK_TAIL_MAX;
+    let body_at = tail_at + JSON_OK_TAIL_BYTES_MAX;
     out.resize(body_at, 0);
     if let Err(e) = body(out) {
         out.truncate(start);
         return Err(e);
     }
     let body_len = out.len() - body_at;
-    let mut tail = [0u8; JSON_OK_TAIL_MAX];
+    let mut tail = [0u8; JSON_OK_TAIL_BYTES_MAX];
     let mut n = 0;
     let mut put = |bytes: &[u8]| {
         tail[n..n + bytes.len()].copy_from_slice(bytes);

@@ -22,7 +22,7 @@ pub const HEAD_BYTES_MAX: usize = 64 * 1024;
 /// Largest response body accepted, bytes.
 pub const BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Bytes asked of the socket per read.
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// Response headers parsed at most.
 const HEADERS_MAX: usize = 64;
 
@@ -106,7 +106,7 @@ impl Conn {
             timeout,
             stream: None,
             served: 0,
-            buf: Vec::with_capacity(READ_CHUNK * 2),
+            buf: Vec::with_capacity(READ_CHUNK_BYTES * 2),
             chunked: Vec::new(),
         }
     }
@@ -282,7 +282,7 @@ impl Conn {
             return Err(TransportError::Closed);
         };
         let len = self.buf.len();
-        self.buf.resize(len + READ_CHUNK, 0);
+        self.buf.resize(len + READ_CHUNK_BYTES, 0);
         let r = loop {
             match stream.read(&mut self.buf[len..]) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
