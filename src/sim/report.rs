@@ -1,5 +1,5 @@
-//! The simulation report: per-run metrics computed from a [`RunOutput`], the whole report
-//! that `--json` writes, and the table printed on stdout.
+//! The simulation report: per-run metrics computed from a [`RunOutput`] and the whole report
+//! that `--json` writes. The table printed on stdout is in [`super::table`].
 //!
 //! Determinism rule: every field is a function of (seed, scenario, options). No wall-clock
 //! time, host name, path of an output file or anything else from the machine goes in here;
@@ -12,10 +12,8 @@ use super::driver::RunOutput;
 use super::latency_ext::LatencySpec;
 use super::series::TimeSeries;
 use super::settings::EngineSettings;
-use super::table::{format_table, run_rows, RunColumn};
 use crate::core::FlushReason;
 use serde::Serialize;
-use std::fmt::Write as _;
 
 /// Latency percentiles of completed requests, ms.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -219,47 +217,11 @@ impl RunReport {
     }
 }
 
-/// The columns of the simulator's table.
-const TABLE_COLUMNS: [RunColumn; 15] = [
-    RunColumn::Run,
-    RunColumn::Completed,
-    RunColumn::Rejected,
-    RunColumn::MemoryHits,
-    RunColumn::Failed,
-    RunColumn::ThroughputRps,
-    RunColumn::OutputTokensPerS,
-    RunColumn::P50Ms,
-    RunColumn::P90Ms,
-    RunColumn::P99Ms,
-    RunColumn::P99_9Ms,
-    RunColumn::WaitMs,
-    RunColumn::SlaPercent,
-    RunColumn::Batch,
-    RunColumn::UtilisationPercent,
-];
-
 impl SimReport {
     /// Pretty JSON with a trailing newline. Deterministic.
     pub fn to_json(&self) -> String {
         let mut s = serde_json::to_string_pretty(self).expect("the report serialises");
         s.push('\n');
         s
-    }
-
-    /// The human table printed on stdout.
-    pub fn table(&self) -> String {
-        let mut t = String::new();
-        let _ = writeln!(
-            t,
-            "scenario {} | seed {} | {} requests | latency model {} | SLA {} ms",
-            self.scenario,
-            self.seed,
-            self.requests,
-            self.latency.name(),
-            self.sla_ms
-        );
-        let (header, rows) = run_rows(&TABLE_COLUMNS, &self.runs);
-        t.push_str(&format_table(&header, &rows));
-        t
     }
 }

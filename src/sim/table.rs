@@ -1,11 +1,12 @@
 //! The run table that `abe simulate` and `abe loadgen` print: its columns, each cell written
-//! from a [`RunReport`] in one place, and the plain-text layout.
+//! from a [`RunReport`] in one place, the plain-text layout, and the simulator's table
+//! ([`SimReport::table`]; the load generator's is `LiveReport::table`).
 //!
 //! Each report picks its columns from [`RunColumn`] (the load generator leaves out what only
 //! the server can see and adds its own), so a column reads the same in both. Nothing here
 //! may depend on anything but the report: the simulator's table is byte-identical for a seed.
 
-use super::report::RunReport;
+use super::report::{RunReport, SimReport};
 use std::fmt::Write as _;
 
 /// One column of the run table: its header and how a run's cell is written.
@@ -77,6 +78,44 @@ impl RunColumn {
             RunColumn::Batch => format!("{:.2}", r.mean_batch_size),
             RunColumn::UtilisationPercent => format!("{:.1}", r.worker_utilisation * 100.0),
         }
+    }
+}
+
+/// The columns of the simulator's table.
+const SIM_COLUMNS: [RunColumn; 15] = [
+    RunColumn::Run,
+    RunColumn::Completed,
+    RunColumn::Rejected,
+    RunColumn::MemoryHits,
+    RunColumn::Failed,
+    RunColumn::ThroughputRps,
+    RunColumn::OutputTokensPerS,
+    RunColumn::P50Ms,
+    RunColumn::P90Ms,
+    RunColumn::P99Ms,
+    RunColumn::P99_9Ms,
+    RunColumn::WaitMs,
+    RunColumn::SlaPercent,
+    RunColumn::Batch,
+    RunColumn::UtilisationPercent,
+];
+
+impl SimReport {
+    /// The human table printed on stdout.
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "scenario {} | seed {} | {} requests | latency model {} | SLA {} ms",
+            self.scenario,
+            self.seed,
+            self.requests,
+            self.latency.name(),
+            self.sla_ms
+        );
+        let (header, rows) = run_rows(&SIM_COLUMNS, &self.runs);
+        t.push_str(&format_table(&header, &rows));
+        t
     }
 }
 
