@@ -7,8 +7,8 @@
 //! which strategy it runs (not abe, or admin disabled) is labelled `unknown`.
 
 use super::client::Conn;
+use super::error::LoadgenError;
 use super::target::Target;
-use super::LoadgenError;
 use std::time::Duration;
 
 fn request(target: &Target, method: &str, path: &str, token: Option<&str>) -> Vec<u8> {

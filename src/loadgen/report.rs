@@ -11,7 +11,7 @@
 //! Unlike the simulator's report this one is not deterministic: it measures a real server.
 //! Nothing here prints; [`LiveReport::write_json`] is the only file-system access.
 
-use super::LoadgenError;
+use super::error::LoadgenError;
 use crate::sim::report::RunReport;
 use crate::sim::table::{format_table, run_rows, RunColumn};
 use serde::Serialize;

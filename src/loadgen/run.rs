@@ -16,11 +16,11 @@
 //! outcome.
 
 use super::client::{Conn, TransportError};
+use super::error::LoadgenError;
 use super::prompt::{self, BodyOptions};
 use super::report::{LagSummary, LiveReport, LiveStats};
 use super::schedule::Schedule;
 use super::target::Target;
-use super::LoadgenError;
 use crate::core::request::ms_to_nanos;
 use crate::core::CoreStats;
 use crate::sim::driver::RunOutput;

@@ -8,7 +8,7 @@
 //! for constant and Poisson arrivals that is the same process at `k` times the rate; for
 //! ramps and spikes it also compresses their time axis. Nothing here reads a clock.
 
-use super::LoadgenError;
+use super::error::LoadgenError;
 use crate::sim::scenario::Scenario;
 use crate::sim::workload::{Digest, SimRequest};
 

@@ -6,7 +6,7 @@
 //! else's server by a typo is a denial-of-service tool. Only plain `http` is spoken (no TLS).
 //! Nothing here opens a connection.
 
-use super::LoadgenError;
+use super::error::LoadgenError;
 use std::net::{SocketAddr, ToSocketAddrs};
 
 /// Where requests go.
