@@ -198,7 +198,7 @@ impl SimExecutor {
             natural_tokens: natural_tokens.min(work.max_tokens.max(1)),
             generated: 0,
             text: String::new(),
-            stop: work.stop.clone(),
+            stop: work.sampling.stop.clone(),
             stream: work.stream,
             unsent_from: 0,
         }
@@ -311,7 +311,7 @@ impl Executor for SimExecutor {
                     let mut text = synth::text(key, o);
                     let mut finish_reason = FinishReason::Length;
                     let mut tokens = o;
-                    if let Some(cut) = super::stop_at(&text, item.work.stop.as_deref()) {
+                    if let Some(cut) = super::stop_at(&text, item.work.stop()) {
                         // Tokens up to and including the one the stop sequence starts in.
                         tokens = (text[..cut].matches(' ').count() as u32 + 1).min(o);
                         text.truncate(cut);

@@ -22,7 +22,6 @@ use crate::core::continuous::ContinuousConfig;
 use crate::core::strategy::StrategyKind;
 use crate::core::{request, Core, CoreConfig, RequestMeta, CLASS_COUNT};
 use crate::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
-use crate::exec::Work;
 use clock::Clock;
 use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
@@ -636,48 +635,24 @@ impl Submitter {
         }
         let Request {
             priority,
-            kind,
-            prompt,
-            max_tokens,
-            dimensions,
-            seed,
-            temperature,
-            top_p,
-            stop,
-            predicted_output_tokens,
-            stream,
             route,
-            chat_body,
+            mut work,
         } = request;
-        let max_tokens = if kind == crate::core::Kind::Embedding {
-            0
-        } else {
-            max_tokens
-        };
+        if work.kind == crate::core::Kind::Embedding {
+            work.max_tokens = 0;
+        }
         let mut meta = RequestMeta::new(
             priority,
-            kind,
-            prompt.len(),
-            max_tokens,
+            work.kind,
+            work.prompt.len(),
+            work.max_tokens,
             self.shared.clock.now(),
         );
-        meta.predicted_output_tokens = predicted_output_tokens;
+        meta.predicted_output_tokens = work.predicted_output_tokens;
         let class = request::class_index(priority, meta.bucket());
         let sub = Submission {
             meta,
-            work: Work {
-                kind,
-                prompt: prompt.into(),
-                max_tokens,
-                dimensions,
-                seed,
-                temperature,
-                top_p,
-                stop,
-                stream,
-                model: None,
-                chat_body,
-            },
+            work,
             reply,
             route,
         };

@@ -204,17 +204,10 @@ fn plan(
 
 /// Can `b` ride in the same array request as `a`?
 fn same_request(shape: Shape, a: &Work, b: &Work) -> bool {
-    let bits = |v: Option<f64>| v.map(f64::to_bits);
     a.model == b.model
         && match shape {
             Shape::Embeddings => a.dimensions == b.dimensions,
-            _ => {
-                a.max_tokens == b.max_tokens
-                    && bits(a.temperature) == bits(b.temperature)
-                    && bits(a.top_p) == bits(b.top_p)
-                    && a.seed == b.seed
-                    && a.stop == b.stop
-            }
+            _ => a.max_tokens == b.max_tokens && a.sampling == b.sampling,
         }
 }
 
@@ -503,7 +496,7 @@ mod tests {
             item(Kind::Completion, "h", Some("m")),
         ];
         items[6].work.stream = true;
-        items[7].work.temperature = Some(0.1);
+        items[7].work.sampling.temperature = Some(0.1);
         let (jobs, failed) = plan(&items, "b", true);
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].0, 5);

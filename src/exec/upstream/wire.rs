@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 /// every backend accepts; several send an array.
 pub(super) fn completions_body(model: &str, works: &[&Work], stream: bool) -> String {
     debug_assert!(!works.is_empty());
-    let first = works[0];
+    let sampling = &works[0].sampling;
     let prompt = match works {
         [one] => Value::from(&*one.prompt),
         _ => Value::Array(works.iter().map(|w| Value::from(&*w.prompt)).collect()),
@@ -22,17 +22,17 @@ pub(super) fn completions_body(model: &str, works: &[&Work], stream: bool) -> St
     let mut body = Map::new();
     body.insert("model".into(), model.into());
     body.insert("prompt".into(), prompt);
-    body.insert("max_tokens".into(), first.max_tokens.into());
-    if let Some(t) = first.temperature {
+    body.insert("max_tokens".into(), works[0].max_tokens.into());
+    if let Some(t) = sampling.temperature {
         body.insert("temperature".into(), t.into());
     }
-    if let Some(p) = first.top_p {
+    if let Some(p) = sampling.top_p {
         body.insert("top_p".into(), p.into());
     }
-    if let Some(seed) = first.seed {
+    if let Some(seed) = sampling.seed {
         body.insert("seed".into(), seed.into());
     }
-    if let Some(stop) = first.stop.as_deref().filter(|s| !s.is_empty()) {
+    if let Some(stop) = sampling.stop.as_deref().filter(|s| !s.is_empty()) {
         body.insert("stop".into(), json!(stop));
     }
     body.insert("stream".into(), stream.into());
@@ -365,9 +365,9 @@ mod tests {
     #[test]
     fn completions_body_uses_a_string_for_one_prompt_and_an_array_for_several() {
         let mut a = work("a");
-        a.temperature = Some(0.5);
-        a.seed = Some(7);
-        a.stop = Some(Arc::from(vec!["\n".to_string()]));
+        a.sampling.temperature = Some(0.5);
+        a.sampling.seed = Some(7);
+        a.sampling.stop = Some(Arc::from(vec!["\n".to_string()]));
         let b = work("b");
         let one: Value = serde_json::from_str(&completions_body("m", &[&a], false)).unwrap();
         assert_eq!(one["prompt"], "a");
