@@ -149,7 +149,7 @@ pub struct Submission {
 
 /// An event for a tagged submission, on its way back to the submitter.
 #[derive(Debug)]
-pub struct Completion {
+pub struct TaggedEvent {
     pub tag: u64,
     pub event: Event,
     /// With the final answer of a routed request: which backend served it and why.
@@ -170,7 +170,7 @@ pub enum Event {
     Done(Outcome),
 }
 
-impl Completion {
+impl TaggedEvent {
     /// The final answer, if this is it.
     pub fn outcome(&self) -> Option<&Outcome> {
         match &self.event {

@@ -27,10 +27,10 @@ use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
 use engine::{Engine, SubmitterLink, WorkerLink};
 use idle::{IdlePolicy, Idler};
-pub use messages::{
-    Completion, Event, Outcome, Request, RequestError, RouteRequest, ThreadRole, Waiter,
-};
 use messages::{Control, Reply, Submission};
+pub use messages::{
+    Event, Outcome, Request, RequestError, RouteRequest, TaggedEvent, ThreadRole, Waiter,
+};
 use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -554,7 +554,7 @@ pub struct Submitter {
     /// Tags whose client went away.
     cancels: Producer<u64>,
     inputs: Vec<Producer<Submission>>,
-    completions: Consumer<Completion>,
+    completions: Consumer<TaggedEvent>,
     in_flight: usize,
     max_in_flight: usize,
 }
@@ -671,7 +671,7 @@ impl Submitter {
     }
 
     /// Hands every event that arrived to `f`; returns how many requests finished.
-    pub fn drain_completions(&mut self, mut f: impl FnMut(Completion)) -> usize {
+    pub fn drain_completions(&mut self, mut f: impl FnMut(TaggedEvent)) -> usize {
         let mut n = 0;
         while let Some(c) = self.completions.pop() {
             if matches!(c.event, Event::Done(_)) {
