@@ -79,7 +79,7 @@ pub(super) fn chat_body(
 
 /// Token counts a backend reports.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-pub(super) struct Usage {
+pub(super) struct BackendUsage {
     #[serde(default)]
     pub prompt_tokens: Option<u32>,
     #[serde(default)]
@@ -101,7 +101,7 @@ pub(super) struct Choice {
 #[derive(Debug)]
 pub(super) struct TextResponse {
     pub choices: Vec<Choice>,
-    pub usage: Option<Usage>,
+    pub usage: Option<BackendUsage>,
 }
 
 /// A parsed /v1/embeddings answer.
@@ -109,7 +109,7 @@ pub(super) struct TextResponse {
 pub(super) struct EmbeddingsResponse {
     /// (input index, vector).
     pub data: Vec<(usize, Vec<f32>)>,
-    pub usage: Option<Usage>,
+    pub usage: Option<BackendUsage>,
 }
 
 /// OpenAI's name to abe's: "length" is the only way to run out, "tool_calls" is relayed;
@@ -134,7 +134,7 @@ fn parse<'de, T: Deserialize<'de>>(body: &'de str) -> Result<T, String> {
 struct RawCompletions {
     choices: Vec<RawCompletionChoice>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
@@ -170,7 +170,7 @@ pub(super) fn parse_completions(body: &str) -> Result<TextResponse, String> {
 struct RawChat {
     choices: Vec<RawChatChoice>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
@@ -221,7 +221,7 @@ pub(super) fn parse_chat(body: &str) -> Result<TextResponse, String> {
 struct RawEmbeddings {
     data: Vec<RawEmbedding>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
@@ -254,7 +254,7 @@ pub(super) struct Chunk {
     /// delta, are `None`).
     pub text: Option<String>,
     pub finish_reason: Option<FinishReason>,
-    pub usage: Option<Usage>,
+    pub usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
@@ -262,7 +262,7 @@ struct RawChunk {
     #[serde(default)]
     choices: Vec<RawChunkChoice>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<BackendUsage>,
     #[serde(default)]
     error: Option<Value>,
 }
