@@ -89,6 +89,10 @@ pub struct StreamOptionsBody {
 /// `/v1/completions` and `/v1/chat/completions` both accept, written once; each `body` lists
 /// its own. Every body gets its own fields, then the shared ones, and a `generation()` that
 /// moves the shared ones out as one value for the payload builder (`crate::api::payload`).
+///
+/// A macro rather than `#[serde(flatten)]`: flatten buffers every field it does not know
+/// (a chat body's `tools`, ignored today) and loses the field path that error messages name
+/// ("invalid value for 'temperature'").
 macro_rules! text_bodies {
     (@shared $(#[$attr:meta])* $shared:ident
         { $( $(#[$field_attr:meta])* pub $field:ident: $ty:ty, )* }) => {
