@@ -7,6 +7,7 @@
 
 use abe::core::{Kind, Priority};
 use abe::exec::latency::LatencyModel;
+use abe::exec::Work;
 use abe::runtime::{self, Request, RuntimeConfig};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::time::Instant;
@@ -21,10 +22,13 @@ fn config() -> RuntimeConfig {
 fn request() -> Request {
     Request {
         priority: Priority::Normal,
-        kind: Kind::Completion,
-        prompt: "a short prompt for the overhead bench".into(),
-        max_tokens: 1,
-        ..Default::default()
+        route: None,
+        work: Work {
+            kind: Kind::Completion,
+            prompt: "a short prompt for the overhead bench".into(),
+            max_tokens: 1,
+            ..Default::default()
+        },
     }
 }
 

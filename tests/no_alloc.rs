@@ -6,6 +6,7 @@
 
 use abe::core::{Action, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
 use abe::exec::latency::LatencyModel;
+use abe::exec::Work;
 use abe::router::{BackendConfig, Need, Router, RoutingConfig};
 use abe::runtime::engine::Routing;
 use abe::runtime::{self, Request, RouteRequest, RuntimeConfig, ThreadRole};
@@ -88,13 +89,15 @@ fn drive_routed(
                 } else {
                     Priority::Normal
                 },
-                kind: Kind::Completion,
-                prompt: prompt.to_string(),
-                max_tokens: 4,
-                // Streaming: in continuous mode the engine also sends token events.
-                stream: true,
                 route: routes[(sent % routes.len() as u64) as usize],
-                ..Default::default()
+                work: Work {
+                    kind: Kind::Completion,
+                    prompt: prompt.into(),
+                    max_tokens: 4,
+                    // Streaming: in continuous mode the engine also sends token events.
+                    stream: true,
+                    ..Default::default()
+                },
             };
             match sub.submit(req, sent) {
                 Ok(()) => sent += 1,

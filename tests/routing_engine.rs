@@ -5,6 +5,7 @@
 use abe::core::{Kind, Priority};
 use abe::exec::latency::LatencyModel;
 use abe::exec::sim::FaultSettings;
+use abe::exec::Work;
 use abe::router::{BackendConfig, Router, RoutingConfig};
 use abe::runtime::engine::Routing;
 use abe::runtime::{self, Request, RequestError, RuntimeConfig};
@@ -15,9 +16,12 @@ use std::time::Duration;
 fn completion(prompt: &str) -> Request {
     Request {
         priority: Priority::Normal,
-        kind: Kind::Completion,
-        prompt: prompt.to_string(),
-        max_tokens: 4,
+        work: Work {
+            kind: Kind::Completion,
+            prompt: prompt.into(),
+            max_tokens: 4,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }

@@ -6,7 +6,7 @@ use abe::core::strategy::StrategyKind;
 use abe::core::{FailReason, Kind, Priority};
 use abe::exec::latency::LatencyModel;
 use abe::exec::sim::FaultSettings;
-use abe::exec::Output;
+use abe::exec::{Output, Work};
 use abe::runtime::{self, Handle, Pending, Request, RequestError, RuntimeConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,9 +23,12 @@ fn config(workers: usize, latency: LatencyModel) -> RuntimeConfig {
 fn completion(prompt: &str, priority: Priority) -> Request {
     Request {
         priority,
-        kind: Kind::Completion,
-        prompt: prompt.to_string(),
-        max_tokens: 8,
+        work: Work {
+            kind: Kind::Completion,
+            prompt: prompt.into(),
+            max_tokens: 8,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -255,10 +258,13 @@ fn a_tagged_submitter_gets_completions_back_and_its_wake_is_called() {
             Kind::Embedding
         };
         let req = Request {
-            kind,
-            prompt: format!("input {tag}"),
-            max_tokens: 3,
-            dimensions: 16,
+            work: Work {
+                kind,
+                prompt: format!("input {tag}").into(),
+                max_tokens: 3,
+                dimensions: 16,
+                ..Default::default()
+            },
             ..Default::default()
         };
         sub.submit(req, tag).unwrap();
@@ -352,7 +358,7 @@ fn continuous_mode_answers_every_request_once_with_natural_lengths() {
                             &format!("t{t} r{i} {}", "x".repeat(i * 7)),
                             Priority::Normal,
                         );
-                        r.max_tokens = 20;
+                        r.work.max_tokens = 20;
                         handle.submit(r)
                     })
                     .collect();
@@ -403,8 +409,8 @@ fn continuous_mode_answers_every_request_once_with_natural_lengths() {
 fn continuous_mode_output_matches_request_level_output_for_the_same_request() {
     let req = || {
         let mut r = completion("same prompt, same seed", Priority::High);
-        r.max_tokens = 12;
-        r.seed = Some(42);
+        r.work.max_tokens = 12;
+        r.work.sampling.seed = Some(42);
         r
     };
     let a = runtime::start(config(1, LatencyModel::None)).unwrap();
@@ -483,11 +489,11 @@ fn held_back_text_goes_out_with_the_next_token_so_streams_keep_flowing() {
     let handle = runtime::start(cfg).unwrap();
     let mut sub = handle.submitter(None).unwrap();
     let mut req = completion("hold back", Priority::Normal);
-    req.max_tokens = 40;
-    req.stream = true;
+    req.work.max_tokens = 40;
+    req.work.stream = true;
     // "e." never occurs (words are separated by spaces) but "e" ends many words: each such
     // word is held until the next token shows it is not the start of "e.".
-    req.stop = Some(vec!["e.".to_string()].into());
+    req.work.sampling.stop = Some(vec!["e.".to_string()].into());
     sub.submit(req, 1).unwrap();
     let mut streamed = String::new();
     let mut events = 0;

@@ -196,7 +196,7 @@ fn different_sampling_parameters_are_separate_array_requests() {
     let mock = MockUpstream::start();
     let mut exec = executor(&mock, true);
     let mut hot = completion("b", 4);
-    hot.temperature = Some(1.5);
+    hot.sampling.temperature = Some(1.5);
     let mut items = batch(vec![completion("a", 4), hot, completion("c", 4)]);
     exec.execute(&mut items, &mut NoTokens).unwrap();
     assert_eq!(mock.requests(COMPLETIONS), 2);

@@ -14,69 +14,10 @@
 //! Content may be a string or an array of parts; text parts are concatenated, image parts
 //! are counted (for routing's vision capability) but contribute no text.
 
-use super::wire::{body_error, BodyError};
-use serde::Deserialize;
+use super::wire::{body_error, BodyError, ChatBody, Content, Message};
 
 /// Roles OpenAI's chat API accepts.
 pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
-
-/// One content part of a message.
-#[derive(Clone, Debug, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-/// A message's content: a string or an array of parts.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-/// One chat message.
-#[derive(Clone, Debug, Deserialize)]
-pub struct Message {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<Content>,
-}
-
-/// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct ChatBody<'a> {
-    #[serde(borrow)]
-    pub model: Option<super::wire::Str<'a>>,
-    pub messages: Option<Vec<Message>>,
-    pub max_tokens: Option<i64>,
-    pub max_completion_tokens: Option<i64>,
-    #[serde(borrow)]
-    pub priority: Option<super::wire::Str<'a>>,
-    pub stream: Option<bool>,
-    pub stream_options: Option<super::wire::StreamOptionsBody>,
-    pub stop: Option<super::wire::TextInputs>,
-    pub seed: Option<i64>,
-    pub n: Option<i64>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    /// abe extension: predicted output length hint.
-    pub predicted_output_tokens: Option<u32>,
-    /// Function-calling tools (only their count matters to abe: routing needs a backend
-    /// with the `tools` capability when there are any).
-    pub tools: Option<Vec<serde::de::IgnoredAny>>,
-    pub response_format: Option<ResponseFormat>,
-}
-
-/// `response_format`: only its type matters to abe (`json_object` needs JSON mode).
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct ResponseFormat {
-    #[serde(rename = "type", default)]
-    pub kind: Option<String>,
-}
 
 /// What a chat request asks of a backend: the text of every message (string contents and
 /// text parts) for the size estimate, vision for any `image_url` part, tools for a

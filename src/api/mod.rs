@@ -3,16 +3,25 @@
 //!
 //! Runs on io threads. It may allocate and parse; it must never block (the only calls into
 //! the runtime are non-blocking: snapshot reads, strategy control pushes).
+//!
+//! A request's fields travel one way: [`wire`] declares the bodies (the fields both text
+//! endpoints accept are declared once, in [`wire::GenerationBody`]); [`payload`] checks
+//! them and builds the payload the worker gets ([`crate::exec::Work`], sampling settings
+//! grouped in [`crate::exec::Sampling`]) once; the endpoints here resolve the model and wrap
+//! each payload in a [`Request`] with its priority and route, and the runtime moves it to
+//! the worker as is. A new OpenAI sampling field touches `wire`, `payload`, `Sampling` and
+//! the executor that uses it; nothing else.
 
 pub mod chat;
 pub mod json_out;
+pub mod payload;
 pub mod render;
 pub mod stream;
 pub mod wire;
 
 use crate::config::Config;
 use crate::core::strategy::StrategyKind;
-use crate::core::{FailReason, Kind, Reject};
+use crate::core::{FailReason, Reject};
 use crate::http::parse::{Head, Method};
 use crate::http::response::{Response, Status};
 use crate::metrics::http_stats::HttpStats;
@@ -20,7 +29,7 @@ use crate::router::{RequirementsBuilder, RouteError, Router};
 use crate::runtime::{Handle, Request, RequestError, RouteRequest};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
-use wire::{BodyError, CompletionBody, EmbeddingBody};
+use wire::{BodyError, ChatBody, CompletionBody, EmbeddingBody};
 
 /// What the io threads share to answer requests.
 pub struct ApiContext {
@@ -279,136 +288,27 @@ fn check_model<'a>(
     }
 }
 
-/// Generation settings shared by completions and chat completions, validated.
-struct Generation {
-    max_tokens: u32,
-    priority: crate::core::Priority,
-    seed: Option<u64>,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    stop: Option<std::sync::Arc<[String]>>,
-    stream: Option<stream::StreamOptions>,
-}
-
-impl Generation {
-    /// The engine request for one prompt with these settings.
-    fn request(
-        &self,
-        prompt: String,
-        predicted_output_tokens: Option<u32>,
-        route: RouteRequest,
-    ) -> Request {
-        Request {
-            priority: self.priority,
-            kind: Kind::Completion,
-            prompt,
-            max_tokens: self.max_tokens,
-            dimensions: 0,
-            seed: self.seed,
-            temperature: self.temperature,
-            top_p: self.top_p,
-            stop: self.stop.clone(),
-            predicted_output_tokens: predicted_output_tokens.unwrap_or(0),
-            stream: self.stream.is_some(),
-            route: Some(route),
-            chat_body: None,
-        }
-    }
-}
-
-/// The generation fields of a body, as sent.
-struct GenerationFields<'a> {
-    /// Name of the max-tokens field the client used (for messages).
-    field: &'a str,
-    max_tokens: Option<i64>,
-    n: Option<i64>,
-    stream: Option<bool>,
-    stream_options: Option<wire::StreamOptionsBody>,
-    priority: Option<&'a str>,
-    seed: Option<i64>,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    stop: Option<wire::TextInputs>,
-}
-
-fn generation(
+/// Where a text request of `head` comes from, for [`payload::text`].
+fn text_source<'a>(
     ctx: &ApiContext,
-    head: &Head,
-    f: GenerationFields<'_>,
-) -> Result<Generation, Routed> {
-    let GenerationFields {
-        field,
-        max_tokens,
-        n,
-        stream,
-        stream_options,
+    head: &'a Head,
+    max_tokens_field: &'a str,
+    priority: Option<&'a str>,
+) -> payload::TextSource<'a> {
+    payload::TextSource {
+        max_tokens_field,
         priority,
-        seed,
-        temperature,
-        top_p,
-        stop,
-    } = f;
-    let stop = wire::stop_sequences(stop).map_err(bad)?;
-    let limit = ctx.config.server.max_tokens_limit;
-    let max_tokens = match max_tokens {
-        None => 16,
-        Some(n) if n < 1 || n > i64::from(limit) => {
-            return Err(bad(wire::body_error(
-                "invalid_value",
-                format!("'{field}' must be between 1 and {limit}, got {n}"),
-            )))
-        }
-        Some(n) => n as u32,
-    };
-    if let Some(n) = n {
-        if n != 1 {
-            return Err(bad(wire::body_error(
-                "invalid_value",
-                format!("'n' must be 1 (got {n}): one choice per prompt is supported"),
-            )));
-        }
+        priority_header: head.priority.as_deref(),
+        http10: head.http10,
+        max_tokens_limit: ctx.config.server.max_tokens_limit,
     }
-    if stream == Some(true) && head.http10 {
-        return Err(bad(wire::body_error(
-            "unsupported_value",
-            "'stream': true needs HTTP/1.1 (Server-Sent Events are sent with chunked encoding)",
-        )));
-    }
-    let stream = (stream == Some(true)).then(|| stream::StreamOptions {
-        include_usage: stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
-    });
-    let priority = wire::priority(priority, head.priority.as_deref()).map_err(bad)?;
-    Ok(Generation {
-        max_tokens,
-        priority,
-        seed: seed.map(|s| s as u64),
-        temperature,
-        top_p,
-        stop,
-        stream,
-    })
 }
 
 fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
-    let g = generation(
-        ctx,
-        head,
-        GenerationFields {
-            field: "max_tokens",
-            max_tokens: b.max_tokens,
-            n: b.n,
-            stream: b.stream,
-            stream_options: b.stream_options,
-            priority: b.priority.as_deref(),
-            seed: b.seed,
-            temperature: b.temperature,
-            top_p: b.top_p,
-            stop: b.stop.take(),
-        },
-    )?;
+    let generation = b.generation();
+    let source = text_source(ctx, head, "max_tokens", b.priority.as_deref());
+    let text = payload::text(source, generation).map_err(bad)?;
     let prompts =
         wire::inputs("prompt", b.prompt, ctx.config.server.max_batch_inputs).map_err(bad)?;
     let model = model_of(ctx, b.model.as_deref());
@@ -417,7 +317,11 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
         let route = check_model(ctx, model, |r| {
             r.text(&prompt);
         })?;
-        requests.push(g.request(prompt, b.predicted_output_tokens, route));
+        requests.push(Request {
+            priority: text.priority,
+            route: Some(route),
+            work: text.work(prompt, None),
+        });
     }
     let model = model.to_string();
     Ok(Routed::Submit(Job {
@@ -425,32 +329,22 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
         model,
         requests,
         created_unix: unix_now(),
-        stream: g.stream,
+        stream: text.stream,
     }))
 }
 
 fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
-    let mut b: chat::ChatBody = wire::parse_body(body).map_err(bad)?;
-    let (field, max_tokens) = match (b.max_completion_tokens, b.max_tokens) {
-        (Some(n), _) => ("max_completion_tokens", Some(n)),
-        (None, n) => ("max_tokens", n),
+    let mut b: ChatBody = wire::parse_body(body).map_err(bad)?;
+    let mut generation = b.generation();
+    let field = match b.max_completion_tokens {
+        Some(n) => {
+            generation.max_tokens = Some(n);
+            "max_completion_tokens"
+        }
+        None => "max_tokens",
     };
-    let g = generation(
-        ctx,
-        head,
-        GenerationFields {
-            field,
-            max_tokens,
-            n: b.n,
-            stream: b.stream,
-            stream_options: b.stream_options,
-            priority: b.priority.as_deref(),
-            seed: b.seed,
-            temperature: b.temperature,
-            top_p: b.top_p,
-            stop: b.stop.take(),
-        },
-    )?;
+    let source = text_source(ctx, head, field, b.priority.as_deref());
+    let text = payload::text(source, generation).map_err(bad)?;
     let model = model_of(ctx, b.model.as_deref());
     let route = check_model(ctx, model, |r| chat::needs(&b, r))?;
     let model = model.to_string();
@@ -460,14 +354,17 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
         None
     };
     let prompt = chat::render_prompt(b.messages).map_err(bad)?;
-    let mut request = g.request(prompt, b.predicted_output_tokens, route);
-    request.chat_body = chat_body;
+    let request = Request {
+        priority: text.priority,
+        route: Some(route),
+        work: text.work(prompt, chat_body),
+    };
     Ok(Routed::Submit(Job {
         kind: JobKind::Chat,
         model,
         requests: vec![request],
         created_unix: unix_now(),
-        stream: g.stream,
+        stream: text.stream,
     }))
 }
 
@@ -483,16 +380,7 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
             )))
         }
     };
-    let dimensions = match b.dimensions {
-        None => 0,
-        Some(d) if !(1..=65_536).contains(&d) => {
-            return Err(bad(wire::body_error(
-                "invalid_value",
-                format!("'dimensions' must be between 1 and 65536, got {d}"),
-            )))
-        }
-        Some(d) => d as u32,
-    };
+    let dimensions = payload::dimensions(b.dimensions).map_err(bad)?;
     let priority = wire::priority(b.priority.as_deref(), head.priority.as_deref()).map_err(bad)?;
     let inputs = wire::inputs("input", b.input, ctx.config.server.max_batch_inputs).map_err(bad)?;
     let model = model_of(ctx, b.model.as_deref());
@@ -508,20 +396,10 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
     let requests = inputs
         .into_iter()
         .zip(routes)
-        .map(|(prompt, route)| Request {
+        .map(|(input, route)| Request {
             priority,
-            kind: Kind::Embedding,
-            prompt,
-            max_tokens: 0,
-            dimensions,
-            seed: None,
-            temperature: None,
-            top_p: None,
-            stop: None,
-            predicted_output_tokens: 0,
-            stream: false,
             route: Some(route),
-            chat_body: None,
+            work: payload::embedding(input, dimensions),
         })
         .collect();
     Ok(Routed::Submit(Job {

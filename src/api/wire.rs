@@ -1,7 +1,9 @@
 //! OpenAI wire types for request bodies, with validation that names the offending field.
 //!
 //! Unknown fields are ignored, as OpenAI-compatible servers do. Parsing happens on io
-//! threads; nothing here touches the engine.
+//! threads; nothing here touches the engine. The text endpoints' bodies share their
+//! generation and sampling fields, declared once ([`GenerationBody`]); `crate::api::payload`
+//! turns them into the payload the worker gets.
 
 use crate::core::Priority;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
@@ -83,25 +85,122 @@ pub struct StreamOptionsBody {
     pub include_usage: Option<bool>,
 }
 
-/// Body of `POST /v1/completions`.
+/// Declares the bodies of the text endpoints. `shared` lists the fields that
+/// `/v1/completions` and `/v1/chat/completions` both accept, written once; each `body` lists
+/// its own. Every body gets its own fields, then the shared ones, and a `generation()` that
+/// moves the shared ones out as one value for the payload builder (`crate::api::payload`).
+///
+/// A macro rather than `#[serde(flatten)]`: flatten buffers every field it does not know
+/// (a chat body's `tools`, ignored today) and loses the field path that error messages name
+/// ("invalid value for 'temperature'").
+macro_rules! text_bodies {
+    (@shared $(#[$attr:meta])* $shared:ident
+        { $( $(#[$field_attr:meta])* pub $field:ident: $ty:ty, )* }) => {
+        $(#[$attr])*
+        #[derive(Clone, Debug, Default)]
+        pub struct $shared {
+            $( $(#[$field_attr])* pub $field: $ty, )*
+        }
+    };
+    (@body $(#[$attr:meta])* $name:ident $shared:ident { $($own:tt)* }
+        { $( $(#[$field_attr:meta])* pub $field:ident: $ty:ty, )* }) => {
+        $(#[$attr])*
+        #[derive(Clone, Debug, Default, Deserialize)]
+        #[serde(default)]
+        pub struct $name<'a> {
+            $($own)*
+            $( $(#[$field_attr])* pub $field: $ty, )*
+        }
+
+        impl $name<'_> {
+            /// Moves the fields every text endpoint accepts out of the body.
+            pub fn generation(&mut self) -> $shared {
+                $shared { $( $field: std::mem::take(&mut self.$field), )* }
+            }
+        }
+    };
+    (
+        $(#[$shared_attr:meta])* shared $shared:ident $fields:tt
+        $( $(#[$attr:meta])* body $name:ident $own:tt )*
+    ) => {
+        text_bodies!(@shared $(#[$shared_attr])* $shared $fields);
+        $( text_bodies!(@body $(#[$attr])* $name $shared $own $fields); )*
+    };
+}
+
+text_bodies! {
+    /// The fields both text endpoints accept, as sent: how much to generate, how to answer,
+    /// and how to sample. A new OpenAI field of both endpoints goes here (one line), then
+    /// into the payload builder, `crate::api::payload`.
+    shared GenerationBody {
+        pub max_tokens: Option<i64>,
+        pub n: Option<i64>,
+        pub stream: Option<bool>,
+        pub stream_options: Option<StreamOptionsBody>,
+        /// abe extension: predicted output length hint for length-aware strategies.
+        pub predicted_output_tokens: Option<u32>,
+        // Sampling (`exec::Sampling`).
+        pub seed: Option<i64>,
+        pub temperature: Option<f64>,
+        pub top_p: Option<f64>,
+        pub stop: Option<TextInputs>,
+    }
+
+    /// Body of `POST /v1/completions`.
+    body CompletionBody {
+        #[serde(borrow)]
+        pub model: Option<Str<'a>>,
+        pub prompt: Option<TextInputs>,
+        #[serde(borrow)]
+        pub priority: Option<Str<'a>>,
+    }
+
+    /// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
+    body ChatBody {
+        #[serde(borrow)]
+        pub model: Option<Str<'a>>,
+        pub messages: Option<Vec<Message>>,
+        /// The newer name of `max_tokens`; wins when both are given.
+        pub max_completion_tokens: Option<i64>,
+        #[serde(borrow)]
+        pub priority: Option<Str<'a>>,
+        /// Function-calling tools (only their count matters to abe: routing needs a backend
+        /// with the `tools` capability when there are any).
+        pub tools: Option<Vec<serde::de::IgnoredAny>>,
+        pub response_format: Option<ResponseFormat>,
+    }
+}
+
+/// One chat message.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// A message's content: a string or an array of parts.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One content part of a message.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `response_format`: only its type matters to abe (`json_object` needs JSON mode).
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct CompletionBody<'a> {
-    #[serde(borrow)]
-    pub model: Option<Str<'a>>,
-    pub prompt: Option<TextInputs>,
-    pub max_tokens: Option<i64>,
-    #[serde(borrow)]
-    pub priority: Option<Str<'a>>,
-    pub stream: Option<bool>,
-    pub stream_options: Option<StreamOptionsBody>,
-    pub stop: Option<TextInputs>,
-    pub seed: Option<i64>,
-    pub n: Option<i64>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    /// abe extension: predicted output length hint for length-aware strategies.
-    pub predicted_output_tokens: Option<u32>,
+pub struct ResponseFormat {
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
 }
 
 /// Body of `POST /v1/embeddings`.

@@ -9,40 +9,12 @@ pub mod latency;
 pub mod sim;
 pub mod synth;
 pub mod upstream;
+pub mod work;
 
 use crate::core::continuous::{EntryResult, StepEntry};
-use crate::core::{Kind, Ticket};
-use std::sync::Arc;
+use crate::core::Ticket;
 
-/// What one request asks for, as the worker needs it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Work {
-    pub kind: Kind,
-    /// Prompt text (completion) or input text (embedding). Shared, so the engine can hand a
-    /// copy to a worker without allocating (continuous batching keeps it for recompute).
-    pub prompt: Arc<str>,
-    /// Output tokens asked for (completions).
-    pub max_tokens: u32,
-    /// Embedding dimensions asked for (0: the executor's default).
-    pub dimensions: u32,
-    /// Sampling seed from the client, if any (changes synthetic output deterministically).
-    pub seed: Option<u64>,
-    /// Sampling temperature and nucleus mass, if given (change the synthetic choice
-    /// deterministically, like the seed).
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    /// Stop sequences: generation ends before the first one (finish_reason "stop").
-    pub stop: Option<Arc<[String]>>,
-    /// The client streams: token events are wanted.
-    pub stream: bool,
-    /// The model the backend is asked for (set by the engine when it routes the request;
-    /// `None` before). Shared, so setting it does not allocate.
-    pub model: Option<Arc<str>>,
-    /// Chat completions only: the client's JSON request body, for an `upstream` backend to
-    /// forward (messages, tools, response_format...) with `model` and `stream` replaced.
-    /// `prompt` holds the same conversation rendered for the `sim` executor.
-    pub chat_body: Option<Arc<str>>,
-}
+pub use work::{Sampling, Work};
 
 /// Why a completion ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,22 +182,6 @@ pub trait Executor: Send {
         Err(ExecError::Backend(
             "this executor does not run continuous batching".into(),
         ))
-    }
-}
-
-impl Work {
-    /// The key of this request's synthetic output stream: prompt, seed, temperature, top_p.
-    pub fn stream_key(&self) -> u64 {
-        let mut key = synth::stream_key(&self.prompt, self.seed);
-        for (salt, v) in [
-            (0x7465_6d70u64, self.temperature),
-            (0x746f_705fu64, self.top_p),
-        ] {
-            if let Some(v) = v {
-                key ^= (v.to_bits() ^ salt).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            }
-        }
-        key
     }
 }
 

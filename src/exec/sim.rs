@@ -91,7 +91,7 @@ impl Default for SimConfig {
 }
 
 /// A request occupying a slot in continuous batching.
-struct SlotState {
+struct SlotRequest {
     /// Embedding requests: their dimensions (they end after prefill, without a token).
     embedding_dims: Option<u32>,
     /// Stream key of the request (prompt + seed).
@@ -119,7 +119,7 @@ pub struct SimExecutor {
     stop: Arc<AtomicBool>,
     rng: SmallRng,
     /// Continuous batching: per-slot request state (the "KV cache").
-    slots: Vec<Option<SlotState>>,
+    slots: Vec<Option<SlotRequest>>,
 }
 
 impl SimExecutor {
@@ -178,7 +178,7 @@ impl SimExecutor {
 impl SimExecutor {
     /// Slot state for a request admitted in this step; deterministic in the prompt, seed
     /// and sampling settings, so a preempted request regenerates the same tokens.
-    fn slot_state(&self, work: &super::Work) -> SlotState {
+    fn slot_request(&self, work: &super::Work) -> SlotRequest {
         let key = work.stream_key();
         let mut natural_rng = SmallRng::seed_from_u64(key ^ 0x6e61_7475_7261_6c00);
         let natural_tokens = match self.cfg.natural_length_mean_tokens {
@@ -189,7 +189,7 @@ impl SimExecutor {
             }
         };
         let embedding_dims = (work.kind == Kind::Embedding).then(|| self.embedding_dims(work));
-        SlotState {
+        SlotRequest {
             embedding_dims,
             key,
             words: SmallRng::seed_from_u64(key),
@@ -198,7 +198,7 @@ impl SimExecutor {
             natural_tokens: natural_tokens.min(work.max_tokens.max(1)),
             generated: 0,
             text: String::new(),
-            stop: work.stop.clone(),
+            stop: work.sampling.stop.clone(),
             stream: work.stream,
             unsent_from: 0,
         }
@@ -225,7 +225,7 @@ impl Executor for SimExecutor {
                         "slot {slot} admitted without its request"
                     )));
                 };
-                self.slots[slot] = Some(self.slot_state(work));
+                self.slots[slot] = Some(self.slot_request(work));
             }
             item.token = None;
             item.output = None;
@@ -311,7 +311,7 @@ impl Executor for SimExecutor {
                     let mut text = synth::text(key, o);
                     let mut finish_reason = FinishReason::Length;
                     let mut tokens = o;
-                    if let Some(cut) = super::stop_at(&text, item.work.stop.as_deref()) {
+                    if let Some(cut) = super::stop_at(&text, item.work.stop()) {
                         // Tokens up to and including the one the stop sequence starts in.
                         tokens = (text[..cut].matches(' ').count() as u32 + 1).min(o);
                         text.truncate(cut);

@@ -6,7 +6,7 @@
 //! comparison of the wrong strategy would be worse than none); a target that will not say
 //! which strategy it runs (not abe, or admin disabled) is labelled `unknown`.
 
-use super::client::Conn;
+use super::client::ClientConn;
 use super::error::LoadgenError;
 use super::target::Target;
 use std::time::Duration;
@@ -35,7 +35,7 @@ pub fn prepare(
     strategy: Option<&str>,
     token: Option<&str>,
 ) -> Result<String, LoadgenError> {
-    let mut conn = Conn::new(target.addr, timeout);
+    let mut conn = ClientConn::new(target.addr, timeout);
     conn.connect().map_err(|_| LoadgenError::Connect {
         url: target.url.clone(),
         addr: target.addr,

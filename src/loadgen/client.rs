@@ -11,7 +11,7 @@
 //! Every read is bounded (head and body size limits, socket read timeout): a misbehaving
 //! server yields an error value, never a hang, a panic or unbounded memory. Nothing here
 //! retries on its own except the one case that is not the server's answer at all: a reused
-//! keep-alive socket the server had already closed (see [`Conn::request`]).
+//! keep-alive socket the server had already closed (see [`ClientConn::request`]).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -70,7 +70,7 @@ impl TransportError {
 
 /// A complete response; `body` borrows the connection's buffers until the next request.
 #[derive(Debug)]
-pub struct Response<'a> {
+pub struct ClientResponse<'a> {
     pub status: u16,
     pub body: &'a [u8],
 }
@@ -79,7 +79,7 @@ pub struct Response<'a> {
 ///
 /// Invariants: `buf` and `chunked` never hold more than `HEAD_BYTES_MAX + BODY_BYTES_MAX`
 /// bytes; between requests `stream` is either `None` or a socket with no unread response.
-pub struct Conn {
+pub struct ClientConn {
     addr: SocketAddr,
     timeout: Duration,
     stream: Option<TcpStream>,
@@ -97,11 +97,11 @@ enum BodyAt {
     Chunked,
 }
 
-impl Conn {
+impl ClientConn {
     /// A connection to `addr` (opened lazily) whose reads and writes time out after
     /// `timeout`.
-    pub fn new(addr: SocketAddr, timeout: Duration) -> Conn {
-        Conn {
+    pub fn new(addr: SocketAddr, timeout: Duration) -> ClientConn {
+        ClientConn {
             addr,
             timeout,
             stream: None,
@@ -142,7 +142,7 @@ impl Conn {
     /// idle keep-alive connection, which is not an answer to this request), the request is
     /// sent once more on a fresh connection. Any other failure closes the socket and is
     /// returned.
-    pub fn request(&mut self, request: &[u8]) -> Result<Response<'_>, TransportError> {
+    pub fn request(&mut self, request: &[u8]) -> Result<ClientResponse<'_>, TransportError> {
         let reused = self.stream.is_some() && self.served > 0;
         let (status, at) = match self.try_request(request) {
             Ok(r) => r,
@@ -160,7 +160,7 @@ impl Conn {
                 }
             }
         };
-        Ok(Response {
+        Ok(ClientResponse {
             status,
             body: match at {
                 BodyAt::Raw { start, end } => &self.buf[start..end],
@@ -170,7 +170,7 @@ impl Conn {
     }
 }
 
-impl Conn {
+impl ClientConn {
     /// One attempt; on error also says whether any response byte had arrived.
     fn try_request(&mut self, request: &[u8]) -> Result<(u16, BodyAt), (TransportError, bool)> {
         self.connect().map_err(|e| (e, false))?;
@@ -460,7 +460,7 @@ mod tests {
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 429 Too Many\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nT: v\r\n\r\n",
             b"HTTP/1.1 204 No Content\r\n\r\n",
         ]);
-        let mut c = Conn::new(addr, Duration::from_secs(5));
+        let mut c = ClientConn::new(addr, Duration::from_secs(5));
         let r = c.request(REQ).unwrap();
         assert_eq!((r.status, r.body), (200, &b"hello"[..]));
         let r = c.request(REQ).unwrap();
@@ -472,10 +472,10 @@ mod tests {
     #[test]
     fn a_server_that_closes_mid_response_is_an_error_not_a_hang() {
         let addr = serve(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort"]);
-        let mut c = Conn::new(addr, Duration::from_secs(5));
+        let mut c = ClientConn::new(addr, Duration::from_secs(5));
         assert_eq!(c.request(REQ).unwrap_err(), TransportError::Closed);
         let addr = serve(vec![b"HTTX/1.1 200 OK\r\n\r\n"]);
-        let mut c = Conn::new(addr, Duration::from_secs(5));
+        let mut c = ClientConn::new(addr, Duration::from_secs(5));
         assert_eq!(c.request(REQ).unwrap_err(), TransportError::Malformed);
     }
 
@@ -498,7 +498,7 @@ mod tests {
                 // Dropping `s` closes the keep-alive connection behind the client's back.
             }
         });
-        let mut c = Conn::new(addr, Duration::from_secs(5));
+        let mut c = ClientConn::new(addr, Duration::from_secs(5));
         assert_eq!(c.request(REQ).unwrap().body, b"ok");
         thread::sleep(Duration::from_millis(50));
         assert_eq!(c.request(REQ).unwrap().body, b"ok");

@@ -15,7 +15,7 @@
 //! measuring latency from the actual send instead of the schedule, or dropping a request's
 //! outcome.
 
-use super::client::{Conn, TransportError};
+use super::client::{ClientConn, TransportError};
 use super::error::LoadgenError;
 use super::prompt::{self, BodyOptions};
 use super::report::{LagSummary, LiveReport, LiveStats};
@@ -414,7 +414,7 @@ fn drive(
             let spawned = std::thread::Builder::new()
                 .name(format!("loadgen-conn-{id}"))
                 .spawn_scoped(s, move || {
-                    let mut conn = Conn::new(target.addr, timeout);
+                    let mut conn = ClientConn::new(target.addr, timeout);
                     // A failed connect is retried (and counted) at the first request.
                     let _ = conn.connect();
                     let Some(start) = gate.arrive_and_wait() else {
@@ -503,7 +503,7 @@ fn drive(
 /// One connection thread: take the next request, wait for its time, send, read, report.
 #[allow(clippy::too_many_arguments)]
 fn connection_loop(
-    conn: &mut Conn,
+    conn: &mut ClientConn,
     shared: &Shared,
     schedule: &Schedule,
     target: &Target,

@@ -14,8 +14,8 @@ use super::clock::Clock;
 use super::doorbell::Doorbell;
 use super::idle::Idler;
 use super::messages::{
-    BatchMsg, Completion, Control, Event, FromWorker, Outcome, Reply, RequestError, ResultMsg,
-    RouteRequest, Submission, ToWorker,
+    BatchMsg, Control, Event, FromWorker, Outcome, Reply, RequestError, ResultMsg, RouteRequest,
+    Submission, TaggedEvent, ToWorker,
 };
 use super::ring::{Consumer, Producer};
 use super::snapshot::{WorkerSnapshot, SNAPSHOT_INTERVAL_NS};
@@ -55,7 +55,7 @@ const ADMIT_BUDGET_PER_TURN: usize = 4096;
 pub struct SubmitterLink {
     /// One ring per class, indexed by `class_index(priority, bucket)`.
     pub inputs: Vec<Consumer<Submission>>,
-    pub completions: Producer<Completion>,
+    pub completions: Producer<TaggedEvent>,
     /// Called after completions were pushed in a turn (e.g. a mio Waker); `None` for
     /// submitters that poll.
     pub wake: Option<Arc<dyn Fn() + Send + Sync>>,
@@ -1091,7 +1091,7 @@ impl EngineIo {
         }
         if link
             .completions
-            .push(Completion {
+            .push(TaggedEvent {
                 tag,
                 event: Event::Token { offset, text },
                 route: slot.route.decision,
@@ -1157,7 +1157,7 @@ impl EngineIo {
                 }
                 if self.submitters[s]
                     .completions
-                    .push(Completion {
+                    .push(TaggedEvent {
                         tag,
                         event: Event::Done(outcome),
                         route,

@@ -4,38 +4,23 @@
 //! the engine moves them, it never copies them. Nothing here may hold a lock or a reference
 //! into another thread's state.
 
-use crate::core::{BatchId, FailReason, Kind, Priority, Reject, RequestMeta};
+use crate::core::{BatchId, FailReason, Priority, Reject, RequestMeta};
 use crate::exec::{BatchItem, ExecError, Output, Work};
 use crate::router::{Decision, NameId, Need, RouteError};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-/// A request as a user of the in-process API builds it.
+/// A request as a user of the in-process API builds it: how urgent it is, which model it
+/// asks for, and the payload its worker gets. The payload moves on as is (into the
+/// [`Submission`], then a batch item); only the scheduling facts are read from it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Request {
     pub priority: Priority,
-    pub kind: Kind,
-    /// Prompt (completion) or input text (embedding).
-    pub prompt: String,
-    /// Output tokens asked for (ignored for embeddings).
-    pub max_tokens: u32,
-    /// Embedding dimensions (0: default).
-    pub dimensions: u32,
-    /// Sampling seed, if the client gave one.
-    pub seed: Option<u64>,
-    /// Sampling temperature and top_p, if the client gave them.
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    /// Stop sequences (generation ends before the first one).
-    pub stop: Option<std::sync::Arc<[String]>>,
-    /// Predicted output length hint (0: unknown).
-    pub predicted_output_tokens: u32,
-    /// Send token events as they are generated (tagged submissions, continuous batching).
-    pub stream: bool,
     /// The model asked for, resolved by the caller; `None`: the runtime's default model.
     pub route: Option<RouteRequest>,
-    /// Chat completions: the client's JSON body, for an upstream backend to forward.
-    pub chat_body: Option<std::sync::Arc<str>>,
+    /// What the executor needs (kind, text, limits, sampling...). `max_tokens` is taken as 0
+    /// for an embedding; `model` is set by the engine when it routes the request.
+    pub work: Work,
 }
 
 /// The model a request asks for, resolved to the router's name id (by
@@ -164,7 +149,7 @@ pub struct Submission {
 
 /// An event for a tagged submission, on its way back to the submitter.
 #[derive(Debug)]
-pub struct Completion {
+pub struct TaggedEvent {
     pub tag: u64,
     pub event: Event,
     /// With the final answer of a routed request: which backend served it and why.
@@ -185,7 +170,7 @@ pub enum Event {
     Done(Outcome),
 }
 
-impl Completion {
+impl TaggedEvent {
     /// The final answer, if this is it.
     pub fn outcome(&self) -> Option<&Outcome> {
         match &self.event {

@@ -22,16 +22,15 @@ use crate::core::continuous::ContinuousConfig;
 use crate::core::strategy::StrategyKind;
 use crate::core::{request, Core, CoreConfig, RequestMeta, CLASS_COUNT};
 use crate::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
-use crate::exec::Work;
 use clock::Clock;
 use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
 use engine::{Engine, SubmitterLink, WorkerLink};
 use idle::{IdlePolicy, Idler};
-pub use messages::{
-    Completion, Event, Outcome, Request, RequestError, RouteRequest, ThreadRole, Waiter,
-};
 use messages::{Control, Reply, Submission};
+pub use messages::{
+    Event, Outcome, Request, RequestError, RouteRequest, TaggedEvent, ThreadRole, Waiter,
+};
 use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -555,7 +554,7 @@ pub struct Submitter {
     /// Tags whose client went away.
     cancels: Producer<u64>,
     inputs: Vec<Producer<Submission>>,
-    completions: Consumer<Completion>,
+    completions: Consumer<TaggedEvent>,
     in_flight: usize,
     max_in_flight: usize,
 }
@@ -636,48 +635,24 @@ impl Submitter {
         }
         let Request {
             priority,
-            kind,
-            prompt,
-            max_tokens,
-            dimensions,
-            seed,
-            temperature,
-            top_p,
-            stop,
-            predicted_output_tokens,
-            stream,
             route,
-            chat_body,
+            mut work,
         } = request;
-        let max_tokens = if kind == crate::core::Kind::Embedding {
-            0
-        } else {
-            max_tokens
-        };
+        if work.kind == crate::core::Kind::Embedding {
+            work.max_tokens = 0;
+        }
         let mut meta = RequestMeta::new(
             priority,
-            kind,
-            prompt.len(),
-            max_tokens,
+            work.kind,
+            work.prompt.len(),
+            work.max_tokens,
             self.shared.clock.now(),
         );
-        meta.predicted_output_tokens = predicted_output_tokens;
+        meta.predicted_output_tokens = work.predicted_output_tokens;
         let class = request::class_index(priority, meta.bucket());
         let sub = Submission {
             meta,
-            work: Work {
-                kind,
-                prompt: prompt.into(),
-                max_tokens,
-                dimensions,
-                seed,
-                temperature,
-                top_p,
-                stop,
-                stream,
-                model: None,
-                chat_body,
-            },
+            work,
             reply,
             route,
         };
@@ -696,7 +671,7 @@ impl Submitter {
     }
 
     /// Hands every event that arrived to `f`; returns how many requests finished.
-    pub fn drain_completions(&mut self, mut f: impl FnMut(Completion)) -> usize {
+    pub fn drain_completions(&mut self, mut f: impl FnMut(TaggedEvent)) -> usize {
         let mut n = 0;
         while let Some(c) = self.completions.pop() {
             if matches!(c.event, Event::Done(_)) {

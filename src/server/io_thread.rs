@@ -74,7 +74,7 @@ pub struct IoThread {
     read_chunk: Vec<u8>,
     /// Completions taken off the ring in one turn; empty between turns, kept for its
     /// allocation.
-    completions: Vec<crate::runtime::Completion>,
+    completions: Vec<crate::runtime::TaggedEvent>,
 }
 
 impl IoThread {

@@ -7,8 +7,8 @@
 //! batch, a new request started after `stop` is set, or a token piece delivered out of order.
 
 use super::client::{Call, UpstreamClient, RESPONSE_BYTES_MAX};
-use super::sse::{Event, SseReader};
-use super::wire::{self, Choice, ChunkError, TextResponse, Usage};
+use super::sse::{SseEvent, SseReader};
+use super::wire::{self, BackendUsage, Choice, ChunkError, TextResponse};
 use crate::core::Kind;
 use crate::exec::{
     prompt_tokens, BatchItem, ExecError, Executor, FinishReason, Output, TokenSink, Work,
@@ -91,9 +91,10 @@ impl Shape {
     }
 }
 
-/// One request to the backend, built on the calling thread before any is sent.
+/// One request to the backend (a job for `run_concurrently`'s threads), built on the calling
+/// thread before any is sent.
 #[derive(Debug)]
-struct Job {
+struct BackendRequest {
     shape: Shape,
     stream: bool,
     body: String,
@@ -117,8 +118,8 @@ fn plan(
     items: &[BatchItem],
     backend: &str,
     prompt_array: bool,
-) -> (Vec<Job>, Vec<(usize, ExecError)>) {
-    let mut jobs: Vec<Job> = Vec::new();
+) -> (Vec<BackendRequest>, Vec<(usize, ExecError)>) {
+    let mut jobs: Vec<BackendRequest> = Vec::new();
     let mut failed = Vec::new();
     // Array groups under construction: (shape, first item's work, job index in `jobs`).
     let mut groups: Vec<(Shape, usize, usize)> = Vec::new();
@@ -139,7 +140,7 @@ fn plan(
             index,
             prompt: work.prompt.clone(),
         };
-        let single = |shape, body| Job {
+        let single = |shape, body| BackendRequest {
             shape,
             stream: work.stream,
             body,
@@ -150,7 +151,7 @@ fn plan(
         };
         match (work.kind, &work.chat_body) {
             (Kind::Completion, Some(chat)) => match wire::chat_body(chat, model, work.stream) {
-                Ok((body, stream)) => jobs.push(Job {
+                Ok((body, stream)) => jobs.push(BackendRequest {
                     stream,
                     ..single(Shape::Chat, body)
                 }),
@@ -172,7 +173,7 @@ fn plan(
                     Some(&(_, _, job)) => jobs[job].items.push(job_item),
                     None => {
                         groups.push((shape, index, jobs.len()));
-                        jobs.push(Job {
+                        jobs.push(BackendRequest {
                             shape,
                             stream: false,
                             body: String::new(),
@@ -204,17 +205,10 @@ fn plan(
 
 /// Can `b` ride in the same array request as `a`?
 fn same_request(shape: Shape, a: &Work, b: &Work) -> bool {
-    let bits = |v: Option<f64>| v.map(f64::to_bits);
     a.model == b.model
         && match shape {
             Shape::Embeddings => a.dimensions == b.dimensions,
-            _ => {
-                a.max_tokens == b.max_tokens
-                    && bits(a.temperature) == bits(b.temperature)
-                    && bits(a.top_p) == bits(b.top_p)
-                    && a.seed == b.seed
-                    && a.stop == b.stop
-            }
+            _ => a.max_tokens == b.max_tokens && a.sampling == b.sampling,
         }
 }
 
@@ -245,7 +239,12 @@ struct JobContext<'a> {
 impl JobContext<'_> {
     /// Runs `jobs` on up to `CONCURRENT_REQUESTS_MAX` scoped threads; the calling thread
     /// relays their token pieces to `tokens` (a sink is not `Send`) and stores the results.
-    fn run_concurrently(&self, jobs: &[Job], items: &mut [BatchItem], tokens: &mut dyn TokenSink) {
+    fn run_concurrently(
+        &self,
+        jobs: &[BackendRequest],
+        items: &mut [BatchItem],
+        tokens: &mut dyn TokenSink,
+    ) {
         let next = AtomicUsize::new(0);
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel::<Msg>();
@@ -289,7 +288,11 @@ impl JobContext<'_> {
     }
 
     /// Sends one request and reads its answer; every item of the job gets a result.
-    fn run(&self, job: &Job, emit: &mut dyn FnMut(usize, u32, String)) -> Vec<ItemResult> {
+    fn run(
+        &self,
+        job: &BackendRequest,
+        emit: &mut dyn FnMut(usize, u32, String),
+    ) -> Vec<ItemResult> {
         // Acquire: pairs with the Release store at shutdown (the flag guards no data, but
         // a stale read here only starts one more request, never loses one).
         if self.stop.load(Ordering::Acquire) {
@@ -317,7 +320,7 @@ impl JobContext<'_> {
     }
 
     /// A request whose whole answer is one JSON document.
-    fn request(&self, call: &Call<'_>, job: &Job) -> Result<Vec<ItemResult>, ExecError> {
+    fn request(&self, call: &Call<'_>, job: &BackendRequest) -> Result<Vec<ItemResult>, ExecError> {
         let mut response = self.client.post_json(call, &job.body)?;
         let body = response
             .body_mut()
@@ -369,7 +372,7 @@ impl JobContext<'_> {
     fn stream(
         &self,
         call: &Call<'_>,
-        job: &Job,
+        job: &BackendRequest,
         emit: &mut dyn FnMut(usize, u32, String),
     ) -> Result<Output, ExecError> {
         let item = &job.items[0];
@@ -379,14 +382,14 @@ impl JobContext<'_> {
         let mut text = String::new();
         let mut pieces: u32 = 0;
         let mut finish: Option<FinishReason> = None;
-        let mut usage: Option<Usage> = None;
+        let mut usage: Option<BackendUsage> = None;
         loop {
             let data = match events.next_event().map_err(|e| call.io_error(e))? {
-                Event::Data(data) => data,
-                Event::Done => break,
+                SseEvent::Data(data) => data,
+                SseEvent::Done => break,
                 // Some servers end the body without [DONE]; a finish reason says it is whole.
-                Event::Eof if finish.is_some() => break,
-                Event::Eof => {
+                SseEvent::Eof if finish.is_some() => break,
+                SseEvent::Eof => {
                     return Err(call.protocol(format_args!(
                         "the stream ended after {} bytes without `data: [DONE]`",
                         text.len()
@@ -423,7 +426,7 @@ impl JobContext<'_> {
 
 /// Each item's share of the prompt tokens the backend reported (in proportion to abe's
 /// estimate), or abe's estimate when it reported none.
-fn prompt_shares(job: &Job, usage: Option<Usage>) -> Vec<u32> {
+fn prompt_shares(job: &BackendRequest, usage: Option<BackendUsage>) -> Vec<u32> {
     let estimates: Vec<u32> = job.items.iter().map(|i| prompt_tokens(&i.prompt)).collect();
     match usage.and_then(|u| u.prompt_tokens) {
         Some(total) => wire::split_proportional(total, &estimates),
@@ -432,7 +435,7 @@ fn prompt_shares(job: &Job, usage: Option<Usage>) -> Vec<u32> {
 }
 
 /// Gives each item of a completions or chat job its choice, with its share of the usage.
-fn split_text(call: &Call<'_>, job: &Job, parsed: TextResponse) -> Vec<ItemResult> {
+fn split_text(call: &Call<'_>, job: &BackendRequest, parsed: TextResponse) -> Vec<ItemResult> {
     let mut choices: Vec<Option<Choice>> = vec![None; job.items.len()];
     for choice in parsed.choices {
         if let Some(slot) = choices.get_mut(choice.index) {
@@ -503,11 +506,12 @@ mod tests {
             item(Kind::Completion, "h", Some("m")),
         ];
         items[6].work.stream = true;
-        items[7].work.temperature = Some(0.1);
+        items[7].work.sampling.temperature = Some(0.1);
         let (jobs, failed) = plan(&items, "b", true);
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].0, 5);
-        let shape_of = |j: &Job| (j.shape, j.stream, j.items.iter().map(|i| i.index).collect());
+        let shape_of =
+            |j: &BackendRequest| (j.shape, j.stream, j.items.iter().map(|i| i.index).collect());
         let got: Vec<(Shape, bool, Vec<usize>)> = jobs.iter().map(shape_of).collect();
         assert_eq!(
             got,

@@ -12,7 +12,7 @@ pub(super) const EVENT_BYTES_MAX: usize = 1 << 20;
 
 /// The next thing in a stream.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Event<'a> {
+pub(super) enum SseEvent<'a> {
     /// An event's data (its `data:` lines joined with '\n').
     Data(&'a str),
     /// `data: [DONE]`.
@@ -40,7 +40,7 @@ impl<R: BufRead> SseReader<R> {
 
     /// The next event; an io error of kind `InvalidData` for an over-long event or a line
     /// that is not UTF-8.
-    pub(super) fn next_event(&mut self) -> io::Result<Event<'_>> {
+    pub(super) fn next_event(&mut self) -> io::Result<SseEvent<'_>> {
         self.data.clear();
         let mut has_data = false;
         loop {
@@ -51,7 +51,11 @@ impl<R: BufRead> SseReader<R> {
             let n = (&mut self.reader).take(limit).read_line(&mut self.line)?;
             if n == 0 {
                 // End of body: an event not closed by a blank line still counts.
-                return Ok(if has_data { self.finish() } else { Event::Eof });
+                return Ok(if has_data {
+                    self.finish()
+                } else {
+                    SseEvent::Eof
+                });
             }
             if !self.line.ends_with('\n') && n as u64 >= limit {
                 return Err(io::Error::new(
@@ -79,11 +83,11 @@ impl<R: BufRead> SseReader<R> {
         }
     }
 
-    fn finish(&self) -> Event<'_> {
+    fn finish(&self) -> SseEvent<'_> {
         if self.data.trim() == "[DONE]" {
-            Event::Done
+            SseEvent::Done
         } else {
-            Event::Data(&self.data)
+            SseEvent::Data(&self.data)
         }
     }
 }
@@ -97,12 +101,12 @@ mod tests {
         let mut out = Vec::new();
         loop {
             match r.next_event().unwrap() {
-                Event::Data(d) => out.push(d.to_string()),
-                Event::Done => {
+                SseEvent::Data(d) => out.push(d.to_string()),
+                SseEvent::Done => {
                     out.push("DONE".into());
                     return out;
                 }
-                Event::Eof => {
+                SseEvent::Eof => {
                     out.push("EOF".into());
                     return out;
                 }

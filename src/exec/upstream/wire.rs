@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 /// every backend accepts; several send an array.
 pub(super) fn completions_body(model: &str, works: &[&Work], stream: bool) -> String {
     debug_assert!(!works.is_empty());
-    let first = works[0];
+    let sampling = &works[0].sampling;
     let prompt = match works {
         [one] => Value::from(&*one.prompt),
         _ => Value::Array(works.iter().map(|w| Value::from(&*w.prompt)).collect()),
@@ -22,17 +22,17 @@ pub(super) fn completions_body(model: &str, works: &[&Work], stream: bool) -> St
     let mut body = Map::new();
     body.insert("model".into(), model.into());
     body.insert("prompt".into(), prompt);
-    body.insert("max_tokens".into(), first.max_tokens.into());
-    if let Some(t) = first.temperature {
+    body.insert("max_tokens".into(), works[0].max_tokens.into());
+    if let Some(t) = sampling.temperature {
         body.insert("temperature".into(), t.into());
     }
-    if let Some(p) = first.top_p {
+    if let Some(p) = sampling.top_p {
         body.insert("top_p".into(), p.into());
     }
-    if let Some(seed) = first.seed {
+    if let Some(seed) = sampling.seed {
         body.insert("seed".into(), seed.into());
     }
-    if let Some(stop) = first.stop.as_deref().filter(|s| !s.is_empty()) {
+    if let Some(stop) = sampling.stop.as_deref().filter(|s| !s.is_empty()) {
         body.insert("stop".into(), json!(stop));
     }
     body.insert("stream".into(), stream.into());
@@ -79,7 +79,7 @@ pub(super) fn chat_body(
 
 /// Token counts a backend reports.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-pub(super) struct Usage {
+pub(super) struct BackendUsage {
     #[serde(default)]
     pub prompt_tokens: Option<u32>,
     #[serde(default)]
@@ -101,7 +101,7 @@ pub(super) struct Choice {
 #[derive(Debug)]
 pub(super) struct TextResponse {
     pub choices: Vec<Choice>,
-    pub usage: Option<Usage>,
+    pub usage: Option<BackendUsage>,
 }
 
 /// A parsed /v1/embeddings answer.
@@ -109,7 +109,7 @@ pub(super) struct TextResponse {
 pub(super) struct EmbeddingsResponse {
     /// (input index, vector).
     pub data: Vec<(usize, Vec<f32>)>,
-    pub usage: Option<Usage>,
+    pub usage: Option<BackendUsage>,
 }
 
 /// OpenAI's name to abe's: "length" is the only way to run out, "tool_calls" is relayed;
@@ -134,7 +134,7 @@ fn parse<'de, T: Deserialize<'de>>(body: &'de str) -> Result<T, String> {
 struct RawCompletions {
     choices: Vec<RawCompletionChoice>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
@@ -170,7 +170,7 @@ pub(super) fn parse_completions(body: &str) -> Result<TextResponse, String> {
 struct RawChat {
     choices: Vec<RawChatChoice>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
@@ -221,7 +221,7 @@ pub(super) fn parse_chat(body: &str) -> Result<TextResponse, String> {
 struct RawEmbeddings {
     data: Vec<RawEmbedding>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
@@ -254,7 +254,7 @@ pub(super) struct Chunk {
     /// delta, are `None`).
     pub text: Option<String>,
     pub finish_reason: Option<FinishReason>,
-    pub usage: Option<Usage>,
+    pub usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
@@ -262,7 +262,7 @@ struct RawChunk {
     #[serde(default)]
     choices: Vec<RawChunkChoice>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<BackendUsage>,
     #[serde(default)]
     error: Option<Value>,
 }
@@ -365,9 +365,9 @@ mod tests {
     #[test]
     fn completions_body_uses_a_string_for_one_prompt_and_an_array_for_several() {
         let mut a = work("a");
-        a.temperature = Some(0.5);
-        a.seed = Some(7);
-        a.stop = Some(Arc::from(vec!["\n".to_string()]));
+        a.sampling.temperature = Some(0.5);
+        a.sampling.seed = Some(7);
+        a.sampling.stop = Some(Arc::from(vec!["\n".to_string()]));
         let b = work("b");
         let one: Value = serde_json::from_str(&completions_body("m", &[&a], false)).unwrap();
         assert_eq!(one["prompt"], "a");
