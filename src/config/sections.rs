@@ -1,0 +1,411 @@
+//! The config sections: one serde struct per TOML table, each with its defaults.
+//!
+//! What lives here is shape and defaults only: a section's fields are what its table may
+//! hold, typed as far as serde can type them. What must never happen here: reading the
+//! environment or a file (that is `layering`), or judging a value (that is `settings`).
+
+use super::millis::Millis;
+use crate::core::balancer::BalancerKind;
+use crate::core::strategy::bins::{BinPolicy, PredictorKind};
+use crate::core::strategy::memory::MemoryModel;
+use crate::core::strategy::sla::SlaParams;
+use crate::core::strategy::{StrategyKind, StrategyParams};
+use crate::router::{BackendConfig, RoutingConfig};
+use crate::runtime::idle::IdlePolicy;
+use serde::{Deserialize, Serialize};
+
+/// `[server]`: the HTTP front end.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Head and body must arrive within this long of a request's first byte (else 408).
+    pub read_timeout: Millis,
+    /// A response that cannot be written within this long closes the connection.
+    pub write_timeout: Millis,
+    /// An idle keep-alive connection is closed after this long.
+    pub keep_alive_timeout: Millis,
+    /// io threads running the mio event loop.
+    pub io_threads: usize,
+    /// Open connections at once; more are refused with 503.
+    pub max_connections: usize,
+    /// Largest request head (request line + headers); more is 431.
+    pub max_header_bytes: usize,
+    /// Largest request body; more is 413.
+    pub max_body_bytes: usize,
+    /// Requests parsed ahead on one connection (pipelining) before reading pauses.
+    pub max_pipelined: usize,
+    /// Response bytes staged but not yet taken by a client before reading pauses (a client
+    /// that sends without reading cannot make the server buffer without bound).
+    pub max_write_buffer_bytes: usize,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_limit: u32,
+    /// Prompts per completions request / inputs per embeddings request.
+    pub max_batch_inputs: usize,
+    /// Serve /admin/* endpoints.
+    pub admin_enabled: bool,
+    /// Bearer token for /admin/* (empty: none; then only a loopback bind is allowed).
+    pub admin_token: String,
+    /// Drain time on SIGINT/SIGTERM before what remains is answered with an error.
+    pub shutdown_timeout: Millis,
+    /// Model name served by the default sim backend, used only when no `[[backends]]` is
+    /// configured (see [`Config::effective_backends`]).
+    pub model_name: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            read_timeout: Millis(30_000),
+            write_timeout: Millis(30_000),
+            keep_alive_timeout: Millis(60_000),
+            io_threads: 1,
+            max_connections: 4096,
+            max_header_bytes: 16 * 1024,
+            max_body_bytes: 1024 * 1024,
+            max_pipelined: 64,
+            max_write_buffer_bytes: 4 * 1024 * 1024,
+            max_tokens_limit: 32_768,
+            max_batch_inputs: 2048,
+            admin_enabled: true,
+            admin_token: String::new(),
+            shutdown_timeout: Millis(30_000),
+            model_name: "abe-sim".into(),
+        }
+    }
+}
+
+/// Per-priority max wait (ms) after which a request is flushed regardless.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PriorityWaits {
+    pub low: f64,
+    pub normal: f64,
+    pub high: f64,
+    pub critical: f64,
+}
+
+impl Default for PriorityWaits {
+    fn default() -> Self {
+        PriorityWaits {
+            low: 100.0,
+            normal: 50.0,
+            high: 20.0,
+            critical: 5.0,
+        }
+    }
+}
+
+/// `[batching.dynamic]`: the `dynamic` and `multi_bin` strategies (memory model, SLA
+/// controller, bins).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DynamicConfig {
+    /// multi_bin: number of bins K (1..=64).
+    pub bins: usize,
+    /// multi_bin: round_robin | longest_queue
+    pub bin_policy: String,
+    /// Predicted output length: max_tokens | ema_by_prompt_bucket (a request's
+    /// `predicted_output_tokens` hint wins).
+    pub predictor: String,
+    /// Bin boundaries are recomputed (equal mass) every this many completed requests.
+    pub recompute_every: u32,
+    pub m_max_gb: f64,
+    pub m_model_gb: f64,
+    pub kv_gb_per_token: f64,
+    pub memory_margin_gb: f64,
+    pub safety_fraction: f64,
+    pub b_min: u32,
+    pub b_max: u32,
+    pub sla_tbt_ms: f64,
+    pub sla_epsilon_ms: f64,
+    pub sla_alpha: u32,
+    pub sla_delta: u32,
+}
+
+impl Default for DynamicConfig {
+    fn default() -> Self {
+        let m = MemoryModel::default();
+        let s = SlaParams::default();
+        DynamicConfig {
+            bins: 4,
+            bin_policy: BinPolicy::RoundRobin.as_str().into(),
+            predictor: PredictorKind::MaxTokens.as_str().into(),
+            recompute_every: 1000,
+            m_max_gb: m.m_max_gb,
+            m_model_gb: m.m_model_gb,
+            kv_gb_per_token: m.kv_gb_per_token,
+            memory_margin_gb: m.margin_gb,
+            safety_fraction: m.safety_fraction,
+            b_min: m.b_min,
+            b_max: m.b_max,
+            sla_tbt_ms: s.d_sla_ms,
+            sla_epsilon_ms: s.epsilon_ms,
+            sla_alpha: s.alpha,
+            sla_delta: s.delta,
+        }
+    }
+}
+
+/// `[batching]`: queueing and flush rules.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchingConfig {
+    /// request (batches formed by a strategy) | continuous (iteration-level, [continuous])
+    pub mode: String,
+    pub strategy: String,
+    pub min_batch_size: usize,
+    pub max_batch_size: usize,
+    pub min_wait_ms: f64,
+    pub max_wait_ms: f64,
+    pub queue_depth_low_threshold: u32,
+    pub queue_depth_high_threshold: u32,
+    pub queue_capacity: usize,
+    pub token_bucketing_enabled: bool,
+    pub priority_enabled: bool,
+    /// latency_aware's p99 target.
+    pub target_p99_ms: f64,
+    /// While a worker is idle, dispatch a non-empty queue at once.
+    pub dispatch_when_idle: bool,
+    /// A request still queued this long fails with a clear error.
+    pub request_timeout: Millis,
+    pub priority_max_wait_ms: PriorityWaits,
+    pub dynamic: DynamicConfig,
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        let p = StrategyParams::default();
+        BatchingConfig {
+            mode: "request".into(),
+            strategy: StrategyKind::QueueDepth.as_str().into(),
+            min_batch_size: 1,
+            max_batch_size: 32,
+            min_wait_ms: p.min_wait_ms,
+            max_wait_ms: p.max_wait_ms,
+            queue_depth_low_threshold: p.queue_depth_low,
+            queue_depth_high_threshold: p.queue_depth_high,
+            queue_capacity: 10_000,
+            token_bucketing_enabled: true,
+            priority_enabled: true,
+            target_p99_ms: p.target_p99_ms,
+            dispatch_when_idle: true,
+            request_timeout: Millis(30_000),
+            priority_max_wait_ms: PriorityWaits::default(),
+            dynamic: DynamicConfig::default(),
+        }
+    }
+}
+
+/// `[continuous]`: iteration-level batching (`batching.mode = "continuous"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContinuousSection {
+    /// Slots (concurrent requests) per replica.
+    pub max_slots: usize,
+    /// Most prompt tokens one slot prefills in one step.
+    pub prefill_chunk: u32,
+    /// Token budget of one step (decode tokens + prefill tokens).
+    pub n_batch: u32,
+    /// Requests waiting for a slot, at most; more are 429.
+    pub max_queue: usize,
+    /// Mean of the exponential distribution of a request's natural output length (it stops
+    /// by itself, finish_reason "stop"), capped by max_tokens; 0: run to max_tokens.
+    pub natural_length_mean_tokens: u32,
+}
+
+impl Default for ContinuousSection {
+    fn default() -> Self {
+        ContinuousSection {
+            max_slots: 16,
+            prefill_chunk: 512,
+            n_batch: 2048,
+            max_queue: 1024,
+            natural_length_mean_tokens: 0,
+        }
+    }
+}
+
+/// `[workers]`: the simulated model replicas.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkersConfig {
+    pub count: usize,
+    /// none | linear | calibrated
+    pub latency_model: String,
+    pub base_latency_ms: f64,
+    pub per_token_latency_ms: f64,
+    pub latency_variance: f64,
+    pub prefill_ms_per_token: f64,
+    pub decode_beta_ms: f64,
+    pub decode_gamma: f64,
+    pub max_batch_tokens: u32,
+    /// round_robin | least_loaded | power_of_two
+    pub balancer: String,
+    /// Batches one worker holds at once.
+    pub max_inflight: u32,
+    /// A batch not answered within this long fails and counts against its worker.
+    pub batch_timeout: Millis,
+    pub embedding_dimensions: u32,
+    pub seed: u64,
+    /// Fault injection: probability a batch fails.
+    pub fault_error_rate: f64,
+    /// Fault injection: latency added to every batch.
+    pub fault_added_latency_ms: f64,
+    /// Fault injection: probability a batch hangs for `fault_hang_ms`.
+    pub fault_hang_rate: f64,
+    pub fault_hang_ms: f64,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        WorkersConfig {
+            count: 4,
+            latency_model: "linear".into(),
+            base_latency_ms: 10.0,
+            per_token_latency_ms: 0.5,
+            latency_variance: 0.1,
+            prefill_ms_per_token: 0.02,
+            decode_beta_ms: 5.74,
+            decode_gamma: 0.316,
+            max_batch_tokens: 8192,
+            balancer: BalancerKind::LeastLoaded.as_str().into(),
+            max_inflight: 1,
+            batch_timeout: Millis(60_000),
+            embedding_dimensions: 384,
+            seed: 1,
+            fault_error_rate: 0.0,
+            fault_added_latency_ms: 0.0,
+            fault_hang_rate: 0.0,
+            fault_hang_ms: 0.0,
+        }
+    }
+}
+
+/// `[health]`: circuit breaking.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// How often the health checker probes each `upstream` backend (GET
+    /// `upstream.health_path`); a failed probe takes the backend out of routing until one
+    /// succeeds.
+    pub check_interval: Millis,
+    /// Consecutive failures that open a worker's circuit.
+    pub failure_threshold: u32,
+    /// How long an open circuit waits before one probe batch.
+    pub recovery_timeout: Millis,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            check_interval: Millis(5_000),
+            failure_threshold: 5,
+            recovery_timeout: Millis(30_000),
+        }
+    }
+}
+
+/// `[metrics]`: observation windows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// How often the observed p99 (latency_aware) is recomputed.
+    pub collection_interval: Millis,
+    /// Latencies kept for the observed p99.
+    pub percentile_window_size: usize,
+    /// How long time series are kept for the dashboard.
+    pub history_retention: Millis,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            collection_interval: Millis(100),
+            percentile_window_size: 1000,
+            history_retention: Millis(3_600_000),
+        }
+    }
+}
+
+/// `[upstream]`: how abe talks to `upstream` backends (remote OpenAI-compatible servers).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// A TCP connection to an upstream not established within this long fails.
+    pub connect_timeout: Millis,
+    /// An upstream request not answered within this long fails with 504.
+    pub request_timeout: Millis,
+    /// Path the health checker GETs on every upstream (every `health.check_interval`);
+    /// a 2xx answer is healthy.
+    pub health_path: String,
+    /// A health probe not answered within this long counts as failed.
+    pub health_timeout: Millis,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            connect_timeout: Millis(2_000),
+            request_timeout: Millis(60_000),
+            health_path: "/v1/models".into(),
+            health_timeout: Millis(2_000),
+        }
+    }
+}
+
+/// Context length (tokens) of the model the default sim backend serves when no
+/// `[[backends]]` is configured: 128 Ki, a long-context model's, so the router refuses
+/// for length only what a real long-context server would.
+pub const DEFAULT_SIM_CONTEXT_LENGTH: u32 = 131_072;
+
+/// Most `routing.max_retries`: each retry is one more backend tried for one failed batch.
+pub const ROUTING_MAX_RETRIES_MAX: u32 = 8;
+
+/// `[engine]`: threads and rings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Pin the runtime threads (engine, workers, io threads) to cores (`runtime::pin::plan`).
+    pub pin: bool,
+    /// spin | adaptive | park
+    pub idle: String,
+    /// How long `adaptive` yields before parking, in microseconds.
+    pub spin_us: u64,
+    /// Capacity of each submission ring (per priority x bucket, per io thread).
+    pub ring_capacity: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            pin: true,
+            idle: IdlePolicy::Adaptive.as_str().into(),
+            spin_us: 20,
+            ring_capacity: 1024,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub batching: BatchingConfig,
+    pub workers: WorkersConfig,
+    pub health: HealthConfig,
+    pub metrics: MetricsConfig,
+    pub engine: EngineConfig,
+    pub continuous: ContinuousSection,
+    /// `[[backends]]`: what abe routes to. Empty: one default sim backend (see
+    /// [`Config::effective_backends`]).
+    pub backends: Vec<BackendConfig>,
+    /// `[routing]`: strategy, weights, aliases, fallbacks, retries.
+    pub routing: RoutingConfig,
+    /// `[upstream]`: timeouts and health probes of `upstream` backends.
+    pub upstream: UpstreamConfig,
+}

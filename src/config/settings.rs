@@ -1,0 +1,488 @@
+//! Checked settings: the one place that judges the layered [`Config`] and turns it into
+//! what each part of abe runs on (the core, the runtime and its sim executors, continuous
+//! batching, the router).
+//!
+//! What must never happen here: reading files or the environment, or starting anything.
+//! Every problem is an error naming the key, the value and why; nothing falls back
+//! silently.
+
+use super::error::{invalid, ConfigError};
+use super::millis::Millis;
+use super::sections::{Config, DynamicConfig, DEFAULT_SIM_CONTEXT_LENGTH, ROUTING_MAX_RETRIES_MAX};
+use crate::core::balancer::BalancerKind;
+use crate::core::circuit::CircuitParams;
+use crate::core::research::ResearchConfig;
+use crate::core::strategy::bins::{BinPolicy, PredictorKind, BIN_COUNT_MAX};
+use crate::core::strategy::memory::MemoryModel;
+use crate::core::strategy::sla::SlaParams;
+use crate::core::strategy::{StrategyKind, StrategyParams};
+use crate::core::CoreConfig;
+use crate::exec::latency::LatencyModel;
+use crate::exec::sim::{FaultSettings, SimConfig};
+use crate::router::{BackendConfig, BackendKindName, Router, Strategy, UnknownStrategy};
+use crate::runtime::idle::IdlePolicy;
+use crate::runtime::RuntimeConfig;
+use std::net::IpAddr;
+
+impl DynamicConfig {
+    /// The core's settings, validated.
+    pub fn research_config(&self, max_tokens_limit: u32) -> Result<ResearchConfig, ConfigError> {
+        let k = "batching.dynamic";
+        if !(1..=BIN_COUNT_MAX).contains(&self.bins) {
+            return Err(invalid(
+                &format!("{k}.bins"),
+                self.bins,
+                format!("must be between 1 and {BIN_COUNT_MAX}"),
+            ));
+        }
+        let bin_policy: BinPolicy =
+            self.bin_policy
+                .parse()
+                .map_err(|e: crate::core::strategy::bins::UnknownName| {
+                    invalid(&format!("{k}.bin_policy"), &self.bin_policy, e.to_string())
+                })?;
+        let predictor: PredictorKind =
+            self.predictor
+                .parse()
+                .map_err(|e: crate::core::strategy::bins::UnknownName| {
+                    invalid(&format!("{k}.predictor"), &self.predictor, e.to_string())
+                })?;
+        at_least(
+            &format!("{k}.recompute_every"),
+            self.recompute_every as usize,
+            1,
+        )?;
+        let memory = MemoryModel {
+            m_max_gb: self.m_max_gb,
+            m_model_gb: self.m_model_gb,
+            kv_gb_per_token: self.kv_gb_per_token,
+            margin_gb: self.memory_margin_gb,
+            safety_fraction: self.safety_fraction,
+            b_min: self.b_min,
+            b_max: self.b_max,
+            ..MemoryModel::default()
+        };
+        memory
+            .validate()
+            .map_err(|e| invalid(&format!("{k} ({})", e.param), "(see key)", e.reason))?;
+        let sla = SlaParams {
+            d_sla_ms: self.sla_tbt_ms,
+            epsilon_ms: self.sla_epsilon_ms,
+            alpha: self.sla_alpha,
+            delta: self.sla_delta,
+            b_min: self.b_min,
+            b_max: self.b_max,
+            ..SlaParams::default()
+        };
+        sla.validate()
+            .map_err(|e| invalid(&format!("{k} ({})", e.param), "(see key)", e.reason))?;
+        Ok(ResearchConfig {
+            memory,
+            sla,
+            bins: self.bins,
+            bin_policy,
+            predictor,
+            max_tokens_limit,
+            recompute_every: self.recompute_every,
+        })
+    }
+}
+
+impl Config {
+    /// Checks every key; the first problem is returned with its key, value and reason.
+    /// An unknown `routing.strategy` is not a problem: see [`Config::routing_warning`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.runtime_config().map(|_| ())?;
+        self.validate_routing()?;
+        let s = &self.server;
+        let host: IpAddr = s.host.parse().map_err(|_| {
+            invalid(
+                "server.host",
+                &s.host,
+                "must be an IP address such as 127.0.0.1 or 0.0.0.0",
+            )
+        })?;
+        at_least("server.io_threads", s.io_threads, 1)?;
+        at_least("server.max_connections", s.max_connections, 1)?;
+        at_least("server.max_header_bytes", s.max_header_bytes, 256)?;
+        at_least("server.max_body_bytes", s.max_body_bytes, 1)?;
+        at_least("server.max_pipelined", s.max_pipelined, 1)?;
+        at_least(
+            "server.max_write_buffer_bytes",
+            s.max_write_buffer_bytes,
+            1024,
+        )?;
+        at_least("server.max_batch_inputs", s.max_batch_inputs, 1)?;
+        at_least("server.max_tokens_limit", s.max_tokens_limit as usize, 1)?;
+        positive_ms("server.read_timeout", s.read_timeout)?;
+        positive_ms("server.write_timeout", s.write_timeout)?;
+        positive_ms("server.keep_alive_timeout", s.keep_alive_timeout)?;
+        if s.model_name.trim().is_empty() {
+            return Err(invalid("server.model_name", "\"\"", "must not be empty"));
+        }
+        if s.admin_enabled && s.admin_token.is_empty() && !host.is_loopback() {
+            return Err(invalid(
+                "server.admin_token",
+                "\"\"",
+                format!(
+                    "admin endpoints are enabled and the server binds non-loopback address {host}: \
+                     set server.admin_token (ABE_SERVER_ADMIN_TOKEN) or server.admin_enabled = false"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The backends abe routes to: the `[[backends]]` tables, or when there are none, one
+    /// sim backend named `sim` serving `server.model_name` (context
+    /// [`DEFAULT_SIM_CONTEXT_LENGTH`], every capability) with `workers.count` concurrent
+    /// batches, i.e. what abe served before routing existed.
+    pub fn effective_backends(&self) -> Vec<BackendConfig> {
+        if !self.backends.is_empty() {
+            return self.backends.clone();
+        }
+        let mut sim =
+            BackendConfig::default_sim(&self.server.model_name, DEFAULT_SIM_CONTEXT_LENGTH);
+        // workers.count is validated to 1..=1024; saturate rather than wrap if unvalidated.
+        sim.max_concurrent_batches = u32::try_from(self.workers.count).unwrap_or(u32::MAX);
+        vec![sim]
+    }
+
+    /// The router `[[backends]]` (or the default sim backend) and `[routing]` describe,
+    /// seeded with `workers.seed`, and the unknown-strategy warning if any.
+    pub fn router(&self) -> Result<(Router, Option<UnknownStrategy>), ConfigError> {
+        Router::build(&self.effective_backends(), &self.routing, self.workers.seed)
+            .map_err(ConfigError::from)
+    }
+
+    /// The warning to log when `routing.strategy` names no strategy (`smart` is used then;
+    /// not an error).
+    pub fn routing_warning(&self) -> Option<String> {
+        Strategy::from_name(&self.routing.strategy)
+            .1
+            .map(|w| w.to_string())
+    }
+
+    /// Checks `[[backends]]`, `[routing]`, `[upstream]` and how they fit the rest.
+    fn validate_routing(&self) -> Result<(), ConfigError> {
+        for b in &self.backends {
+            if b.kind != BackendKindName::Upstream {
+                continue;
+            }
+            if let Some(url) = b.base_url.as_deref() {
+                if url
+                    .get(..8)
+                    .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+                {
+                    return Err(invalid(
+                        &format!("backends['{}'].base_url", b.name),
+                        url,
+                        "https is not supported: abe speaks plain HTTP/1.1 to upstreams; put a \
+                         TLS-terminating proxy (nginx, Caddy, envoy, stunnel) next to abe and \
+                         point base_url at its http:// address",
+                    ));
+                }
+            }
+        }
+        let backends = self.effective_backends();
+        Router::build(&backends, &self.routing, self.workers.seed)?;
+        let r = &self.routing;
+        if r.max_retries > ROUTING_MAX_RETRIES_MAX {
+            return Err(invalid(
+                "routing.max_retries",
+                r.max_retries,
+                format!(
+                    "must be at most {ROUTING_MAX_RETRIES_MAX} (each retry sends a failed batch \
+                     to one more backend)"
+                ),
+            ));
+        }
+        if self.batching.mode == "continuous" {
+            let sims = backends
+                .iter()
+                .filter(|b| b.kind == BackendKindName::Sim)
+                .count();
+            if backends.len() != 1 || sims != 1 {
+                return Err(invalid(
+                    "batching.mode",
+                    "continuous",
+                    format!(
+                        "continuous batching supports exactly one backend, of kind \"sim\"; \
+                         [[backends]] has {} ({} sim, {} upstream): remove the others or use \
+                         batching.mode = \"request\" to route across backends",
+                        backends.len(),
+                        sims,
+                        backends.len() - sims
+                    ),
+                ));
+            }
+        }
+        let u = &self.upstream;
+        positive_ms("upstream.connect_timeout", u.connect_timeout)?;
+        positive_ms("upstream.request_timeout", u.request_timeout)?;
+        positive_ms("upstream.health_timeout", u.health_timeout)?;
+        if !u.health_path.starts_with('/') {
+            return Err(invalid(
+                "upstream.health_path",
+                format!("\"{}\"", u.health_path),
+                "must be a path starting with /, e.g. \"/v1/models\" or \"/health\"",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The runtime settings this config describes (validating the engine-side keys).
+    pub fn runtime_config(&self) -> Result<RuntimeConfig, ConfigError> {
+        let b = &self.batching;
+        let w = &self.workers;
+        let strategy: StrategyKind =
+            b.strategy
+                .parse()
+                .map_err(|e: crate::core::strategy::UnknownStrategy| {
+                    invalid("batching.strategy", &b.strategy, e.to_string())
+                })?;
+        at_least("batching.max_batch_size", b.max_batch_size, 1)?;
+        at_least("batching.min_batch_size", b.min_batch_size, 1)?;
+        if b.min_batch_size > b.max_batch_size {
+            return Err(invalid(
+                "batching.min_batch_size",
+                b.min_batch_size,
+                format!(
+                    "must not exceed batching.max_batch_size ({})",
+                    b.max_batch_size
+                ),
+            ));
+        }
+        at_least("batching.queue_capacity", b.queue_capacity, 1)?;
+        non_negative("batching.min_wait_ms", b.min_wait_ms)?;
+        non_negative("batching.max_wait_ms", b.max_wait_ms)?;
+        if b.min_wait_ms > b.max_wait_ms {
+            return Err(invalid(
+                "batching.min_wait_ms",
+                b.min_wait_ms,
+                format!("must not exceed batching.max_wait_ms ({})", b.max_wait_ms),
+            ));
+        }
+        if b.queue_depth_low_threshold > b.queue_depth_high_threshold {
+            return Err(invalid(
+                "batching.queue_depth_low_threshold",
+                b.queue_depth_low_threshold,
+                format!(
+                    "must not exceed batching.queue_depth_high_threshold ({})",
+                    b.queue_depth_high_threshold
+                ),
+            ));
+        }
+        positive("batching.target_p99_ms", b.target_p99_ms)?;
+        positive_ms("batching.request_timeout", b.request_timeout)?;
+        let pw = &b.priority_max_wait_ms;
+        non_negative("batching.priority_max_wait_ms.low", pw.low)?;
+        non_negative("batching.priority_max_wait_ms.normal", pw.normal)?;
+        non_negative("batching.priority_max_wait_ms.high", pw.high)?;
+        non_negative("batching.priority_max_wait_ms.critical", pw.critical)?;
+
+        at_least("workers.count", w.count, 1)?;
+        if w.count > 1024 {
+            return Err(invalid("workers.count", w.count, "must be at most 1024"));
+        }
+        at_least("workers.max_batch_tokens", w.max_batch_tokens as usize, 1)?;
+        at_least("workers.max_inflight", w.max_inflight as usize, 1)?;
+        positive_ms("workers.batch_timeout", w.batch_timeout)?;
+        at_least(
+            "workers.embedding_dimensions",
+            w.embedding_dimensions as usize,
+            1,
+        )?;
+        non_negative("workers.base_latency_ms", w.base_latency_ms)?;
+        non_negative("workers.per_token_latency_ms", w.per_token_latency_ms)?;
+        non_negative("workers.latency_variance", w.latency_variance)?;
+        non_negative("workers.prefill_ms_per_token", w.prefill_ms_per_token)?;
+        non_negative("workers.decode_beta_ms", w.decode_beta_ms)?;
+        non_negative("workers.decode_gamma", w.decode_gamma)?;
+        probability("workers.fault_error_rate", w.fault_error_rate)?;
+        probability("workers.fault_hang_rate", w.fault_hang_rate)?;
+        non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
+        non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
+        let latency = match w.latency_model.as_str() {
+            "none" => LatencyModel::None,
+            "linear" => LatencyModel::Linear {
+                base_ms: w.base_latency_ms,
+                per_token_ms: w.per_token_latency_ms,
+                variance: w.latency_variance,
+            },
+            "calibrated" => LatencyModel::Calibrated {
+                prefill_ms_per_token: w.prefill_ms_per_token,
+                beta_ms: w.decode_beta_ms,
+                gamma: w.decode_gamma,
+            },
+            other => {
+                return Err(invalid(
+                    "workers.latency_model",
+                    other,
+                    "valid models are none, linear, calibrated",
+                ))
+            }
+        };
+        let balancer: BalancerKind = w
+            .balancer
+            .parse()
+            .map_err(|e: String| invalid("workers.balancer", &w.balancer, e))?;
+        let h = &self.health;
+        at_least("health.failure_threshold", h.failure_threshold as usize, 1)?;
+        positive_ms("health.check_interval", h.check_interval)?;
+        let m = &self.metrics;
+        at_least(
+            "metrics.percentile_window_size",
+            m.percentile_window_size,
+            1,
+        )?;
+        positive_ms("metrics.collection_interval", m.collection_interval)?;
+        let e = &self.engine;
+        let idle: IdlePolicy = e
+            .idle
+            .parse()
+            .map_err(|why: String| invalid("engine.idle", &e.idle, why))?;
+        at_least("engine.ring_capacity", e.ring_capacity, 2)?;
+        if e.spin_us > 1_000_000 {
+            return Err(invalid(
+                "engine.spin_us",
+                e.spin_us,
+                "must be at most 1000000 (1 s)",
+            ));
+        }
+        let core = CoreConfig {
+            queue_capacity: b.queue_capacity,
+            max_batch_size: b.max_batch_size,
+            min_batch_size: b.min_batch_size,
+            max_batch_tokens: w.max_batch_tokens,
+            token_bucketing: b.token_bucketing_enabled,
+            priority_enabled: b.priority_enabled,
+            strategy,
+            strategy_params: StrategyParams {
+                max_wait_ms: b.max_wait_ms,
+                min_wait_ms: b.min_wait_ms,
+                queue_depth_low: b.queue_depth_low_threshold,
+                queue_depth_high: b.queue_depth_high_threshold,
+                target_p99_ms: b.target_p99_ms,
+            },
+            priority_max_wait_ms: [pw.low, pw.normal, pw.high, pw.critical],
+            dispatch_when_idle: b.dispatch_when_idle,
+            request_timeout_ns: b.request_timeout.nanos(),
+            batch_timeout_ns: w.batch_timeout.nanos(),
+            workers: w.count,
+            max_inflight_per_worker: w.max_inflight,
+            balancer,
+            circuit: CircuitParams {
+                failure_threshold: h.failure_threshold,
+                recovery_ns: h.recovery_timeout.nanos(),
+            },
+            latency_window: m.percentile_window_size,
+            p99_refresh_ns: m.collection_interval.nanos(),
+            seed: w.seed,
+            research: b.dynamic.research_config(self.server.max_tokens_limit)?,
+        };
+        Ok(RuntimeConfig {
+            core,
+            sim: SimConfig {
+                latency,
+                embedding_dimensions: w.embedding_dimensions,
+                seed: w.seed,
+                natural_length_mean_tokens: self.continuous.natural_length_mean_tokens,
+            },
+            continuous: self.continuous_config(w.count)?,
+            faults: FaultSettings {
+                error_rate: w.fault_error_rate,
+                added_latency_ms: w.fault_added_latency_ms,
+                hang_rate: w.fault_hang_rate,
+                hang_ms: w.fault_hang_ms,
+            },
+            pin: e.pin,
+            idle,
+            spin_us: e.spin_us,
+            ring_capacity: e.ring_capacity,
+            max_submitters: self.server.io_threads + 8,
+            io_threads: self.server.io_threads,
+            on_thread_start: None,
+        })
+    }
+
+    /// The continuous scheduler's settings when `batching.mode = "continuous"`.
+    fn continuous_config(
+        &self,
+        replicas: usize,
+    ) -> Result<Option<crate::core::continuous::ContinuousConfig>, ConfigError> {
+        match self.batching.mode.as_str() {
+            "request" => return Ok(None),
+            "continuous" => {}
+            other => {
+                return Err(invalid(
+                    "batching.mode",
+                    other,
+                    "valid modes are request, continuous",
+                ))
+            }
+        }
+        let c = &self.continuous;
+        at_least("continuous.max_slots", c.max_slots, 1)?;
+        at_least("continuous.prefill_chunk", c.prefill_chunk as usize, 1)?;
+        at_least("continuous.n_batch", c.n_batch as usize, 1)?;
+        at_least("continuous.max_queue", c.max_queue, 1)?;
+        let d = &self.batching.dynamic;
+        let kv = crate::core::continuous::kv_capacity_tokens(
+            d.m_max_gb,
+            d.m_model_gb,
+            d.kv_gb_per_token,
+            d.safety_fraction,
+        );
+        if kv == 0 {
+            return Err(invalid(
+                "batching.dynamic.m_max_gb",
+                d.m_max_gb,
+                "leaves no KV cache for continuous batching (must exceed m_model_gb)",
+            ));
+        }
+        Ok(Some(crate::core::continuous::ContinuousConfig {
+            replicas,
+            max_slots: c.max_slots,
+            prefill_chunk: c.prefill_chunk,
+            n_batch: c.n_batch,
+            kv_capacity_tokens: kv,
+            max_queue: c.max_queue,
+        }))
+    }
+}
+
+fn at_least(key: &str, v: usize, min: usize) -> Result<(), ConfigError> {
+    if v < min {
+        return Err(invalid(key, v, format!("must be at least {min}")));
+    }
+    Ok(())
+}
+
+fn non_negative(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(invalid(key, v, "must be a finite number >= 0"));
+    }
+    Ok(())
+}
+
+fn positive(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(invalid(key, v, "must be a finite number > 0"));
+    }
+    Ok(())
+}
+
+fn positive_ms(key: &str, v: Millis) -> Result<(), ConfigError> {
+    if v.0 == 0 {
+        return Err(invalid(key, v, "must be longer than 0ms"));
+    }
+    Ok(())
+}
+
+fn probability(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !(0.0..=1.0).contains(&v) {
+        return Err(invalid(key, v, "must be a probability between 0 and 1"));
+    }
+    Ok(())
+}
