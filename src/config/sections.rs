@@ -10,6 +10,7 @@ use crate::core::strategy::bins::{BinPolicy, PredictorKind};
 use crate::core::strategy::memory::MemoryModel;
 use crate::core::strategy::sla::SlaParams;
 use crate::core::strategy::{StrategyKind, StrategyParams};
+use crate::exec::latency::{LatencyKind, LatencyModel};
 use crate::router::{BackendConfig, RoutingConfig};
 use crate::runtime::idle::IdlePolicy;
 use serde::{Deserialize, Serialize};
@@ -234,14 +235,27 @@ impl Default for ContinuousSection {
 #[serde(default, deny_unknown_fields)]
 pub struct WorkersConfig {
     pub count: usize,
-    /// none | linear | calibrated
+    /// none | linear | calibrated | max_of_batch | affine_step (`exec::latency`).
     pub latency_model: String,
+    /// linear: per-batch base.
     pub base_latency_ms: f64,
+    /// linear: per token of the batch.
     pub per_token_latency_ms: f64,
+    /// linear: noise sd as a fraction of the base.
     pub latency_variance: f64,
+    /// calibrated, max_of_batch, affine_step: prefill per prompt token.
     pub prefill_ms_per_token: f64,
+    /// calibrated: beta, the one-request decode step.
     pub decode_beta_ms: f64,
+    /// calibrated: gamma, the step's growth with the batch.
     pub decode_gamma: f64,
+    /// max_of_batch: what every request costs on top of its tokens.
+    pub max_of_batch_base_ms: f64,
+    /// max_of_batch: per output token of one request.
+    pub max_of_batch_decode_ms_per_token: f64,
+    /// affine_step: a decode step with b requests generating costs `a x b + c`.
+    pub affine_step_a_ms: f64,
+    pub affine_step_c_ms: f64,
     pub max_batch_tokens: u32,
     /// round_robin | least_loaded | power_of_two
     pub balancer: String,
@@ -262,15 +276,26 @@ pub struct WorkersConfig {
 
 impl Default for WorkersConfig {
     fn default() -> Self {
+        let [base_latency_ms, per_token_latency_ms, latency_variance] =
+            LatencyModel::LINEAR_DEFAULT.params();
+        let [prefill_ms_per_token, decode_beta_ms, decode_gamma] =
+            LatencyModel::CALIBRATED_DEFAULT.params();
+        let [max_of_batch_base_ms, _, max_of_batch_decode_ms_per_token] =
+            LatencyModel::MAX_OF_BATCH_DEFAULT.params();
+        let [_, affine_step_a_ms, affine_step_c_ms] = LatencyModel::AFFINE_STEP_DEFAULT.params();
         WorkersConfig {
             count: 4,
             latency_model: "linear".into(),
-            base_latency_ms: 10.0,
-            per_token_latency_ms: 0.5,
-            latency_variance: 0.1,
-            prefill_ms_per_token: 0.02,
-            decode_beta_ms: 5.74,
-            decode_gamma: 0.316,
+            base_latency_ms,
+            per_token_latency_ms,
+            latency_variance,
+            prefill_ms_per_token,
+            decode_beta_ms,
+            decode_gamma,
+            max_of_batch_base_ms,
+            max_of_batch_decode_ms_per_token,
+            affine_step_a_ms,
+            affine_step_c_ms,
             max_batch_tokens: 8192,
             balancer: BalancerKind::LeastLoaded.as_str().into(),
             max_inflight: 1,
@@ -282,6 +307,37 @@ impl Default for WorkersConfig {
             fault_hang_rate: 0.0,
             fault_hang_ms: 0.0,
         }
+    }
+}
+
+impl WorkersConfig {
+    /// The model `kind` with its parameters from this section (`prefill_ms_per_token` is
+    /// shared by the models that prefill per token).
+    pub fn latency_model(&self, kind: LatencyKind) -> LatencyModel {
+        let params = match kind {
+            LatencyKind::None => [0.0; 3],
+            LatencyKind::Linear => [
+                self.base_latency_ms,
+                self.per_token_latency_ms,
+                self.latency_variance,
+            ],
+            LatencyKind::Calibrated => [
+                self.prefill_ms_per_token,
+                self.decode_beta_ms,
+                self.decode_gamma,
+            ],
+            LatencyKind::MaxOfBatch => [
+                self.max_of_batch_base_ms,
+                self.prefill_ms_per_token,
+                self.max_of_batch_decode_ms_per_token,
+            ],
+            LatencyKind::AffineStep => [
+                self.prefill_ms_per_token,
+                self.affine_step_a_ms,
+                self.affine_step_c_ms,
+            ],
+        };
+        LatencyModel::from_params(kind, params)
     }
 }
 

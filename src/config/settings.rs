@@ -17,7 +17,7 @@ use crate::core::strategy::memory::MemoryModel;
 use crate::core::strategy::sla::SlaParams;
 use crate::core::strategy::{StrategyKind, StrategyParams};
 use crate::core::CoreConfig;
-use crate::exec::latency::LatencyModel;
+use crate::exec::latency::LatencyKind;
 use crate::exec::sim::{FaultSettings, SimConfig};
 use crate::router::{BackendConfig, BackendKindName, Router, Strategy, UnknownStrategy};
 use crate::runtime::idle::IdlePolicy;
@@ -299,30 +299,22 @@ impl Config {
         non_negative("workers.prefill_ms_per_token", w.prefill_ms_per_token)?;
         non_negative("workers.decode_beta_ms", w.decode_beta_ms)?;
         non_negative("workers.decode_gamma", w.decode_gamma)?;
+        non_negative("workers.max_of_batch_base_ms", w.max_of_batch_base_ms)?;
+        non_negative(
+            "workers.max_of_batch_decode_ms_per_token",
+            w.max_of_batch_decode_ms_per_token,
+        )?;
+        non_negative("workers.affine_step_a_ms", w.affine_step_a_ms)?;
+        non_negative("workers.affine_step_c_ms", w.affine_step_c_ms)?;
         probability("workers.fault_error_rate", w.fault_error_rate)?;
         probability("workers.fault_hang_rate", w.fault_hang_rate)?;
         non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
         non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
-        let latency = match w.latency_model.as_str() {
-            "none" => LatencyModel::None,
-            "linear" => LatencyModel::Linear {
-                base_ms: w.base_latency_ms,
-                per_token_ms: w.per_token_latency_ms,
-                variance: w.latency_variance,
-            },
-            "calibrated" => LatencyModel::Calibrated {
-                prefill_ms_per_token: w.prefill_ms_per_token,
-                beta_ms: w.decode_beta_ms,
-                gamma: w.decode_gamma,
-            },
-            other => {
-                return Err(invalid(
-                    "workers.latency_model",
-                    other,
-                    "valid models are none, linear, calibrated",
-                ))
-            }
-        };
+        let latency_kind: LatencyKind = w
+            .latency_model
+            .parse()
+            .map_err(|why: String| invalid("workers.latency_model", &w.latency_model, why))?;
+        let latency = w.latency_model(latency_kind);
         let balancer: BalancerKind = w
             .balancer
             .parse()

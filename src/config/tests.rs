@@ -468,3 +468,33 @@ fn the_documented_config_file_is_the_default_config() {
         "config.toml drifted from the defaults"
     );
 }
+
+#[test]
+fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
+    use crate::exec::latency::LatencyKind;
+    for kind in LatencyKind::ALL {
+        let mut c = Config::default();
+        c.workers.latency_model = kind.as_str().into();
+        let r = c.runtime_config().unwrap();
+        assert_eq!(r.sim.latency, kind.default_model(), "{kind}");
+    }
+    let c = Config::from_toml(
+        "[workers]\nlatency_model = \"affine_step\"\naffine_step_a_ms = 1.5\nprefill_ms_per_token = 0.1\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.runtime_config().unwrap().sim.latency,
+        LatencyModel::AffineStep {
+            prefill_ms_per_token: 0.1,
+            a_ms: 1.5,
+            c_ms: 5.5
+        }
+    );
+    let mut c = Config::default();
+    c.workers.max_of_batch_decode_ms_per_token = -1.0;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("workers.max_of_batch_decode_ms_per_token"),
+        "{e}"
+    );
+}

@@ -9,6 +9,7 @@
 pub mod balancer;
 pub mod circuit;
 pub mod continuous;
+pub mod names;
 pub mod pool;
 pub mod request;
 pub mod research;
