@@ -8,6 +8,7 @@
 
 use super::error::{invalid, ConfigError};
 use super::sections::Config;
+use crate::core::strategy::UnknownStrategy;
 use std::path::Path;
 
 /// Command-line overrides for the common keys.
@@ -32,9 +33,19 @@ impl Config {
         })
     }
 
-    /// Parses TOML text over the defaults (not yet validated).
+    /// Parses TOML text over the defaults (not yet validated). A choice (a strategy, a
+    /// latency model, an idle policy...) is typed here: an unknown name is an error naming
+    /// the key, the value and the valid names.
     pub fn from_toml(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
+        serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+            let key = e.path().to_string();
+            let why = e.into_inner().to_string();
+            if key == "." {
+                why
+            } else {
+                format!("{key}: {why}")
+            }
+        })
     }
 
     /// The effective config: defaults, then `file`, then `env` (`ABE_*` pairs), then flags;
@@ -49,7 +60,7 @@ impl Config {
             None => Config::default(),
         };
         cfg.apply_env(env)?;
-        cfg.apply_flags(flags);
+        cfg.apply_flags(flags)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -71,7 +82,9 @@ impl Config {
         bare.routing.aliases.clear();
         bare.routing.fallbacks.clear();
         let mut tree = toml::Value::try_from(&bare).expect("config serialises to TOML");
-        let mut any = false;
+        // What each override set, by dotted key, to name the variable's value if the typed
+        // config refuses it.
+        let mut set: Vec<(String, String)> = Vec::new();
         for (var, value) in env {
             let Some(rest) = var.strip_prefix("ABE_") else {
                 continue;
@@ -92,12 +105,20 @@ impl Config {
             };
             let (dotted, target) = slot;
             *target = parse_like(target, &value).map_err(|why| invalid(&dotted, &value, why))?;
-            any = true;
+            set.push((dotted, value));
         }
-        if any {
-            let mut updated: Config = tree
-                .try_into()
-                .map_err(|e: toml::de::Error| invalid("environment", "ABE_*", e.to_string()))?;
+        if !set.is_empty() {
+            let mut updated: Config = serde_path_to_error::deserialize(tree).map_err(|e| {
+                let key = e.path().to_string();
+                let inner = e.into_inner();
+                let why = inner.message();
+                let value = set
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| *k == key)
+                    .map_or("ABE_*", |(_, v)| v.as_str());
+                invalid(&key, value, why.trim_end())
+            })?;
             updated.backends = std::mem::take(&mut self.backends);
             updated.routing.aliases = std::mem::take(&mut self.routing.aliases);
             updated.routing.fallbacks = std::mem::take(&mut self.routing.fallbacks);
@@ -106,8 +127,8 @@ impl Config {
         Ok(())
     }
 
-    /// Applies command-line flags.
-    pub fn apply_flags(&mut self, f: &FlagOverrides) {
+    /// Applies command-line flags. A `--strategy` that names no strategy is an error.
+    pub fn apply_flags(&mut self, f: &FlagOverrides) -> Result<(), ConfigError> {
         if let Some(h) = &f.host {
             self.server.host = h.clone();
         }
@@ -115,11 +136,14 @@ impl Config {
             self.server.port = p;
         }
         if let Some(s) = &f.strategy {
-            self.batching.strategy = s.clone();
+            self.batching.strategy = s
+                .parse()
+                .map_err(|e: UnknownStrategy| invalid("batching.strategy", s, e.to_string()))?;
         }
         if let Some(w) = f.workers {
             self.workers.count = w;
         }
+        Ok(())
     }
 
     /// The effective config as TOML (for `abe config show`).

@@ -10,6 +10,7 @@ use crate::core::strategy::bins::{BinPolicy, PredictorKind};
 use crate::core::strategy::memory::MemoryModel;
 use crate::core::strategy::sla::SlaParams;
 use crate::core::strategy::{StrategyKind, StrategyParams};
+use crate::core::BatchingMode;
 use crate::exec::latency::{LatencyKind, LatencyModel};
 use crate::router::{BackendConfig, RoutingConfig};
 use crate::runtime::idle::IdlePolicy;
@@ -108,10 +109,10 @@ pub struct DynamicConfig {
     /// multi_bin: number of bins K (1..=64).
     pub bins: usize,
     /// multi_bin: round_robin | longest_queue
-    pub bin_policy: String,
+    pub bin_policy: BinPolicy,
     /// Predicted output length: max_tokens | ema_by_prompt_bucket (a request's
     /// `predicted_output_tokens` hint wins).
-    pub predictor: String,
+    pub predictor: PredictorKind,
     /// Bin boundaries are recomputed (equal mass) every this many completed requests.
     pub recompute_every: u32,
     pub m_max_gb: f64,
@@ -133,8 +134,8 @@ impl Default for DynamicConfig {
         let s = SlaParams::default();
         DynamicConfig {
             bins: 4,
-            bin_policy: BinPolicy::RoundRobin.as_str().into(),
-            predictor: PredictorKind::MaxTokens.as_str().into(),
+            bin_policy: BinPolicy::RoundRobin,
+            predictor: PredictorKind::MaxTokens,
             recompute_every: 1000,
             m_max_gb: m.m_max_gb,
             m_model_gb: m.m_model_gb,
@@ -156,8 +157,9 @@ impl Default for DynamicConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct BatchingConfig {
     /// request (batches formed by a strategy) | continuous (iteration-level, [continuous])
-    pub mode: String,
-    pub strategy: String,
+    pub mode: BatchingMode,
+    /// fixed | queue_depth | latency_aware | dynamic | multi_bin
+    pub strategy: StrategyKind,
     pub min_batch_size: usize,
     pub max_batch_size: usize,
     pub min_wait_ms: f64,
@@ -181,8 +183,8 @@ impl Default for BatchingConfig {
     fn default() -> Self {
         let p = StrategyParams::default();
         BatchingConfig {
-            mode: "request".into(),
-            strategy: StrategyKind::QueueDepth.as_str().into(),
+            mode: BatchingMode::Request,
+            strategy: StrategyKind::QueueDepth,
             min_batch_size: 1,
             max_batch_size: 32,
             min_wait_ms: p.min_wait_ms,
@@ -236,7 +238,7 @@ impl Default for ContinuousSection {
 pub struct WorkersConfig {
     pub count: usize,
     /// none | linear | calibrated | max_of_batch | affine_step (`exec::latency`).
-    pub latency_model: String,
+    pub latency_model: LatencyKind,
     /// linear: per-batch base.
     pub base_latency_ms: f64,
     /// linear: per token of the batch.
@@ -258,7 +260,7 @@ pub struct WorkersConfig {
     pub affine_step_c_ms: f64,
     pub max_batch_tokens: u32,
     /// round_robin | least_loaded | power_of_two
-    pub balancer: String,
+    pub balancer: BalancerKind,
     /// Batches one worker holds at once.
     pub max_inflight: u32,
     /// A batch not answered within this long fails and counts against its worker.
@@ -285,7 +287,7 @@ impl Default for WorkersConfig {
         let [_, affine_step_a_ms, affine_step_c_ms] = LatencyModel::AFFINE_STEP_DEFAULT.params();
         WorkersConfig {
             count: 4,
-            latency_model: "linear".into(),
+            latency_model: LatencyKind::Linear,
             base_latency_ms,
             per_token_latency_ms,
             latency_variance,
@@ -297,7 +299,7 @@ impl Default for WorkersConfig {
             affine_step_a_ms,
             affine_step_c_ms,
             max_batch_tokens: 8192,
-            balancer: BalancerKind::LeastLoaded.as_str().into(),
+            balancer: BalancerKind::LeastLoaded,
             max_inflight: 1,
             batch_timeout: Millis(60_000),
             embedding_dimensions: 384,
@@ -311,9 +313,10 @@ impl Default for WorkersConfig {
 }
 
 impl WorkersConfig {
-    /// The model `kind` with its parameters from this section (`prefill_ms_per_token` is
-    /// shared by the models that prefill per token).
-    pub fn latency_model(&self, kind: LatencyKind) -> LatencyModel {
+    /// The chosen latency model with its parameters from this section
+    /// (`prefill_ms_per_token` is shared by the models that prefill per token).
+    pub fn latency(&self) -> LatencyModel {
+        let kind = self.latency_model;
         let params = match kind {
             LatencyKind::None => [0.0; 3],
             LatencyKind::Linear => [
@@ -428,7 +431,7 @@ pub struct EngineConfig {
     /// Pin the runtime threads (engine, workers, io threads) to cores (`runtime::pin::plan`).
     pub pin: bool,
     /// spin | adaptive | park
-    pub idle: String,
+    pub idle: IdlePolicy,
     /// How long `adaptive` yields before parking, in microseconds.
     pub spin_us: u64,
     /// Capacity of each submission ring (per priority x bucket, per io thread).
@@ -439,7 +442,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             pin: true,
-            idle: IdlePolicy::Adaptive.as_str().into(),
+            idle: IdlePolicy::Adaptive,
             spin_us: 20,
             ring_capacity: 1024,
         }

@@ -9,18 +9,15 @@
 use super::error::{invalid, ConfigError};
 use super::millis::Millis;
 use super::sections::{Config, DynamicConfig, DEFAULT_SIM_CONTEXT_LENGTH, ROUTING_MAX_RETRIES_MAX};
-use crate::core::balancer::BalancerKind;
 use crate::core::circuit::CircuitParams;
 use crate::core::research::ResearchConfig;
-use crate::core::strategy::bins::{BinPolicy, PredictorKind, BIN_COUNT_MAX};
+use crate::core::strategy::bins::BIN_COUNT_MAX;
 use crate::core::strategy::memory::MemoryModel;
 use crate::core::strategy::sla::SlaParams;
-use crate::core::strategy::{StrategyKind, StrategyParams};
-use crate::core::CoreConfig;
-use crate::exec::latency::LatencyKind;
+use crate::core::strategy::StrategyParams;
+use crate::core::{BatchingMode, CoreConfig};
 use crate::exec::sim::{FaultSettings, SimConfig};
 use crate::router::{BackendConfig, BackendKindName, Router, Strategy, UnknownStrategy};
-use crate::runtime::idle::IdlePolicy;
 use crate::runtime::RuntimeConfig;
 use std::net::IpAddr;
 
@@ -35,18 +32,6 @@ impl DynamicConfig {
                 format!("must be between 1 and {BIN_COUNT_MAX}"),
             ));
         }
-        let bin_policy: BinPolicy =
-            self.bin_policy
-                .parse()
-                .map_err(|e: crate::core::strategy::bins::UnknownName| {
-                    invalid(&format!("{k}.bin_policy"), &self.bin_policy, e.to_string())
-                })?;
-        let predictor: PredictorKind =
-            self.predictor
-                .parse()
-                .map_err(|e: crate::core::strategy::bins::UnknownName| {
-                    invalid(&format!("{k}.predictor"), &self.predictor, e.to_string())
-                })?;
         at_least(
             &format!("{k}.recompute_every"),
             self.recompute_every as usize,
@@ -80,8 +65,8 @@ impl DynamicConfig {
             memory,
             sla,
             bins: self.bins,
-            bin_policy,
-            predictor,
+            bin_policy: self.bin_policy,
+            predictor: self.predictor,
             max_tokens_limit,
             recompute_every: self.recompute_every,
         })
@@ -197,7 +182,7 @@ impl Config {
                 ),
             ));
         }
-        if self.batching.mode == "continuous" {
+        if self.batching.mode == BatchingMode::Continuous {
             let sims = backends
                 .iter()
                 .filter(|b| b.kind == BackendKindName::Sim)
@@ -235,12 +220,6 @@ impl Config {
     pub fn runtime_config(&self) -> Result<RuntimeConfig, ConfigError> {
         let b = &self.batching;
         let w = &self.workers;
-        let strategy: StrategyKind =
-            b.strategy
-                .parse()
-                .map_err(|e: crate::core::strategy::UnknownStrategy| {
-                    invalid("batching.strategy", &b.strategy, e.to_string())
-                })?;
         at_least("batching.max_batch_size", b.max_batch_size, 1)?;
         at_least("batching.min_batch_size", b.min_batch_size, 1)?;
         if b.min_batch_size > b.max_batch_size {
@@ -310,15 +289,7 @@ impl Config {
         probability("workers.fault_hang_rate", w.fault_hang_rate)?;
         non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
         non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
-        let latency_kind: LatencyKind = w
-            .latency_model
-            .parse()
-            .map_err(|why: String| invalid("workers.latency_model", &w.latency_model, why))?;
-        let latency = w.latency_model(latency_kind);
-        let balancer: BalancerKind = w
-            .balancer
-            .parse()
-            .map_err(|e: String| invalid("workers.balancer", &w.balancer, e))?;
+        let latency = w.latency();
         let h = &self.health;
         at_least("health.failure_threshold", h.failure_threshold as usize, 1)?;
         positive_ms("health.check_interval", h.check_interval)?;
@@ -330,10 +301,6 @@ impl Config {
         )?;
         positive_ms("metrics.collection_interval", m.collection_interval)?;
         let e = &self.engine;
-        let idle: IdlePolicy = e
-            .idle
-            .parse()
-            .map_err(|why: String| invalid("engine.idle", &e.idle, why))?;
         at_least("engine.ring_capacity", e.ring_capacity, 2)?;
         if e.spin_us > 1_000_000 {
             return Err(invalid(
@@ -349,7 +316,7 @@ impl Config {
             max_batch_tokens: w.max_batch_tokens,
             token_bucketing: b.token_bucketing_enabled,
             priority_enabled: b.priority_enabled,
-            strategy,
+            strategy: b.strategy,
             strategy_params: StrategyParams {
                 max_wait_ms: b.max_wait_ms,
                 min_wait_ms: b.min_wait_ms,
@@ -363,7 +330,7 @@ impl Config {
             batch_timeout_ns: w.batch_timeout.nanos(),
             workers: w.count,
             max_inflight_per_worker: w.max_inflight,
-            balancer,
+            balancer: w.balancer,
             circuit: CircuitParams {
                 failure_threshold: h.failure_threshold,
                 recovery_ns: h.recovery_timeout.nanos(),
@@ -389,7 +356,7 @@ impl Config {
                 hang_ms: w.fault_hang_ms,
             },
             pin: e.pin,
-            idle,
+            idle: e.idle,
             spin_us: e.spin_us,
             ring_capacity: e.ring_capacity,
             max_submitters: self.server.io_threads + 8,
@@ -403,16 +370,8 @@ impl Config {
         &self,
         replicas: usize,
     ) -> Result<Option<crate::core::continuous::ContinuousConfig>, ConfigError> {
-        match self.batching.mode.as_str() {
-            "request" => return Ok(None),
-            "continuous" => {}
-            other => {
-                return Err(invalid(
-                    "batching.mode",
-                    other,
-                    "valid modes are request, continuous",
-                ))
-            }
+        if self.batching.mode == BatchingMode::Request {
+            return Ok(None);
         }
         let c = &self.continuous;
         at_least("continuous.max_slots", c.max_slots, 1)?;

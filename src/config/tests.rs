@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::core::strategy::StrategyKind;
+use crate::core::BatchingMode;
 use crate::exec::latency::LatencyModel;
 use crate::router::{BackendKindName, Strategy};
 use std::path::Path;
@@ -54,7 +55,7 @@ fn env_overrides_reach_nested_keys_and_typos_are_errors() {
         ("PATH", "/usr/bin"),
     ]))
     .unwrap();
-    assert_eq!(c.batching.strategy, "fixed");
+    assert_eq!(c.batching.strategy, StrategyKind::Fixed);
     assert_eq!(c.batching.max_batch_size, 8);
     assert_eq!(c.batching.priority_max_wait_ms.low, 80.0);
     assert_eq!(c.server.read_timeout, Millis(2000));
@@ -72,15 +73,96 @@ fn env_overrides_reach_nested_keys_and_typos_are_errors() {
     );
 }
 
+/// A choice is typed when it is read: from the environment, a flag or a file, an unknown
+/// name is an error naming the key, the value and the valid names.
 #[test]
-fn bad_values_name_the_key_the_value_and_why() {
-    let mut c = Config::default();
-    c.batching.strategy = "fastest".into();
-    let e = c.validate().unwrap_err().to_string();
+fn unknown_names_are_refused_where_they_are_read() {
+    let e = Config::default()
+        .apply_env(env(&[("ABE_BATCHING_STRATEGY", "fastest")]))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "invalid value for batching.strategy = fastest: unknown strategy 'fastest': valid \
+         strategies are fixed, queue_depth, latency_aware, dynamic, multi_bin"
+    );
+    let flags = FlagOverrides {
+        strategy: Some("fastest".into()),
+        ..Default::default()
+    };
+    let e = Config::load(None, env(&[]), &flags)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.starts_with("invalid value for batching.strategy = fastest: unknown strategy"),
         "{e}"
     );
+    for (var, value, key, valid) in [
+        (
+            "ABE_BATCHING_MODE",
+            "batchy",
+            "batching.mode",
+            "request, continuous",
+        ),
+        (
+            "ABE_WORKERS_LATENCY_MODEL",
+            "fast",
+            "workers.latency_model",
+            "none, linear, calibrated, max_of_batch, affine_step",
+        ),
+        (
+            "ABE_WORKERS_BALANCER",
+            "random",
+            "workers.balancer",
+            "round_robin, least_loaded, power_of_two",
+        ),
+        (
+            "ABE_ENGINE_IDLE",
+            "nap",
+            "engine.idle",
+            "spin, adaptive, park",
+        ),
+        (
+            "ABE_BATCHING_DYNAMIC_BIN_POLICY",
+            "fifo",
+            "batching.dynamic.bin_policy",
+            "round_robin, longest_queue",
+        ),
+        (
+            "ABE_BATCHING_DYNAMIC_PREDICTOR",
+            "oracle",
+            "batching.dynamic.predictor",
+            "max_tokens, ema_by_prompt_bucket",
+        ),
+    ] {
+        let e = Config::default()
+            .apply_env(env(&[(var, value)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("invalid value for {key} = {value}: unknown "))
+                && e.contains(&format!("'{value}'"))
+                && e.ends_with(valid),
+            "{e}"
+        );
+        let (table, leaf) = key.rsplit_once('.').unwrap();
+        let e = Config::from_toml(&format!("[{table}]\n{leaf} = \"{value}\"\n")).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{key}: "))
+                && e.contains(&format!("'{value}'"))
+                && e.contains(valid),
+            "{e}"
+        );
+    }
+    let shown = Config::default().to_toml();
+    assert!(
+        shown.contains("strategy = \"queue_depth\"") && shown.contains("idle = \"adaptive\""),
+        "choices print as their names: {shown}"
+    );
+}
+
+#[test]
+fn bad_values_name_the_key_the_value_and_why() {
     let mut c = Config::default();
     c.batching.min_wait_ms = 200.0;
     let e = c.validate().unwrap_err().to_string();
@@ -297,7 +379,7 @@ fn upstream_base_url_must_be_plain_http() {
 #[test]
 fn continuous_mode_needs_exactly_one_sim_backend() {
     let mut c = two_backends();
-    c.batching.mode = "continuous".into();
+    c.batching.mode = BatchingMode::Continuous;
     let e = validate_err(&c);
     assert!(
         e.starts_with("invalid value for batching.mode = continuous")
@@ -310,7 +392,7 @@ fn continuous_mode_needs_exactly_one_sim_backend() {
     c.routing.fallbacks.clear();
     c.validate().unwrap();
     let mut c = Config::default();
-    c.batching.mode = "continuous".into();
+    c.batching.mode = BatchingMode::Continuous;
     c.validate().unwrap();
 }
 
@@ -474,7 +556,7 @@ fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
     use crate::exec::latency::LatencyKind;
     for kind in LatencyKind::ALL {
         let mut c = Config::default();
-        c.workers.latency_model = kind.as_str().into();
+        c.workers.latency_model = kind;
         let r = c.runtime_config().unwrap();
         assert_eq!(r.sim.latency, kind.default_model(), "{kind}");
     }

@@ -27,7 +27,7 @@ pub use request::{
     Kind, Nanos, Priority, RequestMeta, Ticket, BUCKET_COUNT, BUCKET_LABELS, CLASS_COUNT,
 };
 use research::Research;
-pub use settings::CoreConfig;
+pub use settings::{BatchingMode, CoreConfig};
 use stats::LatencyWindow;
 pub use stats::{CoreStats, FlushReason};
 use strategy::StrategyKind;

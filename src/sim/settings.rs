@@ -52,7 +52,7 @@ pub struct EngineSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_inflight: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub balancer: Option<String>,
+    pub balancer: Option<BalancerKind>,
     /// Max wait per priority in ms: `[low, normal, high, critical]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_max_wait_ms: Option<[f64; Priority::COUNT]>,
@@ -208,11 +208,7 @@ impl EngineSettings {
         if let Some(v) = self.max_inflight {
             c.max_inflight_per_worker = v.max(1);
         }
-        if let Some(b) = &self.balancer {
-            c.balancer = b
-                .parse::<BalancerKind>()
-                .map_err(|why| SimError::invalid("engine.balancer", why))?;
-        }
+        c.balancer = self.balancer.unwrap_or(c.balancer);
         if let Some(waits) = self.priority_max_wait_ms {
             for (i, w) in waits.iter().enumerate() {
                 check_ms(&format!("priority_max_wait_ms[{i}]"), *w)?;
@@ -294,12 +290,11 @@ mod tests {
         .core_config(StrategyKind::Fixed, 0)
         .unwrap_err();
         assert!(e.to_string().contains("engine.min_batch_size"));
-        let e = EngineSettings {
-            balancer: Some("fastest".into()),
-            ..Default::default()
-        }
-        .core_config(StrategyKind::Fixed, 0)
-        .unwrap_err();
-        assert!(e.to_string().contains("round_robin"));
+        let e = toml::from_str::<EngineSettings>("balancer = \"fastest\"").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown balancer 'fastest'")
+                && e.to_string().contains("round_robin"),
+            "{e}"
+        );
     }
 }
