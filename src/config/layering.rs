@@ -49,8 +49,8 @@ impl Config {
     }
 
     /// The effective config: defaults, then `file`, then `env` (`ABE_*` pairs), then flags;
-    /// validated.
-    pub fn load(
+    /// not yet checked (`abe serve` checks it once, in [`Config::check`]).
+    pub fn layered(
         file: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
         flags: &FlagOverrides,
@@ -61,6 +61,16 @@ impl Config {
         };
         cfg.apply_env(env)?;
         cfg.apply_flags(flags)?;
+        Ok(cfg)
+    }
+
+    /// [`layered`](Self::layered), then validated (`abe config check`, `abe config show`).
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &FlagOverrides,
+    ) -> Result<Config, ConfigError> {
+        let cfg = Self::layered(file, env, flags)?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -27,3 +27,4 @@ pub use error::ConfigError;
 pub use layering::FlagOverrides;
 pub use millis::Millis;
 pub use sections::*;
+pub use settings::Settings;

@@ -17,9 +17,28 @@ use crate::core::strategy::sla::SlaParams;
 use crate::core::strategy::StrategyParams;
 use crate::core::{BatchingMode, CoreConfig};
 use crate::exec::sim::{FaultSettings, SimConfig};
-use crate::router::{BackendConfig, BackendKindName, Router, Strategy, UnknownStrategy};
+use crate::router::{BackendConfig, BackendKindName, Router, UnknownStrategy};
 use crate::runtime::RuntimeConfig;
 use std::net::IpAddr;
+
+/// The configuration checked once, as what each part of abe runs on. Built by
+/// [`Config::check`], once per start; nothing downstream checks or parses the config again.
+#[derive(Debug)]
+pub struct Settings {
+    /// The live runtime's settings: the core's (`runtime.core`), the sim executors'
+    /// (`runtime.sim`, `runtime.faults`), continuous batching's (`runtime.continuous`) and
+    /// the engine threads' (`[engine]`).
+    pub runtime: RuntimeConfig,
+    /// What abe routes to: the `[[backends]]` tables, or the default sim backend.
+    pub backends: Vec<BackendConfig>,
+    /// The router `backends` and `[routing]` describe, seeded with `workers.seed`.
+    pub router: Router,
+    /// Set when `routing.strategy` names no strategy (`smart` is used): to be logged.
+    pub routing_warning: Option<UnknownStrategy>,
+    /// The layered config these came from: the HTTP front end reads its `[server]` section
+    /// (limits and timeouts, all typed by serde) and `[upstream]`, `[health]` from it.
+    pub config: Config,
+}
 
 impl DynamicConfig {
     /// The core's settings, validated.
@@ -74,11 +93,30 @@ impl DynamicConfig {
 }
 
 impl Config {
-    /// Checks every key; the first problem is returned with its key, value and reason.
-    /// An unknown `routing.strategy` is not a problem: see [`Config::routing_warning`].
+    /// Checks every key and builds the settings of every part, once; the first problem is
+    /// returned with its key, value and reason. An unknown `routing.strategy` is not a
+    /// problem: it comes back as [`Settings::routing_warning`].
+    pub fn check(self) -> Result<Settings, ConfigError> {
+        let runtime = self.runtime_config()?;
+        let backends = self.effective_backends();
+        let (router, routing_warning) = self.check_routing(&backends)?;
+        self.check_server()?;
+        Ok(Settings {
+            runtime,
+            backends,
+            router,
+            routing_warning,
+            config: self,
+        })
+    }
+
+    /// [`check`](Self::check)s a copy, for `abe config check` and tests.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.runtime_config().map(|_| ())?;
-        self.validate_routing()?;
+        self.clone().check().map(|_| ())
+    }
+
+    /// Checks `[server]`.
+    fn check_server(&self) -> Result<(), ConfigError> {
         let s = &self.server;
         let host: IpAddr = s.host.parse().map_err(|_| {
             invalid(
@@ -133,23 +171,13 @@ impl Config {
         vec![sim]
     }
 
-    /// The router `[[backends]]` (or the default sim backend) and `[routing]` describe,
-    /// seeded with `workers.seed`, and the unknown-strategy warning if any.
-    pub fn router(&self) -> Result<(Router, Option<UnknownStrategy>), ConfigError> {
-        Router::build(&self.effective_backends(), &self.routing, self.workers.seed)
-            .map_err(ConfigError::from)
-    }
-
-    /// The warning to log when `routing.strategy` names no strategy (`smart` is used then;
-    /// not an error).
-    pub fn routing_warning(&self) -> Option<String> {
-        Strategy::from_name(&self.routing.strategy)
-            .1
-            .map(|w| w.to_string())
-    }
-
-    /// Checks `[[backends]]`, `[routing]`, `[upstream]` and how they fit the rest.
-    fn validate_routing(&self) -> Result<(), ConfigError> {
+    /// Checks `[[backends]]`, `[routing]`, `[upstream]` and how they fit the rest, and
+    /// builds the router `backends` and `[routing]` describe (with the unknown-strategy
+    /// warning, if any).
+    fn check_routing(
+        &self,
+        backends: &[BackendConfig],
+    ) -> Result<(Router, Option<UnknownStrategy>), ConfigError> {
         for b in &self.backends {
             if b.kind != BackendKindName::Upstream {
                 continue;
@@ -169,8 +197,7 @@ impl Config {
                 }
             }
         }
-        let backends = self.effective_backends();
-        Router::build(&backends, &self.routing, self.workers.seed)?;
+        let (router, warning) = Router::build(backends, &self.routing, self.workers.seed)?;
         let r = &self.routing;
         if r.max_retries > ROUTING_MAX_RETRIES_MAX {
             return Err(invalid(
@@ -213,11 +240,11 @@ impl Config {
                 "must be a path starting with /, e.g. \"/v1/models\" or \"/health\"",
             ));
         }
-        Ok(())
+        Ok((router, warning))
     }
 
-    /// The runtime settings this config describes (validating the engine-side keys).
-    pub fn runtime_config(&self) -> Result<RuntimeConfig, ConfigError> {
+    /// The runtime settings this config describes (checking the engine-side keys).
+    fn runtime_config(&self) -> Result<RuntimeConfig, ConfigError> {
         let b = &self.batching;
         let w = &self.workers;
         at_least("batching.max_batch_size", b.max_batch_size, 1)?;

@@ -16,9 +16,7 @@ fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 
 #[test]
 fn defaults_are_valid_and_match_the_spec() {
-    let c = Config::default();
-    c.validate().unwrap();
-    let r = c.runtime_config().unwrap();
+    let r = Config::default().check().unwrap().runtime;
     assert_eq!(r.core.queue_capacity, 10_000);
     assert_eq!(r.core.max_batch_size, 32);
     assert_eq!(r.core.max_batch_tokens, 8192);
@@ -268,8 +266,9 @@ fn validate_err(c: &Config) -> String {
 #[test]
 fn backends_routing_and_upstream_parse_and_validate() {
     let c = two_backends();
-    c.validate().unwrap();
-    assert_eq!(c.routing_warning(), None);
+    let s = c.clone().check().unwrap();
+    assert!(s.routing_warning.is_none());
+    assert_eq!(s.backends, c.backends, "configured backends win");
     assert_eq!(c.backends.len(), 2);
     assert_eq!(c.backends[1].kind, BackendKindName::Upstream);
     assert_eq!(
@@ -281,13 +280,7 @@ fn backends_routing_and_upstream_parse_and_validate() {
     assert_eq!(c.routing.fallbacks["llama3:70b"], ["llama3:8b"]);
     assert_eq!(c.upstream.request_timeout, Millis(90_000));
     assert_eq!(c.upstream.connect_timeout, Millis(2_000));
-    assert_eq!(
-        c.effective_backends(),
-        c.backends,
-        "configured backends win"
-    );
-    let (mut router, warning) = c.router().unwrap();
-    assert!(warning.is_none());
+    let mut router = s.router;
     let d = router
         .route(&crate::router::Requirements::text("gpt-4o", 100))
         .unwrap();
@@ -309,8 +302,7 @@ fn effective_backends_default_to_one_sim_backend_from_server_and_workers() {
     assert_eq!(b[0].models.len(), 1);
     assert_eq!(b[0].models[0].name, "tiny");
     assert_eq!(b[0].models[0].context_length, DEFAULT_SIM_CONTEXT_LENGTH);
-    c.validate().unwrap();
-    let (mut router, _) = c.router().unwrap();
+    let mut router = c.check().unwrap().router;
     let d = router
         .route(&crate::router::Requirements::text("tiny", 1))
         .unwrap();
@@ -475,15 +467,13 @@ fn env_overrides_reach_routing_and_upstream() {
 fn an_unknown_routing_strategy_is_a_warning_not_an_error() {
     let mut c = Config::default();
     c.routing.strategy = "fastest".into();
-    c.validate().unwrap();
-    let w = c.routing_warning().expect("a warning");
+    let s = c.check().unwrap();
+    let w = s.routing_warning.expect("a warning").to_string();
     assert!(
         w.contains("routing.strategy = \"fastest\"") && w.contains("smart"),
         "{w}"
     );
-    let (router, warning) = c.router().unwrap();
-    assert_eq!(router.strategy(), Strategy::Smart);
-    assert_eq!(warning.map(|w| w.to_string()), Some(w));
+    assert_eq!(s.router.strategy(), Strategy::Smart);
 }
 
 #[test]
@@ -557,7 +547,7 @@ fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
     for kind in LatencyKind::ALL {
         let mut c = Config::default();
         c.workers.latency_model = kind;
-        let r = c.runtime_config().unwrap();
+        let r = c.clone().check().unwrap().runtime;
         assert_eq!(r.sim.latency, kind.default_model(), "{kind}");
     }
     let c = Config::from_toml(
@@ -565,7 +555,7 @@ fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
     )
     .unwrap();
     assert_eq!(
-        c.runtime_config().unwrap().sim.latency,
+        c.clone().check().unwrap().runtime.sim.latency,
         LatencyModel::AffineStep {
             prefill_ms_per_token: 0.1,
             a_ms: 1.5,
