@@ -1,6 +1,7 @@
 //! Configuration errors. Every message names the key, the value and why, so a user can fix
 //! the file, variable or flag at fault. Nothing here prints or exits: `main` does that.
 
+use crate::core::research_keys::InvalidSetting;
 use crate::router::RouterConfigError;
 use std::fmt;
 
@@ -29,6 +30,16 @@ pub enum ConfigError {
     /// model, alias or key at fault.
     #[error(transparent)]
     Routing(#[from] RouterConfigError),
+}
+
+impl From<InvalidSetting> for ConfigError {
+    fn from(e: InvalidSetting) -> Self {
+        ConfigError::Invalid {
+            key: e.key,
+            value: e.value,
+            why: e.why,
+        }
+    }
 }
 
 /// A [`ConfigError::Invalid`]: `key` = `value` is wrong because `why`.

@@ -10,6 +10,10 @@ use std::str::FromStr;
 pub struct Millis(pub u64);
 
 impl Millis {
+    /// From nanoseconds, in whole milliseconds (rounded down).
+    pub const fn from_nanos(ns: u64) -> Millis {
+        Millis(ns / 1_000_000)
+    }
     /// As nanoseconds.
     pub fn nanos(self) -> u64 {
         self.0.saturating_mul(1_000_000)

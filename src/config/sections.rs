@@ -1,19 +1,24 @@
 //! The config sections: one serde struct per TOML table, each with its defaults.
 //!
 //! What lives here is shape and defaults only: a section's fields are what its table may
-//! hold, typed as far as serde can type them. What must never happen here: reading the
+//! hold, typed as far as serde can type them. A default that a part of abe also has on its
+//! own (the core's, the runtime's, the sim executor's) is read from that part, so each is
+//! written once. What must never happen here: reading the
 //! environment or a file (that is `layering`), or judging a value (that is `settings`).
 
 use super::millis::Millis;
 use crate::core::balancer::BalancerKind;
-use crate::core::strategy::bins::{BinPolicy, PredictorKind};
-use crate::core::strategy::memory::MemoryModel;
-use crate::core::strategy::sla::SlaParams;
-use crate::core::strategy::{StrategyKind, StrategyParams};
-use crate::core::BatchingMode;
+use crate::core::circuit::CircuitParams;
+use crate::core::continuous::ContinuousConfig;
+use crate::core::research::ResearchConfig;
+pub use crate::core::research_keys::DynamicConfig;
+use crate::core::strategy::StrategyKind;
+use crate::core::{BatchingMode, CoreConfig, Priority};
 use crate::exec::latency::{LatencyKind, LatencyModel};
+use crate::exec::sim::{FaultSettings, SimConfig};
 use crate::router::{BackendConfig, RoutingConfig};
 use crate::runtime::idle::IdlePolicy;
+use crate::runtime::RuntimeConfig;
 use serde::{Deserialize, Serialize};
 
 /// `[server]`: the HTTP front end.
@@ -70,12 +75,12 @@ impl Default for ServerConfig {
             max_body_bytes: 1024 * 1024,
             max_pipelined: 64,
             max_write_buffer_bytes: 4 * 1024 * 1024,
-            max_tokens_limit: 32_768,
+            max_tokens_limit: ResearchConfig::default().max_tokens_limit,
             max_batch_inputs: 2048,
             admin_enabled: true,
             admin_token: String::new(),
             shutdown_timeout: Millis(30_000),
-            model_name: "abe-sim".into(),
+            model_name: crate::runtime::DEFAULT_MODEL.into(),
         }
     }
 }
@@ -92,62 +97,12 @@ pub struct PriorityWaits {
 
 impl Default for PriorityWaits {
     fn default() -> Self {
+        let w = CoreConfig::default().priority_max_wait_ms;
         PriorityWaits {
-            low: 100.0,
-            normal: 50.0,
-            high: 20.0,
-            critical: 5.0,
-        }
-    }
-}
-
-/// `[batching.dynamic]`: the `dynamic` and `multi_bin` strategies (memory model, SLA
-/// controller, bins).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DynamicConfig {
-    /// multi_bin: number of bins K (1..=64).
-    pub bins: usize,
-    /// multi_bin: round_robin | longest_queue
-    pub bin_policy: BinPolicy,
-    /// Predicted output length: max_tokens | ema_by_prompt_bucket (a request's
-    /// `predicted_output_tokens` hint wins).
-    pub predictor: PredictorKind,
-    /// Bin boundaries are recomputed (equal mass) every this many completed requests.
-    pub recompute_every: u32,
-    pub m_max_gb: f64,
-    pub m_model_gb: f64,
-    pub kv_gb_per_token: f64,
-    pub memory_margin_gb: f64,
-    pub safety_fraction: f64,
-    pub b_min: u32,
-    pub b_max: u32,
-    pub sla_tbt_ms: f64,
-    pub sla_epsilon_ms: f64,
-    pub sla_alpha: u32,
-    pub sla_delta: u32,
-}
-
-impl Default for DynamicConfig {
-    fn default() -> Self {
-        let m = MemoryModel::default();
-        let s = SlaParams::default();
-        DynamicConfig {
-            bins: 4,
-            bin_policy: BinPolicy::RoundRobin,
-            predictor: PredictorKind::MaxTokens,
-            recompute_every: 1000,
-            m_max_gb: m.m_max_gb,
-            m_model_gb: m.m_model_gb,
-            kv_gb_per_token: m.kv_gb_per_token,
-            memory_margin_gb: m.margin_gb,
-            safety_fraction: m.safety_fraction,
-            b_min: m.b_min,
-            b_max: m.b_max,
-            sla_tbt_ms: s.d_sla_ms,
-            sla_epsilon_ms: s.epsilon_ms,
-            sla_alpha: s.alpha,
-            sla_delta: s.delta,
+            low: w[Priority::Low.index()],
+            normal: w[Priority::Normal.index()],
+            high: w[Priority::High.index()],
+            critical: w[Priority::Critical.index()],
         }
     }
 }
@@ -181,22 +136,23 @@ pub struct BatchingConfig {
 
 impl Default for BatchingConfig {
     fn default() -> Self {
-        let p = StrategyParams::default();
+        let c = CoreConfig::default();
+        let p = c.strategy_params;
         BatchingConfig {
-            mode: BatchingMode::Request,
-            strategy: StrategyKind::QueueDepth,
-            min_batch_size: 1,
-            max_batch_size: 32,
+            mode: BatchingMode::default(),
+            strategy: c.strategy,
+            min_batch_size: c.min_batch_size,
+            max_batch_size: c.max_batch_size,
             min_wait_ms: p.min_wait_ms,
             max_wait_ms: p.max_wait_ms,
             queue_depth_low_threshold: p.queue_depth_low,
             queue_depth_high_threshold: p.queue_depth_high,
-            queue_capacity: 10_000,
-            token_bucketing_enabled: true,
-            priority_enabled: true,
+            queue_capacity: c.queue_capacity,
+            token_bucketing_enabled: c.token_bucketing,
+            priority_enabled: c.priority_enabled,
             target_p99_ms: p.target_p99_ms,
-            dispatch_when_idle: true,
-            request_timeout: Millis(30_000),
+            dispatch_when_idle: c.dispatch_when_idle,
+            request_timeout: Millis::from_nanos(c.request_timeout_ns),
             priority_max_wait_ms: PriorityWaits::default(),
             dynamic: DynamicConfig::default(),
         }
@@ -222,12 +178,13 @@ pub struct ContinuousSection {
 
 impl Default for ContinuousSection {
     fn default() -> Self {
+        let c = ContinuousConfig::default();
         ContinuousSection {
-            max_slots: 16,
-            prefill_chunk: 512,
-            n_batch: 2048,
-            max_queue: 1024,
-            natural_length_mean_tokens: 0,
+            max_slots: c.max_slots,
+            prefill_chunk: c.prefill_chunk,
+            n_batch: c.n_batch,
+            max_queue: c.max_queue,
+            natural_length_mean_tokens: SimConfig::default().natural_length_mean_tokens,
         }
     }
 }
@@ -285,9 +242,14 @@ impl Default for WorkersConfig {
         let [max_of_batch_base_ms, _, max_of_batch_decode_ms_per_token] =
             LatencyModel::MAX_OF_BATCH_DEFAULT.params();
         let [_, affine_step_a_ms, affine_step_c_ms] = LatencyModel::AFFINE_STEP_DEFAULT.params();
+        let (core, sim, faults) = (
+            CoreConfig::default(),
+            SimConfig::default(),
+            FaultSettings::default(),
+        );
         WorkersConfig {
-            count: 4,
-            latency_model: LatencyKind::Linear,
+            count: core.workers,
+            latency_model: sim.latency.kind(),
             base_latency_ms,
             per_token_latency_ms,
             latency_variance,
@@ -298,16 +260,18 @@ impl Default for WorkersConfig {
             max_of_batch_decode_ms_per_token,
             affine_step_a_ms,
             affine_step_c_ms,
-            max_batch_tokens: 8192,
-            balancer: BalancerKind::LeastLoaded,
-            max_inflight: 1,
-            batch_timeout: Millis(60_000),
-            embedding_dimensions: 384,
-            seed: 1,
-            fault_error_rate: 0.0,
-            fault_added_latency_ms: 0.0,
-            fault_hang_rate: 0.0,
-            fault_hang_ms: 0.0,
+            max_batch_tokens: core.max_batch_tokens,
+            balancer: core.balancer,
+            max_inflight: core.max_inflight_per_worker,
+            batch_timeout: Millis::from_nanos(core.batch_timeout_ns),
+            embedding_dimensions: sim.embedding_dimensions,
+            // The sim executor's seed; the core's own default seed is for in-process use
+            // without a config, where nothing else is seeded.
+            seed: sim.seed,
+            fault_error_rate: faults.error_rate,
+            fault_added_latency_ms: faults.added_latency_ms,
+            fault_hang_rate: faults.hang_rate,
+            fault_hang_ms: faults.hang_ms,
         }
     }
 }
@@ -360,10 +324,11 @@ pub struct HealthConfig {
 
 impl Default for HealthConfig {
     fn default() -> Self {
+        let circuit = CircuitParams::default();
         HealthConfig {
             check_interval: Millis(5_000),
-            failure_threshold: 5,
-            recovery_timeout: Millis(30_000),
+            failure_threshold: circuit.failure_threshold,
+            recovery_timeout: Millis::from_nanos(circuit.recovery_ns),
         }
     }
 }
@@ -382,9 +347,10 @@ pub struct MetricsConfig {
 
 impl Default for MetricsConfig {
     fn default() -> Self {
+        let core = CoreConfig::default();
         MetricsConfig {
-            collection_interval: Millis(100),
-            percentile_window_size: 1000,
+            collection_interval: Millis::from_nanos(core.p99_refresh_ns),
+            percentile_window_size: core.latency_window,
             history_retention: Millis(3_600_000),
         }
     }
@@ -440,11 +406,12 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
+        let r = RuntimeConfig::default();
         EngineConfig {
-            pin: true,
-            idle: IdlePolicy::Adaptive,
-            spin_us: 20,
-            ring_capacity: 1024,
+            pin: r.pin,
+            idle: r.idle,
+            spin_us: r.spin_us,
+            ring_capacity: r.ring_capacity,
         }
     }
 }

@@ -8,12 +8,8 @@
 
 use super::error::{invalid, ConfigError};
 use super::millis::Millis;
-use super::sections::{Config, DynamicConfig, DEFAULT_SIM_CONTEXT_LENGTH, ROUTING_MAX_RETRIES_MAX};
+use super::sections::{Config, DEFAULT_SIM_CONTEXT_LENGTH, ROUTING_MAX_RETRIES_MAX};
 use crate::core::circuit::CircuitParams;
-use crate::core::research::ResearchConfig;
-use crate::core::strategy::bins::BIN_COUNT_MAX;
-use crate::core::strategy::memory::MemoryModel;
-use crate::core::strategy::sla::SlaParams;
 use crate::core::strategy::StrategyParams;
 use crate::core::{BatchingMode, CoreConfig};
 use crate::exec::sim::{FaultSettings, SimConfig};
@@ -38,58 +34,6 @@ pub struct Settings {
     /// The layered config these came from: the HTTP front end reads its `[server]` section
     /// (limits and timeouts, all typed by serde) and `[upstream]`, `[health]` from it.
     pub config: Config,
-}
-
-impl DynamicConfig {
-    /// The core's settings, validated.
-    pub fn research_config(&self, max_tokens_limit: u32) -> Result<ResearchConfig, ConfigError> {
-        let k = "batching.dynamic";
-        if !(1..=BIN_COUNT_MAX).contains(&self.bins) {
-            return Err(invalid(
-                &format!("{k}.bins"),
-                self.bins,
-                format!("must be between 1 and {BIN_COUNT_MAX}"),
-            ));
-        }
-        at_least(
-            &format!("{k}.recompute_every"),
-            self.recompute_every as usize,
-            1,
-        )?;
-        let memory = MemoryModel {
-            m_max_gb: self.m_max_gb,
-            m_model_gb: self.m_model_gb,
-            kv_gb_per_token: self.kv_gb_per_token,
-            margin_gb: self.memory_margin_gb,
-            safety_fraction: self.safety_fraction,
-            b_min: self.b_min,
-            b_max: self.b_max,
-            ..MemoryModel::default()
-        };
-        memory
-            .validate()
-            .map_err(|e| invalid(&format!("{k} ({})", e.param), "(see key)", e.reason))?;
-        let sla = SlaParams {
-            d_sla_ms: self.sla_tbt_ms,
-            epsilon_ms: self.sla_epsilon_ms,
-            alpha: self.sla_alpha,
-            delta: self.sla_delta,
-            b_min: self.b_min,
-            b_max: self.b_max,
-            ..SlaParams::default()
-        };
-        sla.validate()
-            .map_err(|e| invalid(&format!("{k} ({})", e.param), "(see key)", e.reason))?;
-        Ok(ResearchConfig {
-            memory,
-            sla,
-            bins: self.bins,
-            bin_policy: self.bin_policy,
-            predictor: self.predictor,
-            max_tokens_limit,
-            recompute_every: self.recompute_every,
-        })
-    }
 }
 
 impl Config {
@@ -365,7 +309,9 @@ impl Config {
             latency_window: m.percentile_window_size,
             p99_refresh_ns: m.collection_interval.nanos(),
             seed: w.seed,
-            research: b.dynamic.research_config(self.server.max_tokens_limit)?,
+            research: b
+                .dynamic
+                .research_config("batching.dynamic", self.server.max_tokens_limit)?,
         };
         Ok(RuntimeConfig {
             core,

@@ -13,6 +13,7 @@ pub mod names;
 pub mod pool;
 pub mod request;
 pub mod research;
+pub mod research_keys;
 pub mod settings;
 pub mod stats;
 pub mod strategy;

@@ -7,9 +7,9 @@
 //! input. Keys are documented in `abe simulate --help`.
 
 use super::SimError;
-use crate::config::DynamicConfig;
 use crate::core::balancer::BalancerKind;
 use crate::core::request::ms_to_nanos;
+use crate::core::research_keys::DynamicConfig;
 use crate::core::strategy::bins::BIN_COUNT_MAX;
 use crate::core::strategy::StrategyKind;
 use crate::core::{CoreConfig, Priority};
@@ -227,7 +227,7 @@ impl EngineSettings {
                 .dynamic
                 .clone()
                 .unwrap_or_default()
-                .research_config(limit)
+                .research_config("batching.dynamic", limit)
                 .map_err(|e| SimError::invalid("engine.dynamic", e.to_string()))?;
         }
         if let Some(bins) = self.bins {
