@@ -111,7 +111,7 @@ impl Default for PriorityWaits {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BatchingConfig {
-    /// request (batches formed by a strategy) | continuous (iteration-level, [continuous])
+    /// request (batches formed by a strategy) | continuous (iteration-level, `[continuous]`)
     pub mode: BatchingMode,
     /// fixed | queue_depth | latency_aware | dynamic | multi_bin
     pub strategy: StrategyKind,

@@ -2,7 +2,7 @@
 //! written as their names, so a config file, a scenario and a report all say `queue_depth`
 //! and a typo is an error at the moment the text is read, listing the valid names.
 //!
-//! [`serde_by_name!`] gives such an enum `Serialize` (its `as_str`) and `Deserialize` (its
+//! `serde_by_name!` gives such an enum `Serialize` (its `as_str`) and `Deserialize` (its
 //! `FromStr`, whose error names the value and the valid choices). Nothing else lives here.
 
 /// Implements `Serialize` and `Deserialize` for a type with `fn as_str(self) -> &'static
