@@ -10,6 +10,7 @@ use super::error::{invalid, ConfigError};
 use super::millis::Millis;
 use super::sections::{Config, DEFAULT_SIM_CONTEXT_LENGTH, ROUTING_MAX_RETRIES_MAX};
 use crate::core::circuit::CircuitParams;
+use crate::core::settings::WORKERS_MAX;
 use crate::core::strategy::StrategyParams;
 use crate::core::{BatchingMode, CoreConfig};
 use crate::exec::sim::{FaultSettings, SimConfig};
@@ -110,7 +111,7 @@ impl Config {
         }
         let mut sim =
             BackendConfig::default_sim(&self.server.model_name, DEFAULT_SIM_CONTEXT_LENGTH);
-        // workers.count is validated to 1..=1024; saturate rather than wrap if unvalidated.
+        // workers.count is checked to 1..=WORKERS_MAX; saturate rather than wrap if unvalidated.
         sim.max_concurrent_batches = u32::try_from(self.workers.count).unwrap_or(u32::MAX);
         vec![sim]
     }
@@ -232,8 +233,12 @@ impl Config {
         non_negative("batching.priority_max_wait_ms.critical", pw.critical)?;
 
         at_least("workers.count", w.count, 1)?;
-        if w.count > 1024 {
-            return Err(invalid("workers.count", w.count, "must be at most 1024"));
+        if w.count > WORKERS_MAX {
+            return Err(invalid(
+                "workers.count",
+                w.count,
+                format!("must be at most {WORKERS_MAX}"),
+            ));
         }
         at_least("workers.max_batch_tokens", w.max_batch_tokens as usize, 1)?;
         at_least("workers.max_inflight", w.max_inflight as usize, 1)?;

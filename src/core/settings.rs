@@ -51,6 +51,9 @@ impl std::str::FromStr for BatchingMode {
 
 super::names::serde_by_name!(BatchingMode);
 
+/// Most workers one core schedules (`workers.count`, a scenario's `engine.workers`).
+pub const WORKERS_MAX: usize = 1024;
+
 /// Everything the scheduling core needs to be built. All sizes are fixed at `Core::new`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreConfig {

@@ -10,6 +10,7 @@ use super::SimError;
 use crate::core::balancer::BalancerKind;
 use crate::core::request::ms_to_nanos;
 use crate::core::research_keys::DynamicConfig;
+use crate::core::settings::WORKERS_MAX;
 use crate::core::strategy::bins::BIN_COUNT_MAX;
 use crate::core::strategy::StrategyKind;
 use crate::core::{CoreConfig, Priority};
@@ -130,10 +131,10 @@ impl EngineSettings {
             ..CoreConfig::default()
         };
         if let Some(v) = self.workers {
-            if !(1..=1024).contains(&v) {
+            if !(1..=WORKERS_MAX).contains(&v) {
                 return Err(SimError::invalid(
                     "engine.workers",
-                    format!("{v} must be in 1..=1024"),
+                    format!("{v} must be in 1..={WORKERS_MAX}"),
                 ));
             }
             c.workers = v;
