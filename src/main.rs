@@ -181,14 +181,18 @@ enum ConfigCommand {
     Show(ServeArgs),
 }
 
-fn load(args: &ServeArgs) -> Result<Config, abe::config::ConfigError> {
-    let flags = FlagOverrides {
+fn flags(args: &ServeArgs) -> FlagOverrides {
+    FlagOverrides {
         host: args.host.clone(),
         port: args.port,
         strategy: args.strategy.clone(),
         workers: args.workers,
-    };
-    Config::load(args.config.as_deref(), std::env::vars(), &flags)
+    }
+}
+
+/// The effective config, validated (`config check`, `config show`).
+fn load(args: &ServeArgs) -> Result<Config, abe::config::ConfigError> {
+    Config::load(args.config.as_deref(), std::env::vars(), &flags(args))
 }
 
 fn init_logs() {
@@ -201,7 +205,9 @@ fn init_logs() {
 }
 
 fn serve(args: &ServeArgs) -> Result<(), String> {
-    let config = load(args).map_err(|e| e.to_string())?;
+    // Checked once, by `Running::start`.
+    let config = Config::layered(args.config.as_deref(), std::env::vars(), &flags(args))
+        .map_err(|e| e.to_string())?;
     let signals = abe::serve::install_signals().map_err(|e| e.to_string())?;
     let running = abe::serve::Running::start(config).map_err(|e| e.to_string())?;
     println!("abe listening on http://{}", running.local_addr());
@@ -305,9 +311,10 @@ fn main() -> ExitCode {
                 config: Some(file.clone()),
                 ..Default::default()
             };
-            load(&args)
-                .map(|c| {
-                    if let Some(w) = c.routing_warning() {
+            Config::layered(args.config.as_deref(), std::env::vars(), &flags(&args))
+                .and_then(Config::check)
+                .map(|s| {
+                    if let Some(w) = s.routing_warning {
                         eprintln!("abe: warning: {w}");
                     }
                     println!("{}: ok", file.display())

@@ -2,7 +2,7 @@
 //! order on SIGINT/SIGTERM (stop accepting, drain the engine, write every answer, exit).
 
 use crate::api::ApiContext;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Settings};
 use crate::exec::health::{spawn_health_checker, HealthBoard};
 use crate::exec::sim::Faults;
 use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
@@ -40,16 +40,25 @@ pub struct Running {
 }
 
 impl Running {
-    /// Starts everything described by `config` (which must be validated).
+    /// Checks `config` and starts everything it describes.
     pub fn start(config: Config) -> Result<Running, RunError> {
-        config.validate()?;
-        let runtime_cfg = config.runtime_config()?;
-        let backends = config.effective_backends();
-        if let Some(w) = config.routing_warning() {
+        Self::start_checked(config.check()?)
+    }
+
+    /// Starts everything `settings` describe. The engine gets the router; the io threads a
+    /// copy of it, for lookups and static checks.
+    pub fn start_checked(settings: Settings) -> Result<Running, RunError> {
+        let Settings {
+            runtime: runtime_cfg,
+            backends,
+            router: engine_router,
+            routing_warning,
+            config,
+        } = settings;
+        if let Some(w) = routing_warning {
             tracing::warn!("{w}");
         }
-        let (engine_router, _) = config.router()?;
-        let io_router = Arc::new(config.router()?.0);
+        let io_router = Arc::new(engine_router.clone());
         // The default model must resolve (ApiContext picks one some backend serves).
         let default_name = io_router
             .lookup(&ApiContext::default_model_for(&config, &io_router))

@@ -3,6 +3,8 @@
 
 mod common;
 
+use abe::core::BatchingMode;
+use abe::exec::latency::LatencyKind;
 use base64::Engine as _;
 use common::{request_bytes, start, test_config, Client};
 use std::time::{Duration, Instant};
@@ -306,7 +308,7 @@ fn admin_switches_strategy_lists_valid_names_and_checks_the_token() {
 #[test]
 fn pipelined_requests_are_answered_in_request_order() {
     let mut cfg = test_config();
-    cfg.workers.latency_model = "linear".into();
+    cfg.workers.latency_model = LatencyKind::Linear;
     cfg.workers.base_latency_ms = 1.0;
     cfg.workers.per_token_latency_ms = 0.01;
     let abe = start(cfg);
@@ -354,7 +356,7 @@ fn pipelined_requests_are_answered_in_request_order() {
 #[test]
 fn a_thousand_concurrent_keep_alive_connections_are_all_served() {
     let mut cfg = test_config();
-    cfg.workers.latency_model = "linear".into();
+    cfg.workers.latency_model = LatencyKind::Linear;
     cfg.workers.base_latency_ms = 2.0;
     cfg.workers.per_token_latency_ms = 0.0;
     let abe = start(cfg);
@@ -480,7 +482,7 @@ fn one_slow_worker_config() -> abe::config::Config {
     let mut cfg = test_config();
     cfg.workers.count = 1;
     cfg.batching.max_batch_size = 1;
-    cfg.workers.latency_model = "linear".into();
+    cfg.workers.latency_model = LatencyKind::Linear;
     cfg.workers.base_latency_ms = 300.0;
     cfg.workers.per_token_latency_ms = 0.0;
     cfg
@@ -766,7 +768,7 @@ fn stream_true_answers_with_server_sent_events_in_openai_chunk_shapes() {
 #[test]
 fn continuous_mode_serves_the_api_and_exports_its_slots_and_steps() {
     let mut cfg = test_config();
-    cfg.batching.mode = "continuous".into();
+    cfg.batching.mode = BatchingMode::Continuous;
     cfg.continuous.natural_length_mean_tokens = 4;
     let abe = start(cfg);
     let mut c = Client::connect(abe.local_addr());
@@ -809,9 +811,9 @@ fn continuous_mode_serves_the_api_and_exports_its_slots_and_steps() {
 #[test]
 fn continuous_mode_streams_tokens_while_the_request_is_still_generating() {
     let mut cfg = test_config();
-    cfg.batching.mode = "continuous".into();
+    cfg.batching.mode = BatchingMode::Continuous;
     cfg.workers.count = 1;
-    cfg.workers.latency_model = "calibrated".into();
+    cfg.workers.latency_model = LatencyKind::Calibrated;
     cfg.workers.decode_beta_ms = 2.0;
     let abe = start(cfg);
     let addr = abe.local_addr();
@@ -894,10 +896,10 @@ fn wait_json(addr: std::net::SocketAddr, what: &str, cond: impl Fn(&serde_json::
 #[test]
 fn a_client_that_disconnects_frees_its_slot_in_continuous_mode() {
     let mut cfg = test_config();
-    cfg.batching.mode = "continuous".into();
+    cfg.batching.mode = BatchingMode::Continuous;
     cfg.workers.count = 1;
     cfg.continuous.max_slots = 1;
-    cfg.workers.latency_model = "calibrated".into();
+    cfg.workers.latency_model = LatencyKind::Calibrated;
     cfg.workers.decode_beta_ms = 2.0;
     let abe = start(cfg);
     let addr = abe.local_addr();
@@ -967,9 +969,9 @@ fn temperature_top_p_and_seed_change_the_synthetic_output_deterministically() {
 
 #[test]
 fn stop_sequences_end_the_output_before_them_in_both_modes_and_in_streams() {
-    for mode in ["request", "continuous"] {
+    for mode in [BatchingMode::Request, BatchingMode::Continuous] {
         let mut cfg = test_config();
-        cfg.batching.mode = mode.into();
+        cfg.batching.mode = mode;
         let abe = start(cfg);
         let mut c = Client::connect(abe.local_addr());
         let full = c

@@ -463,7 +463,7 @@ fn admin(ctx: &ApiContext, head: &Head, path: &str) -> Response {
         )
         .with_header("Allow: POST");
     }
-    if ctx.config.batching.mode == "continuous" {
+    if ctx.config.batching.mode == crate::core::BatchingMode::Continuous {
         return Response::error(
             Status::BadRequest,
             "not_applicable",

@@ -56,6 +56,8 @@ impl FromStr for BalancerKind {
     }
 }
 
+crate::core::names::serde_by_name!(BalancerKind);
+
 /// Balancer state (the round-robin cursor).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Balancer {

@@ -28,14 +28,20 @@ pub struct ContinuousConfig {
 
 impl Default for ContinuousConfig {
     fn default() -> Self {
+        // The multi-bin spec's memory model: (12 GB - 4 GB) / 1.875e-4 GB per token, less a
+        // 10 % safety buffer.
+        let m = super::strategy::memory::MemoryModel::default();
         ContinuousConfig {
             replicas: 1,
             max_slots: 16,
             prefill_chunk: 512,
             n_batch: 2048,
-            // The multi-bin spec's memory model: (12 GB - 4 GB) / 1.875e-4 GB per token,
-            // less a 10 % safety buffer.
-            kv_capacity_tokens: kv_capacity_tokens(12.0, 4.0, 1.875e-4, 0.1),
+            kv_capacity_tokens: kv_capacity_tokens(
+                m.m_max_gb,
+                m.m_model_gb,
+                m.kv_gb_per_token,
+                m.safety_fraction,
+            ),
             max_queue: 1024,
         }
     }

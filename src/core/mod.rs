@@ -9,9 +9,11 @@
 pub mod balancer;
 pub mod circuit;
 pub mod continuous;
+pub mod names;
 pub mod pool;
 pub mod request;
 pub mod research;
+pub mod research_keys;
 pub mod settings;
 pub mod stats;
 pub mod strategy;
@@ -26,7 +28,7 @@ pub use request::{
     Kind, Nanos, Priority, RequestMeta, Ticket, BUCKET_COUNT, BUCKET_LABELS, CLASS_COUNT,
 };
 use research::Research;
-pub use settings::CoreConfig;
+pub use settings::{BatchingMode, CoreConfig};
 use stats::LatencyWindow;
 pub use stats::{CoreStats, FlushReason};
 use strategy::StrategyKind;

@@ -1,9 +1,58 @@
-//! The core's own settings: plain numbers, already validated by `crate::config`.
+//! The core's own settings: plain numbers and choices, already checked by whoever built
+//! them (`crate::config` for the live server, `crate::sim::settings` for the simulator).
+//! Nothing here reads text beyond the names of its choices.
 
 use super::balancer::BalancerKind;
 use super::circuit::CircuitParams;
 use super::request::{Nanos, Priority};
 use super::strategy::{StrategyKind, StrategyParams};
+
+/// How requests become work for the workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum BatchingMode {
+    /// Request-level: a strategy forms batches from per-class queues ([`super::Core`]).
+    #[default]
+    Request,
+    /// Iteration-level: every tick one forward pass mixing decode tokens and prefill
+    /// chunks over a replica's slots ([`super::continuous::Continuous`]).
+    Continuous,
+}
+
+impl BatchingMode {
+    /// Every mode, in the order they are listed to users.
+    pub const ALL: [BatchingMode; 2] = [BatchingMode::Request, BatchingMode::Continuous];
+
+    /// Config name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BatchingMode::Request => "request",
+            BatchingMode::Continuous => "continuous",
+        }
+    }
+}
+
+impl std::fmt::Display for BatchingMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BatchingMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| {
+                format!("unknown batching mode '{s}': valid modes are request, continuous")
+            })
+    }
+}
+
+super::names::serde_by_name!(BatchingMode);
+
+/// Most workers one core schedules (`workers.count`, a scenario's `engine.workers`).
+pub const WORKERS_MAX: usize = 1024;
 
 /// Everything the scheduling core needs to be built. All sizes are fixed at `Core::new`.
 #[derive(Clone, Debug, PartialEq)]

@@ -120,6 +120,8 @@ pub struct SimExecutor {
     rng: SmallRng,
     /// Continuous batching: per-slot request state (the "KV cache").
     slots: Vec<Option<SlotRequest>>,
+    /// Output lengths of the batch being priced, sorted by the latency model.
+    sort_scratch: Vec<u32>,
 }
 
 impl SimExecutor {
@@ -132,6 +134,7 @@ impl SimExecutor {
             stop,
             rng,
             slots: Vec::new(),
+            sort_scratch: Vec::new(),
         }
     }
 
@@ -302,7 +305,10 @@ impl Executor for SimExecutor {
             };
             shapes.push((p, o));
         }
-        let service_ms = self.cfg.latency.batch_ms(&shapes, &mut self.rng);
+        let service_ms = self
+            .cfg
+            .latency
+            .batch_ms(&shapes, &mut self.sort_scratch, &mut self.rng);
         self.serve(service_ms)?;
         for (item, &(p, o)) in items.iter_mut().zip(shapes.iter()) {
             let key = item.work.stream_key();

@@ -119,6 +119,23 @@ pub struct Router {
     scratch: Vec<Candidate>,
 }
 
+/// A router in the same state, with its own scratch buffer of the same fixed capacity (a
+/// derived clone would copy the buffer's contents and shrink its capacity to them).
+impl Clone for Router {
+    fn clone(&self) -> Self {
+        Router {
+            registry: self.registry.clone(),
+            resolver: self.resolver.clone(),
+            strategy: self.strategy,
+            weights: self.weights,
+            max_retries: self.max_retries,
+            cursors: self.cursors.clone(),
+            rng: self.rng.clone(),
+            scratch: Vec::with_capacity(self.scratch.capacity()),
+        }
+    }
+}
+
 impl Router {
     /// Builds the registry from `[[backends]]` and the router from `[routing]`.
     /// `seed` seeds the RNG of `power_of_two` and `random`. An unknown strategy name is not

@@ -56,6 +56,8 @@ impl FromStr for IdlePolicy {
     }
 }
 
+crate::core::names::serde_by_name!(IdlePolicy);
+
 /// Longest single park, so a thread re-checks its state (shutdown flags) at least this often.
 pub const MAX_PARK: Duration = Duration::from_millis(100);
 

@@ -12,7 +12,7 @@ use crate::http::parse::{self, Method};
 use crate::http::response::{Response, Status};
 use crate::metrics::http_stats::Endpoint;
 use crate::runtime::doorbell::SleepFlag;
-use crate::runtime::idle::{IdlePolicy, Idler};
+use crate::runtime::idle::Idler;
 use crate::runtime::{Event, Submitter};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -96,11 +96,7 @@ impl IoThread {
             submitter,
             sleep_flag,
             idler: Idler::new(
-                ctx.config
-                    .engine
-                    .idle
-                    .parse()
-                    .unwrap_or(IdlePolicy::Adaptive),
+                ctx.config.engine.idle,
                 Duration::from_micros(ctx.config.engine.spin_us),
             ),
             ctx,

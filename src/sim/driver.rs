@@ -10,11 +10,11 @@
 //! the slot map and the scratch buffers are sized before the loop). A loop that stops
 //! making progress is reported as [`SimError::Stalled`] with the seed, never spun forever.
 
-use super::latency_ext::LatencySpec;
 use super::record::Recorder;
 use super::workload::SimRequest;
 use super::SimError;
 use crate::core::{Action, BatchId, BatchOutcome, Completion, Core, CoreConfig, CoreStats, Nanos};
+use crate::exec::latency::LatencyModel;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::cmp::Reverse;
@@ -29,7 +29,7 @@ pub struct RunInput<'a> {
     /// Sorted by `arrival_ns`.
     pub requests: &'a [SimRequest],
     pub core: CoreConfig,
-    pub latency: &'a LatencySpec,
+    pub latency: &'a LatencyModel,
     /// Seeds the latency model's noise (the core has its own seed in `core.seed`).
     pub seed: u64,
     pub sla_ns: u64,
@@ -64,7 +64,7 @@ fn ms_to_ns(ms: f64) -> Nanos {
 /// Everything a `poll` callback touches, borrowed apart from the core.
 struct Exec<'a> {
     requests: &'a [SimRequest],
-    latency: &'a LatencySpec,
+    latency: &'a LatencyModel,
     /// `slot_req[ticket.index]` = index into `requests` of the request in that table slot.
     slot_req: &'a [u32],
     completions: &'a mut BinaryHeap<Reverse<(Nanos, u64, u32)>>,

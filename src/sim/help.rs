@@ -92,7 +92,7 @@ EXAMPLE
 #[cfg(test)]
 mod tests {
     use super::AFTER_HELP;
-    use crate::sim::latency_ext::MODEL_KEYS;
+    use crate::exec::latency::LatencyKind;
     use crate::sim::scenario::BUILTIN_NAMES;
     use crate::sim::sweep::SweepKey;
 
@@ -166,9 +166,9 @@ mod tests {
             "priority_max_wait_ms",
             "bins",
         ];
-        for (model, params) in MODEL_KEYS {
-            keys.push(model);
-            keys.extend(params.iter().map(|(k, _)| *k));
+        for kind in LatencyKind::ALL {
+            keys.push(kind.as_str());
+            keys.extend(kind.keys());
         }
         keys.extend(BUILTIN_NAMES);
         keys.extend(SweepKey::ALL.map(|k| k.as_str()));

@@ -15,7 +15,6 @@ pub mod binning;
 pub mod dist;
 pub mod driver;
 pub mod help;
-pub mod latency_ext;
 pub mod output;
 pub mod plot;
 pub mod priority;

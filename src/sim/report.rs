@@ -9,10 +9,10 @@
 //! so refused and failed requests count as misses.
 
 use super::driver::RunOutput;
-use super::latency_ext::LatencySpec;
 use super::series::TimeSeries;
 use super::settings::EngineSettings;
 use crate::core::FlushReason;
+use crate::exec::latency::LatencyModel;
 use serde::Serialize;
 
 /// Latency percentiles of completed requests, ms.
@@ -91,7 +91,7 @@ pub struct SimReport {
     pub request_digest: String,
     pub sla_ms: f64,
     pub window_s: f64,
-    pub latency: LatencySpec,
+    pub latency: LatencyModel,
     pub engine: EngineSettings,
     pub strategies: Vec<String>,
     pub sweep: Vec<SweepAxis>,

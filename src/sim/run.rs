@@ -8,7 +8,6 @@
 
 use super::binning::interleave_bins;
 use super::driver::{self, RunInput, RunOutput};
-use super::latency_ext::LatencySpec;
 use super::report::{ParamValue, RunReport, SimReport, SweepAxis};
 use super::scenario::Scenario;
 use super::settings::EngineSettings;
@@ -18,6 +17,7 @@ use super::SimError;
 use crate::core::request::ms_to_nanos;
 use crate::core::strategy::StrategyKind;
 use crate::core::CoreConfig;
+use crate::exec::latency::{LatencyKind, LatencyModel, PARAM_KEYS};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -89,6 +89,31 @@ fn parse_latency_params(params: &[String]) -> Result<Vec<(String, f64)>, SimErro
         .collect()
 }
 
+/// The scenario's latency model, or the one `--latency-model` names (with its defaults),
+/// with `--latency key=value` overrides.
+fn latency_model(
+    scenario: &Scenario,
+    name: Option<&str>,
+    overrides: &[(String, f64)],
+) -> Result<LatencyModel, SimError> {
+    if let Some((key, _)) = overrides
+        .iter()
+        .find(|(k, _)| !PARAM_KEYS.contains(&k.as_str()))
+    {
+        return Err(SimError::invalid(
+            "--latency",
+            format!("unknown latency key '{key}'; see `abe simulate --help`"),
+        ));
+    }
+    let model = match name {
+        Some(name) => name
+            .parse::<LatencyKind>()
+            .and_then(|kind| LatencyModel::with_params(kind, overrides)),
+        None => scenario.latency.overridden(overrides),
+    };
+    model.map_err(|why| SimError::invalid("latency model", why))
+}
+
 /// Resolves `opts.scenario` and runs it.
 pub fn simulate(opts: &SimulateOptions) -> Result<SimReport, SimError> {
     let scenario = Scenario::resolve(&opts.scenario)?;
@@ -116,10 +141,7 @@ pub fn simulate_scenario(
         ));
     }
     let overrides = parse_latency_params(&opts.latency_params)?;
-    let latency = match &opts.latency_model {
-        Some(name) => LatencySpec::with_params(name, &overrides)?,
-        None => scenario.latency.overridden(&overrides)?,
-    };
+    let latency = latency_model(scenario, opts.latency_model.as_deref(), &overrides)?;
     let sla_ms = opts.sla_ms.unwrap_or(scenario.sla_ms);
     if !(sla_ms.is_finite() && sla_ms >= 0.0) {
         return Err(SimError::invalid(
@@ -213,7 +235,7 @@ pub fn simulate_scenario(
 /// What every run shares.
 struct RunContext<'a> {
     requests: &'a [SimRequest],
-    latency: &'a LatencySpec,
+    latency: &'a LatencyModel,
     seed: u64,
     sla_ns: u64,
     window_ns: u64,

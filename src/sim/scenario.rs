@@ -7,12 +7,12 @@
 
 use super::arrivals::Arrivals;
 use super::dist::LengthDist;
-use super::latency_ext::LatencySpec;
 use super::priority::PriorityMix;
 use super::settings::EngineSettings;
 use super::workload::Workload;
 use super::SimError;
-use crate::config::DynamicConfig;
+use crate::core::research_keys::DynamicConfig;
+use crate::exec::latency::LatencyModel;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -33,8 +33,12 @@ pub struct Scenario {
     #[serde(default)]
     pub engine: EngineSettings,
     /// Absent: `calibrated` with its defaults.
-    #[serde(default)]
-    pub latency: LatencySpec,
+    #[serde(default = "default_latency")]
+    pub latency: LatencyModel,
+}
+
+fn default_latency() -> LatencyModel {
+    LatencyModel::CALIBRATED_DEFAULT
 }
 
 fn default_requests() -> u64 {
@@ -87,7 +91,7 @@ fn chat(name: &str, description: &str, requests: u64, arrivals: Arrivals) -> Sce
             prediction_error_sigma: 0.0,
         },
         engine: EngineSettings::default(),
-        latency: LatencySpec::default(),
+        latency: LatencyModel::CALIBRATED_DEFAULT,
     }
 }
 
@@ -221,7 +225,7 @@ fn multibin_paper() -> Scenario {
             }),
             ..Default::default()
         },
-        latency: LatencySpec::MaxOfBatch {
+        latency: LatencyModel::MaxOfBatch {
             base_ms: 0.0,
             prefill_ms_per_token: 0.0,
             decode_ms_per_token: 0.2,

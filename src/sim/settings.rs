@@ -7,9 +7,10 @@
 //! input. Keys are documented in `abe simulate --help`.
 
 use super::SimError;
-use crate::config::DynamicConfig;
 use crate::core::balancer::BalancerKind;
 use crate::core::request::ms_to_nanos;
+use crate::core::research_keys::DynamicConfig;
+use crate::core::settings::WORKERS_MAX;
 use crate::core::strategy::bins::BIN_COUNT_MAX;
 use crate::core::strategy::StrategyKind;
 use crate::core::{CoreConfig, Priority};
@@ -52,7 +53,7 @@ pub struct EngineSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_inflight: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub balancer: Option<String>,
+    pub balancer: Option<BalancerKind>,
     /// Max wait per priority in ms: `[low, normal, high, critical]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_max_wait_ms: Option<[f64; Priority::COUNT]>,
@@ -130,10 +131,10 @@ impl EngineSettings {
             ..CoreConfig::default()
         };
         if let Some(v) = self.workers {
-            if !(1..=1024).contains(&v) {
+            if !(1..=WORKERS_MAX).contains(&v) {
                 return Err(SimError::invalid(
                     "engine.workers",
-                    format!("{v} must be in 1..=1024"),
+                    format!("{v} must be in 1..={WORKERS_MAX}"),
                 ));
             }
             c.workers = v;
@@ -208,11 +209,7 @@ impl EngineSettings {
         if let Some(v) = self.max_inflight {
             c.max_inflight_per_worker = v.max(1);
         }
-        if let Some(b) = &self.balancer {
-            c.balancer = b
-                .parse::<BalancerKind>()
-                .map_err(|why| SimError::invalid("engine.balancer", why))?;
-        }
+        c.balancer = self.balancer.unwrap_or(c.balancer);
         if let Some(waits) = self.priority_max_wait_ms {
             for (i, w) in waits.iter().enumerate() {
                 check_ms(&format!("priority_max_wait_ms[{i}]"), *w)?;
@@ -231,7 +228,7 @@ impl EngineSettings {
                 .dynamic
                 .clone()
                 .unwrap_or_default()
-                .research_config(limit)
+                .research_config("batching.dynamic", limit)
                 .map_err(|e| SimError::invalid("engine.dynamic", e.to_string()))?;
         }
         if let Some(bins) = self.bins {
@@ -294,12 +291,11 @@ mod tests {
         .core_config(StrategyKind::Fixed, 0)
         .unwrap_err();
         assert!(e.to_string().contains("engine.min_batch_size"));
-        let e = EngineSettings {
-            balancer: Some("fastest".into()),
-            ..Default::default()
-        }
-        .core_config(StrategyKind::Fixed, 0)
-        .unwrap_err();
-        assert!(e.to_string().contains("round_robin"));
+        let e = toml::from_str::<EngineSettings>("balancer = \"fastest\"").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown balancer 'fastest'")
+                && e.to_string().contains("round_robin"),
+            "{e}"
+        );
     }
 }

@@ -15,7 +15,7 @@ pub fn test_config() -> Config {
     let mut c = Config::default();
     c.server.port = 0;
     c.workers.count = 2;
-    c.workers.latency_model = "none".into();
+    c.workers.latency_model = abe::exec::latency::LatencyKind::None;
     c.engine.pin = false;
     c
 }

@@ -185,6 +185,8 @@ impl FromStr for BinPolicy {
     }
 }
 
+crate::core::names::serde_by_name!(BinPolicy);
+
 /// Picks the bin the next batch comes from. A batch always comes from a single bin.
 #[derive(Clone, Copy, Debug)]
 pub struct BinSelector {
@@ -274,6 +276,8 @@ impl FromStr for PredictorKind {
             })
     }
 }
+
+crate::core::names::serde_by_name!(PredictorKind);
 
 /// EMA weight of the newest observed output length.
 pub const PREDICTOR_EMA_WEIGHT: f64 = 0.2;

@@ -87,6 +87,8 @@ pub struct UnknownStrategy {
     pub valid: String,
 }
 
+crate::core::names::serde_by_name!(StrategyKind);
+
 impl FromStr for StrategyKind {
     type Err = UnknownStrategy;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

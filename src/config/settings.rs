@@ -1,0 +1,417 @@
+//! Checked settings: the one place that judges the layered [`Config`] and turns it into
+//! what each part of abe runs on (the core, the runtime and its sim executors, continuous
+//! batching, the router).
+//!
+//! What must never happen here: reading files or the environment, or starting anything.
+//! Every problem is an error naming the key, the value and why; nothing falls back
+//! silently.
+
+use super::error::{invalid, ConfigError};
+use super::millis::Millis;
+use super::sections::{Config, DEFAULT_SIM_CONTEXT_LENGTH, ROUTING_MAX_RETRIES_MAX};
+use crate::core::circuit::CircuitParams;
+use crate::core::settings::WORKERS_MAX;
+use crate::core::strategy::StrategyParams;
+use crate::core::{BatchingMode, CoreConfig};
+use crate::exec::sim::{FaultSettings, SimConfig};
+use crate::router::{BackendConfig, BackendKindName, Router, UnknownStrategy};
+use crate::runtime::RuntimeConfig;
+use std::net::IpAddr;
+
+/// The configuration checked once, as what each part of abe runs on. Built by
+/// [`Config::check`], once per start; nothing downstream checks or parses the config again.
+#[derive(Debug)]
+pub struct Settings {
+    /// The live runtime's settings: the core's (`runtime.core`), the sim executors'
+    /// (`runtime.sim`, `runtime.faults`), continuous batching's (`runtime.continuous`) and
+    /// the engine threads' (`[engine]`).
+    pub runtime: RuntimeConfig,
+    /// What abe routes to: the `[[backends]]` tables, or the default sim backend.
+    pub backends: Vec<BackendConfig>,
+    /// The router `backends` and `[routing]` describe, seeded with `workers.seed`.
+    pub router: Router,
+    /// Set when `routing.strategy` names no strategy (`smart` is used): to be logged.
+    pub routing_warning: Option<UnknownStrategy>,
+    /// The layered config these came from: the HTTP front end reads its `[server]` section
+    /// (limits and timeouts, all typed by serde) and `[upstream]`, `[health]` from it.
+    pub config: Config,
+}
+
+impl Config {
+    /// Checks every key and builds the settings of every part, once; the first problem is
+    /// returned with its key, value and reason. An unknown `routing.strategy` is not a
+    /// problem: it comes back as [`Settings::routing_warning`].
+    pub fn check(self) -> Result<Settings, ConfigError> {
+        let runtime = self.runtime_config()?;
+        let backends = self.effective_backends();
+        let (router, routing_warning) = self.check_routing(&backends)?;
+        self.check_server()?;
+        Ok(Settings {
+            runtime,
+            backends,
+            router,
+            routing_warning,
+            config: self,
+        })
+    }
+
+    /// [`check`](Self::check)s a copy, for `abe config check` and tests.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.clone().check().map(|_| ())
+    }
+
+    /// Checks `[server]`.
+    fn check_server(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        let host: IpAddr = s.host.parse().map_err(|_| {
+            invalid(
+                "server.host",
+                &s.host,
+                "must be an IP address such as 127.0.0.1 or 0.0.0.0",
+            )
+        })?;
+        at_least("server.io_threads", s.io_threads, 1)?;
+        at_least("server.max_connections", s.max_connections, 1)?;
+        at_least("server.max_header_bytes", s.max_header_bytes, 256)?;
+        at_least("server.max_body_bytes", s.max_body_bytes, 1)?;
+        at_least("server.max_pipelined", s.max_pipelined, 1)?;
+        at_least(
+            "server.max_write_buffer_bytes",
+            s.max_write_buffer_bytes,
+            1024,
+        )?;
+        at_least("server.max_batch_inputs", s.max_batch_inputs, 1)?;
+        at_least("server.max_tokens_limit", s.max_tokens_limit as usize, 1)?;
+        positive_ms("server.read_timeout", s.read_timeout)?;
+        positive_ms("server.write_timeout", s.write_timeout)?;
+        positive_ms("server.keep_alive_timeout", s.keep_alive_timeout)?;
+        if s.model_name.trim().is_empty() {
+            return Err(invalid("server.model_name", "\"\"", "must not be empty"));
+        }
+        if s.admin_enabled && s.admin_token.is_empty() && !host.is_loopback() {
+            return Err(invalid(
+                "server.admin_token",
+                "\"\"",
+                format!(
+                    "admin endpoints are enabled and the server binds non-loopback address {host}: \
+                     set server.admin_token (ABE_SERVER_ADMIN_TOKEN) or server.admin_enabled = false"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The backends abe routes to: the `[[backends]]` tables, or when there are none, one
+    /// sim backend named `sim` serving `server.model_name` (context
+    /// [`DEFAULT_SIM_CONTEXT_LENGTH`], every capability) with `workers.count` concurrent
+    /// batches, i.e. what abe served before routing existed.
+    pub fn effective_backends(&self) -> Vec<BackendConfig> {
+        if !self.backends.is_empty() {
+            return self.backends.clone();
+        }
+        let mut sim =
+            BackendConfig::default_sim(&self.server.model_name, DEFAULT_SIM_CONTEXT_LENGTH);
+        // workers.count is checked to 1..=WORKERS_MAX; saturate rather than wrap if unvalidated.
+        sim.max_concurrent_batches = u32::try_from(self.workers.count).unwrap_or(u32::MAX);
+        vec![sim]
+    }
+
+    /// Checks `[[backends]]`, `[routing]`, `[upstream]` and how they fit the rest, and
+    /// builds the router `backends` and `[routing]` describe (with the unknown-strategy
+    /// warning, if any).
+    fn check_routing(
+        &self,
+        backends: &[BackendConfig],
+    ) -> Result<(Router, Option<UnknownStrategy>), ConfigError> {
+        for b in &self.backends {
+            if b.kind != BackendKindName::Upstream {
+                continue;
+            }
+            if let Some(url) = b.base_url.as_deref() {
+                if url
+                    .get(..8)
+                    .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+                {
+                    return Err(invalid(
+                        &format!("backends['{}'].base_url", b.name),
+                        url,
+                        "https is not supported: abe speaks plain HTTP/1.1 to upstreams; put a \
+                         TLS-terminating proxy (nginx, Caddy, envoy, stunnel) next to abe and \
+                         point base_url at its http:// address",
+                    ));
+                }
+            }
+        }
+        let (router, warning) = Router::build(backends, &self.routing, self.workers.seed)?;
+        let r = &self.routing;
+        if r.max_retries > ROUTING_MAX_RETRIES_MAX {
+            return Err(invalid(
+                "routing.max_retries",
+                r.max_retries,
+                format!(
+                    "must be at most {ROUTING_MAX_RETRIES_MAX} (each retry sends a failed batch \
+                     to one more backend)"
+                ),
+            ));
+        }
+        if self.batching.mode == BatchingMode::Continuous {
+            let sims = backends
+                .iter()
+                .filter(|b| b.kind == BackendKindName::Sim)
+                .count();
+            if backends.len() != 1 || sims != 1 {
+                return Err(invalid(
+                    "batching.mode",
+                    "continuous",
+                    format!(
+                        "continuous batching supports exactly one backend, of kind \"sim\"; \
+                         [[backends]] has {} ({} sim, {} upstream): remove the others or use \
+                         batching.mode = \"request\" to route across backends",
+                        backends.len(),
+                        sims,
+                        backends.len() - sims
+                    ),
+                ));
+            }
+        }
+        let u = &self.upstream;
+        positive_ms("upstream.connect_timeout", u.connect_timeout)?;
+        positive_ms("upstream.request_timeout", u.request_timeout)?;
+        positive_ms("upstream.health_timeout", u.health_timeout)?;
+        if !u.health_path.starts_with('/') {
+            return Err(invalid(
+                "upstream.health_path",
+                format!("\"{}\"", u.health_path),
+                "must be a path starting with /, e.g. \"/v1/models\" or \"/health\"",
+            ));
+        }
+        Ok((router, warning))
+    }
+
+    /// The runtime settings this config describes (checking the engine-side keys).
+    fn runtime_config(&self) -> Result<RuntimeConfig, ConfigError> {
+        let b = &self.batching;
+        let w = &self.workers;
+        at_least("batching.max_batch_size", b.max_batch_size, 1)?;
+        at_least("batching.min_batch_size", b.min_batch_size, 1)?;
+        if b.min_batch_size > b.max_batch_size {
+            return Err(invalid(
+                "batching.min_batch_size",
+                b.min_batch_size,
+                format!(
+                    "must not exceed batching.max_batch_size ({})",
+                    b.max_batch_size
+                ),
+            ));
+        }
+        at_least("batching.queue_capacity", b.queue_capacity, 1)?;
+        non_negative("batching.min_wait_ms", b.min_wait_ms)?;
+        non_negative("batching.max_wait_ms", b.max_wait_ms)?;
+        if b.min_wait_ms > b.max_wait_ms {
+            return Err(invalid(
+                "batching.min_wait_ms",
+                b.min_wait_ms,
+                format!("must not exceed batching.max_wait_ms ({})", b.max_wait_ms),
+            ));
+        }
+        if b.queue_depth_low_threshold > b.queue_depth_high_threshold {
+            return Err(invalid(
+                "batching.queue_depth_low_threshold",
+                b.queue_depth_low_threshold,
+                format!(
+                    "must not exceed batching.queue_depth_high_threshold ({})",
+                    b.queue_depth_high_threshold
+                ),
+            ));
+        }
+        positive("batching.target_p99_ms", b.target_p99_ms)?;
+        positive_ms("batching.request_timeout", b.request_timeout)?;
+        let pw = &b.priority_max_wait_ms;
+        non_negative("batching.priority_max_wait_ms.low", pw.low)?;
+        non_negative("batching.priority_max_wait_ms.normal", pw.normal)?;
+        non_negative("batching.priority_max_wait_ms.high", pw.high)?;
+        non_negative("batching.priority_max_wait_ms.critical", pw.critical)?;
+
+        at_least("workers.count", w.count, 1)?;
+        if w.count > WORKERS_MAX {
+            return Err(invalid(
+                "workers.count",
+                w.count,
+                format!("must be at most {WORKERS_MAX}"),
+            ));
+        }
+        at_least("workers.max_batch_tokens", w.max_batch_tokens as usize, 1)?;
+        at_least("workers.max_inflight", w.max_inflight as usize, 1)?;
+        positive_ms("workers.batch_timeout", w.batch_timeout)?;
+        at_least(
+            "workers.embedding_dimensions",
+            w.embedding_dimensions as usize,
+            1,
+        )?;
+        non_negative("workers.base_latency_ms", w.base_latency_ms)?;
+        non_negative("workers.per_token_latency_ms", w.per_token_latency_ms)?;
+        non_negative("workers.latency_variance", w.latency_variance)?;
+        non_negative("workers.prefill_ms_per_token", w.prefill_ms_per_token)?;
+        non_negative("workers.decode_beta_ms", w.decode_beta_ms)?;
+        non_negative("workers.decode_gamma", w.decode_gamma)?;
+        non_negative("workers.max_of_batch_base_ms", w.max_of_batch_base_ms)?;
+        non_negative(
+            "workers.max_of_batch_decode_ms_per_token",
+            w.max_of_batch_decode_ms_per_token,
+        )?;
+        non_negative("workers.affine_step_a_ms", w.affine_step_a_ms)?;
+        non_negative("workers.affine_step_c_ms", w.affine_step_c_ms)?;
+        probability("workers.fault_error_rate", w.fault_error_rate)?;
+        probability("workers.fault_hang_rate", w.fault_hang_rate)?;
+        non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
+        non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
+        let latency = w.latency();
+        let h = &self.health;
+        at_least("health.failure_threshold", h.failure_threshold as usize, 1)?;
+        positive_ms("health.check_interval", h.check_interval)?;
+        let m = &self.metrics;
+        at_least(
+            "metrics.percentile_window_size",
+            m.percentile_window_size,
+            1,
+        )?;
+        positive_ms("metrics.collection_interval", m.collection_interval)?;
+        let e = &self.engine;
+        at_least("engine.ring_capacity", e.ring_capacity, 2)?;
+        if e.spin_us > 1_000_000 {
+            return Err(invalid(
+                "engine.spin_us",
+                e.spin_us,
+                "must be at most 1000000 (1 s)",
+            ));
+        }
+        let core = CoreConfig {
+            queue_capacity: b.queue_capacity,
+            max_batch_size: b.max_batch_size,
+            min_batch_size: b.min_batch_size,
+            max_batch_tokens: w.max_batch_tokens,
+            token_bucketing: b.token_bucketing_enabled,
+            priority_enabled: b.priority_enabled,
+            strategy: b.strategy,
+            strategy_params: StrategyParams {
+                max_wait_ms: b.max_wait_ms,
+                min_wait_ms: b.min_wait_ms,
+                queue_depth_low: b.queue_depth_low_threshold,
+                queue_depth_high: b.queue_depth_high_threshold,
+                target_p99_ms: b.target_p99_ms,
+            },
+            priority_max_wait_ms: [pw.low, pw.normal, pw.high, pw.critical],
+            dispatch_when_idle: b.dispatch_when_idle,
+            request_timeout_ns: b.request_timeout.nanos(),
+            batch_timeout_ns: w.batch_timeout.nanos(),
+            workers: w.count,
+            max_inflight_per_worker: w.max_inflight,
+            balancer: w.balancer,
+            circuit: CircuitParams {
+                failure_threshold: h.failure_threshold,
+                recovery_ns: h.recovery_timeout.nanos(),
+            },
+            latency_window: m.percentile_window_size,
+            p99_refresh_ns: m.collection_interval.nanos(),
+            seed: w.seed,
+            research: b
+                .dynamic
+                .research_config("batching.dynamic", self.server.max_tokens_limit)?,
+        };
+        Ok(RuntimeConfig {
+            core,
+            sim: SimConfig {
+                latency,
+                embedding_dimensions: w.embedding_dimensions,
+                seed: w.seed,
+                natural_length_mean_tokens: self.continuous.natural_length_mean_tokens,
+            },
+            continuous: self.continuous_config(w.count)?,
+            faults: FaultSettings {
+                error_rate: w.fault_error_rate,
+                added_latency_ms: w.fault_added_latency_ms,
+                hang_rate: w.fault_hang_rate,
+                hang_ms: w.fault_hang_ms,
+            },
+            pin: e.pin,
+            idle: e.idle,
+            spin_us: e.spin_us,
+            ring_capacity: e.ring_capacity,
+            max_submitters: self.server.io_threads + 8,
+            io_threads: self.server.io_threads,
+            on_thread_start: None,
+        })
+    }
+
+    /// The continuous scheduler's settings when `batching.mode = "continuous"`.
+    fn continuous_config(
+        &self,
+        replicas: usize,
+    ) -> Result<Option<crate::core::continuous::ContinuousConfig>, ConfigError> {
+        if self.batching.mode == BatchingMode::Request {
+            return Ok(None);
+        }
+        let c = &self.continuous;
+        at_least("continuous.max_slots", c.max_slots, 1)?;
+        at_least("continuous.prefill_chunk", c.prefill_chunk as usize, 1)?;
+        at_least("continuous.n_batch", c.n_batch as usize, 1)?;
+        at_least("continuous.max_queue", c.max_queue, 1)?;
+        let d = &self.batching.dynamic;
+        let kv = crate::core::continuous::kv_capacity_tokens(
+            d.m_max_gb,
+            d.m_model_gb,
+            d.kv_gb_per_token,
+            d.safety_fraction,
+        );
+        if kv == 0 {
+            return Err(invalid(
+                "batching.dynamic.m_max_gb",
+                d.m_max_gb,
+                "leaves no KV cache for continuous batching (must exceed m_model_gb)",
+            ));
+        }
+        Ok(Some(crate::core::continuous::ContinuousConfig {
+            replicas,
+            max_slots: c.max_slots,
+            prefill_chunk: c.prefill_chunk,
+            n_batch: c.n_batch,
+            kv_capacity_tokens: kv,
+            max_queue: c.max_queue,
+        }))
+    }
+}
+
+fn at_least(key: &str, v: usize, min: usize) -> Result<(), ConfigError> {
+    if v < min {
+        return Err(invalid(key, v, format!("must be at least {min}")));
+    }
+    Ok(())
+}
+
+fn non_negative(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(invalid(key, v, "must be a finite number >= 0"));
+    }
+    Ok(())
+}
+
+fn positive(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !v.is_finite() || v <= 0.0 {
+        return Err(invalid(key, v, "must be a finite number > 0"));
+    }
+    Ok(())
+}
+
+fn positive_ms(key: &str, v: Millis) -> Result<(), ConfigError> {
+    if v.0 == 0 {
+        return Err(invalid(key, v, "must be longer than 0ms"));
+    }
+    Ok(())
+}
+
+fn probability(key: &str, v: f64) -> Result<(), ConfigError> {
+    if !(0.0..=1.0).contains(&v) {
+        return Err(invalid(key, v, "must be a probability between 0 and 1"));
+    }
+    Ok(())
+}

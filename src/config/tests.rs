@@ -1,0 +1,572 @@
+//! Tests of the config module: layering, checks and the documented file.
+
+use super::*;
+use crate::core::strategy::StrategyKind;
+use crate::core::BatchingMode;
+use crate::exec::latency::LatencyModel;
+use crate::router::{BackendKindName, Strategy};
+use std::path::Path;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn defaults_are_valid_and_match_the_spec() {
+    let r = Config::default().check().unwrap().runtime;
+    assert_eq!(r.core.queue_capacity, 10_000);
+    assert_eq!(r.core.max_batch_size, 32);
+    assert_eq!(r.core.max_batch_tokens, 8192);
+    assert_eq!(r.core.strategy, StrategyKind::QueueDepth);
+    assert_eq!(r.core.priority_max_wait_ms, [100.0, 50.0, 20.0, 5.0]);
+    assert_eq!(r.core.circuit.failure_threshold, 5);
+    assert_eq!(r.core.circuit.recovery_ns, 30_000_000_000);
+    assert_eq!(r.sim.latency, LatencyModel::LINEAR_DEFAULT);
+}
+
+#[test]
+fn durations_parse_in_go_style() {
+    assert_eq!("30s".parse::<Millis>().unwrap(), Millis(30_000));
+    assert_eq!("100ms".parse::<Millis>().unwrap(), Millis(100));
+    assert_eq!("1h".parse::<Millis>().unwrap(), Millis(3_600_000));
+    assert_eq!("1.5s".parse::<Millis>().unwrap(), Millis(1500));
+    assert!("10 parsecs".parse::<Millis>().is_err());
+    let c =
+        Config::from_toml("[server]\nread_timeout = \"5s\"\n[health]\nrecovery_timeout = 250\n")
+            .unwrap();
+    assert_eq!(c.server.read_timeout, Millis(5000));
+    assert_eq!(c.health.recovery_timeout, Millis(250));
+}
+
+#[test]
+fn env_overrides_reach_nested_keys_and_typos_are_errors() {
+    let mut c = Config::default();
+    c.apply_env(env(&[
+        ("ABE_BATCHING_STRATEGY", "fixed"),
+        ("ABE_BATCHING_MAX_BATCH_SIZE", "8"),
+        ("ABE_BATCHING_PRIORITY_MAX_WAIT_MS_LOW", "80"),
+        ("ABE_SERVER_READ_TIMEOUT", "2s"),
+        ("ABE_ENGINE_PIN", "false"),
+        ("PATH", "/usr/bin"),
+    ]))
+    .unwrap();
+    assert_eq!(c.batching.strategy, StrategyKind::Fixed);
+    assert_eq!(c.batching.max_batch_size, 8);
+    assert_eq!(c.batching.priority_max_wait_ms.low, 80.0);
+    assert_eq!(c.server.read_timeout, Millis(2000));
+    assert!(!c.engine.pin);
+    let err = Config::default()
+        .apply_env(env(&[("ABE_BATCHING_STRATEGI", "fixed")]))
+        .unwrap_err();
+    assert!(err.to_string().contains("ABE_BATCHING_STRATEGI"), "{err}");
+    let err = Config::default()
+        .apply_env(env(&[("ABE_BATCHING_MAX_BATCH_SIZE", "lots")]))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid value for batching.max_batch_size = lots: expected an integer"
+    );
+}
+
+/// A choice is typed when it is read: from the environment, a flag or a file, an unknown
+/// name is an error naming the key, the value and the valid names.
+#[test]
+fn unknown_names_are_refused_where_they_are_read() {
+    let e = Config::default()
+        .apply_env(env(&[("ABE_BATCHING_STRATEGY", "fastest")]))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "invalid value for batching.strategy = fastest: unknown strategy 'fastest': valid \
+         strategies are fixed, queue_depth, latency_aware, dynamic, multi_bin"
+    );
+    let flags = FlagOverrides {
+        strategy: Some("fastest".into()),
+        ..Default::default()
+    };
+    let e = Config::load(None, env(&[]), &flags)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("invalid value for batching.strategy = fastest: unknown strategy"),
+        "{e}"
+    );
+    for (var, value, key, valid) in [
+        (
+            "ABE_BATCHING_MODE",
+            "batchy",
+            "batching.mode",
+            "request, continuous",
+        ),
+        (
+            "ABE_WORKERS_LATENCY_MODEL",
+            "fast",
+            "workers.latency_model",
+            "none, linear, calibrated, max_of_batch, affine_step",
+        ),
+        (
+            "ABE_WORKERS_BALANCER",
+            "random",
+            "workers.balancer",
+            "round_robin, least_loaded, power_of_two",
+        ),
+        (
+            "ABE_ENGINE_IDLE",
+            "nap",
+            "engine.idle",
+            "spin, adaptive, park",
+        ),
+        (
+            "ABE_BATCHING_DYNAMIC_BIN_POLICY",
+            "fifo",
+            "batching.dynamic.bin_policy",
+            "round_robin, longest_queue",
+        ),
+        (
+            "ABE_BATCHING_DYNAMIC_PREDICTOR",
+            "oracle",
+            "batching.dynamic.predictor",
+            "max_tokens, ema_by_prompt_bucket",
+        ),
+    ] {
+        let e = Config::default()
+            .apply_env(env(&[(var, value)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("invalid value for {key} = {value}: unknown "))
+                && e.contains(&format!("'{value}'"))
+                && e.ends_with(valid),
+            "{e}"
+        );
+        let (table, leaf) = key.rsplit_once('.').unwrap();
+        let e = Config::from_toml(&format!("[{table}]\n{leaf} = \"{value}\"\n")).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{key}: "))
+                && e.contains(&format!("'{value}'"))
+                && e.contains(valid),
+            "{e}"
+        );
+    }
+    let shown = Config::default().to_toml();
+    assert!(
+        shown.contains("strategy = \"queue_depth\"") && shown.contains("idle = \"adaptive\""),
+        "choices print as their names: {shown}"
+    );
+}
+
+#[test]
+fn bad_values_name_the_key_the_value_and_why() {
+    let mut c = Config::default();
+    c.batching.min_wait_ms = 200.0;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("batching.min_wait_ms = 200") && e.contains("max_wait_ms"),
+        "{e}"
+    );
+    let mut c = Config::default();
+    c.workers.fault_error_rate = 1.5;
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("probability"));
+    assert!(Config::from_toml("[batching]\nmax_batch_sise = 3\n")
+        .unwrap_err()
+        .contains("max_batch_sise"));
+}
+
+#[test]
+fn admin_without_token_on_a_public_address_is_refused() {
+    let mut c = Config::default();
+    c.server.host = "0.0.0.0".into();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("server.admin_token"), "{e}");
+    c.server.admin_token = "secret".into();
+    c.validate().unwrap();
+    c.server.admin_token.clear();
+    c.server.admin_enabled = false;
+    c.validate().unwrap();
+}
+
+#[test]
+fn flags_override_env_and_file() {
+    let dir = std::env::temp_dir().join(format!("abe-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.toml");
+    std::fs::write(&path, "[server]\nport = 9000\n[workers]\ncount = 2\n").unwrap();
+    let c = Config::load(
+        Some(&path),
+        env(&[("ABE_SERVER_PORT", "9100")]),
+        &FlagOverrides {
+            workers: Some(3),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(c.server.port, 9100);
+    assert_eq!(c.workers.count, 3);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Two backends (one sim, one upstream with a key), an alias and a fallback.
+const TWO_BACKENDS: &str = r#"
+    [[backends]]
+    name = "local"
+    kind = "sim"
+    priority = 10
+    max_concurrent_batches = 2
+    [[backends.models]]
+    name = "llama3:8b"
+    context_length = 8192
+    capabilities = { tools = true, json_mode = true }
+
+    [[backends]]
+    name = "gpu-a"
+    kind = "upstream"
+    base_url = "http://10.0.0.5:8000"
+    api_key = "sk-live-0123456789"
+    priority = 0
+    max_concurrent_batches = 8
+    [[backends.models]]
+    name = "llama3:70b"
+    context_length = 32768
+    [[backends.models]]
+    name = "llama3:8b"
+    context_length = 8192
+
+    [routing]
+    strategy = "least_loaded"
+    max_retries = 3
+    [routing.weights]
+    priority = 40
+    load = 40
+    latency = 20
+    [routing.aliases]
+    "gpt-4o" = "llama3:70b"
+    [routing.fallbacks]
+    "llama3:70b" = ["llama3:8b"]
+
+    [upstream]
+    request_timeout = "90s"
+"#;
+
+fn two_backends() -> Config {
+    Config::from_toml(TWO_BACKENDS).expect("parses")
+}
+
+fn validate_err(c: &Config) -> String {
+    c.validate().unwrap_err().to_string()
+}
+
+#[test]
+fn backends_routing_and_upstream_parse_and_validate() {
+    let c = two_backends();
+    let s = c.clone().check().unwrap();
+    assert!(s.routing_warning.is_none());
+    assert_eq!(s.backends, c.backends, "configured backends win");
+    assert_eq!(c.backends.len(), 2);
+    assert_eq!(c.backends[1].kind, BackendKindName::Upstream);
+    assert_eq!(
+        c.backends[1].api_key.as_ref().unwrap().expose(),
+        "sk-live-0123456789"
+    );
+    assert_eq!(c.routing.max_retries, 3);
+    assert_eq!(c.routing.aliases["gpt-4o"], "llama3:70b");
+    assert_eq!(c.routing.fallbacks["llama3:70b"], ["llama3:8b"]);
+    assert_eq!(c.upstream.request_timeout, Millis(90_000));
+    assert_eq!(c.upstream.connect_timeout, Millis(2_000));
+    let mut router = s.router;
+    let d = router
+        .route(&crate::router::Requirements::text("gpt-4o", 100))
+        .unwrap();
+    assert_eq!(
+        router.describe(&d).to_string(),
+        "backend=gpu-a; model=llama3:70b; via=alias; requested=gpt-4o"
+    );
+}
+
+#[test]
+fn effective_backends_default_to_one_sim_backend_from_server_and_workers() {
+    let mut c = Config::default();
+    c.server.model_name = "tiny".into();
+    c.workers.count = 3;
+    let b = c.effective_backends();
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].kind, BackendKindName::Sim);
+    assert_eq!(b[0].max_concurrent_batches, 3);
+    assert_eq!(b[0].models.len(), 1);
+    assert_eq!(b[0].models[0].name, "tiny");
+    assert_eq!(b[0].models[0].context_length, DEFAULT_SIM_CONTEXT_LENGTH);
+    let mut router = c.check().unwrap().router;
+    let d = router
+        .route(&crate::router::Requirements::text("tiny", 1))
+        .unwrap();
+    assert_eq!(
+        router.describe(&d).to_string(),
+        "backend=sim; model=tiny; via=direct"
+    );
+}
+
+#[test]
+fn router_config_errors_keep_their_message() {
+    let mut c = two_backends();
+    c.routing.aliases.insert("a".into(), "b".into());
+    c.routing.aliases.insert("b".into(), "a".into());
+    let e = validate_err(&c);
+    assert!(
+        e.contains("routing.aliases") && e.contains("a -> b -> a"),
+        "{e}"
+    );
+
+    let mut c = two_backends();
+    c.routing.weights.latency = 30;
+    let e = validate_err(&c);
+    assert!(
+        e.contains("routing.weights") && e.contains("must sum to 100") && e.contains("110"),
+        "{e}"
+    );
+
+    let mut c = two_backends();
+    c.backends[1].name = "local".into();
+    let e = validate_err(&c);
+    assert!(e.contains("'local'") && e.contains("unique"), "{e}");
+
+    let mut c = two_backends();
+    c.backends[0].base_url = Some("http://h:1".into());
+    let e = validate_err(&c);
+    assert!(e.contains("'local'") && e.contains("upstream"), "{e}");
+    let mut c = two_backends();
+    c.backends[0].api_key = Some(crate::router::ApiKey::new("k"));
+    let e = validate_err(&c);
+    assert!(e.contains("'local'") && e.contains("api_key"), "{e}");
+}
+
+#[test]
+fn upstream_base_url_must_be_plain_http() {
+    let mut c = two_backends();
+    c.backends[1].base_url = None;
+    let e = validate_err(&c);
+    assert!(
+        e.contains("'gpu-a'") && e.contains("base_url") && e.contains("http://"),
+        "{e}"
+    );
+    c.backends[1].base_url = Some("https://gpu-a.example:443".into());
+    let e = validate_err(&c);
+    assert!(
+        e.starts_with(
+            "invalid value for backends['gpu-a'].base_url = https://gpu-a.example:443: \
+             https is not supported"
+        ) && e.contains("TLS-terminating proxy"),
+        "{e}"
+    );
+    c.backends[1].base_url = Some("HTTPS://gpu-a.example".into());
+    assert!(validate_err(&c).contains("https is not supported"));
+}
+
+#[test]
+fn continuous_mode_needs_exactly_one_sim_backend() {
+    let mut c = two_backends();
+    c.batching.mode = BatchingMode::Continuous;
+    let e = validate_err(&c);
+    assert!(
+        e.starts_with("invalid value for batching.mode = continuous")
+            && e.contains("exactly one backend")
+            && e.contains("1 sim, 1 upstream"),
+        "{e}"
+    );
+    c.backends.remove(1);
+    c.routing.aliases.clear();
+    c.routing.fallbacks.clear();
+    c.validate().unwrap();
+    let mut c = Config::default();
+    c.batching.mode = BatchingMode::Continuous;
+    c.validate().unwrap();
+}
+
+#[test]
+fn max_retries_is_at_most_8() {
+    let mut c = Config::default();
+    c.routing.max_retries = 8;
+    c.validate().unwrap();
+    c.routing.max_retries = 9;
+    let e = validate_err(&c);
+    assert!(
+        e.starts_with("invalid value for routing.max_retries = 9: must be at most 8"),
+        "{e}"
+    );
+}
+
+#[test]
+fn upstream_keys_are_checked() {
+    let mut c = Config::default();
+    c.upstream.request_timeout = Millis(0);
+    assert!(validate_err(&c).contains("upstream.request_timeout"));
+    let mut c = Config::default();
+    c.upstream.health_path = "health".into();
+    assert!(validate_err(&c).contains("upstream.health_path"));
+}
+
+#[test]
+fn env_overrides_reach_routing_and_upstream() {
+    let mut c = two_backends();
+    c.apply_env(env(&[
+        ("ABE_ROUTING_STRATEGY", "round_robin"),
+        ("ABE_ROUTING_MAX_RETRIES", "5"),
+        ("ABE_ROUTING_WEIGHTS_PRIORITY", "30"),
+        ("ABE_ROUTING_WEIGHTS_LOAD", "50"),
+        ("ABE_UPSTREAM_REQUEST_TIMEOUT", "2m"),
+        ("ABE_UPSTREAM_HEALTH_PATH", "/health"),
+    ]))
+    .unwrap();
+    assert_eq!(c.routing.strategy, "round_robin");
+    assert_eq!(c.routing.max_retries, 5);
+    assert_eq!(c.routing.weights.priority, 30);
+    assert_eq!(c.routing.weights.load, 50);
+    assert_eq!(c.upstream.request_timeout, Millis(120_000));
+    assert_eq!(c.upstream.health_path, "/health");
+    c.validate().unwrap();
+    let untouched = two_backends();
+    assert_eq!(
+        c.backends, untouched.backends,
+        "backends survive, key and all"
+    );
+    assert_eq!(c.routing.aliases, untouched.routing.aliases);
+    assert_eq!(c.routing.fallbacks, untouched.routing.fallbacks);
+
+    for var in [
+        "ABE_BACKENDS",
+        "ABE_BACKENDS_0_NAME",
+        "ABE_ROUTING_ALIASES_GPT-4O",
+        "ABE_ROUTING_FALLBACKS",
+    ] {
+        let before = two_backends();
+        let mut c = before.clone();
+        let e = c.apply_env(env(&[(var, "x")])).unwrap_err().to_string();
+        assert!(
+            e.contains(var) && e.contains("only be set in the config file"),
+            "{e}"
+        );
+        assert_eq!(c, before, "a failed override changes nothing");
+    }
+    let e = Config::default()
+        .apply_env(env(&[("ABE_ROUTING_MAX_RETRIES", "many")]))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "invalid value for routing.max_retries = many: expected an integer"
+    );
+}
+
+#[test]
+fn an_unknown_routing_strategy_is_a_warning_not_an_error() {
+    let mut c = Config::default();
+    c.routing.strategy = "fastest".into();
+    let s = c.check().unwrap();
+    let w = s.routing_warning.expect("a warning").to_string();
+    assert!(
+        w.contains("routing.strategy = \"fastest\"") && w.contains("smart"),
+        "{w}"
+    );
+    assert_eq!(s.router.strategy(), Strategy::Smart);
+}
+
+#[test]
+fn config_show_prints_backends_and_routing_without_api_keys() {
+    let c = two_backends();
+    let shown = c.to_toml();
+    assert!(!shown.contains("sk-live"), "{shown}");
+    assert!(shown.contains("api_key = \"<redacted>\""), "{shown}");
+    assert!(shown.contains("[[backends]]") && shown.contains("[[backends.models]]"));
+    assert!(shown.contains("[routing.aliases]") && shown.contains("[upstream]"));
+    let back = Config::from_toml(&shown).expect("show output parses");
+    assert_eq!(back.routing, c.routing);
+    assert_eq!(back.upstream, c.upstream);
+    assert_eq!(back.backends.len(), 2);
+    assert_eq!(
+        back.backends[0], c.backends[0],
+        "no key: round-trips exactly"
+    );
+    assert_eq!(
+        back.backends[1].api_key.as_ref().unwrap().expose(),
+        crate::router::ApiKey::REDACTED
+    );
+    assert!(
+        !format!("{c:?}").contains("sk-live"),
+        "Debug is redacted too"
+    );
+    let default_shown = Config::default().to_toml();
+    assert_eq!(
+        Config::from_toml(&default_shown).unwrap(),
+        Config::default()
+    );
+}
+
+#[test]
+fn config_check_validates_backends_in_a_file() {
+    let dir = std::env::temp_dir().join(format!("abe-config-routing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("c.toml");
+    std::fs::write(&path, TWO_BACKENDS).unwrap();
+    let c = Config::load(Some(&path), env(&[]), &FlagOverrides::default()).unwrap();
+    assert_eq!(c.backends.len(), 2);
+    std::fs::write(
+        &path,
+        TWO_BACKENDS.replace("\"llama3:8b\"]", "\"llama3:8b\", \"llama3:70b\"]"),
+    )
+    .unwrap();
+    let e = Config::load(Some(&path), env(&[]), &FlagOverrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("routing.fallbacks: 'llama3:70b'") && e.contains("itself"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_documented_config_file_is_the_default_config() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml");
+    let documented = Config::from_file(&path).expect("config.toml parses");
+    assert_eq!(
+        documented,
+        Config::default(),
+        "config.toml drifted from the defaults"
+    );
+}
+
+#[test]
+fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
+    use crate::exec::latency::LatencyKind;
+    for kind in LatencyKind::ALL {
+        let mut c = Config::default();
+        c.workers.latency_model = kind;
+        let r = c.clone().check().unwrap().runtime;
+        assert_eq!(r.sim.latency, kind.default_model(), "{kind}");
+    }
+    let c = Config::from_toml(
+        "[workers]\nlatency_model = \"affine_step\"\naffine_step_a_ms = 1.5\nprefill_ms_per_token = 0.1\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.clone().check().unwrap().runtime.sim.latency,
+        LatencyModel::AffineStep {
+            prefill_ms_per_token: 0.1,
+            a_ms: 1.5,
+            c_ms: 5.5
+        }
+    );
+    let mut c = Config::default();
+    c.workers.max_of_batch_decode_ms_per_token = -1.0;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("workers.max_of_batch_decode_ms_per_token"),
+        "{e}"
+    );
+}
