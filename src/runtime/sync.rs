@@ -31,15 +31,6 @@ pub fn park_timeout(_timeout: std::time::Duration) {
     loom::thread::park();
 }
 
-/// Spin-loop hint (loom: yield so the model can schedule the other thread).
-#[inline]
-pub fn spin_hint() {
-    #[cfg(loom)]
-    loom::thread::yield_now();
-    #[cfg(not(loom))]
-    std::hint::spin_loop();
-}
-
 /// An `UnsafeCell` with loom's closure API, so both builds share one call shape.
 #[cfg(loom)]
 pub use loom::cell::UnsafeCell;
