@@ -123,11 +123,8 @@ impl ContinuousEngine {
             }
             let finished = self.sched.is_idle()
                 || (self.aborted && (0..self.step_bufs.len()).all(|r| !self.sched.is_busy(r)));
-            if self.drain_deadline_ns.is_some()
-                && finished
-                && self.io.shared.entering.load(Ordering::SeqCst) == 0
-                && !self.io.any_input()
-            {
+            let watch_gate = self.drain_deadline_ns.is_some() && finished;
+            if watch_gate && self.io.intake_drained() {
                 self.publish(now);
                 return;
             }
@@ -137,7 +134,7 @@ impl ContinuousEngine {
                 let io = &self.io;
                 self.idler
                     .idle(io.clock.instant(now), None, &io.shared.engine_bell, || {
-                        io.has_work()
+                        io.has_work() || (watch_gate && io.shared.gate.is_closed_and_empty())
                     });
             }
         }

@@ -13,6 +13,7 @@
 use super::clock::Clock;
 use super::doorbell::Doorbell;
 use super::idle::Idler;
+use super::intake::{self, IntakeRx};
 use super::messages::{
     BatchMsg, Completion, Control, Event, FromWorker, Outcome, Reply, RequestError, ResultMsg,
     RouteRequest, Submission, ToWorker,
@@ -29,7 +30,7 @@ use crate::core::{Reject, RequestMeta};
 use crate::exec::{BatchItem, ExecError, Work};
 use crate::router::{BackendId, Decision, ModelId, NameId, Need, Router, Via};
 use hdrhistogram::Histogram;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Samples buffered between publishes (latencies and batch sizes each).
@@ -53,18 +54,12 @@ const ADMIT_BUDGET_PER_TURN: usize = 4096;
 
 /// The engine's end of one submitter.
 pub struct SubmitterLink {
-    /// One ring per class, indexed by `class_index(priority, bucket)`.
-    pub inputs: Vec<Consumer<Submission>>,
+    /// One ring per class, indexed by `class_index(priority, bucket)`, with its ready mask.
+    pub intake: IntakeRx<Submission>,
     pub completions: Producer<Completion>,
     /// Called after completions were pushed in a turn (e.g. a mio Waker); `None` for
     /// submitters that poll.
     pub wake: Option<Arc<dyn Fn() + Send + Sync>>,
-    /// Bit `c` is set by the submitter after it pushes into `inputs[c]` (Release), and taken
-    /// by the engine with a swap (Acquire), so an idle submitter costs one load per turn
-    /// instead of a look at every ring.
-    pub ready: Arc<AtomicU32>,
-    /// Engine-local: classes that may still hold items (taken from `ready`, not yet drained).
-    pub unread: u32,
     /// Tags whose client went away (a closed connection): best-effort cancellation.
     pub cancels: Consumer<u64>,
     /// Engine-local: table slot of each live tagged request by tag, for tags below its
@@ -430,11 +425,10 @@ impl Engine {
             }
             // Done when drained; after an abort, do not wait for abandoned batches.
             let finished = self.all_idle() || (self.aborted && self.live_requests() == 0);
-            if self.drain_deadline_ns.is_some()
-                && finished
-                && self.io.shared.entering.load(Ordering::SeqCst) == 0
-                && !self.io.any_input()
-            {
+            // Drained and finished, the engine waits only for the gate to empty: a submitter
+            // leaving it rings, and the re-check before sleeping looks at the gate.
+            let watch_gate = self.drain_deadline_ns.is_some() && finished;
+            if watch_gate && self.io.intake_drained() {
                 self.publish(now);
                 return;
             }
@@ -447,7 +441,7 @@ impl Engine {
                     io.clock.instant(now),
                     deadline,
                     &io.shared.engine_bell,
-                    || io.has_work(),
+                    || io.has_work() || (watch_gate && io.shared.gate.is_closed_and_empty()),
                 );
             }
         }
@@ -887,9 +881,7 @@ impl EngineIo {
     ) -> bool {
         let mut any = 0u32;
         for link in self.submitters.iter_mut() {
-            // Acquire: pairs with the submitter's Release fetch_or after its push.
-            link.unread |= link.ready.swap(0, Ordering::Acquire);
-            any |= link.unread;
+            any |= link.intake.take_ready();
         }
         if any == 0 {
             return false;
@@ -899,19 +891,13 @@ impl EngineIo {
         for p in Priority::HIGHEST_FIRST {
             let priority_bits = ((1u32 << BUCKET_COUNT) - 1) << (p.index() * BUCKET_COUNT);
             for s in 0..self.submitters.len() {
-                let mut classes = self.submitters[s].unread & priority_bits;
-                while classes != 0 && budget > 0 {
-                    let class = classes.trailing_zeros() as usize;
-                    classes &= classes - 1;
-                    while budget > 0 {
-                        let Some(sub) = self.submitters[s].inputs[class].pop() else {
-                            self.submitters[s].unread &= !(1 << class);
-                            break;
-                        };
-                        budget -= 1;
-                        worked = true;
-                        admit(self, s as u16, sub);
-                    }
+                while budget > 0 {
+                    let Some(sub) = self.submitters[s].intake.pop(priority_bits) else {
+                        break;
+                    };
+                    budget -= 1;
+                    worked = true;
+                    admit(self, s as u16, sub);
                 }
             }
         }
@@ -1184,9 +1170,13 @@ impl EngineIo {
 
     /// Any submission waiting in a ring?
     pub(super) fn any_input(&self) -> bool {
-        self.submitters
-            .iter()
-            .any(|s| s.unread != 0 || s.ready.load(Ordering::Relaxed) != 0)
+        self.submitters.iter().any(|s| s.intake.any())
+    }
+
+    /// The drain-exit check on the intake: the gate is closed and empty, and (read after
+    /// that) no submission is left in a ring, so nothing that got in goes unanswered.
+    pub(super) fn intake_drained(&self) -> bool {
+        intake::drained(&self.shared.gate, self.submitters.iter().map(|s| &s.intake))
     }
 
     /// Anything at all for the engine to do (the doorbell's re-check).

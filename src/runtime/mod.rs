@@ -10,7 +10,9 @@ pub mod clock;
 pub mod continuous_engine;
 pub mod doorbell;
 pub mod engine;
+pub mod gate;
 pub mod idle;
+pub mod intake;
 pub mod messages;
 pub mod pin;
 pub mod ring;
@@ -27,17 +29,20 @@ use clock::Clock;
 use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
 use engine::{Engine, SubmitterLink, WorkerLink};
+use gate::Gate;
 use idle::{IdlePolicy, Idler};
+use intake::{IntakeTx, Refused};
 pub use messages::{
     Completion, Event, Outcome, Request, RequestError, RouteRequest, ThreadRole, Waiter,
 };
 use messages::{Control, Reply, Submission};
 use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use sync::{AtomicU64, AtomicUsize, Ordering};
 use worker::WorkerThread;
 
 /// Settings of the live runtime.
@@ -84,10 +89,6 @@ impl Default for RuntimeConfig {
     }
 }
 
-const STATE_RUNNING: u8 = 0;
-const STATE_DRAINING: u8 = 1;
-const STATE_STOPPED: u8 = 2;
-
 /// State shared by the handle, submitters and the engine. Lock-free except the snapshot,
 /// which the engine only ever `try_lock`s.
 pub struct Shared {
@@ -96,11 +97,10 @@ pub struct Shared {
     pub(crate) registrations: ArrayQueue<SubmitterLink>,
     pub(crate) snapshot: Mutex<Snapshot>,
     pub(crate) rejected_busy: AtomicU64,
-    state: AtomicU8,
-    /// Submissions between their state check and their push. The engine exits a drain only
-    /// when this is 0 and the rings are empty, so a request that passed the check while the
-    /// runtime was still running is never left in a ring unanswered.
-    pub(crate) entering: AtomicUsize,
+    /// Open while the runtime takes submissions; counts those between their check and their
+    /// push, so the engine never exits a drain with one of them unanswered (see `gate`).
+    pub(crate) gate: Gate,
+    /// Registered submitters (`max_submitters` at most); a dropped one gives its place back.
     submitters: AtomicUsize,
     max_submitters: usize,
     ring_capacity: usize,
@@ -260,8 +260,7 @@ pub fn start_routed(
         registrations: ArrayQueue::new(cfg.max_submitters),
         snapshot: Mutex::new(snapshot),
         rejected_busy: AtomicU64::new(0),
-        state: AtomicU8::new(STATE_RUNNING),
-        entering: AtomicUsize::new(0),
+        gate: Gate::new(),
         submitters: AtomicUsize::new(0),
         max_submitters: cfg.max_submitters,
         ring_capacity: cfg.ring_capacity,
@@ -378,7 +377,7 @@ pub fn start_routed(
             }
             pin::pin_current("abe-engine", engine_core);
             body();
-            engine_stop.store(true, Ordering::Release);
+            engine_stop.store(true, std::sync::atomic::Ordering::Release);
             for h in worker_handles {
                 h.thread().unpark();
                 let _ = h.join();
@@ -499,7 +498,7 @@ impl Handle {
 
     /// True while new requests are accepted.
     pub fn is_accepting(&self) -> bool {
-        self.shared.state.load(Ordering::Acquire) == STATE_RUNNING
+        self.shared.gate.is_open()
     }
 
     /// Stops admitting, finishes queued and in-flight work, answers everything; whatever is
@@ -508,7 +507,8 @@ impl Handle {
     pub fn shutdown(&self, deadline: Duration) -> ShutdownReport {
         let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(engine) = engine {
-            self.shared.state.store(STATE_DRAINING, Ordering::SeqCst);
+            // Close before the Drain control: the engine reads the gate after the control.
+            self.shared.gate.close();
             let deadline_ns = self
                 .shared
                 .clock
@@ -525,7 +525,6 @@ impl Handle {
             }
             self.shared.engine_bell.ring();
             let _ = engine.join();
-            self.shared.state.store(STATE_STOPPED, Ordering::Release);
         }
         let s = self.snapshot().stats;
         ShutdownReport {
@@ -550,11 +549,10 @@ impl Drop for Handle {
 /// completion ring full.
 pub struct Submitter {
     shared: Arc<Shared>,
-    /// Classes pushed into since the engine last looked (see `SubmitterLink::ready`).
-    ready: Arc<AtomicU32>,
     /// Tags whose client went away.
     cancels: Producer<u64>,
-    inputs: Vec<Producer<Submission>>,
+    /// A ring per class into the engine.
+    intake: IntakeTx<Submission>,
     completions: Consumer<Completion>,
     in_flight: usize,
     max_in_flight: usize,
@@ -570,28 +568,18 @@ impl Submitter {
             shared.submitters.fetch_sub(1, Ordering::AcqRel);
             return Err(RequestError::Busy);
         }
-        let mut inputs = Vec::with_capacity(CLASS_COUNT);
-        let mut consumers = Vec::with_capacity(CLASS_COUNT);
-        for _ in 0..CLASS_COUNT {
-            let (p, c): (Producer<Submission>, Consumer<Submission>) =
-                ring::ring(shared.ring_capacity);
-            inputs.push(p);
-            consumers.push(c);
-        }
+        let (intake, intake_rx) = intake::intake(CLASS_COUNT, shared.ring_capacity);
         // Twice the in-flight limit: final answers always fit (at most one per request in
         // flight), and the other half carries token events of streaming requests.
         let (ctx, crx) = ring::ring(shared.ring_capacity * 2);
         let max_in_flight = crx.capacity() / 2;
-        let ready = Arc::new(AtomicU32::new(0));
         let (cancel_tx, cancel_rx) = ring::ring(shared.ring_capacity);
         let link = SubmitterLink {
             cancels: cancel_rx,
             tag_slots: vec![u32::MAX; max_in_flight],
-            inputs: consumers,
+            intake: intake_rx,
             completions: ctx,
             wake,
-            ready: ready.clone(),
-            unread: 0,
         };
         if shared.registrations.push(link).is_err() {
             return Err(RequestError::Busy);
@@ -599,9 +587,8 @@ impl Submitter {
         shared.engine_bell.ring();
         Ok(Submitter {
             shared,
-            ready,
             cancels: cancel_tx,
-            inputs,
+            intake,
             completions: crx,
             in_flight: 0,
             max_in_flight,
@@ -621,19 +608,25 @@ impl Submitter {
     }
 
     fn submit_reply(&mut self, request: Request, reply: Reply) -> Result<(), RequestError> {
-        // SeqCst on `entering` and `state` (here and in `Handle::shutdown` / the engine's exit
-        // check): either this submission sees the drain and refuses, or the engine sees it
-        // entering and waits for its push.
-        self.shared.entering.fetch_add(1, Ordering::SeqCst);
-        let result = self.push_submission(request, reply);
-        self.shared.entering.fetch_sub(1, Ordering::SeqCst);
-        result
+        // The submit half of the submit/drain handshake (`gate`, `intake::submit`): either
+        // this submission sees the drain and refuses, or the engine waits for its push.
+        let clock = self.shared.clock;
+        let shared = &*self.shared;
+        let result = intake::submit(&shared.gate, &shared.engine_bell, &mut self.intake, || {
+            Self::submission(clock, request, reply)
+        });
+        match result {
+            Ok(()) => Ok(()),
+            Err(Refused::Closed) => Err(RequestError::ShuttingDown),
+            Err(Refused::Full) => {
+                self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
+                Err(RequestError::Busy)
+            }
+        }
     }
 
-    fn push_submission(&mut self, request: Request, reply: Reply) -> Result<(), RequestError> {
-        if self.shared.state.load(Ordering::SeqCst) != STATE_RUNNING {
-            return Err(RequestError::ShuttingDown);
-        }
+    /// The submission for `request` (stamped now), and its class.
+    fn submission(clock: Clock, request: Request, reply: Reply) -> (usize, Submission) {
         let Request {
             priority,
             kind,
@@ -654,13 +647,7 @@ impl Submitter {
         } else {
             max_tokens
         };
-        let mut meta = RequestMeta::new(
-            priority,
-            kind,
-            prompt.len(),
-            max_tokens,
-            self.shared.clock.now(),
-        );
+        let mut meta = RequestMeta::new(priority, kind, prompt.len(), max_tokens, clock.now());
         meta.predicted_output_tokens = predicted_output_tokens;
         let class = request::class_index(priority, meta.bucket());
         let sub = Submission {
@@ -681,18 +668,7 @@ impl Submitter {
             reply,
             route,
         };
-        match self.inputs[class].push(sub) {
-            Ok(()) => {
-                // Release: the push above is visible to an engine that sees this bit.
-                self.ready.fetch_or(1 << class, Ordering::Release);
-                self.shared.engine_bell.ring();
-                Ok(())
-            }
-            Err(_) => {
-                self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
-                Err(RequestError::Busy)
-            }
-        }
+        (class, sub)
     }
 
     /// Hands every event that arrived to `f`; returns how many requests finished.
