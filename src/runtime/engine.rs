@@ -65,6 +65,16 @@ pub struct SubmitterLink {
     /// Engine-local: table slot of each live tagged request by tag, for tags below its
     /// length (io threads' tags are small slab indices); `u32::MAX` when none.
     pub tag_slots: Vec<u32>,
+    /// Engine-local: submissions taken from `intake` and not yet answered.
+    pub live: u32,
+}
+
+impl SubmitterLink {
+    /// The submitter was dropped and everything it submitted is answered: its place can go
+    /// to a new submitter.
+    fn is_retired(&self) -> bool {
+        self.live == 0 && self.intake.is_closed_and_empty()
+    }
 }
 
 /// A request the engine holds between admission and its answer, by table slot.
@@ -134,7 +144,10 @@ pub struct WorkerLink {
 pub(super) struct EngineIo {
     pub(super) clock: Clock,
     pub(super) shared: Arc<Shared>,
+    /// Registered submitters by place (`PendingSlot::submitter`); a retired one's place is
+    /// reused.
     pub(super) submitters: Vec<SubmitterLink>,
+    max_submitters: usize,
     /// Submitters that got completions this turn and need a wake.
     needs_wake: Vec<bool>,
     pub(super) pending: Vec<PendingSlot>,
@@ -842,6 +855,7 @@ impl EngineIo {
             clock,
             shared,
             submitters: Vec::with_capacity(max_submitters),
+            max_submitters,
             needs_wake: Vec::with_capacity(max_submitters),
             pending: (0..table_capacity.max(1))
                 .map(|_| PendingSlot {
@@ -892,9 +906,11 @@ impl EngineIo {
             let priority_bits = ((1u32 << BUCKET_COUNT) - 1) << (p.index() * BUCKET_COUNT);
             for s in 0..self.submitters.len() {
                 while budget > 0 {
-                    let Some(sub) = self.submitters[s].intake.pop(priority_bits) else {
+                    let link = &mut self.submitters[s];
+                    let Some(sub) = link.intake.pop(priority_bits) else {
                         break;
                     };
+                    link.live += 1;
                     budget -= 1;
                     worked = true;
                     admit(self, s as u16, sub);
@@ -968,18 +984,43 @@ impl EngineIo {
         worked
     }
 
-    /// Takes newly registered submitters.
+    /// Takes newly registered submitters, each in a new place or in the place of a retired
+    /// one (see [`SubmitterLink::is_retired`]).
     pub(super) fn accept_submitters(&mut self) -> bool {
         let mut worked = false;
-        while self.submitters.len() < self.submitters.capacity() {
+        while !self.shared.registrations.is_empty() {
+            let place = if self.submitters.len() < self.max_submitters {
+                None
+            } else {
+                match self.submitters.iter().position(SubmitterLink::is_retired) {
+                    Some(s) => Some(s),
+                    // Every place is taken: the registration waits for a retirement.
+                    None => break,
+                }
+            };
             let Some(link) = self.shared.registrations.pop() else {
                 break;
             };
-            self.submitters.push(link);
-            self.needs_wake.push(false);
+            match place {
+                None => {
+                    self.submitters.push(link);
+                    self.needs_wake.push(false);
+                }
+                Some(s) => {
+                    self.submitters[s] = link;
+                    self.needs_wake[s] = false;
+                }
+            }
             worked = true;
         }
         worked
+    }
+
+    /// A registration is waiting and has a place to go.
+    fn registration_ready(&self) -> bool {
+        !self.shared.registrations.is_empty()
+            && (self.submitters.len() < self.max_submitters
+                || self.submitters.iter().any(SubmitterLink::is_retired))
     }
 
     /// Carries out one action of lane `at`'s core.
@@ -1133,9 +1174,13 @@ impl EngineIo {
         route: Option<Decision>,
     ) {
         match reply {
-            Reply::Waiter(w) => w.complete(outcome),
+            Reply::Waiter(w) => {
+                self.submitters[submitter as usize].live -= 1;
+                w.complete(outcome)
+            }
             Reply::Tag(tag) => {
                 let s = submitter as usize;
+                self.submitters[s].live -= 1;
                 // The submitter reuses a key only after it got this final answer, so the key
                 // still maps to this request here.
                 if let Some(t) = self.submitters[s].tag_slots.get_mut(tag_key(tag)) {
@@ -1183,7 +1228,7 @@ impl EngineIo {
     pub(super) fn has_work(&self) -> bool {
         !self.shared.control.is_empty()
             || self.submitters.iter().any(|s| !s.cancels.is_empty())
-            || !self.shared.registrations.is_empty()
+            || self.registration_ready()
             || self.any_input()
             || self.workers.iter().any(|w| !w.results.is_empty())
     }

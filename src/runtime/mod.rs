@@ -563,6 +563,7 @@ impl Submitter {
         shared: Arc<Shared>,
         wake: Option<Arc<dyn Fn() + Send + Sync>>,
     ) -> Result<Submitter, RequestError> {
+        // Counts this submitter in; `Drop` (or a failed registration below) counts it out.
         let n = shared.submitters.fetch_add(1, Ordering::AcqRel);
         if n >= shared.max_submitters {
             shared.submitters.fetch_sub(1, Ordering::AcqRel);
@@ -580,8 +581,11 @@ impl Submitter {
             intake: intake_rx,
             completions: ctx,
             wake,
+            live: 0,
         };
         if shared.registrations.push(link).is_err() {
+            // Links of dropped submitters the engine has not taken yet fill the queue.
+            shared.submitters.fetch_sub(1, Ordering::AcqRel);
             return Err(RequestError::Busy);
         }
         shared.engine_bell.ring();
@@ -711,5 +715,16 @@ impl Submitter {
     /// The runtime's clock.
     pub fn clock(&self) -> Clock {
         self.shared.clock
+    }
+}
+
+impl Drop for Submitter {
+    /// Gives this submitter's place back: the engine reuses its link once everything it
+    /// submitted is answered (answers still in flight go to a ring nobody reads).
+    fn drop(&mut self) {
+        self.intake.close();
+        self.shared.submitters.fetch_sub(1, Ordering::AcqRel);
+        // The engine may hold a registration back for want of a place.
+        self.shared.engine_bell.ring();
     }
 }
