@@ -7,7 +7,6 @@
 //! this module may block the engine thread.
 
 pub mod clock;
-pub mod continuous_engine;
 pub mod doorbell;
 pub mod engine;
 pub mod gate;
@@ -28,14 +27,14 @@ use crate::exec::Work;
 use clock::Clock;
 use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
-use engine::{Engine, SubmitterLink, WorkerLink};
+use engine::{Engine, IterationLevel, RequestLevel, SubmitterLink, WorkerLink};
 use gate::Gate;
 use idle::{IdlePolicy, Idler};
 use intake::{IntakeTx, Refused};
+use messages::{BatchMsg, Control, Reply, StepMsg, Submission};
 pub use messages::{
     Completion, Event, Outcome, Request, RequestError, RouteRequest, ThreadRole, Waiter,
 };
-use messages::{Control, Reply, Submission};
 use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
 use std::sync::atomic::AtomicBool;
@@ -92,7 +91,7 @@ impl Default for RuntimeConfig {
 /// State shared by the handle, submitters and the engine. Lock-free except the snapshot,
 /// which the engine only ever `try_lock`s.
 pub struct Shared {
-    pub(crate) engine_bell: Arc<Doorbell>,
+    pub(crate) engine_bell: sync::Arc<Doorbell>,
     pub(crate) control: ArrayQueue<Control>,
     pub(crate) registrations: ArrayQueue<SubmitterLink>,
     pub(crate) snapshot: Mutex<Snapshot>,
@@ -255,7 +254,7 @@ pub fn start_routed(
         .map(|(_, b)| b.name().to_string())
         .collect();
     let shared = Arc::new(Shared {
-        engine_bell: Arc::new(Doorbell::new()),
+        engine_bell: sync::Arc::new(Doorbell::new()),
         control: ArrayQueue::new(64),
         registrations: ArrayQueue::new(cfg.max_submitters),
         snapshot: Mutex::new(snapshot),
@@ -274,54 +273,20 @@ pub fn start_routed(
         cfg.io_threads,
         cfg.idle,
     );
-    let per_worker = cfg.core.max_inflight_per_worker.max(1) as usize;
     let spin = Duration::from_micros(cfg.spin_us);
-    let mut worker_links = Vec::with_capacity(total_workers);
-    let mut worker_handles = Vec::with_capacity(total_workers);
-    for (id, executor) in executors.into_iter().enumerate() {
-        let (batch_tx, batch_rx) = ring::ring(per_worker);
-        let (result_tx, result_rx) = ring::ring(per_worker + worker::TOKEN_ROOM);
-        let bell = Arc::new(Doorbell::new());
-        worker_links.push(WorkerLink {
-            batches: batch_tx,
-            results: result_rx,
-            bell: bell.clone(),
-        });
-        let thread = WorkerThread {
-            id,
-            batches: batch_rx,
-            results: result_tx,
-            executor,
-            bell,
-            engine_bell: shared.engine_bell.clone(),
-            stop: stop.clone(),
-            idle: cfg.idle,
-            spin,
-            reserve: per_worker,
-        };
-        let name = format!("abe-worker-{id}");
-        let core_id = placement.workers[id];
-        let hook = cfg.on_thread_start;
-        let handle = std::thread::Builder::new()
-            .name(name.clone())
-            .spawn(move || {
-                if let Some(h) = hook {
-                    h(ThreadRole::Worker(id));
-                }
-                pin::pin_current(&name, core_id);
-                thread.run();
-            })
-            .map_err(|source| StartError::Spawn {
-                name: format!("abe-worker-{id}"),
-                source,
-            })?;
-        worker_handles.push(handle);
-    }
-    let hook = cfg.on_thread_start;
-    let engine_core = placement.engine;
-    let engine_stop = stop.clone();
-    let body: Box<dyn FnOnce() + Send> = match cfg.continuous.clone() {
+    // The workers' exit flag: set once the engine has returned (the executors' `stop` is
+    // set then too, and earlier at a drain deadline's abort).
+    let exit = sync::Arc::new(sync::AtomicBool::new(false));
+    let workers = Workers {
+        cfg: &cfg,
+        engine_bell: &shared.engine_bell,
+        exit: &exit,
+        cores: &placement.workers,
+    };
+    let idler = Idler::new(cfg.idle, spin);
+    let (body, worker_handles): (Box<dyn FnOnce() + Send>, _) = match cfg.continuous.clone() {
         None => {
+            let (links, handles) = workers.spawn::<BatchMsg>(executors)?;
             let cores = lane_workers
                 .iter()
                 .enumerate()
@@ -334,41 +299,37 @@ pub fn start_routed(
                 })
                 .collect();
             let engine = Engine::new(
-                cores,
-                routing,
+                RequestLevel::new(cores, routing),
                 clock,
                 shared.clone(),
-                worker_links,
-                Idler::new(cfg.idle, spin),
+                links,
                 cfg.max_submitters,
+                idler,
                 stop.clone(),
             );
-            Box::new(move || engine.run())
+            (Box::new(move || engine.run()), handles)
         }
         Some(ccfg) => {
+            let (links, handles) = workers.spawn::<StepMsg>(executors)?;
             let sched = crate::core::continuous::Continuous::new(ContinuousConfig {
                 replicas: total_workers,
                 ..ccfg
             });
-            let io = engine::EngineIo::new(
+            let engine = Engine::new(
+                IterationLevel::new(sched, cfg.core.request_timeout_ns),
                 clock,
                 shared.clone(),
-                worker_links,
+                links,
                 cfg.max_submitters,
-                sched.table_capacity(),
-                0,
-                0,
-            );
-            let engine = continuous_engine::ContinuousEngine::new(
-                sched,
-                io,
-                Idler::new(cfg.idle, spin),
+                idler,
                 stop.clone(),
-                cfg.core.request_timeout_ns,
             );
-            Box::new(move || engine.run())
+            (Box::new(move || engine.run()), handles)
         }
     };
+    let hook = cfg.on_thread_start;
+    let engine_core = placement.engine;
+    let engine_stop = stop.clone();
     let engine_handle = std::thread::Builder::new()
         .name("abe-engine".into())
         .spawn(move || {
@@ -378,6 +339,8 @@ pub fn start_routed(
             pin::pin_current("abe-engine", engine_core);
             body();
             engine_stop.store(true, std::sync::atomic::Ordering::Release);
+            // Release: every job the engine sent is visible to a worker that sees `exit`.
+            exit.store(true, Ordering::Release);
             for h in worker_handles {
                 h.thread().unpark();
                 let _ = h.join();
@@ -395,6 +358,76 @@ pub fn start_routed(
         shared_submitter: Mutex::new(shared_submitter),
         io_cores: placement.io,
     })
+}
+
+/// The engine's links to the workers spawned, and their threads.
+type Spawned<J> = (Vec<WorkerLink<J>>, Vec<JoinHandle<()>>);
+
+/// What every worker thread of one start shares.
+struct Workers<'a> {
+    cfg: &'a RuntimeConfig,
+    engine_bell: &'a sync::Arc<Doorbell>,
+    exit: &'a sync::Arc<sync::AtomicBool>,
+    /// Where worker `i` is pinned (see [`pin::plan`]).
+    cores: &'a [Option<usize>],
+}
+
+impl Workers<'_> {
+    /// Spawns a worker thread per executor, each with its job ring (`max_inflight_per_worker`
+    /// jobs) and reply ring (as many replies, plus room for token events); returns the
+    /// engine's links and the threads.
+    fn spawn<J>(
+        &self,
+        executors: Vec<Box<dyn crate::exec::Executor>>,
+    ) -> Result<Spawned<J>, StartError>
+    where
+        J: worker::Job<Exec = dyn crate::exec::Executor>,
+    {
+        let per_worker = self.cfg.core.max_inflight_per_worker.max(1) as usize;
+        let spin = Duration::from_micros(self.cfg.spin_us);
+        let mut links = Vec::with_capacity(executors.len());
+        let mut handles = Vec::with_capacity(executors.len());
+        for (id, executor) in executors.into_iter().enumerate() {
+            let (job_tx, job_rx) = ring::ring(per_worker);
+            let (reply_tx, reply_rx) = ring::ring(per_worker + worker::TOKEN_ROOM);
+            let bell = sync::Arc::new(Doorbell::new());
+            links.push(WorkerLink {
+                jobs: job_tx,
+                replies: reply_rx,
+                bell: bell.clone(),
+            });
+            let thread = WorkerThread::<J> {
+                id,
+                jobs: job_rx,
+                results: reply_tx,
+                executor,
+                bell,
+                engine_bell: self.engine_bell.clone(),
+                exit: self.exit.clone(),
+                idle: self.cfg.idle,
+                spin,
+                reserve: per_worker,
+            };
+            let name = format!("abe-worker-{id}");
+            let core_id = self.cores[id];
+            let hook = self.cfg.on_thread_start;
+            let handle = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || {
+                    if let Some(h) = hook {
+                        h(ThreadRole::Worker(id));
+                    }
+                    pin::pin_current(&name, core_id);
+                    thread.run();
+                })
+                .map_err(|source| StartError::Spawn {
+                    name: format!("abe-worker-{id}"),
+                    source,
+                })?;
+            handles.push(handle);
+        }
+        Ok((links, handles))
+    }
 }
 
 /// The in-process API of a running abe.
