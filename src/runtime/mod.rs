@@ -5,6 +5,13 @@
 //! [`Submitter`] (one per thread: its own SPSC rings per class, its own completion ring) or
 //! through `Handle::submit`, which blocks-free returns a [`Pending`] to wait on. Nothing in
 //! this module may block the engine thread.
+//!
+//! Where things live: `engine/` (the engine thread: its turn, and what each batching mode
+//! does in it), `worker` (worker threads), `submitter`, `gate` and `intake` (the way in and
+//! the submit/drain handshake), `ring` and `doorbell` (SPSC rings, waking a parked thread),
+//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`. Every
+//! cross-thread atomic comes from `sync`, the std/loom switch, so `loom-tests/` checks the
+//! real protocols.
 
 pub mod clock;
 pub mod doorbell;
@@ -16,31 +23,30 @@ pub mod messages;
 pub mod pin;
 pub mod ring;
 pub mod snapshot;
+pub mod submitter;
 pub mod sync;
 pub mod worker;
 
 use crate::core::continuous::ContinuousConfig;
 use crate::core::strategy::StrategyKind;
-use crate::core::{request, Core, CoreConfig, RequestMeta, CLASS_COUNT};
+use crate::core::{Core, CoreConfig};
 use crate::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
-use crate::exec::Work;
 use clock::Clock;
 use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
 use engine::{Engine, IterationLevel, RequestLevel, SubmitterLink, WorkerLink};
 use gate::Gate;
 use idle::{IdlePolicy, Idler};
-use intake::{IntakeTx, Refused};
-use messages::{BatchMsg, Control, Reply, StepMsg, Submission};
+use messages::{BatchMsg, Control, Reply, StepMsg};
 pub use messages::{
     Completion, Event, Outcome, Request, RequestError, RouteRequest, ThreadRole, Waiter,
 };
-use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+pub use submitter::Submitter;
 use sync::{AtomicU64, AtomicUsize, Ordering};
 use worker::WorkerThread;
 
@@ -572,192 +578,5 @@ impl Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         self.shutdown(Duration::from_secs(5));
-    }
-}
-
-/// One thread's way in: its own ring per class into the engine, and its own completion
-/// ring back for tagged submissions.
-///
-/// Invariant: `in_flight <= completion ring capacity`, so the engine never finds the
-/// completion ring full.
-pub struct Submitter {
-    shared: Arc<Shared>,
-    /// Tags whose client went away.
-    cancels: Producer<u64>,
-    /// A ring per class into the engine.
-    intake: IntakeTx<Submission>,
-    completions: Consumer<Completion>,
-    in_flight: usize,
-    max_in_flight: usize,
-}
-
-impl Submitter {
-    fn register(
-        shared: Arc<Shared>,
-        wake: Option<Arc<dyn Fn() + Send + Sync>>,
-    ) -> Result<Submitter, RequestError> {
-        // Counts this submitter in; `Drop` (or a failed registration below) counts it out.
-        let n = shared.submitters.fetch_add(1, Ordering::AcqRel);
-        if n >= shared.max_submitters {
-            shared.submitters.fetch_sub(1, Ordering::AcqRel);
-            return Err(RequestError::Busy);
-        }
-        let (intake, intake_rx) = intake::intake(CLASS_COUNT, shared.ring_capacity);
-        // Twice the in-flight limit: final answers always fit (at most one per request in
-        // flight), and the other half carries token events of streaming requests.
-        let (ctx, crx) = ring::ring(shared.ring_capacity * 2);
-        let max_in_flight = crx.capacity() / 2;
-        let (cancel_tx, cancel_rx) = ring::ring(shared.ring_capacity);
-        let link = SubmitterLink {
-            cancels: cancel_rx,
-            tag_slots: vec![u32::MAX; max_in_flight],
-            intake: intake_rx,
-            completions: ctx,
-            wake,
-            live: 0,
-        };
-        if shared.registrations.push(link).is_err() {
-            // Links of dropped submitters the engine has not taken yet fill the queue.
-            shared.submitters.fetch_sub(1, Ordering::AcqRel);
-            return Err(RequestError::Busy);
-        }
-        shared.engine_bell.ring();
-        Ok(Submitter {
-            shared,
-            cancels: cancel_tx,
-            intake,
-            completions: crx,
-            in_flight: 0,
-            max_in_flight,
-        })
-    }
-
-    /// Submits a request whose answer comes back through [`Submitter::drain_completions`]
-    /// with `tag`.
-    pub fn submit(&mut self, request: Request, tag: u64) -> Result<(), RequestError> {
-        if self.in_flight >= self.max_in_flight {
-            self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
-            return Err(RequestError::Busy);
-        }
-        self.submit_reply(request, Reply::Tag(tag))?;
-        self.in_flight += 1;
-        Ok(())
-    }
-
-    fn submit_reply(&mut self, request: Request, reply: Reply) -> Result<(), RequestError> {
-        // The submit half of the submit/drain handshake (`gate`, `intake::submit`): either
-        // this submission sees the drain and refuses, or the engine waits for its push.
-        let clock = self.shared.clock;
-        let shared = &*self.shared;
-        let result = intake::submit(&shared.gate, &shared.engine_bell, &mut self.intake, || {
-            Self::submission(clock, request, reply)
-        });
-        match result {
-            Ok(()) => Ok(()),
-            Err(Refused::Closed) => Err(RequestError::ShuttingDown),
-            Err(Refused::Full) => {
-                self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
-                Err(RequestError::Busy)
-            }
-        }
-    }
-
-    /// The submission for `request` (stamped now), and its class.
-    fn submission(clock: Clock, request: Request, reply: Reply) -> (usize, Submission) {
-        let Request {
-            priority,
-            kind,
-            prompt,
-            max_tokens,
-            dimensions,
-            seed,
-            temperature,
-            top_p,
-            stop,
-            predicted_output_tokens,
-            stream,
-            route,
-            chat_body,
-        } = request;
-        let max_tokens = if kind == crate::core::Kind::Embedding {
-            0
-        } else {
-            max_tokens
-        };
-        let mut meta = RequestMeta::new(priority, kind, prompt.len(), max_tokens, clock.now());
-        meta.predicted_output_tokens = predicted_output_tokens;
-        let class = request::class_index(priority, meta.bucket());
-        let sub = Submission {
-            meta,
-            work: Work {
-                kind,
-                prompt: prompt.into(),
-                max_tokens,
-                dimensions,
-                seed,
-                temperature,
-                top_p,
-                stop,
-                stream,
-                model: None,
-                chat_body,
-            },
-            reply,
-            route,
-        };
-        (class, sub)
-    }
-
-    /// Hands every event that arrived to `f`; returns how many requests finished.
-    pub fn drain_completions(&mut self, mut f: impl FnMut(Completion)) -> usize {
-        let mut n = 0;
-        while let Some(c) = self.completions.pop() {
-            if matches!(c.event, Event::Done(_)) {
-                n += 1;
-            }
-            f(c);
-        }
-        self.in_flight -= n;
-        n
-    }
-
-    /// Asks the engine to cancel tagged submission `tag` (its client went away): a request
-    /// still waiting is dropped and answered as cancelled; in continuous batching an active
-    /// one frees its slot at the next step. Best effort: a full cancel ring drops the ask.
-    ///
-    /// A cancel may reach the engine after the request was answered, so never reuse a tag
-    /// verbatim: io threads put a slab index in the low 32 bits (the engine's fast lookup
-    /// key) and a generation in the high 32 bits, which the engine compares before it
-    /// cancels anything.
-    pub fn cancel(&mut self, tag: u64) {
-        if self.cancels.push(tag).is_ok() {
-            self.shared.engine_bell.ring();
-        }
-    }
-
-    /// True when completions are waiting to be drained.
-    pub fn has_completions(&self) -> bool {
-        !self.completions.is_empty()
-    }
-
-    /// Tagged submissions not yet answered.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    /// The runtime's clock.
-    pub fn clock(&self) -> Clock {
-        self.shared.clock
-    }
-}
-
-impl Drop for Submitter {
-    /// Gives this submitter's place back: the engine reuses its link once everything it
-    /// submitted is answered (answers still in flight go to a ring nobody reads).
-    fn drop(&mut self) {
-        self.intake.close();
-        self.shared.submitters.fetch_sub(1, Ordering::AcqRel);
-        // The engine may hold a registration back for want of a place.
-        self.shared.engine_bell.ring();
     }
 }
