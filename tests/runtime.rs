@@ -296,6 +296,73 @@ fn a_tagged_submitter_gets_completions_back_and_its_wake_is_called() {
     assert!(wakes.load(std::sync::atomic::Ordering::Relaxed) > 0);
 }
 
+/// Submits one request through `sub` and waits for its answer.
+fn round_trip(sub: &mut runtime::Submitter, tag: u64) -> runtime::Outcome {
+    sub.submit(completion("a submitter's request", Priority::Normal), tag)
+        .expect("submitted");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut outcome = None;
+        sub.drain_completions(|c| {
+            assert_eq!(c.tag, tag);
+            if let runtime::Event::Done(o) = c.event {
+                outcome = Some(o);
+            }
+        });
+        if let Some(o) = outcome {
+            return o;
+        }
+        assert!(Instant::now() < until, "request {tag} got no answer");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn dropped_submitters_give_their_place_back() {
+    const MAX_SUBMITTERS: usize = 3;
+    let mut cfg = config(1, LatencyModel::None);
+    // The handle's own submitter (behind `Handle::submit`) takes one place.
+    cfg.max_submitters = MAX_SUBMITTERS;
+    let handle = runtime::start(cfg).unwrap();
+    let free = MAX_SUBMITTERS - 1;
+    // Over time, many more submitters than places, each used and dropped.
+    for round in 0..4 * MAX_SUBMITTERS as u64 {
+        let mut sub = handle
+            .submitter(None)
+            .unwrap_or_else(|e| panic!("submitter {round} refused: {e}"));
+        round_trip(&mut sub, round).expect("served");
+        if round % 3 == 1 {
+            // Dropped with a request still in flight: its answer goes nowhere, its place
+            // comes back once the answer is sent.
+            sub.submit(completion("abandoned", Priority::Low), u64::MAX)
+                .expect("submitted");
+        }
+    }
+    // The limit still holds while submitters live.
+    let mut held: Vec<_> = (0..free)
+        .map(|i| {
+            handle
+                .submitter(None)
+                .unwrap_or_else(|e| panic!("{i}: {e}"))
+        })
+        .collect();
+    assert!(
+        matches!(handle.submitter(None), Err(RequestError::Busy)),
+        "more submitters than max_submitters"
+    );
+    for (tag, sub) in held.iter_mut().enumerate() {
+        round_trip(sub, tag as u64).expect("served");
+    }
+    held.pop();
+    let mut again = handle.submitter(None).expect("a dropped submitter's place");
+    round_trip(&mut again, 7).expect("served");
+    handle
+        .submit(completion("the handle's own", Priority::Normal))
+        .wait_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("no answer"))
+        .expect("served");
+}
+
 #[test]
 fn a_full_queue_refuses_with_an_overload_error_and_serves_the_rest() {
     let mut cfg = config(

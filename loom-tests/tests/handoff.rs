@@ -9,9 +9,9 @@
 //! through `Doorbell::wait`. What must hold: neither side sleeps through a hand-off, every
 //! batch comes back exactly once, filled, in the same buffer it left in.
 //!
-//! Passes at preemption bound 2 (the CI bound). From bound 3 on loom reports a deadlock that
-//! is its own RMW-atomicity bug (tokio-rs/loom#254) on `Doorbell::ring`'s swap, not a
-//! lost wake-up in abe; see `doorbell.rs`.
+//! Passes at preemption bound 3 (the test command's bound) since `Doorbell::ring` clears
+//! `sleeping` with a compare-exchange rather than a swap (loom's RMW-atomicity bug,
+//! tokio-rs/loom#254; see `doorbell.rs`).
 #![cfg(loom)]
 
 use abe::runtime::doorbell::Doorbell;

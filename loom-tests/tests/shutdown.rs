@@ -1,92 +1,94 @@
-//! Models worker shutdown and drain: the `stop` flag, the batch ring and the doorbell.
+//! Models worker shutdown: the real worker loop (`WorkerThread::run`: pop and run a job,
+//! reply, ring the engine; exit only when `exit` is set AND the job ring is empty; else
+//! wait on its doorbell with "ring non-empty or exit set" as the re-check) over the real
+//! rings and doorbells, with a model job type and the `park` idle policy (loom parks
+//! without a timeout, so a missed wake-up is a deadlock).
 //!
-//! The worker loop below mirrors `WorkerThread::run` (pop and handle; exit only when `stop`
-//! is set AND the ring is empty; otherwise wait with `has_work` = "ring non-empty or stop
-//! set"); keep the two in step. The real loop cannot run under loom as is (it takes an
-//! executor and a wall-clock idler), so the ring and doorbell here are the production
-//! types and the loop is a copy. The engine pushes a batch, sets `stop` (Release), and then
-//! wakes the worker once, either through the doorbell or, as `runtime::start` does when the
-//! engine exits, by unparking the thread. What must hold: the worker handles the batch
-//! (nothing lost at shutdown) and then exits (the join returns; a missed wake-up would be a
-//! loom deadlock).
+//! The engine pushes a job, sets `exit` (Release), and then wakes the worker once, either
+//! through the doorbell or, as the engine thread does after the engine returned, by
+//! unparking the thread. What must hold: the job runs and its reply comes back exactly once
+//! (nothing lost at shutdown), and then the worker exits (the join returns).
 #![cfg(loom)]
 
 use abe::runtime::doorbell::Doorbell;
-use abe::runtime::ring::{ring, Consumer};
+use abe::runtime::idle::IdlePolicy;
+use abe::runtime::ring::ring;
 use abe::runtime::sync::{Arc, AtomicBool, Ordering};
+use abe::runtime::worker::{Events, Job, WorkerThread};
 use loom::thread;
 use loom_tests::model;
 use std::time::Duration;
 
 /// Ring capacity under loom: the smallest the ring allows.
 const CAPACITY: usize = 2;
-/// Timeout passed to `wait`; loom ignores it (parks until unparked).
-const WAIT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The one batch the engine sends before stopping.
-const BATCH: u32 = 7;
+/// The one job the engine sends before stopping.
+const JOB: u32 = 7;
 
-/// The worker's loop: returns every batch it handled, once `stop` is set and the ring is
-/// drained.
-fn worker_loop(mut batches: Consumer<u32>, bell: &Doorbell, stop: &AtomicBool) -> Vec<u32> {
-    bell.bind_current();
-    let mut handled = Vec::with_capacity(CAPACITY);
-    loop {
-        if let Some(batch) = batches.pop() {
-            handled.push(batch);
-            continue;
-        }
-        // Acquire: pairs with the engine's Release store, so every batch pushed before
-        // `stop` is visible to the `is_empty` check that follows.
-        if stop.load(Ordering::Acquire) && batches.is_empty() {
-            return handled;
-        }
-        bell.wait(WAIT_TIMEOUT, || {
-            !batches.is_empty() || stop.load(Ordering::Acquire)
-        });
+/// A job that answers with its own number (the worker loop is what is under test).
+struct Ping(u32);
+
+impl Job for Ping {
+    type Reply = u32;
+    type Exec = ();
+
+    fn run(self, _exec: &mut (), _events: &mut Events<'_, u32>) -> u32 {
+        self.0
     }
 }
 
-/// How the engine wakes the worker after setting `stop`.
+/// How the engine wakes the worker after setting `exit`.
 #[derive(Clone, Copy)]
 enum Wake {
-    /// `Doorbell::ring`, the normal path.
+    /// `Doorbell::ring`, as after a dispatch.
     Doorbell,
-    /// `JoinHandle::thread().unpark()`, as `runtime::start` does when the engine exits.
+    /// `JoinHandle::thread().unpark()`, as the engine thread does after the engine returned.
     Unpark,
 }
 
-fn stop_after_one_batch(wake: Wake) {
+fn exit_after_one_job(wake: Wake) {
     model(move || {
         let bell = Arc::new(Doorbell::new());
-        let stop = Arc::new(AtomicBool::new(false));
-        let (mut tx, rx) = ring::<u32>(CAPACITY);
+        let engine_bell = Arc::new(Doorbell::new());
+        let exit = Arc::new(AtomicBool::new(false));
+        let (mut jobs, jobs_rx) = ring::<Ping>(CAPACITY);
+        let (replies_tx, mut replies) = ring::<u32>(CAPACITY);
+        engine_bell.bind_current();
 
-        let worker = {
-            let bell = bell.clone();
-            let stop = stop.clone();
-            thread::spawn(move || worker_loop(rx, &bell, &stop))
+        let worker = WorkerThread {
+            id: 0,
+            jobs: jobs_rx,
+            results: replies_tx,
+            executor: Box::new(()),
+            bell: bell.clone(),
+            engine_bell: engine_bell.clone(),
+            exit: exit.clone(),
+            idle: IdlePolicy::Park,
+            spin: Duration::ZERO,
+            reserve: 1,
         };
+        let worker = thread::spawn(move || worker.run());
 
-        assert!(tx.push(BATCH).is_ok(), "batch ring full");
-        // Release: the push above happens before a worker that sees `stop`.
-        stop.store(true, Ordering::Release);
-        // A single wake-up has to cover both the batch and the stop.
+        assert!(jobs.push(Ping(JOB)).is_ok(), "job ring full");
+        // Release: the push above happens before a worker that sees `exit`.
+        exit.store(true, Ordering::Release);
+        // A single wake-up has to cover both the job and the exit.
         match wake {
             Wake::Doorbell => bell.ring(),
             Wake::Unpark => worker.thread().unpark(),
         }
 
-        let handled = worker.join().unwrap();
-        assert_eq!(handled, [BATCH], "batch lost or duplicated at shutdown");
+        worker.join().unwrap();
+        assert_eq!(replies.pop(), Some(JOB), "job lost at shutdown");
+        assert_eq!(replies.pop(), None, "job answered twice");
     });
 }
 
 #[test]
-fn stop_with_a_doorbell_ring_drains_the_batch_and_exits() {
-    stop_after_one_batch(Wake::Doorbell);
+fn exit_with_a_doorbell_ring_runs_the_job_and_exits() {
+    exit_after_one_job(Wake::Doorbell);
 }
 
 #[test]
-fn stop_with_a_direct_unpark_drains_the_batch_and_exits() {
-    stop_after_one_batch(Wake::Unpark);
+fn exit_with_a_direct_unpark_runs_the_job_and_exits() {
+    exit_after_one_job(Wake::Unpark);
 }

@@ -152,11 +152,6 @@ impl RequestTable {
         &self.slots[index as usize].meta
     }
 
-    /// Mutable metadata of slot `index`.
-    pub fn meta_mut(&mut self, index: u32) -> &mut RequestMeta {
-        &mut self.slots[index as usize].meta
-    }
-
     /// State of slot `index`.
     pub fn state(&self, index: u32) -> SlotState {
         self.slots[index as usize].state
@@ -222,12 +217,6 @@ impl Fifo {
     /// The oldest slot (front), if any.
     pub fn front(&self) -> Option<u32> {
         (self.head != NIL).then_some(self.head)
-    }
-
-    /// The slot after `index` in this FIFO.
-    pub fn next_of(&self, table: &RequestTable, index: u32) -> Option<u32> {
-        let n = table.slots[index as usize].next;
-        (n != NIL).then_some(n)
     }
 
     /// Appends slot `index` at the back.

@@ -35,9 +35,4 @@ impl Clock {
     pub fn instant(&self, at: Nanos) -> Instant {
         self.epoch + Duration::from_nanos(at)
     }
-
-    /// The clock reading of an `Instant` (0 before the epoch).
-    pub fn nanos_at(&self, at: Instant) -> Nanos {
-        at.saturating_duration_since(self.epoch).as_nanos() as Nanos
-    }
 }

@@ -105,9 +105,4 @@ impl Doorbell {
         }
         self.sleeping.after_sleep();
     }
-
-    /// True while the consumer is parked or about to park (for tests and metrics).
-    pub fn is_sleeping(&self) -> bool {
-        self.sleeping.sleeping.load(Ordering::Relaxed)
-    }
 }

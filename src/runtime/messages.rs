@@ -199,31 +199,32 @@ pub struct ResultMsg {
     pub dispatched_ns: u64,
 }
 
-/// What the engine sends a worker.
+/// Request-level batching: what a worker sends back for a batch (see `worker::Job`).
 #[derive(Debug)]
-pub enum ToWorker {
-    /// Request-level batching: run this batch.
-    Batch(BatchMsg),
-    /// Continuous batching: run one step (a recycled buffer of `max_slots` capacity).
-    Step(Vec<crate::exec::StepItem>),
-}
-
-/// What a worker sends back.
-#[derive(Debug)]
-pub enum FromWorker {
-    Batch(ResultMsg),
-    /// Request-level batching: a piece of a streaming request's output, as the executor
-    /// relays it (best effort; the final output carries the whole text).
+pub enum BatchEvent {
+    /// A piece of a streaming request's output while the batch runs, as the executor relays
+    /// it (best effort; the final output carries the whole text).
     Token {
         ticket: crate::core::Ticket,
         offset: u32,
         text: String,
     },
-    /// The step's items with their results filled, or the executor's error.
-    Step(
-        Vec<crate::exec::StepItem>,
-        Result<(), crate::exec::ExecError>,
-    ),
+    /// The batch is done: outputs filled, or an error.
+    Done(ResultMsg),
+}
+
+/// Continuous batching: one step on its way to a worker (a recycled buffer of `max_slots`
+/// capacity).
+#[derive(Debug)]
+pub struct StepMsg {
+    pub items: Vec<crate::exec::StepItem>,
+}
+
+/// Continuous batching: the step's items with their results filled, or the executor's error.
+#[derive(Debug)]
+pub struct StepResult {
+    pub items: Vec<crate::exec::StepItem>,
+    pub result: Result<(), ExecError>,
 }
 
 /// A control message for the engine.

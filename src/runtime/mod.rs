@@ -5,38 +5,49 @@
 //! [`Submitter`] (one per thread: its own SPSC rings per class, its own completion ring) or
 //! through `Handle::submit`, which blocks-free returns a [`Pending`] to wait on. Nothing in
 //! this module may block the engine thread.
+//!
+//! Where things live: `engine/` (the engine thread: its turn, and what each batching mode
+//! does in it), `worker` (worker threads), `submitter`, `gate` and `intake` (the way in and
+//! the submit/drain handshake), `ring` and `doorbell` (SPSC rings, waking a parked thread),
+//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`. Every
+//! cross-thread atomic comes from `sync`, the std/loom switch, so `loom-tests/` checks the
+//! real protocols.
 
 pub mod clock;
-pub mod continuous_engine;
 pub mod doorbell;
 pub mod engine;
+pub mod gate;
 pub mod idle;
+pub mod intake;
 pub mod messages;
 pub mod pin;
 pub mod ring;
 pub mod snapshot;
+pub mod submitter;
 pub mod sync;
 pub mod worker;
 
 use crate::core::continuous::ContinuousConfig;
 use crate::core::strategy::StrategyKind;
-use crate::core::{request, Core, CoreConfig, RequestMeta, CLASS_COUNT};
+use crate::core::{Core, CoreConfig};
 use crate::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
 use clock::Clock;
 use crossbeam_queue::ArrayQueue;
 use doorbell::Doorbell;
-use engine::{Engine, SubmitterLink, WorkerLink};
+use engine::{Engine, IterationLevel, RequestLevel, SubmitterLink, WorkerLink};
+use gate::Gate;
 use idle::{IdlePolicy, Idler};
-use messages::{Control, Reply, Submission};
+use messages::{BatchMsg, Control, Reply, StepMsg};
 pub use messages::{
     Event, Outcome, Request, RequestError, RouteRequest, TaggedEvent, ThreadRole, Waiter,
 };
-use ring::{Consumer, Producer};
 pub use snapshot::Snapshot;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+pub use submitter::Submitter;
+use sync::{AtomicU64, AtomicUsize, Ordering};
 use worker::WorkerThread;
 
 /// Settings of the live runtime.
@@ -83,23 +94,18 @@ impl Default for RuntimeConfig {
     }
 }
 
-const STATE_RUNNING: u8 = 0;
-const STATE_DRAINING: u8 = 1;
-const STATE_STOPPED: u8 = 2;
-
 /// State shared by the handle, submitters and the engine. Lock-free except the snapshot,
 /// which the engine only ever `try_lock`s.
 pub struct Shared {
-    pub(crate) engine_bell: Arc<Doorbell>,
+    pub(crate) engine_bell: sync::Arc<Doorbell>,
     pub(crate) control: ArrayQueue<Control>,
     pub(crate) registrations: ArrayQueue<SubmitterLink>,
     pub(crate) snapshot: Mutex<Snapshot>,
     pub(crate) rejected_busy: AtomicU64,
-    state: AtomicU8,
-    /// Submissions between their state check and their push. The engine exits a drain only
-    /// when this is 0 and the rings are empty, so a request that passed the check while the
-    /// runtime was still running is never left in a ring unanswered.
-    pub(crate) entering: AtomicUsize,
+    /// Open while the runtime takes submissions; counts those between their check and their
+    /// push, so the engine never exits a drain with one of them unanswered (see `gate`).
+    pub(crate) gate: Gate,
+    /// Registered submitters (`max_submitters` at most); a dropped one gives its place back.
     submitters: AtomicUsize,
     max_submitters: usize,
     ring_capacity: usize,
@@ -254,13 +260,12 @@ pub fn start_routed(
         .map(|(_, b)| b.name().to_string())
         .collect();
     let shared = Arc::new(Shared {
-        engine_bell: Arc::new(Doorbell::new()),
+        engine_bell: sync::Arc::new(Doorbell::new()),
         control: ArrayQueue::new(64),
         registrations: ArrayQueue::new(cfg.max_submitters),
         snapshot: Mutex::new(snapshot),
         rejected_busy: AtomicU64::new(0),
-        state: AtomicU8::new(STATE_RUNNING),
-        entering: AtomicUsize::new(0),
+        gate: Gate::new(),
         submitters: AtomicUsize::new(0),
         max_submitters: cfg.max_submitters,
         ring_capacity: cfg.ring_capacity,
@@ -274,54 +279,20 @@ pub fn start_routed(
         cfg.io_threads,
         cfg.idle,
     );
-    let per_worker = cfg.core.max_inflight_per_worker.max(1) as usize;
     let spin = Duration::from_micros(cfg.spin_us);
-    let mut worker_links = Vec::with_capacity(total_workers);
-    let mut worker_handles = Vec::with_capacity(total_workers);
-    for (id, executor) in executors.into_iter().enumerate() {
-        let (batch_tx, batch_rx) = ring::ring(per_worker);
-        let (result_tx, result_rx) = ring::ring(per_worker + worker::TOKEN_ROOM);
-        let bell = Arc::new(Doorbell::new());
-        worker_links.push(WorkerLink {
-            batches: batch_tx,
-            results: result_rx,
-            bell: bell.clone(),
-        });
-        let thread = WorkerThread {
-            id,
-            batches: batch_rx,
-            results: result_tx,
-            executor,
-            bell,
-            engine_bell: shared.engine_bell.clone(),
-            stop: stop.clone(),
-            idle: cfg.idle,
-            spin,
-            reserve: per_worker,
-        };
-        let name = format!("abe-worker-{id}");
-        let core_id = placement.workers[id];
-        let hook = cfg.on_thread_start;
-        let handle = std::thread::Builder::new()
-            .name(name.clone())
-            .spawn(move || {
-                if let Some(h) = hook {
-                    h(ThreadRole::Worker(id));
-                }
-                pin::pin_current(&name, core_id);
-                thread.run();
-            })
-            .map_err(|source| StartError::Spawn {
-                name: format!("abe-worker-{id}"),
-                source,
-            })?;
-        worker_handles.push(handle);
-    }
-    let hook = cfg.on_thread_start;
-    let engine_core = placement.engine;
-    let engine_stop = stop.clone();
-    let body: Box<dyn FnOnce() + Send> = match cfg.continuous.clone() {
+    // The workers' exit flag: set once the engine has returned (the executors' `stop` is
+    // set then too, and earlier at a drain deadline's abort).
+    let exit = sync::Arc::new(sync::AtomicBool::new(false));
+    let workers = Workers {
+        cfg: &cfg,
+        engine_bell: &shared.engine_bell,
+        exit: &exit,
+        cores: &placement.workers,
+    };
+    let idler = Idler::new(cfg.idle, spin);
+    let (body, worker_handles): (Box<dyn FnOnce() + Send>, _) = match cfg.continuous.clone() {
         None => {
+            let (links, handles) = workers.spawn::<BatchMsg>(executors)?;
             let cores = lane_workers
                 .iter()
                 .enumerate()
@@ -334,41 +305,37 @@ pub fn start_routed(
                 })
                 .collect();
             let engine = Engine::new(
-                cores,
-                routing,
+                RequestLevel::new(cores, routing),
                 clock,
                 shared.clone(),
-                worker_links,
-                Idler::new(cfg.idle, spin),
+                links,
                 cfg.max_submitters,
+                idler,
                 stop.clone(),
             );
-            Box::new(move || engine.run())
+            (Box::new(move || engine.run()), handles)
         }
         Some(ccfg) => {
+            let (links, handles) = workers.spawn::<StepMsg>(executors)?;
             let sched = crate::core::continuous::Continuous::new(ContinuousConfig {
                 replicas: total_workers,
                 ..ccfg
             });
-            let io = engine::EngineIo::new(
+            let engine = Engine::new(
+                IterationLevel::new(sched, cfg.core.request_timeout_ns),
                 clock,
                 shared.clone(),
-                worker_links,
+                links,
                 cfg.max_submitters,
-                sched.table_capacity(),
-                0,
-                0,
-            );
-            let engine = continuous_engine::ContinuousEngine::new(
-                sched,
-                io,
-                Idler::new(cfg.idle, spin),
+                idler,
                 stop.clone(),
-                cfg.core.request_timeout_ns,
             );
-            Box::new(move || engine.run())
+            (Box::new(move || engine.run()), handles)
         }
     };
+    let hook = cfg.on_thread_start;
+    let engine_core = placement.engine;
+    let engine_stop = stop.clone();
     let engine_handle = std::thread::Builder::new()
         .name("abe-engine".into())
         .spawn(move || {
@@ -377,7 +344,9 @@ pub fn start_routed(
             }
             pin::pin_current("abe-engine", engine_core);
             body();
-            engine_stop.store(true, Ordering::Release);
+            engine_stop.store(true, std::sync::atomic::Ordering::Release);
+            // Release: every job the engine sent is visible to a worker that sees `exit`.
+            exit.store(true, Ordering::Release);
             for h in worker_handles {
                 h.thread().unpark();
                 let _ = h.join();
@@ -395,6 +364,76 @@ pub fn start_routed(
         shared_submitter: Mutex::new(shared_submitter),
         io_cores: placement.io,
     })
+}
+
+/// The engine's links to the workers spawned, and their threads.
+type Spawned<J> = (Vec<WorkerLink<J>>, Vec<JoinHandle<()>>);
+
+/// What every worker thread of one start shares.
+struct Workers<'a> {
+    cfg: &'a RuntimeConfig,
+    engine_bell: &'a sync::Arc<Doorbell>,
+    exit: &'a sync::Arc<sync::AtomicBool>,
+    /// Where worker `i` is pinned (see [`pin::plan`]).
+    cores: &'a [Option<usize>],
+}
+
+impl Workers<'_> {
+    /// Spawns a worker thread per executor, each with its job ring (`max_inflight_per_worker`
+    /// jobs) and reply ring (as many replies, plus room for token events); returns the
+    /// engine's links and the threads.
+    fn spawn<J>(
+        &self,
+        executors: Vec<Box<dyn crate::exec::Executor>>,
+    ) -> Result<Spawned<J>, StartError>
+    where
+        J: worker::Job<Exec = dyn crate::exec::Executor>,
+    {
+        let per_worker = self.cfg.core.max_inflight_per_worker.max(1) as usize;
+        let spin = Duration::from_micros(self.cfg.spin_us);
+        let mut links = Vec::with_capacity(executors.len());
+        let mut handles = Vec::with_capacity(executors.len());
+        for (id, executor) in executors.into_iter().enumerate() {
+            let (job_tx, job_rx) = ring::ring(per_worker);
+            let (reply_tx, reply_rx) = ring::ring(per_worker + worker::TOKEN_ROOM);
+            let bell = sync::Arc::new(Doorbell::new());
+            links.push(WorkerLink {
+                jobs: job_tx,
+                replies: reply_rx,
+                bell: bell.clone(),
+            });
+            let thread = WorkerThread::<J> {
+                id,
+                jobs: job_rx,
+                results: reply_tx,
+                executor,
+                bell,
+                engine_bell: self.engine_bell.clone(),
+                exit: self.exit.clone(),
+                idle: self.cfg.idle,
+                spin,
+                reserve: per_worker,
+            };
+            let name = format!("abe-worker-{id}");
+            let core_id = self.cores[id];
+            let hook = self.cfg.on_thread_start;
+            let handle = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || {
+                    if let Some(h) = hook {
+                        h(ThreadRole::Worker(id));
+                    }
+                    pin::pin_current(&name, core_id);
+                    thread.run();
+                })
+                .map_err(|source| StartError::Spawn {
+                    name: format!("abe-worker-{id}"),
+                    source,
+                })?;
+            handles.push(handle);
+        }
+        Ok((links, handles))
+    }
 }
 
 /// The in-process API of a running abe.
@@ -498,7 +537,7 @@ impl Handle {
 
     /// True while new requests are accepted.
     pub fn is_accepting(&self) -> bool {
-        self.shared.state.load(Ordering::Acquire) == STATE_RUNNING
+        self.shared.gate.is_open()
     }
 
     /// Stops admitting, finishes queued and in-flight work, answers everything; whatever is
@@ -507,7 +546,8 @@ impl Handle {
     pub fn shutdown(&self, deadline: Duration) -> ShutdownReport {
         let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(engine) = engine {
-            self.shared.state.store(STATE_DRAINING, Ordering::SeqCst);
+            // Close before the Drain control: the engine reads the gate after the control.
+            self.shared.gate.close();
             let deadline_ns = self
                 .shared
                 .clock
@@ -524,7 +564,6 @@ impl Handle {
             }
             self.shared.engine_bell.ring();
             let _ = engine.join();
-            self.shared.state.store(STATE_STOPPED, Ordering::Release);
         }
         let s = self.snapshot().stats;
         ShutdownReport {
@@ -539,176 +578,5 @@ impl Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         self.shutdown(Duration::from_secs(5));
-    }
-}
-
-/// One thread's way in: its own ring per class into the engine, and its own completion
-/// ring back for tagged submissions.
-///
-/// Invariant: `in_flight <= completion ring capacity`, so the engine never finds the
-/// completion ring full.
-pub struct Submitter {
-    shared: Arc<Shared>,
-    /// Classes pushed into since the engine last looked (see `SubmitterLink::ready`).
-    ready: Arc<AtomicU32>,
-    /// Tags whose client went away.
-    cancels: Producer<u64>,
-    inputs: Vec<Producer<Submission>>,
-    completions: Consumer<TaggedEvent>,
-    in_flight: usize,
-    max_in_flight: usize,
-}
-
-impl Submitter {
-    fn register(
-        shared: Arc<Shared>,
-        wake: Option<Arc<dyn Fn() + Send + Sync>>,
-    ) -> Result<Submitter, RequestError> {
-        let n = shared.submitters.fetch_add(1, Ordering::AcqRel);
-        if n >= shared.max_submitters {
-            shared.submitters.fetch_sub(1, Ordering::AcqRel);
-            return Err(RequestError::Busy);
-        }
-        let mut inputs = Vec::with_capacity(CLASS_COUNT);
-        let mut consumers = Vec::with_capacity(CLASS_COUNT);
-        for _ in 0..CLASS_COUNT {
-            let (p, c): (Producer<Submission>, Consumer<Submission>) =
-                ring::ring(shared.ring_capacity);
-            inputs.push(p);
-            consumers.push(c);
-        }
-        // Twice the in-flight limit: final answers always fit (at most one per request in
-        // flight), and the other half carries token events of streaming requests.
-        let (ctx, crx) = ring::ring(shared.ring_capacity * 2);
-        let max_in_flight = crx.capacity() / 2;
-        let ready = Arc::new(AtomicU32::new(0));
-        let (cancel_tx, cancel_rx) = ring::ring(shared.ring_capacity);
-        let link = SubmitterLink {
-            cancels: cancel_rx,
-            tag_slots: vec![u32::MAX; max_in_flight],
-            inputs: consumers,
-            completions: ctx,
-            wake,
-            ready: ready.clone(),
-            unread: 0,
-        };
-        if shared.registrations.push(link).is_err() {
-            return Err(RequestError::Busy);
-        }
-        shared.engine_bell.ring();
-        Ok(Submitter {
-            shared,
-            ready,
-            cancels: cancel_tx,
-            inputs,
-            completions: crx,
-            in_flight: 0,
-            max_in_flight,
-        })
-    }
-
-    /// Submits a request whose answer comes back through [`Submitter::drain_completions`]
-    /// with `tag`.
-    pub fn submit(&mut self, request: Request, tag: u64) -> Result<(), RequestError> {
-        if self.in_flight >= self.max_in_flight {
-            self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
-            return Err(RequestError::Busy);
-        }
-        self.submit_reply(request, Reply::Tag(tag))?;
-        self.in_flight += 1;
-        Ok(())
-    }
-
-    fn submit_reply(&mut self, request: Request, reply: Reply) -> Result<(), RequestError> {
-        // SeqCst on `entering` and `state` (here and in `Handle::shutdown` / the engine's exit
-        // check): either this submission sees the drain and refuses, or the engine sees it
-        // entering and waits for its push.
-        self.shared.entering.fetch_add(1, Ordering::SeqCst);
-        let result = self.push_submission(request, reply);
-        self.shared.entering.fetch_sub(1, Ordering::SeqCst);
-        result
-    }
-
-    fn push_submission(&mut self, request: Request, reply: Reply) -> Result<(), RequestError> {
-        if self.shared.state.load(Ordering::SeqCst) != STATE_RUNNING {
-            return Err(RequestError::ShuttingDown);
-        }
-        let Request {
-            priority,
-            route,
-            mut work,
-        } = request;
-        if work.kind == crate::core::Kind::Embedding {
-            work.max_tokens = 0;
-        }
-        let mut meta = RequestMeta::new(
-            priority,
-            work.kind,
-            work.prompt.len(),
-            work.max_tokens,
-            self.shared.clock.now(),
-        );
-        meta.predicted_output_tokens = work.predicted_output_tokens;
-        let class = request::class_index(priority, meta.bucket());
-        let sub = Submission {
-            meta,
-            work,
-            reply,
-            route,
-        };
-        match self.inputs[class].push(sub) {
-            Ok(()) => {
-                // Release: the push above is visible to an engine that sees this bit.
-                self.ready.fetch_or(1 << class, Ordering::Release);
-                self.shared.engine_bell.ring();
-                Ok(())
-            }
-            Err(_) => {
-                self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
-                Err(RequestError::Busy)
-            }
-        }
-    }
-
-    /// Hands every event that arrived to `f`; returns how many requests finished.
-    pub fn drain_completions(&mut self, mut f: impl FnMut(TaggedEvent)) -> usize {
-        let mut n = 0;
-        while let Some(c) = self.completions.pop() {
-            if matches!(c.event, Event::Done(_)) {
-                n += 1;
-            }
-            f(c);
-        }
-        self.in_flight -= n;
-        n
-    }
-
-    /// Asks the engine to cancel tagged submission `tag` (its client went away): a request
-    /// still waiting is dropped and answered as cancelled; in continuous batching an active
-    /// one frees its slot at the next step. Best effort: a full cancel ring drops the ask.
-    ///
-    /// A cancel may reach the engine after the request was answered, so never reuse a tag
-    /// verbatim: io threads put a slab index in the low 32 bits (the engine's fast lookup
-    /// key) and a generation in the high 32 bits, which the engine compares before it
-    /// cancels anything.
-    pub fn cancel(&mut self, tag: u64) {
-        if self.cancels.push(tag).is_ok() {
-            self.shared.engine_bell.ring();
-        }
-    }
-
-    /// True when completions are waiting to be drained.
-    pub fn has_completions(&self) -> bool {
-        !self.completions.is_empty()
-    }
-
-    /// Tagged submissions not yet answered.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    /// The runtime's clock.
-    pub fn clock(&self) -> Clock {
-        self.shared.clock
     }
 }

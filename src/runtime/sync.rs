@@ -2,17 +2,20 @@
 //!
 //! Production code in `runtime` takes atomics, cells, `Arc`, and park/unpark from here, so
 //! `loom-tests/` (built with `RUSTFLAGS="--cfg loom"`) model-checks the real code, not a copy.
-//! Never import these primitives from std directly in the protocol files (ring, doorbell).
+//! Never import atomics from std directly anywhere in `runtime` (ring, doorbell, gate,
+//! intake, submitter, engine, worker): a cross-thread flag or counter that bypasses this
+//! module is one loom cannot see. (The executors' `stop` flag is `exec`'s, a plain std
+//! `AtomicBool` shared with `serve` and the health checker; the runtime only sets it.)
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub use loom::sync::Arc;
 #[cfg(loom)]
 pub use loom::thread::{current as current_thread, Thread};
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub use std::sync::Arc;
 #[cfg(not(loom))]
@@ -29,15 +32,6 @@ pub fn park_timeout(timeout: std::time::Duration) {
 #[cfg(loom)]
 pub fn park_timeout(_timeout: std::time::Duration) {
     loom::thread::park();
-}
-
-/// Spin-loop hint (loom: yield so the model can schedule the other thread).
-#[inline]
-pub fn spin_hint() {
-    #[cfg(loom)]
-    loom::thread::yield_now();
-    #[cfg(not(loom))]
-    std::hint::spin_loop();
 }
 
 /// An `UnsafeCell` with loom's closure API, so both builds share one call shape.

@@ -1,38 +1,125 @@
-//! A worker thread: takes batches from its ring, runs its executor, returns the results.
+//! A worker thread: takes jobs from its ring, runs each on its executor, sends the reply back.
 //!
 //! The worker never talks to the scheduler directly; it only moves buffers between its two
-//! rings and rings the engine's doorbell. It must never drop a batch: every batch it takes
-//! goes back, answered or failed.
+//! rings and rings the engine's doorbell. It must never drop a job: every job it takes goes
+//! back, answered or failed. A job is a batch (request-level batching) or a step
+//! (continuous batching); each mode has its own [`Job`] type and reply type, so neither the
+//! worker nor the engine matches on the other mode's messages.
+//!
+//! Shutdown: the engine thread sets `exit` (Release) after the engine returned, then
+//! unparks the worker; the worker exits once `exit` is set and its ring is empty (Acquire),
+//! so a job pushed before the flag is still run. `loom-tests/tests/shutdown.rs` runs
+//! [`WorkerThread::run`] itself under loom.
 
 use super::doorbell::Doorbell;
 use super::idle::{IdlePolicy, Idler};
-use super::messages::{BatchMsg, FromWorker, ResultMsg, ToWorker};
+use super::messages::{BatchEvent, BatchMsg, ResultMsg, StepMsg, StepResult};
 use super::ring::{Consumer, Producer};
+use super::sync::{Arc, AtomicBool, Ordering};
 use crate::core::Ticket;
 use crate::exec::{ExecError, Executor, TokenSink};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// What a worker runs: one message from the engine, answered by one reply.
+pub trait Job: Send + 'static {
+    /// What goes back to the engine: the job's result, and any events sent while it runs.
+    type Reply: Send + 'static;
+    /// What the job runs on (an executor).
+    type Exec: ?Sized + Send;
+
+    /// Runs the job on `exec`. Events while it runs go through `events`; the return value
+    /// is the final reply, which always finds room in the result ring.
+    fn run(self, exec: &mut Self::Exec, events: &mut Events<'_, Self::Reply>) -> Self::Reply;
+}
+
+/// A job's way to send events to the engine while it runs, never taking the result-ring
+/// slots kept for job replies.
+pub struct Events<'a, R> {
+    results: &'a mut Producer<R>,
+    engine_bell: &'a Doorbell,
+    /// Result-ring slots kept free for job replies.
+    reserve: usize,
+}
+
+impl<R> Events<'_, R> {
+    /// Sends `event` and rings the engine if the ring has room beyond the reserve; false
+    /// if the event was dropped.
+    pub fn send(&mut self, event: R) -> bool {
+        if self.results.free_slots() > self.reserve && self.results.push(event).is_ok() {
+            self.engine_bell.ring();
+            return true;
+        }
+        false
+    }
+}
+
 /// Everything one worker thread owns.
-pub struct WorkerThread {
+pub struct WorkerThread<J: Job> {
     pub id: usize,
-    pub batches: Consumer<ToWorker>,
-    pub results: Producer<FromWorker>,
-    pub executor: Box<dyn Executor>,
+    pub jobs: Consumer<J>,
+    pub results: Producer<J::Reply>,
+    pub executor: Box<J::Exec>,
     pub bell: Arc<Doorbell>,
     pub engine_bell: Arc<Doorbell>,
-    /// Set by the engine when it exits; the worker finishes what it holds and stops.
-    pub stop: Arc<AtomicBool>,
+    /// Set by the engine thread once the engine has returned; the worker runs what its
+    /// ring still holds and stops.
+    pub exit: Arc<AtomicBool>,
     pub idle: IdlePolicy,
     pub spin: Duration,
-    /// Result-ring slots kept for batch results (the worker's in-flight limit); the rest of
-    /// the ring carries token events.
+    /// Result-ring slots kept for job replies (the worker's in-flight limit); the rest of
+    /// the ring carries events.
     pub reserve: usize,
 }
 
-/// Room in a worker's result ring beyond its in-flight batches, for token events.
+/// Room in a worker's result ring beyond its in-flight jobs, for token events.
 pub const TOKEN_ROOM: usize = 64;
+
+impl<J: Job> WorkerThread<J> {
+    /// The worker's loop; returns when `exit` is set and its ring is empty.
+    pub fn run(mut self) {
+        self.bell.bind_current();
+        let mut idler = Idler::new(self.idle, self.spin);
+        loop {
+            if self.step() {
+                idler.busy();
+                continue;
+            }
+            // Acquire: pairs with the engine thread's Release store, so every job pushed
+            // before `exit` is visible to the `is_empty` check that follows.
+            if self.exit.load(Ordering::Acquire) && self.jobs.is_empty() {
+                return;
+            }
+            let (jobs, exit) = (&self.jobs, &self.exit);
+            idler.idle(Instant::now(), None, &self.bell, || {
+                !jobs.is_empty() || exit.load(Ordering::Acquire)
+            });
+        }
+    }
+
+    /// Takes one job, runs it, sends its reply and rings the engine. False if the ring was
+    /// empty.
+    pub fn step(&mut self) -> bool {
+        let Some(job) = self.jobs.pop() else {
+            return false;
+        };
+        let mut events = Events {
+            results: &mut self.results,
+            engine_bell: &self.engine_bell,
+            reserve: self.reserve,
+        };
+        let reply = job.run(&mut *self.executor, &mut events);
+        // The engine sends at most `reserve` jobs before it gets their replies back, and
+        // events never take those slots, so this cannot be full.
+        if self.results.push(reply).is_err() {
+            unreachable!(
+                "worker {} result ring full: engine invariant broken",
+                self.id
+            );
+        }
+        self.engine_bell.ring();
+        true
+    }
+}
 
 /// Runs `f` on the executor, turning a panic into an error for this batch or step.
 fn guarded(
@@ -43,91 +130,59 @@ fn guarded(
         .unwrap_or_else(|_| Err(ExecError::Backend("executor panicked".into())))
 }
 
-/// Relays streaming text from the executor to the engine through the result ring, never
-/// taking the room reserved for batch results (pieces are dropped instead: the final output
-/// carries the whole text).
-struct RingTokens<'a> {
-    results: &'a mut Producer<FromWorker>,
-    engine_bell: &'a Doorbell,
-    /// Slots kept free for batch results.
-    reserve: usize,
+/// Relays streaming text from the executor to the engine as token events (dropped when the
+/// ring is short of room: the final output carries the whole text).
+struct RingTokens<'a, 'b> {
+    events: &'a mut Events<'b, BatchEvent>,
     tickets: smallvec::SmallVec<[Ticket; 32]>,
 }
 
-impl TokenSink for RingTokens<'_> {
+impl TokenSink for RingTokens<'_, '_> {
     fn token(&mut self, item: usize, offset: u32, text: String) {
         let Some(&ticket) = self.tickets.get(item) else {
             return;
         };
-        if self.results.free_slots() > self.reserve
-            && self
-                .results
-                .push(FromWorker::Token {
-                    ticket,
-                    offset,
-                    text,
-                })
-                .is_ok()
-        {
-            self.engine_bell.ring();
-        }
+        self.events.send(BatchEvent::Token {
+            ticket,
+            offset,
+            text,
+        });
     }
 }
 
-impl WorkerThread {
-    /// The worker's loop; returns when `stop` is set and its ring is empty.
-    pub fn run(mut self) {
-        self.bell.bind_current();
-        let mut idler = Idler::new(self.idle, self.spin);
-        loop {
-            if let Some(msg) = self.batches.pop() {
-                idler.busy();
-                let reply = match msg {
-                    ToWorker::Batch(BatchMsg {
-                        batch,
-                        mut items,
-                        dispatched_ns,
-                    }) => {
-                        let mut sink = RingTokens {
-                            results: &mut self.results,
-                            engine_bell: &self.engine_bell,
-                            reserve: self.reserve,
-                            tickets: items.iter().map(|i| i.ticket).collect(),
-                        };
-                        let result = guarded(&mut *self.executor, |exec| {
-                            exec.execute(&mut items, &mut sink)
-                        });
-                        FromWorker::Batch(ResultMsg {
-                            batch,
-                            items,
-                            result,
-                            dispatched_ns,
-                        })
-                    }
-                    ToWorker::Step(mut items) => {
-                        let result = guarded(&mut *self.executor, |exec| exec.step(&mut items));
-                        FromWorker::Step(items, result)
-                    }
-                };
-                // The engine sends at most `capacity` messages before it gets them back, and
-                // the result ring has the same capacity, so this cannot be full.
-                if self.results.push(reply).is_err() {
-                    unreachable!(
-                        "worker {} result ring full: engine invariant broken",
-                        self.id
-                    );
-                }
-                self.engine_bell.ring();
-                continue;
-            }
-            if self.stop.load(Ordering::Acquire) && self.batches.is_empty() {
-                return;
-            }
-            let batches = &self.batches;
-            let stop = &self.stop;
-            idler.idle(Instant::now(), None, &self.bell, || {
-                !batches.is_empty() || stop.load(Ordering::Acquire)
-            });
-        }
+/// Request-level batching: run the batch, relaying streamed text as token events.
+impl Job for BatchMsg {
+    type Reply = BatchEvent;
+    type Exec = dyn Executor;
+
+    fn run(self, exec: &mut Self::Exec, events: &mut Events<'_, BatchEvent>) -> BatchEvent {
+        let BatchMsg {
+            batch,
+            mut items,
+            dispatched_ns,
+        } = self;
+        let mut sink = RingTokens {
+            events,
+            tickets: items.iter().map(|i| i.ticket).collect(),
+        };
+        let result = guarded(exec, |exec| exec.execute(&mut items, &mut sink));
+        BatchEvent::Done(ResultMsg {
+            batch,
+            items,
+            result,
+            dispatched_ns,
+        })
+    }
+}
+
+/// Continuous batching: one forward pass over the step's items.
+impl Job for StepMsg {
+    type Reply = StepResult;
+    type Exec = dyn Executor;
+
+    fn run(self, exec: &mut Self::Exec, _events: &mut Events<'_, StepResult>) -> StepResult {
+        let StepMsg { mut items } = self;
+        let result = guarded(exec, |exec| exec.step(&mut items));
+        StepResult { items, result }
     }
 }

@@ -1,0 +1,382 @@
+//! Iteration-level (continuous) batching, the engine's [`Mode`] for it: drives
+//! [`Continuous`] instead of the request-level cores, on one backend.
+//!
+//! What differs from request-level batching: admission is into the scheduler's slots (no
+//! routing: the io thread checked the model); every idle replica gets one step per turn
+//! (`tick`); a step's reply streams the sampled tokens to their submitters, then answers
+//! the requests that ended and frees their slots; a request waiting for a slot past the
+//! request deadline fails; a cancel drops a waiting request at once and an active one at
+//! its next step. The shared turn is in `engine/mod.rs`. Same rules: after start-up no
+//! allocation, no lock (other than `try_lock` to publish), no blocking. Step buffers
+//! circulate engine -> worker -> engine; request payloads are moved or `Arc`-shared, never
+//! copied.
+
+use super::io::{move_samples, EngineIo};
+use super::routing::RouteState;
+use super::Mode;
+use crate::core::continuous::{Continuous, ContinuousReject, EntryResult, StepAction};
+use crate::core::pool::WorkerStatus;
+use crate::core::strategy::StrategyKind;
+use crate::core::{FailReason, Nanos, Reject, Ticket};
+use crate::exec::StepItem;
+use crate::runtime::messages::{RequestError, StepMsg, StepResult, Submission};
+use crate::runtime::snapshot::{ContinuousSnapshot, Snapshot, WorkerSnapshot};
+
+/// Token-timing samples buffered between publishes (each kind).
+const TOKEN_SAMPLES: usize = 16 * 1024;
+
+/// Pushes a sample unless the buffer is full (then it is counted as dropped).
+fn push_sample(buf: &mut Vec<u64>, value: u64, dropped: &mut u64) {
+    if buf.len() < buf.capacity() {
+        buf.push(value);
+    } else {
+        *dropped += 1;
+    }
+}
+
+/// Continuous batching: the scheduler, its step buffers and the counters the request-level
+/// core would keep.
+pub struct IterationLevel {
+    sched: Continuous,
+    /// One step buffer per replica while it is home (None while its step is out).
+    step_bufs: Vec<Option<Vec<StepItem>>>,
+    /// Scratch: the results of one step, in entry order.
+    results: Vec<EntryResult>,
+    /// Scratch: tickets of requests that left their slot in one step.
+    ended: Vec<(Ticket, EntryResult)>,
+    /// Counters the request-level core would keep.
+    completed: u64,
+    failed: u64,
+    worker_errors: u64,
+    rejected_full: u64,
+    rejected_draining: u64,
+    steps_per_replica: Vec<u64>,
+    busy_since: Vec<Nanos>,
+    busy_total: Vec<Nanos>,
+    /// A request still waiting for a slot this long fails (batching.request_timeout).
+    request_timeout_ns: Nanos,
+    /// Time-to-first-token and time-per-output-token samples since the last publish
+    /// (capacity fixed at start; when full, samples are counted as dropped).
+    new_ttft_ns: Vec<u64>,
+    new_tpot_ns: Vec<u64>,
+    output_tokens: u64,
+}
+
+impl IterationLevel {
+    /// Builds the mode over `sched` (one replica per engine worker); every buffer it will
+    /// use is allocated here.
+    pub fn new(sched: Continuous, request_timeout_ns: Nanos) -> IterationLevel {
+        let replicas = sched.config().replicas;
+        let slots = sched.config().max_slots;
+        IterationLevel {
+            step_bufs: (0..replicas)
+                .map(|_| Some(Vec::with_capacity(slots)))
+                .collect(),
+            results: Vec::with_capacity(slots),
+            ended: Vec::with_capacity(slots),
+            completed: 0,
+            failed: 0,
+            worker_errors: 0,
+            rejected_full: 0,
+            rejected_draining: 0,
+            steps_per_replica: vec![0; replicas],
+            busy_since: vec![0; replicas],
+            busy_total: vec![0; replicas],
+            sched,
+            request_timeout_ns,
+            new_ttft_ns: Vec::with_capacity(TOKEN_SAMPLES),
+            new_tpot_ns: Vec::with_capacity(TOKEN_SAMPLES),
+            output_tokens: 0,
+        }
+    }
+
+    fn replicas(&self) -> usize {
+        self.step_bufs.len()
+    }
+}
+
+impl Mode for IterationLevel {
+    type Job = StepMsg;
+
+    fn table_capacity(&self) -> usize {
+        self.sched.table_capacity()
+    }
+
+    fn workers(&self) -> usize {
+        self.replicas()
+    }
+
+    /// Strategies govern request-level batches; the API refuses the switch in continuous
+    /// mode, so one reaching here is ignored.
+    fn set_strategy(&mut self, _kind: StrategyKind) {}
+
+    fn begin_drain(&mut self) {
+        self.sched.begin_drain();
+    }
+
+    /// Admits into the scheduler (one backend only, config enforces it: the io thread
+    /// checked the model).
+    #[inline]
+    fn admit(&mut self, io: &mut EngineIo<StepMsg>, _now: Nanos, s: u16, sub: Submission) {
+        let sched = &mut self.sched;
+        let Submission {
+            meta, work, reply, ..
+        } = sub;
+        match sched.admit(meta) {
+            Ok(ticket) => io.occupy(ticket.index, s, reply, work, meta, RouteState::NONE),
+            Err(reject) => {
+                let error = match reject {
+                    ContinuousReject::QueueFull { .. } => {
+                        self.rejected_full += 1;
+                        RequestError::Rejected(Reject::QueueFull {
+                            capacity: sched.config().max_queue,
+                        })
+                    }
+                    ContinuousReject::ShuttingDown => {
+                        self.rejected_draining += 1;
+                        RequestError::Rejected(Reject::ShuttingDown)
+                    }
+                    ContinuousReject::TooLarge { needed, capacity } => {
+                        RequestError::Rejected(Reject::TooLarge { needed, capacity })
+                    }
+                };
+                drop(work);
+                io.send(s, reply, Err(error), None);
+            }
+        }
+    }
+
+    /// A waiting request is dropped and answered (cancelled) now; an active one is marked
+    /// and leaves its slot at its next step.
+    fn cancel(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos, index: u32) {
+        if let Some(ticket) = self.sched.ticket_of(index) {
+            if self.sched.cancel_waiting(ticket) {
+                self.failed += 1;
+                io.finish(now, index, Err(RequestError::Failed(FailReason::Cancelled)));
+            }
+        }
+    }
+
+    /// A finished step from replica `r`: streams its tokens, answers the requests that
+    /// ended, frees their slots, takes the step buffer back.
+    #[inline]
+    fn on_reply(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos, r: usize, reply: StepResult) {
+        let StepResult { mut items, result } = reply;
+        self.busy_total[r] += now.saturating_sub(self.busy_since[r]);
+        if result.is_ok() {
+            // Tokens first: a request's Done must follow its last token.
+            for item in items.iter_mut() {
+                let e = item.entry;
+                if e.samples() && e.generated == 0 {
+                    let slot = &mut io.pending[e.ticket.index as usize];
+                    if slot.first_token_ns == 0 {
+                        slot.first_token_ns = now.max(1);
+                        let ttft = now.saturating_sub(slot.meta.arrival_ns).max(1);
+                        push_sample(&mut self.new_ttft_ns, ttft, &mut io.samples_dropped);
+                    }
+                }
+                if let Some(text) = item.token.take() {
+                    io.send_token(e.ticket.index, item.token_offset, text);
+                }
+            }
+        }
+        self.results.clear();
+        if result.is_err() {
+            // The forward pass failed: every request in it fails with the error.
+            self.worker_errors += 1;
+            self.results
+                .extend(items.iter().map(|_| EntryResult::Cancelled));
+        } else {
+            let pending = &io.pending;
+            self.results.extend(items.iter().map(|i| {
+                if pending[i.entry.ticket.index as usize].cancelled {
+                    EntryResult::Cancelled
+                } else {
+                    i.result
+                }
+            }));
+        }
+        self.ended.clear();
+        let ended = &mut self.ended;
+        self.sched
+            .complete_step(r, &self.results, &mut |t, res| ended.push((t, res)));
+        for i in 0..self.ended.len() {
+            let (ticket, _) = self.ended[i];
+            let first_token_ns =
+                std::mem::take(&mut io.pending[ticket.index as usize].first_token_ns);
+            let outcome = match (
+                &result,
+                items.iter_mut().find(|it| it.entry.ticket == ticket),
+            ) {
+                (Ok(()), Some(item)) => match item.output.take() {
+                    Some(out) => Ok(out),
+                    None => Err(RequestError::Failed(FailReason::Cancelled)),
+                },
+                (Err(e), _) => Err(RequestError::Worker(e.to_string())),
+                (Ok(()), None) => Err(RequestError::Failed(FailReason::WorkerError)),
+            };
+            if let Ok(crate::exec::Output::Text {
+                completion_tokens, ..
+            }) = &outcome
+            {
+                self.output_tokens += u64::from(*completion_tokens);
+                if *completion_tokens > 1 && first_token_ns > 0 {
+                    let tpot =
+                        now.saturating_sub(first_token_ns) / u64::from(completion_tokens - 1);
+                    push_sample(&mut self.new_tpot_ns, tpot.max(1), &mut io.samples_dropped);
+                }
+            }
+            if outcome.is_ok() {
+                self.completed += 1;
+            } else {
+                self.failed += 1;
+            }
+            io.finish(now, ticket.index, outcome);
+        }
+        for item in items.iter_mut() {
+            item.work = None;
+            item.token = None;
+            item.output = None;
+        }
+        items.clear();
+        self.step_bufs[r] = Some(items);
+    }
+
+    /// Fails requests that waited for a slot past the request deadline.
+    fn expire(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
+        if self.sched.waiting() == 0 {
+            return;
+        }
+        let failed = &mut self.failed;
+        self.sched
+            .expire_waiting(now, self.request_timeout_ns, &mut |t| {
+                *failed += 1;
+                io.finish(
+                    now,
+                    t.index,
+                    Err(RequestError::Failed(FailReason::QueueTimeout)),
+                );
+            });
+    }
+
+    /// One tick: every replica without a step out gets its next step.
+    #[inline]
+    fn poll(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) -> (bool, Option<Nanos>) {
+        let bufs = &mut self.step_bufs;
+        let steps = &mut self.steps_per_replica;
+        let busy_since = &mut self.busy_since;
+        let worked = self.sched.tick(&mut |action| match action {
+            StepAction::Step {
+                replica, entries, ..
+            } => {
+                let mut items = bufs[replica]
+                    .take()
+                    .expect("a replica without a step out has its buffer");
+                for e in entries {
+                    let work = if e.admitted {
+                        // Arc-shared prompt: no allocation; the engine keeps its copy so a
+                        // preempted request can be sent again.
+                        io.pending[e.ticket.index as usize].work.clone()
+                    } else {
+                        None
+                    };
+                    items.push(StepItem {
+                        entry: *e,
+                        work,
+                        token: None,
+                        token_offset: 0,
+                        result: EntryResult::Continue,
+                        output: None,
+                    });
+                }
+                steps[replica] += 1;
+                busy_since[replica] = now;
+                let link = &mut io.workers[replica];
+                if link.jobs.push(StepMsg { items }).is_err() {
+                    unreachable!("one step out per replica fits its ring");
+                }
+                link.bell.ring();
+            }
+            // The worker drops the slot's state when the slot is next admitted into.
+            StepAction::Preempted { .. } => {}
+        });
+        (worked, None)
+    }
+
+    fn abort(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
+        let failed = &mut self.failed;
+        self.sched.abort_all(&mut |t| {
+            *failed += 1;
+            io.finish(now, t.index, Err(RequestError::Failed(FailReason::Aborted)));
+        });
+    }
+
+    fn is_idle(&self) -> bool {
+        self.sched.is_idle()
+    }
+
+    /// No replica has a step out.
+    fn nothing_out(&self) -> bool {
+        (0..self.replicas()).all(|r| !self.sched.is_busy(r))
+    }
+
+    fn publish(
+        &mut self,
+        io: &mut EngineIo<StepMsg>,
+        snap: &mut Snapshot,
+        now: Nanos,
+        aborted: bool,
+    ) {
+        let c = *self.sched.stats();
+        snap.stats.admitted = c.admitted;
+        snap.stats.rejected_full = self.rejected_full;
+        snap.stats.rejected_draining = self.rejected_draining;
+        snap.stats.completed = self.completed;
+        snap.stats.failed = self.failed;
+        snap.stats.worker_errors = self.worker_errors;
+        snap.stats.aborted = if aborted { self.failed } else { 0 };
+        snap.queued = self.sched.waiting();
+        snap.live_requests = self.sched.waiting()
+            + (0..self.step_bufs.len())
+                .map(|r| self.sched.active_slots(r))
+                .sum::<usize>();
+        for (r, w) in snap.workers.iter_mut().enumerate() {
+            let busy = self.sched.is_busy(r);
+            *w = WorkerSnapshot {
+                status: if busy {
+                    WorkerStatus::Busy
+                } else {
+                    WorkerStatus::Idle
+                },
+                circuit: crate::core::circuit::CircuitState::Closed,
+                pending: u32::from(busy),
+                busy_ns: self.busy_total[r]
+                    + if busy {
+                        now.saturating_sub(self.busy_since[r])
+                    } else {
+                        0
+                    },
+                batches_ok: self.steps_per_replica[r],
+                batches_failed: 0,
+            };
+        }
+        snap.continuous = Some(ContinuousSnapshot {
+            stats: c,
+            slots_total: self.sched.slots_total(),
+            active_slots: (0..self.step_bufs.len())
+                .map(|r| self.sched.active_slots(r))
+                .sum(),
+            kv_used_tokens: (0..self.step_bufs.len())
+                .map(|r| self.sched.kv_used(r))
+                .sum(),
+            kv_capacity_tokens: self.sched.config().kv_capacity_tokens
+                * self.step_bufs.len() as u64,
+            output_tokens: self.output_tokens,
+        });
+        move_samples(&mut self.new_ttft_ns, &mut snap.ttft);
+        move_samples(&mut self.new_tpot_ns, &mut snap.tpot);
+        move_samples(&mut io.new_latencies_ns, &mut snap.latency);
+        snap.samples_dropped = io.samples_dropped;
+        snap.draining = self.sched.is_draining();
+    }
+}

@@ -1,0 +1,263 @@
+//! The engine thread: the only owner of the scheduler (and, request-level, the router) in
+//! the live runtime.
+//!
+//! Each turn ([`Engine::run`], written once for both batching modes) it reads the clock
+//! once, takes new submitters and control messages, drains the submitter rings (highest
+//! priority first, up to a budget), takes cancellations, drains worker replies, aborts what
+//! is left once a drain's deadline passed, lets the scheduler act (dispatch batches, or run
+//! a tick), wakes the submitters that got answers, publishes a snapshot every 50 ms, exits
+//! when a drain is done, and otherwise idles per policy until the earliest deadline or a
+//! doorbell. What differs between the modes is a [`Mode`], chosen at start and statically
+//! dispatched (the turn is generic over it, so the hot path has no virtual calls):
+//!
+//! - `request`: request-level batching: a core per backend and the router;
+//! - `continuous`: iteration-level batching: the slot scheduler on one backend.
+//!
+//! `io` is the I/O half both share (submitter links, the pending table, worker links,
+//! samples); `routing` the request-level routing state.
+//!
+//! After start-up the engine must not allocate (error answers excepted), lock (other than
+//! `try_lock` to publish a snapshot), or block; `tests/no_alloc.rs` checks the allocation
+//! part over 100,000 requests, routed across backends too. It answers every request it
+//! took exactly once, through [`EngineIo::send`].
+
+mod continuous;
+mod io;
+mod request;
+mod routing;
+
+pub use continuous::IterationLevel;
+pub use io::{EngineIo, SubmitterLink, WorkerLink};
+pub use request::{Lane, RequestLevel};
+pub use routing::{BackendHealth, Routing, MAX_TRIES};
+
+use super::clock::Clock;
+use super::idle::Idler;
+use super::messages::{Control, Submission};
+use super::snapshot::{Snapshot, SNAPSHOT_INTERVAL_NS};
+use super::worker::Job;
+use super::Shared;
+use crate::core::strategy::StrategyKind;
+use crate::core::Nanos;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// What a batching mode does in the engine's turn. Every method runs on the engine thread;
+/// none may allocate per request, lock or block. `io` is the engine's I/O half, lent for
+/// the call.
+pub trait Mode {
+    /// What the engine sends a worker (its reply type is what comes back).
+    type Job: Job;
+
+    /// Pending-table slots the mode addresses (its requests' places in `io.pending`).
+    fn table_capacity(&self) -> usize;
+
+    /// Worker links the mode dispatches to.
+    fn workers(&self) -> usize;
+
+    /// Start of a turn, before any intake (request-level: backend health and circuits).
+    #[inline]
+    fn begin_turn(&mut self, _now: Nanos) {}
+
+    /// Switches the batching strategy; nothing queued is lost.
+    fn set_strategy(&mut self, kind: StrategyKind);
+
+    /// Stops admitting: what is admitted finishes, later submissions are refused.
+    fn begin_drain(&mut self);
+
+    /// Admits one submission from submitter `submitter`, or answers it with a refusal.
+    fn admit(&mut self, io: &mut EngineIo<Self::Job>, now: Nanos, submitter: u16, sub: Submission);
+
+    /// The client of live pending slot `index` went away (already marked `cancelled`):
+    /// cancel what can be cancelled now.
+    fn cancel(&mut self, io: &mut EngineIo<Self::Job>, now: Nanos, index: u32);
+
+    /// A reply from worker `worker`.
+    fn on_reply(
+        &mut self,
+        io: &mut EngineIo<Self::Job>,
+        now: Nanos,
+        worker: usize,
+        reply: <Self::Job as Job>::Reply,
+    );
+
+    /// After the replies, before the drain-deadline check: fail requests past their own
+    /// deadline (a mode whose scheduler does this in `poll` keeps the default).
+    #[inline]
+    fn expire(&mut self, _io: &mut EngineIo<Self::Job>, _now: Nanos) {}
+
+    /// Lets the scheduler act: dispatch batches or run a tick. Returns whether it sent
+    /// anything, and when it next needs a turn without being woken.
+    fn poll(&mut self, io: &mut EngineIo<Self::Job>, now: Nanos) -> (bool, Option<Nanos>);
+
+    /// The drain deadline passed: answer every request left with an error.
+    fn abort(&mut self, io: &mut EngineIo<Self::Job>, now: Nanos);
+
+    /// Nothing admitted is left (queued, or out at a worker).
+    fn is_idle(&self) -> bool;
+
+    /// After an abort (everything answered): nothing is still out at a worker either.
+    fn nothing_out(&self) -> bool;
+
+    /// Copies the mode's counters into the snapshot (locked by the caller; `at_ns` set).
+    fn publish(
+        &mut self,
+        io: &mut EngineIo<Self::Job>,
+        snap: &mut Snapshot,
+        now: Nanos,
+        aborted: bool,
+    );
+}
+
+/// The engine: a batching mode and its I/O.
+pub struct Engine<M: Mode> {
+    mode: M,
+    io: EngineIo<M::Job>,
+    idler: Idler,
+    /// Set by a `Drain` control: the deadline after which what is left is aborted.
+    drain_deadline_ns: Option<Nanos>,
+    /// Set once the drain deadline passed and everything left was aborted.
+    aborted: bool,
+    /// The executors' stop flag (`exec`'s): set at the abort, so executors still running
+    /// abandoned work may cut it short.
+    stop: Arc<AtomicBool>,
+}
+
+impl<M: Mode> Engine<M> {
+    /// The engine over `mode`, with a link per worker (`workers[w]` is the mode's worker
+    /// `w`). Every buffer it will use is allocated here.
+    pub fn new(
+        mode: M,
+        clock: Clock,
+        shared: Arc<Shared>,
+        workers: Vec<WorkerLink<M::Job>>,
+        max_submitters: usize,
+        idler: Idler,
+        stop: Arc<AtomicBool>,
+    ) -> Engine<M> {
+        assert_eq!(workers.len(), mode.workers(), "a worker link per worker");
+        let io = EngineIo::new(
+            clock,
+            shared,
+            workers,
+            max_submitters,
+            mode.table_capacity(),
+        );
+        Engine {
+            mode,
+            io,
+            idler,
+            drain_deadline_ns: None,
+            aborted: false,
+            stop,
+        }
+    }
+
+    /// Runs until drained (after a `Drain` control) and every job has come back.
+    pub fn run(mut self) {
+        self.io.shared.engine_bell.bind_current();
+        loop {
+            let now = self.io.clock.now();
+            self.mode.begin_turn(now);
+            let mut worked = self.io.accept_submitters();
+            worked |= self.read_controls(now);
+            worked |= self.admit_submissions(now);
+            worked |= self.drain_cancels(now);
+            worked |= self.drain_replies(now);
+            self.mode.expire(&mut self.io, now);
+            if let Some(deadline) = self.drain_deadline_ns {
+                if now >= deadline && !self.aborted && !self.mode.is_idle() {
+                    self.mode.abort(&mut self.io, now);
+                    self.aborted = true;
+                    // Executors still running abandoned work may stop early now.
+                    self.stop.store(true, std::sync::atomic::Ordering::Release);
+                }
+            }
+            let (dispatched, next) = self.mode.poll(&mut self.io, now);
+            worked |= dispatched;
+            self.io.flush_wakes();
+            if now.saturating_sub(self.io.published_at_ns) >= SNAPSHOT_INTERVAL_NS {
+                self.publish(now);
+            }
+            // Done when drained; after an abort, do not wait for abandoned work.
+            let finished = self.mode.is_idle() || (self.aborted && self.mode.nothing_out());
+            // Drained and finished, the engine waits only for the gate to empty: a submitter
+            // leaving it rings, and the re-check before sleeping looks at the gate.
+            let watch_gate = self.drain_deadline_ns.is_some() && finished;
+            if watch_gate && self.io.intake_drained() {
+                self.publish(now);
+                return;
+            }
+            if worked {
+                self.idler.busy();
+            } else {
+                let io = &self.io;
+                let deadline = next.map(|n| io.clock.instant(n));
+                self.idler.idle(
+                    io.clock.instant(now),
+                    deadline,
+                    &io.shared.engine_bell,
+                    || io.has_work() || (watch_gate && io.shared.gate.is_closed_and_empty()),
+                );
+            }
+        }
+    }
+
+    fn read_controls(&mut self, now: Nanos) -> bool {
+        let mut worked = false;
+        while let Some(c) = self.io.shared.control.pop() {
+            worked = true;
+            match c {
+                Control::SetStrategy(kind) => self.mode.set_strategy(kind),
+                Control::Drain { deadline_ns } => {
+                    // Admit what is already in the rings before refusing new work.
+                    while self.admit_submissions(now) {}
+                    self.mode.begin_drain();
+                    self.drain_deadline_ns = Some(deadline_ns);
+                }
+            }
+        }
+        worked
+    }
+
+    /// Admits up to the per-turn budget, highest priority first across all submitters.
+    #[inline]
+    fn admit_submissions(&mut self, now: Nanos) -> bool {
+        let mode = &mut self.mode;
+        self.io
+            .drain_submissions(|io, s, sub| mode.admit(io, now, s, sub))
+    }
+
+    /// Takes the cancellations submitters sent (clients that went away).
+    fn drain_cancels(&mut self, now: Nanos) -> bool {
+        let mode = &mut self.mode;
+        self.io
+            .drain_cancels(|io, index| mode.cancel(io, now, index))
+    }
+
+    /// Takes every reply the workers sent.
+    #[inline]
+    fn drain_replies(&mut self, now: Nanos) -> bool {
+        let mut worked = false;
+        for w in 0..self.io.workers.len() {
+            while let Some(reply) = self.io.workers[w].replies.pop() {
+                worked = true;
+                self.mode.on_reply(&mut self.io, now, w, reply);
+            }
+        }
+        worked
+    }
+
+    fn publish(&mut self, now: Nanos) {
+        self.io.published_at_ns = now;
+        // A clone of the handle (no allocation), so the mode can take `io` mutably while
+        // the snapshot is locked.
+        let shared = self.io.shared.clone();
+        let Ok(mut snap) = shared.snapshot.try_lock() else {
+            return;
+        };
+        snap.at_ns = now;
+        self.mode
+            .publish(&mut self.io, &mut snap, now, self.aborted);
+    }
+}

@@ -1,0 +1,565 @@
+//! Request-level batching, the engine's [`Mode`] for it: one core per backend ("lane": its
+//! queues, its workers, their circuit breakers) and the router.
+//!
+//! What differs from continuous batching: each submission is routed to a backend's core
+//! (trying the model's other backends before a 429 when the chosen queue is full); each
+//! core's actions dispatch batches to its workers; a batch's reply answers its requests,
+//! or moves a request its backend failed to another backend of the same model; a backend's
+//! circuit as routing sees it follows its workers' breakers. The shared turn is in
+//! `engine/mod.rs`; this file must not allocate per request either (error answers
+//! excepted): batch buffers are allocated here once and circulate.
+
+use super::io::{move_samples, EngineIo, SampleKind};
+use super::routing::{RouteState, Routing, MAX_TRIES};
+use super::Mode;
+use crate::core::strategy::StrategyKind;
+use crate::core::{
+    Action, BatchOutcome, Completion as CoreCompletion, Core, FailReason, Nanos, Reject,
+    CLASS_COUNT,
+};
+use crate::exec::{BatchItem, ExecError, Work};
+use crate::router::{BackendId, Decision, Need, Via};
+use crate::runtime::messages::{
+    BatchEvent, BatchMsg, RequestError, ResultMsg, RouteRequest, Submission,
+};
+use crate::runtime::snapshot::{Snapshot, WorkerSnapshot};
+use crate::runtime::sync::Ordering;
+
+/// One backend's scheduler and where its requests and workers sit in the engine's tables.
+pub struct Lane {
+    pub core: Core,
+    /// The lane's table slot `i` is the engine's pending slot `pending_base + i`.
+    pub pending_base: u32,
+    /// The lane's worker `w` is the engine's worker `worker_base + w`.
+    pub worker_base: u32,
+}
+
+/// A lane's offsets, copied out so closures over the I/O can use them while the lane's core
+/// is borrowed.
+#[derive(Clone, Copy)]
+struct LaneAt {
+    backend: BackendId,
+    pending_base: u32,
+    worker_base: u32,
+}
+
+impl Lane {
+    fn at(&self, index: usize) -> LaneAt {
+        LaneAt {
+            backend: BackendId::from_index(index),
+            pending_base: self.pending_base,
+            worker_base: self.worker_base,
+        }
+    }
+}
+
+/// The lane holding engine pending slot `index`, and the lane-local index.
+fn lane_of(lanes: &[Lane], index: u32) -> (usize, u32) {
+    let l = lanes
+        .partition_point(|lane| lane.pending_base <= index)
+        .saturating_sub(1);
+    (l, index - lanes[l].pending_base)
+}
+
+/// What the cores' own counters get wrong about requests that failed on one backend: a
+/// request moved to another backend is counted again there (as `readmitted`) and its first
+/// core counted it as finished; a request that failed alone in a batch its core counted as
+/// served was not completed. Applied to the merged stats at publish, so the exported
+/// outcomes count each client request once, by its final answer.
+#[derive(Clone, Copy, Debug, Default)]
+struct StatsFix {
+    moved_from_ok_batch: u64,
+    moved_from_failed_batch: u64,
+    failed_in_ok_batch: u64,
+}
+
+impl StatsFix {
+    fn apply(&self, s: &mut crate::core::CoreStats) {
+        let moved = self.moved_from_failed_batch;
+        s.completed = s
+            .completed
+            .saturating_sub(self.moved_from_ok_batch + self.failed_in_ok_batch);
+        s.failed = (s.failed + self.failed_in_ok_batch).saturating_sub(moved);
+        s.worker_errors = (s.worker_errors + self.failed_in_ok_batch).saturating_sub(moved);
+    }
+}
+
+/// Request-level batching: a core per backend, the router, and the batch buffers.
+pub struct RequestLevel {
+    lanes: Vec<Lane>,
+    /// Lane of each engine worker.
+    worker_lane: Vec<u16>,
+    routing: Routing,
+    /// Batch buffers at home (one per batch slot; a dispatch takes one, its reply gives it
+    /// back).
+    free_bufs: Vec<Vec<BatchItem>>,
+    /// Pending-table slots over all lanes.
+    table_capacity: usize,
+    stats_fix: StatsFix,
+}
+
+impl RequestLevel {
+    /// `cores[b]` schedules backend `b` of `routing`'s router and owns the next
+    /// `cores[b].config().workers` engine workers. Every buffer it will use is allocated
+    /// here.
+    pub fn new(cores: Vec<Core>, routing: Routing) -> RequestLevel {
+        assert_eq!(
+            cores.len(),
+            routing.router.registry().len(),
+            "a core per backend"
+        );
+        let mut lanes = Vec::with_capacity(cores.len());
+        let mut worker_lane = Vec::new();
+        let (mut table, mut batch_slots, mut batch_len) = (0usize, 0usize, 0usize);
+        for (l, core) in cores.into_iter().enumerate() {
+            let cfg = core.config();
+            let (capacity, workers_here) = (cfg.queue_capacity.max(1), cfg.workers);
+            batch_slots += workers_here * cfg.max_inflight_per_worker.max(1) as usize;
+            batch_len = batch_len.max(core.max_batch_len());
+            lanes.push(Lane {
+                pending_base: table as u32,
+                worker_base: worker_lane.len() as u32,
+                core,
+            });
+            table += capacity;
+            worker_lane.extend(std::iter::repeat_n(l as u16, workers_here));
+        }
+        RequestLevel {
+            lanes,
+            worker_lane,
+            routing,
+            free_bufs: (0..batch_slots)
+                .map(|_| Vec::with_capacity(batch_len))
+                .collect(),
+            table_capacity: table,
+            stats_fix: StatsFix::default(),
+        }
+    }
+
+    fn live_requests(&self) -> usize {
+        self.lanes.iter().map(|l| l.core.live_requests()).sum()
+    }
+
+    /// A batch came back from lane `l`'s worker: answer, or retry elsewhere, each request.
+    fn batch_done(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos, l: usize, msg: ResultMsg) {
+        let ResultMsg {
+            batch,
+            mut items,
+            result,
+            dispatched_ns,
+        } = msg;
+        let backend = BackendId::from_index(l);
+        let backend_fault = match &result {
+            Err(e) => e.is_backend_fault(),
+            Ok(()) => {
+                !items.is_empty()
+                    && items
+                        .iter()
+                        .all(|i| i.error.as_ref().is_some_and(ExecError::is_backend_fault))
+            }
+        };
+        let outcome = if backend_fault || result.is_err() {
+            BatchOutcome::Failed
+        } else {
+            BatchOutcome::Ok
+        };
+        {
+            let registry = self.routing.router.registry_mut();
+            registry.batch_finished(backend);
+            // A backend that fails at once must not look fast to the smart score.
+            if outcome == BatchOutcome::Ok {
+                let ms = now.saturating_sub(dispatched_ns) as f64 / 1e6;
+                registry.record_latency_ms(backend, ms);
+            }
+        }
+        let batch_ok = outcome == BatchOutcome::Ok;
+        let base = self.lanes[l].pending_base;
+        match self.lanes[l].core.complete(now, batch, outcome) {
+            CoreCompletion::Deliver => {
+                for item in items.drain(..) {
+                    let index = base + item.ticket.index;
+                    let error = match &result {
+                        Err(e) => Some(e.clone()),
+                        Ok(()) => item.error,
+                    };
+                    match (error, item.output) {
+                        (None, Some(out)) => io.finish(now, index, Ok(out)),
+                        (None, None) => io.finish(
+                            now,
+                            index,
+                            Err(RequestError::Worker("executor gave no output".into())),
+                        ),
+                        (Some(e), _) => self.retry_or_fail(io, now, index, item.work, e, batch_ok),
+                    }
+                }
+            }
+            CoreCompletion::Stale => items.clear(),
+        }
+        self.routing.sync_circuit(backend, &self.lanes[l].core, now);
+        self.free_bufs.push(items);
+    }
+
+    /// A request failed on its backend: move it to another backend of the same model when
+    /// the failure is the backend's, retries are left, and the client has seen no part of
+    /// the answer; otherwise answer the error.
+    ///
+    /// `batch_ok`: the core counted the batch as served (the failure was this request's
+    /// alone), so its stats count the request as completed until corrected here.
+    fn retry_or_fail(
+        &mut self,
+        io: &mut EngineIo<BatchMsg>,
+        now: Nanos,
+        index: u32,
+        work: Work,
+        error: ExecError,
+        batch_ok: bool,
+    ) {
+        let slot = &io.pending[index as usize];
+        let route = slot.route;
+        let (l, _) = lane_of(&self.lanes, index);
+        let retries_used = route.tried_len.saturating_sub(1) as u32;
+        let retry_to = match route.decision {
+            Some(d)
+                if error.is_backend_fault()
+                    && !slot.tokens_sent
+                    && !slot.cancelled
+                    && retries_used < self.routing.router.max_retries()
+                    && (route.tried_len as usize) < MAX_TRIES =>
+            {
+                self.routing
+                    .router
+                    .pick_excluding(d.model, &route.need.requirements(), route.tried())
+                    .map(|b| (d, b))
+            }
+            _ => None,
+        };
+        if let Some((d, b)) = retry_to {
+            let meta = slot.meta;
+            let lane = &mut self.lanes[b.index()];
+            if let Ok(ticket) = lane.core.readmit(now, meta) {
+                let to = lane.pending_base + ticket.index;
+                if batch_ok {
+                    self.stats_fix.moved_from_ok_batch += 1;
+                } else {
+                    self.stats_fix.moved_from_failed_batch += 1;
+                }
+                self.routing.counters[l].retried_away += 1;
+                self.routing.counters[b.index()].routed += 1;
+                let mut route = route;
+                route.tried[route.tried_len as usize] = b;
+                route.tried_len += 1;
+                route.decision = Some(Decision { backend: b, ..d });
+                let mut work = work;
+                work.model = self.routing.model_for(b, d.model);
+                io.move_pending(index, to, work, route);
+                return;
+            }
+        }
+        self.routing.counters[l].failed += 1;
+        if batch_ok {
+            self.stats_fix.failed_in_ok_batch += 1;
+        }
+        io.finish(now, index, Err(RequestError::Backend(error)));
+    }
+}
+
+/// Carries out one action of lane `at`'s core.
+fn act(
+    io: &mut EngineIo<BatchMsg>,
+    free_bufs: &mut Vec<Vec<BatchItem>>,
+    routing: &mut Routing,
+    now: Nanos,
+    at: LaneAt,
+    action: Action<'_>,
+) {
+    match action {
+        Action::Dispatch {
+            worker,
+            batch,
+            tickets,
+            ..
+        } => {
+            let mut items = free_bufs
+                .pop()
+                .expect("one buffer per batch slot: a dispatch always finds one");
+            for t in tickets {
+                let work = io.pending[(at.pending_base + t.index) as usize]
+                    .work
+                    .take()
+                    .expect("a queued request still holds its work");
+                items.push(BatchItem::new(*t, work));
+            }
+            io.record_sample(SampleKind::BatchSize, tickets.len() as u64);
+            routing.router.registry_mut().batch_started(at.backend);
+            let link = &mut io.workers[at.worker_base as usize + worker];
+            if link
+                .jobs
+                .push(BatchMsg {
+                    batch,
+                    items,
+                    dispatched_ns: now,
+                })
+                .is_err()
+            {
+                unreachable!("worker ring sized to max_inflight_per_worker");
+            }
+            link.bell.ring();
+        }
+        Action::Fail { ticket, reason } => {
+            io.finish(
+                now,
+                at.pending_base + ticket.index,
+                Err(RequestError::Failed(reason)),
+            );
+        }
+    }
+}
+
+impl Mode for RequestLevel {
+    type Job = BatchMsg;
+
+    fn table_capacity(&self) -> usize {
+        self.table_capacity
+    }
+
+    fn workers(&self) -> usize {
+        self.worker_lane.len()
+    }
+
+    /// Takes health changes, and makes a circuit due its probe routable before this turn's
+    /// requests are admitted (nothing else wakes the engine when a recovery time passes).
+    #[inline]
+    fn begin_turn(&mut self, now: Nanos) {
+        self.routing.refresh_health();
+        for (l, lane) in self.lanes.iter().enumerate() {
+            if now >= self.routing.circuit_due_ns[l] {
+                self.routing
+                    .sync_circuit(BackendId::from_index(l), &lane.core, now);
+            }
+        }
+    }
+
+    fn set_strategy(&mut self, kind: StrategyKind) {
+        for lane in &mut self.lanes {
+            lane.core.set_strategy(kind);
+        }
+    }
+
+    fn begin_drain(&mut self) {
+        for lane in &mut self.lanes {
+            lane.core.begin_drain();
+        }
+    }
+
+    /// Routes the submission to a backend and admits it into that backend's core.
+    #[inline]
+    fn admit(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos, submitter: u16, sub: Submission) {
+        let (lanes, routing) = (&mut self.lanes, &mut self.routing);
+        let Submission {
+            meta,
+            mut work,
+            reply,
+            route,
+        } = sub;
+        let route = route.unwrap_or(RouteRequest {
+            name: routing.default_name,
+            need: Need::default(),
+        });
+        let mut decision = match routing.router.route_name(route.name, &route.need) {
+            Ok(d) => d,
+            Err(e) => {
+                // Cold path (no backend can take it now): the error message allocates.
+                io.send(submitter, reply, Err(RequestError::Route(e)), None);
+                return;
+            }
+        };
+        // A full queue on the chosen backend: try the model's other candidates before 429.
+        let mut full = [BackendId::FIRST; MAX_TRIES];
+        let mut full_len = 0;
+        let admitted = loop {
+            let b = decision.backend.index();
+            match lanes[b].core.admit(now, meta) {
+                Err(Reject::QueueFull { capacity }) if full_len < MAX_TRIES - 1 => {
+                    full[full_len] = decision.backend;
+                    full_len += 1;
+                    let req = route.need.requirements();
+                    match routing
+                        .router
+                        .pick_excluding(decision.model, &req, &full[..full_len])
+                    {
+                        Some(next) => decision.backend = next,
+                        None => break Err(Reject::QueueFull { capacity }),
+                    }
+                }
+                other => break other,
+            }
+        };
+        let b = decision.backend.index();
+        work.model = routing.model_for(decision.backend, decision.model);
+        let lane = &mut lanes[b];
+        match admitted {
+            Ok(ticket) => {
+                let c = &mut routing.counters[b];
+                c.routed += 1;
+                match decision.via {
+                    Via::Direct => {}
+                    Via::Alias { .. } => c.via_alias += 1,
+                    Via::Fallback { .. } => c.via_fallback += 1,
+                }
+                let index = lane.pending_base + ticket.index;
+                let mut state = RouteState::NONE;
+                state.name = route.name;
+                state.need = route.need;
+                state.decision = Some(decision);
+                state.tried[0] = decision.backend;
+                state.tried_len = 1;
+                io.occupy(index, submitter, reply, work, meta, state);
+            }
+            Err(reject) => {
+                drop(work);
+                io.send(submitter, reply, Err(RequestError::Rejected(reject)), None);
+            }
+        }
+    }
+
+    /// A queued request is removed and answered (cancelled); a dispatched one runs to
+    /// completion (its batch is already out).
+    fn cancel(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos, index: u32) {
+        let (l, local) = lane_of(&self.lanes, index);
+        let core = &mut self.lanes[l].core;
+        if let Some(ticket) = core.ticket_of(local) {
+            if core.cancel(ticket) {
+                io.finish(now, index, Err(RequestError::Failed(FailReason::Cancelled)));
+            }
+        }
+    }
+
+    #[inline]
+    fn on_reply(
+        &mut self,
+        io: &mut EngineIo<BatchMsg>,
+        now: Nanos,
+        worker: usize,
+        reply: BatchEvent,
+    ) {
+        let l = self.worker_lane[worker] as usize;
+        match reply {
+            BatchEvent::Token {
+                ticket,
+                offset,
+                text,
+            } => {
+                let lane = &self.lanes[l];
+                if lane.core.ticket_of(ticket.index) == Some(ticket) {
+                    let index = lane.pending_base + ticket.index;
+                    if io.send_token(index, offset, text) {
+                        let slot = &mut io.pending[index as usize];
+                        slot.tokens_sent = true;
+                        if slot.first_token_ns == 0 {
+                            slot.first_token_ns = now.max(1);
+                        }
+                    }
+                }
+            }
+            BatchEvent::Done(msg) => self.batch_done(io, now, l, msg),
+        }
+    }
+
+    /// Polls every core and carries out its actions (dispatches, failures).
+    #[inline]
+    fn poll(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos) -> (bool, Option<Nanos>) {
+        let RequestLevel {
+            lanes,
+            routing,
+            free_bufs,
+            ..
+        } = self;
+        let mut dispatched = false;
+        let mut next: Option<Nanos> = None;
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let at = lane.at(l);
+            let lane_next = lane.core.poll(now, &mut |a| {
+                dispatched = true;
+                act(io, free_bufs, routing, now, at, a)
+            });
+            next = match (next, lane_next) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        (dispatched, next)
+    }
+
+    fn abort(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos) {
+        let RequestLevel {
+            lanes,
+            routing,
+            free_bufs,
+            ..
+        } = self;
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let at = lane.at(l);
+            lane.core
+                .abort_all(now, &mut |a| act(io, free_bufs, routing, now, at, a));
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.lanes.iter().all(|l| l.core.is_idle())
+    }
+
+    fn nothing_out(&self) -> bool {
+        self.live_requests() == 0
+    }
+
+    fn publish(
+        &mut self,
+        io: &mut EngineIo<BatchMsg>,
+        snap: &mut Snapshot,
+        now: Nanos,
+        _aborted: bool,
+    ) {
+        let mut stats = crate::core::CoreStats::default();
+        let mut queued_by_class = [0usize; CLASS_COUNT];
+        let (mut queued, mut live, mut p99) = (0, 0, None::<Nanos>);
+        let mut w = 0;
+        for lane in &self.lanes {
+            let core = &lane.core;
+            stats.merge(core.stats());
+            for (c, q) in queued_by_class.iter_mut().enumerate() {
+                *q += core.queued_in_class(c);
+            }
+            queued += core.queued();
+            live += core.live_requests();
+            p99 = p99.max(core.observed_p99_ns());
+            for view in core.workers() {
+                if let Some(dst) = snap.workers.get_mut(w) {
+                    *dst = WorkerSnapshot::from_view(view, now);
+                }
+                w += 1;
+            }
+        }
+        self.stats_fix.apply(&mut stats);
+        snap.stats = stats;
+        snap.strategy = self.lanes[0].core.strategy();
+        snap.queued_by_class = queued_by_class;
+        snap.queued = queued;
+        snap.live_requests = live;
+        snap.observed_p99_ns = p99;
+        move_samples(&mut io.new_latencies_ns, &mut snap.latency);
+        move_samples(&mut io.new_batch_sizes, &mut snap.batch_size);
+        snap.samples_dropped = io.samples_dropped;
+        snap.rejected_busy = io.shared.rejected_busy.load(Ordering::Relaxed);
+        snap.draining = self.lanes[0].core.is_draining();
+        snap.research = self.lanes[0].core.research_snapshot();
+        let registry = self.routing.router.registry();
+        for (b, dst) in snap.backends.iter_mut().enumerate() {
+            let state = registry.state(BackendId::from_index(b));
+            let mut c = self.routing.counters[b];
+            c.healthy = state.healthy();
+            c.pending_batches = state.pending_batches();
+            c.latency_ema_ms = state.latency_ema_ms();
+            *dst = c;
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The routing state the request-level engine owns: the router, each request's route (and
+//! the backends that failed it), backend health as a checker publishes it, and each
+//! backend's circuit as routing sees it.
+//!
+//! Only the engine thread touches it; nothing here may block or allocate per request.
+
+use crate::core::circuit::CircuitState;
+use crate::core::{Core, Nanos};
+use crate::router::{BackendId, Decision, ModelId, NameId, Need, Router};
+use std::sync::Arc;
+
+/// Where a routed request went, and the backends that failed it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RouteState {
+    pub(super) name: NameId,
+    pub(super) need: Need,
+    pub(super) decision: Option<Decision>,
+    /// Backends tried so far (the current one last).
+    pub(super) tried: [BackendId; MAX_TRIES],
+    pub(super) tried_len: u8,
+}
+
+/// Most backends one request is tried on: the first plus `routing.max_retries` (<= 8).
+pub const MAX_TRIES: usize = 9;
+
+impl RouteState {
+    pub(super) const NONE: RouteState = RouteState {
+        name: NameId::FIRST,
+        need: Need {
+            estimated_tokens: 0,
+            needs: crate::router::Capabilities {
+                vision: false,
+                tools: false,
+                json_mode: false,
+            },
+        },
+        decision: None,
+        tried: [BackendId::FIRST; MAX_TRIES],
+        tried_len: 0,
+    };
+
+    pub(super) fn tried(&self) -> &[BackendId] {
+        &self.tried[..self.tried_len as usize]
+    }
+}
+
+/// Live health of backends, as a health checker publishes it (`sim` backends are always
+/// healthy). Read by the engine once per turn: a generation counter first, the flags only
+/// when it moved.
+pub trait BackendHealth: Send + Sync {
+    /// Bumped on every change.
+    fn generation(&self) -> u64;
+    fn healthy(&self, backend: usize) -> bool;
+}
+
+/// Routing state the engine owns (only the engine thread touches it).
+pub struct Routing {
+    pub router: Router,
+    /// Served model names by `ModelId`, shared so a request's `Work` gets one without
+    /// allocating.
+    pub model_names: Vec<Arc<str>>,
+    /// Per backend: its executor reads `Work::model` (upstream backends; a `sim` one does
+    /// not, and skipping the shared counter's increment and decrement keeps the hot path
+    /// cheaper).
+    wants_model: Vec<bool>,
+    /// The name requests without a resolved model (in-process callers) are routed by.
+    pub default_name: NameId,
+    pub health: Option<Arc<dyn BackendHealth>>,
+    health_seen: u64,
+    /// Per backend: counters published in the snapshot.
+    pub(super) counters: Vec<crate::runtime::snapshot::BackendSnapshot>,
+    /// Per backend: when its circuit as routing sees it may change without a batch
+    /// completing (an open worker circuit becomes due its probe); `Nanos::MAX`: not before
+    /// the next completion.
+    pub(super) circuit_due_ns: Vec<Nanos>,
+}
+
+impl Routing {
+    pub fn new(
+        router: Router,
+        default_name: NameId,
+        health: Option<Arc<dyn BackendHealth>>,
+    ) -> Routing {
+        let registry = router.registry();
+        let model_names = (0..registry.model_count())
+            .map(|m| Arc::from(registry.model_name(ModelId::from_index(m))))
+            .collect();
+        let counters = vec![Default::default(); registry.len()];
+        let wants_model = registry
+            .backends()
+            .map(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }))
+            .collect();
+        let circuit_due_ns = vec![Nanos::MAX; registry.len()];
+        Routing {
+            router,
+            model_names,
+            wants_model,
+            default_name,
+            health,
+            health_seen: u64::MAX,
+            counters,
+            circuit_due_ns,
+        }
+    }
+
+    /// What `Work::model` must hold for `model` on `backend`: its name for an upstream
+    /// backend, nothing for a `sim` one.
+    pub(super) fn model_for(&self, backend: BackendId, model: ModelId) -> Option<Arc<str>> {
+        self.wants_model[backend.index()].then(|| self.model_names[model.index()].clone())
+    }
+
+    /// Takes health changes the checker published.
+    pub(super) fn refresh_health(&mut self) {
+        let Some(h) = &self.health else { return };
+        let generation = h.generation();
+        if generation == self.health_seen {
+            return;
+        }
+        self.health_seen = generation;
+        for b in 0..self.counters.len() {
+            let healthy = h.healthy(b);
+            self.router
+                .registry_mut()
+                .set_healthy(BackendId::from_index(b), healthy);
+        }
+    }
+
+    /// A backend's circuit as routing sees it, from its workers' breakers: closed while any
+    /// worker's is closed or due a probe (so the probe batch can be routed there), open when
+    /// every worker's is open and none is due.
+    pub(super) fn sync_circuit(&mut self, backend: BackendId, core: &Core, now: Nanos) {
+        let params = core.config().circuit;
+        let mut state = CircuitState::Open;
+        // Only while no worker's circuit is closed can time alone change the state (an open
+        // one becomes due its probe); a closed one changes only when a batch completes,
+        // which syncs again.
+        let mut next_due = Nanos::MAX;
+        for w in core.workers() {
+            match w.circuit.last_state() {
+                CircuitState::Closed => {
+                    state = CircuitState::Closed;
+                    next_due = Nanos::MAX;
+                    break;
+                }
+                CircuitState::HalfOpen => state = CircuitState::HalfOpen,
+                CircuitState::Open => match w.circuit.reopens_at(&params) {
+                    Some(t) if now >= t => state = CircuitState::HalfOpen,
+                    Some(t) => next_due = next_due.min(t),
+                    None => {}
+                },
+            }
+        }
+        self.circuit_due_ns[backend.index()] = next_due;
+        let c = &mut self.counters[backend.index()];
+        c.circuit = state;
+        let routed_state = match state {
+            CircuitState::Open => CircuitState::Open,
+            _ => CircuitState::Closed,
+        };
+        if self.router.registry().state(backend).circuit() != routed_state {
+            self.router
+                .registry_mut()
+                .set_circuit(backend, routed_state);
+        }
+    }
+}
