@@ -9,6 +9,7 @@ mod fixed;
 mod latency_aware;
 mod queue_depth;
 
+pub mod auto;
 pub mod batch_stats;
 pub mod bins;
 #[cfg(test)]

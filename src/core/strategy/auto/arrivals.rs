@@ -1,0 +1,405 @@
+//! `auto`'s arrival model: how many requests to expect in the next few milliseconds.
+//!
+//! Arrivals are learned as a function of the time since the last completed batch, per
+//! completed request ("echoes"): for every offset bin, the expected number of arrivals per
+//! request of the batch that completed. This one model covers both kinds of load:
+//! - a closed loop (a benchmark harness, an agent, a batch job with a fixed number of
+//!   clients): the requests a completion answers come back one round trip later, so the
+//!   mass sits in the bin of the clients' round trip, about one arrival per completed
+//!   request. A rate estimated from inter-arrival gaps cannot see this: the gaps look like
+//!   a slow, smooth stream while the next few hundred microseconds are certain to bring a
+//!   whole group.
+//! - an open loop (Poisson or bursty arrivals that do not depend on answers): the mass is
+//!   spread over the bins in proportion to their width, i.e. the rate.
+//!
+//! Conditioning on what already came: a completion of `n` requests is expected to bring
+//! `n x sum(h)` arrivals over the horizon; those already seen since it are taken off. With
+//! one client the only echo has arrived by the time it is queued, so nothing more is
+//! expected and `auto` never waits.
+//!
+//! Censoring: a bin is learned from a completion only if the next completion came after the
+//! bin's end (otherwise the window did not cover it); bins never covered keep the prior 0.
+//!
+//! Beside the echo model, per-class inter-arrival gaps give each class's rate and
+//! burstiness (squared coefficient of variation of the gaps: 1 for Poisson, above 1 for
+//! bursts), for metrics.
+//!
+//! Fixed-size arrays only; nothing here allocates or reads a clock.
+
+use crate::core::request::{Nanos, BUCKET_COUNT, CLASS_COUNT};
+
+/// Offset bins: bin 0 is `[0, 2^12)` ns; then four per octave from 2^12 ns (4.1 us) to
+/// 2^29 ns (537 ms). Log-spaced because the round trip of a client on loopback (tens of
+/// microseconds) and of a remote harness (milliseconds) must both be resolved to ~19 %.
+pub const ECHO_BINS: usize = 1 + 4 * (ECHO_TOP_OCTAVE - ECHO_FIRST_OCTAVE) as usize;
+const ECHO_FIRST_OCTAVE: u32 = 12;
+const ECHO_TOP_OCTAVE: u32 = 29;
+/// Quarter-octave steps as multiples of 1/1024: 2^(k/4) for k = 0..3.
+const QUARTER_STEPS: [u64; 4] = [1024, 1218, 1448, 1722];
+/// Weight of a new window in a bin's moving average (1/16: about 16 completions to settle).
+const ECHO_ALPHA: f64 = 1.0 / 16.0;
+/// Weight of a new arrival in the bucket shares and gap averages.
+const SHARE_ALPHA: f64 = 1.0 / 32.0;
+const GAP_ALPHA: f64 = 1.0 / 16.0;
+
+/// Lower edge of bin `j`, ns.
+const fn bin_lower_ns(j: usize) -> Nanos {
+    if j == 0 {
+        return 0;
+    }
+    let k = j - 1;
+    let octave = ECHO_FIRST_OCTAVE as usize + k / 4;
+    ((1u64 << octave) * QUARTER_STEPS[k % 4]) >> 10
+}
+
+/// Upper edge of bin `j` (the lower edge of the next), ns.
+const fn bin_upper_ns(j: usize) -> Nanos {
+    if j + 1 == ECHO_BINS {
+        1u64 << ECHO_TOP_OCTAVE
+    } else {
+        bin_lower_ns(j + 1)
+    }
+}
+
+/// The bin holding offset `x` ns, or `None` past the last bin.
+fn bin_of(x: Nanos) -> Option<usize> {
+    if x < (1 << ECHO_FIRST_OCTAVE) {
+        return Some(0);
+    }
+    let octave = 63 - x.leading_zeros();
+    if octave >= ECHO_TOP_OCTAVE {
+        return None;
+    }
+    // x / 2^octave in units of 1/1024: 1024..2047.
+    let frac = x >> (octave - 10);
+    let sub = QUARTER_STEPS[1..].iter().filter(|&&s| frac >= s).count();
+    Some(1 + 4 * (octave - ECHO_FIRST_OCTAVE) as usize + sub)
+}
+
+/// Inter-arrival statistics of one class.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GapStats {
+    last_arrival_ns: Option<Nanos>,
+    /// Moving averages of the gap and of its square, ns and ns^2 (0 until two arrivals).
+    mean_ns: f64,
+    mean_sq_ns2: f64,
+}
+
+impl GapStats {
+    /// Arrivals per second (0 until two arrivals).
+    pub fn rate_per_s(&self) -> f64 {
+        if self.mean_ns > 0.0 {
+            1e9 / self.mean_ns
+        } else {
+            0.0
+        }
+    }
+
+    /// Squared coefficient of variation of the gaps (1: Poisson; above: bursty).
+    pub fn burstiness(&self) -> f64 {
+        if self.mean_ns > 0.0 {
+            ((self.mean_sq_ns2 - self.mean_ns * self.mean_ns) / (self.mean_ns * self.mean_ns))
+                .max(0.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The learned arrival process.
+#[derive(Clone, Debug)]
+pub struct ArrivalModel {
+    /// Expected arrivals per completed request in each offset bin after a completion.
+    echo: [f64; ECHO_BINS],
+    /// The completion the open window counts from: its time and size, and what came since.
+    window_start_ns: Option<Nanos>,
+    window_requests: u32,
+    window_seen: u32,
+    window_counts: [u32; ECHO_BINS],
+    /// Share of arrivals per token bucket (they sum to 1 once anything arrived).
+    bucket_share: [f64; BUCKET_COUNT],
+    gaps: [GapStats; CLASS_COUNT],
+    arrivals: u64,
+}
+
+impl Default for ArrivalModel {
+    fn default() -> Self {
+        ArrivalModel {
+            echo: [0.0; ECHO_BINS],
+            window_start_ns: None,
+            window_requests: 0,
+            window_seen: 0,
+            window_counts: [0; ECHO_BINS],
+            bucket_share: [0.0; BUCKET_COUNT],
+            gaps: [GapStats::default(); CLASS_COUNT],
+            arrivals: 0,
+        }
+    }
+}
+
+impl ArrivalModel {
+    /// A request of `class` (priority x bucket) and token `bucket` arrived.
+    pub fn observe_arrival(&mut self, now: Nanos, class: usize, bucket: usize) {
+        self.arrivals += 1;
+        if self.arrivals == 1 {
+            self.bucket_share[bucket] = 1.0;
+        } else {
+            for (b, share) in self.bucket_share.iter_mut().enumerate() {
+                let hit = if b == bucket { 1.0 } else { 0.0 };
+                *share += SHARE_ALPHA * (hit - *share);
+            }
+        }
+        let g = &mut self.gaps[class];
+        if let Some(last) = g.last_arrival_ns {
+            let gap = now.saturating_sub(last) as f64;
+            if g.mean_ns == 0.0 {
+                g.mean_ns = gap;
+                g.mean_sq_ns2 = gap * gap;
+            } else {
+                g.mean_ns += GAP_ALPHA * (gap - g.mean_ns);
+                g.mean_sq_ns2 += GAP_ALPHA * (gap * gap - g.mean_sq_ns2);
+            }
+        }
+        g.last_arrival_ns = Some(now);
+        if let Some(start) = self.window_start_ns {
+            self.window_seen = self.window_seen.saturating_add(1);
+            if let Some(j) = bin_of(now.saturating_sub(start)) {
+                self.window_counts[j] = self.window_counts[j].saturating_add(1);
+            }
+        }
+    }
+
+    /// A batch of `requests` completed (its answers are on their way to the clients).
+    pub fn observe_completion(&mut self, now: Nanos, requests: usize) {
+        let requests = u32::try_from(requests).unwrap_or(u32::MAX);
+        if self.window_start_ns == Some(now) {
+            // Several batches finishing at one instant are one completion.
+            self.window_requests = self.window_requests.saturating_add(requests);
+            return;
+        }
+        self.close_window(now);
+        self.window_start_ns = Some(now);
+        self.window_requests = requests;
+        self.window_seen = 0;
+        self.window_counts = [0; ECHO_BINS];
+    }
+
+    /// Folds the open window into the echo averages: every bin the window covered whole.
+    fn close_window(&mut self, now: Nanos) {
+        let Some(start) = self.window_start_ns else {
+            return;
+        };
+        if self.window_requests == 0 {
+            return;
+        }
+        let covered = now.saturating_sub(start);
+        let per_request = 1.0 / f64::from(self.window_requests);
+        for j in 0..ECHO_BINS {
+            if bin_upper_ns(j) > covered {
+                break;
+            }
+            let observed = f64::from(self.window_counts[j]) * per_request;
+            self.echo[j] += ECHO_ALPHA * (observed - self.echo[j]);
+        }
+    }
+
+    /// Share of arrivals that fall in token bucket `bucket` (1 before anything arrived).
+    pub fn bucket_share(&self, bucket: usize) -> f64 {
+        if self.arrivals == 0 {
+            1.0
+        } else {
+            self.bucket_share[bucket]
+        }
+    }
+
+    /// Inter-arrival statistics of `class`.
+    pub fn gaps(&self, class: usize) -> &GapStats {
+        &self.gaps[class]
+    }
+
+    /// Arrivals per second over all classes (sum of the class rates).
+    pub fn rate_per_s(&self) -> f64 {
+        self.gaps.iter().map(GapStats::rate_per_s).sum()
+    }
+
+    /// Expected arrivals per completed request within `horizon_ns` of its completion (the
+    /// echo mass): about 1 in a closed loop, `rate x horizon / batch size` in an open one.
+    pub fn echo_within(&self, horizon_ns: Nanos) -> f64 {
+        let mut sum = 0.0;
+        for j in 0..ECHO_BINS {
+            let (lo, hi) = (bin_lower_ns(j), bin_upper_ns(j));
+            if lo >= horizon_ns {
+                break;
+            }
+            let fraction = (hi.min(horizon_ns) - lo) as f64 / (hi - lo) as f64;
+            sum += self.echo[j] * fraction;
+        }
+        sum
+    }
+
+    /// Calls `f(w, k)` for increasing waits `w` (ns from `now`, up to `w_max`) with `k` the
+    /// arrivals expected by `now + w`, at each bin edge and at `w_max`. Calls nothing when
+    /// no arrival is expected within `w_max` (no completion yet, or the last completion's
+    /// echo has all come back already).
+    pub fn for_each_wait(&self, now: Nanos, w_max: Nanos, mut f: impl FnMut(Nanos, f64)) {
+        let Some(start) = self.window_start_ns else {
+            return;
+        };
+        if w_max == 0 || self.window_requests == 0 {
+            return;
+        }
+        let x0 = now.saturating_sub(start);
+        let x1 = x0.saturating_add(w_max);
+        let Some(first) = bin_of(x0) else {
+            return;
+        };
+        let n = f64::from(self.window_requests);
+        // Expected over the whole horizon [0, x1], less what already came.
+        let expected_total: f64 = (0..ECHO_BINS)
+            .take_while(|&j| bin_lower_ns(j) < x1)
+            .map(|j| self.echo[j])
+            .sum::<f64>()
+            * n;
+        let cap = expected_total - f64::from(self.window_seen);
+        if cap <= 0.0 {
+            return;
+        }
+        let mut k = 0.0;
+        for j in first..ECHO_BINS {
+            let (lo, hi) = (bin_lower_ns(j), bin_upper_ns(j));
+            let from = lo.max(x0);
+            let to = hi.min(x1);
+            if to > from {
+                let fraction = (to - from) as f64 / (hi - lo) as f64;
+                k += self.echo[j] * fraction * n;
+            }
+            f(to - x0, k.min(cap));
+            if hi >= x1 {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bins_tile_the_offsets_in_quarter_octaves() {
+        assert_eq!(bin_lower_ns(0), 0);
+        assert_eq!(bin_lower_ns(1), 4096);
+        assert_eq!(bin_upper_ns(ECHO_BINS - 1), 1 << 29);
+        for j in 0..ECHO_BINS {
+            let (lo, hi) = (bin_lower_ns(j), bin_upper_ns(j));
+            assert!(lo < hi, "bin {j}");
+            assert_eq!(bin_of(lo), Some(j), "lower edge of {j}");
+            assert_eq!(bin_of(hi - 1), Some(j), "just below the upper edge of {j}");
+            if j > 0 {
+                let ratio = hi as f64 / lo as f64;
+                assert!((1.17..1.21).contains(&ratio), "bin {j} ratio {ratio}");
+            }
+        }
+        assert_eq!(bin_of(1 << 29), None);
+    }
+
+    /// A closed loop of `clients` whose answers come back `rtt` after each completion.
+    fn closed_loop(model: &mut ArrivalModel, clients: usize, rtt: Nanos, cycles: u64) -> Nanos {
+        let mut now = 0;
+        for _ in 0..cycles {
+            now += 20_000_000;
+            model.observe_completion(now, clients);
+            for _ in 0..clients {
+                model.observe_arrival(now + rtt, 0, 0);
+            }
+        }
+        now + 20_000_000
+    }
+
+    #[test]
+    fn learns_the_echo_of_a_closed_loop() {
+        let mut m = ArrivalModel::default();
+        let rtt = 300_000;
+        let now = closed_loop(&mut m, 4, rtt, 64);
+        m.observe_completion(now, 4);
+        // Right after a completion of 4, about 4 arrivals are expected by rtt's bin end.
+        let mut by_rtt = 0.0;
+        m.for_each_wait(now, 1_000_000, |w, k| {
+            if w <= bin_upper_ns(bin_of(rtt).unwrap()) {
+                by_rtt = k;
+            }
+        });
+        assert!(
+            (3.6..=4.0).contains(&by_rtt),
+            "expected ~4 echoes, got {by_rtt}"
+        );
+        // Once they are in, nothing more is expected.
+        for _ in 0..4 {
+            m.observe_arrival(now + rtt, 0, 0);
+        }
+        let mut calls = 0;
+        m.for_each_wait(now + rtt, 1_000_000, |_, _| calls += 1);
+        assert_eq!(calls, 0);
+    }
+
+    #[test]
+    fn one_client_expects_nothing_once_its_request_is_in() {
+        let mut m = ArrivalModel::default();
+        let now = closed_loop(&mut m, 1, 50_000, 64);
+        m.observe_completion(now, 1);
+        m.observe_arrival(now + 50_000, 0, 0);
+        let mut calls = 0;
+        m.for_each_wait(now + 50_000, 10_000_000, |_, _| calls += 1);
+        assert_eq!(calls, 0, "the only client's request is already queued");
+    }
+
+    #[test]
+    fn nothing_is_expected_before_the_first_completion() {
+        let mut m = ArrivalModel::default();
+        m.observe_arrival(5, 0, 0);
+        let mut calls = 0;
+        m.for_each_wait(10, 1_000_000, |_, _| calls += 1);
+        assert_eq!(calls, 0);
+    }
+
+    #[test]
+    fn open_loop_echo_is_proportional_to_the_wait() {
+        let mut m = ArrivalModel::default();
+        // One arrival every 100 us, a completion of 10 every 1 ms.
+        let mut t = 0;
+        for i in 0..2000u64 {
+            t = i * 100_000;
+            if i % 10 == 0 {
+                m.observe_completion(t, 10);
+            }
+            m.observe_arrival(t + 1, 0, 0);
+        }
+        let mut points = Vec::new();
+        m.observe_completion(t + 50_000, 10);
+        m.for_each_wait(t + 50_000, 400_000, |w, k| points.push((w, k)));
+        let (w, k) = *points.last().unwrap();
+        assert_eq!(w, 400_000);
+        // 10 arrivals per ms: about 4 expected in 400 us.
+        assert!((3.0..5.0).contains(&k), "{points:?}");
+        assert!(points
+            .windows(2)
+            .all(|p| p[0].0 < p[1].0 && p[0].1 <= p[1].1));
+        assert!(
+            (9_000.0..11_000.0).contains(&m.rate_per_s()),
+            "{}",
+            m.rate_per_s()
+        );
+        assert!(m.gaps(0).burstiness() < 0.01);
+    }
+
+    #[test]
+    fn bucket_shares_follow_the_mix() {
+        let mut m = ArrivalModel::default();
+        assert_eq!(m.bucket_share(3), 1.0);
+        for i in 0..400u64 {
+            m.observe_arrival(i, 0, if i % 4 == 0 { 2 } else { 0 });
+        }
+        assert!((m.bucket_share(2) - 0.25).abs() < 0.05);
+        assert!((m.bucket_share(0) - 0.75).abs() < 0.05);
+    }
+}
