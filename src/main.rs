@@ -60,7 +60,7 @@ struct ServeArgs {
     /// Port to listen on, 0 for any free port (overrides server.port).
     #[arg(long)]
     port: Option<u16>,
-    /// Batching strategy: fixed, queue_depth, latency_aware (overrides batching.strategy).
+    /// Batching strategy: auto, fixed, queue_depth, latency_aware, dynamic, multi_bin (overrides batching.strategy).
     #[arg(long)]
     strategy: Option<String>,
     /// Number of simulated workers (overrides workers.count).

@@ -287,7 +287,7 @@ fn admin_switches_strategy_lists_valid_names_and_checks_the_token() {
     assert_eq!(r.status, 400);
     assert!(r
         .error_message()
-        .contains("valid strategies are fixed, queue_depth, latency_aware"));
+        .contains("valid strategies are auto, fixed, queue_depth, latency_aware"));
     let r = c.request_with("POST", "/admin/strategy/latency_aware", None, &auth);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["strategy"], "latency_aware");

@@ -31,6 +31,7 @@ use research::Research;
 pub use settings::{BatchingMode, CoreConfig};
 use stats::LatencyWindow;
 pub use stats::{CoreStats, FlushReason};
+use strategy::auto::{self, Auto};
 use strategy::StrategyKind;
 use table::{Fifo, RequestTable};
 
@@ -135,6 +136,16 @@ pub struct Core {
     draining: bool,
     /// `dynamic` / `multi_bin` state; its bins hold the queue while `multi_bin` is active.
     research: Research,
+    /// `auto`'s learned cost and arrivals. Fed whatever strategy is in force, so switching
+    /// to `auto` at run time starts from a warm model.
+    auto: Auto,
+    /// The earliest instant `auto` chose to hold a group until, at the last poll
+    /// (`Nanos::MAX`: holding nothing).
+    auto_hold_until: Nanos,
+    /// When `auto`'s current hold began (a worker was free and it held), `Nanos::MAX` when
+    /// not holding. Priority max waits bound a hold from here: they bound the delay the
+    /// strategy adds, not the time a request waited for a busy worker.
+    auto_hold_started: Nanos,
 }
 
 impl Core {
@@ -172,6 +183,9 @@ impl Core {
             p99_refreshed_at_ns: 0,
             draining: false,
             research: Research::new(cfg.research.clone()),
+            auto: Auto::default(),
+            auto_hold_until: Nanos::MAX,
+            auto_hold_started: Nanos::MAX,
             cfg: CoreConfig {
                 max_inflight_per_worker: max_inflight,
                 ..cfg
@@ -185,7 +199,7 @@ impl Core {
     }
 
     /// Queues a request. On success the ticket identifies it until its final answer.
-    pub fn admit(&mut self, _now: Nanos, mut meta: RequestMeta) -> Result<Ticket, Reject> {
+    pub fn admit(&mut self, now: Nanos, mut meta: RequestMeta) -> Result<Ticket, Reject> {
         if !self.cfg.priority_enabled {
             meta.priority = Priority::Normal;
         }
@@ -199,6 +213,7 @@ impl Core {
                 capacity: self.table.capacity(),
             });
         };
+        self.auto.observe_arrival(now, meta.class(), meta.bucket());
         self.enqueue(ticket.index);
         self.queued += 1;
         self.stats.admitted += 1;
@@ -340,6 +355,11 @@ impl Core {
         out(Action::Fail { ticket, reason });
     }
 
+    /// What `auto` has learned and decided (for metrics).
+    pub fn auto_snapshot(&self) -> auto::AutoSnapshot {
+        self.auto.snapshot()
+    }
+
     /// Controller state of the research strategies (for metrics).
     pub fn research_snapshot(&self) -> research::ResearchSnapshot {
         self.research.snapshot()
@@ -445,6 +465,7 @@ impl Core {
             self.latencies.refresh();
             self.p99_refreshed_at_ns = now;
         }
+        self.auto_hold_until = Nanos::MAX;
         if self.strategy.is_research() {
             self.dispatch_research(now, out);
         } else {
@@ -455,6 +476,11 @@ impl Core {
                 self.dispatch(now, group, reason, worker, out);
             }
         }
+        self.auto_hold_started = if self.auto_hold_until == Nanos::MAX {
+            Nanos::MAX
+        } else {
+            self.auto_hold_started.min(now)
+        };
         self.next_deadline(now)
     }
 
@@ -478,6 +504,18 @@ impl Core {
             return Completion::Stale;
         }
         let circuit = self.cfg.circuit;
+        let service_ns = now.saturating_sub(self.batches[b].dispatched_at_ns);
+        {
+            let table = &self.table;
+            let tickets = &self.batches[b].tickets;
+            let tokens = tickets
+                .iter()
+                .map(|t| u64::from(table.meta(t.index).tokens_estimated))
+                .sum();
+            let sample = (outcome == BatchOutcome::Ok).then_some(service_ns);
+            self.auto
+                .observe_completion(now, tickets.len(), tokens, sample);
+        }
         if outcome == BatchOutcome::Ok {
             // Algorithm 7: statistics and SLA controller after every completed batch.
             let table = &self.table;
@@ -485,7 +523,6 @@ impl Core {
                 let m = table.meta(t.index);
                 (m.tokens_estimated - m.max_tokens, m.max_tokens)
             });
-            let service_ns = now.saturating_sub(self.batches[b].dispatched_at_ns);
             self.research.observe_batch(requests, service_ns);
         }
         match outcome {
@@ -644,6 +681,7 @@ impl Core {
             s.oldest = s.oldest.min(arrival);
             s.critical |= priority == Priority::Critical;
             s.max_wait_at = s.max_wait_at.min(arrival.saturating_add(max_wait));
+            s.max_wait_min_ns = s.max_wait_min_ns.min(max_wait);
         }
         groups
     }
@@ -655,7 +693,9 @@ impl Core {
             return None;
         }
         let timeout_ns = self.strategy_timeout_ns();
-        let idle_worker = self.cfg.dispatch_when_idle && self.any_idle_worker(now);
+        let is_auto = self.strategy == StrategyKind::Auto;
+        let free_workers = if is_auto { self.free_workers(now) } else { 0 };
+        let idle_worker = !is_auto && self.cfg.dispatch_when_idle && self.any_idle_worker(now);
         let mut best: Option<(usize, FlushReason, u8, Nanos)> = None;
         for (g, s) in self.summarize().iter().enumerate() {
             if s.len == 0 {
@@ -669,6 +709,21 @@ impl Core {
                 || s.tokens >= u64::from(self.cfg.max_batch_tokens)
             {
                 FlushReason::Full
+            } else if is_auto {
+                if free_workers == 0 {
+                    continue;
+                }
+                let held_since = self.auto_hold_started.min(now);
+                let latest = held_since
+                    .saturating_add(s.max_wait_min_ns)
+                    .min(s.oldest.saturating_add(self.cfg.request_timeout_ns));
+                if now >= latest {
+                    FlushReason::MaxWait
+                } else if self.auto_goes(now, g, s, free_workers, latest) {
+                    FlushReason::IdleWorker
+                } else {
+                    continue;
+                }
             } else if now >= s.max_wait_at {
                 FlushReason::MaxWait
             } else if now.saturating_sub(s.oldest) >= timeout_ns && s.len >= self.cfg.min_batch_size
@@ -689,6 +744,48 @@ impl Core {
             }
         }
         best.map(|(g, reason, _, _)| (g, reason))
+    }
+
+    /// `auto`: should group `g` (summary `s`) go now, with `free` workers able to take a
+    /// batch, or be held (not past `latest`)? With more than one free, holding only delays
+    /// it (the requests it would wait for can have a worker of their own). Otherwise `auto`
+    /// decides; a hold is remembered in `auto_hold_until` for [`Core::next_deadline`].
+    fn auto_goes(
+        &mut self,
+        now: Nanos,
+        g: usize,
+        s: &GroupSummary,
+        free: usize,
+        latest: Nanos,
+    ) -> bool {
+        if free > 1 {
+            return true;
+        }
+        let group = auto::Group {
+            queued: s.len,
+            tokens: s.tokens,
+            room: self.cfg.max_batch_size.saturating_sub(s.len),
+            bucket: self.cfg.token_bucketing.then_some(g),
+            latest,
+        };
+        match self.auto.decide(now, &group) {
+            auto::Decision::Go => true,
+            auto::Decision::HoldUntil(t) => {
+                self.auto_hold_until = self.auto_hold_until.min(t);
+                false
+            }
+        }
+    }
+
+    /// Workers that can take a batch now.
+    fn free_workers(&mut self, now: Nanos) -> usize {
+        let circuit = self.cfg.circuit;
+        let max = self.cfg.max_inflight_per_worker;
+        let mut free = 0;
+        for w in self.workers.iter_mut() {
+            free += usize::from(w.can_take(now, max, &circuit));
+        }
+        free
     }
 
     fn any_idle_worker(&mut self, now: Nanos) -> bool {
@@ -927,14 +1024,16 @@ impl Core {
                     continue;
                 }
                 next = next.min(summary.oldest.saturating_add(self.cfg.request_timeout_ns));
-                if can_dispatch {
+                if can_dispatch && self.strategy != StrategyKind::Auto {
                     next = next.min(summary.max_wait_at);
                     if summary.len >= self.cfg.min_batch_size {
                         next = next.min(summary.oldest.saturating_add(timeout_ns));
                     }
                 }
             }
-            if !can_dispatch {
+            if can_dispatch {
+                next = next.min(self.auto_hold_until);
+            } else {
                 // Work waits for a worker: an open circuit reopening is an event too.
                 let circuit = self.cfg.circuit;
                 for w in &self.workers {
@@ -988,6 +1087,8 @@ struct GroupSummary {
     critical: bool,
     /// Earliest instant a queued head reaches its priority's max wait.
     max_wait_at: Nanos,
+    /// Shortest max wait among the priorities queued in the group.
+    max_wait_min_ns: Nanos,
 }
 
 impl GroupSummary {
@@ -997,6 +1098,7 @@ impl GroupSummary {
         oldest: Nanos::MAX,
         critical: false,
         max_wait_at: Nanos::MAX,
+        max_wait_min_ns: Nanos::MAX,
     };
 }
 
@@ -1012,5 +1114,7 @@ fn reason_rank(r: FlushReason) -> u8 {
     }
 }
 
+#[cfg(test)]
+mod auto_tests;
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,9 @@ use std::str::FromStr;
 /// Which strategy decides flush timeouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StrategyKind {
+    /// Learns the executor's batch cost and the arrivals to expect, and holds a partial
+    /// batch only while that pays (see [`auto`]); otherwise work-conserving.
+    Auto,
     /// Flush at `max_wait_ms` or `max_batch_size`.
     Fixed,
     /// Timeout falls linearly from `max_wait_ms` to `min_wait_ms` as the queue deepens.
@@ -43,7 +46,8 @@ pub enum StrategyKind {
 
 impl StrategyKind {
     /// Every strategy, in the order they are listed to users.
-    pub const ALL: [StrategyKind; 5] = [
+    pub const ALL: [StrategyKind; 6] = [
+        StrategyKind::Auto,
         StrategyKind::Fixed,
         StrategyKind::QueueDepth,
         StrategyKind::LatencyAware,
@@ -60,6 +64,7 @@ impl StrategyKind {
     /// Wire and config name.
     pub const fn as_str(self) -> &'static str {
         match self {
+            StrategyKind::Auto => "auto",
             StrategyKind::Fixed => "fixed",
             StrategyKind::QueueDepth => "queue_depth",
             StrategyKind::LatencyAware => "latency_aware",
@@ -150,6 +155,8 @@ pub fn timeout_ms(
         }
         // Work-conserving: a batch goes whenever a worker is free; no flush timer.
         StrategyKind::Dynamic | StrategyKind::MultiBin => 0.0,
+        // No timer of its own: it decides per poll (the core asks `auto::Auto::decide`).
+        StrategyKind::Auto => f64::INFINITY,
     }
 }
 
@@ -165,7 +172,7 @@ mod tests {
         let e = "fastest".parse::<StrategyKind>().unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown strategy 'fastest': valid strategies are fixed, queue_depth, latency_aware, dynamic, multi_bin"
+            "unknown strategy 'fastest': valid strategies are auto, fixed, queue_depth, latency_aware, dynamic, multi_bin"
         );
     }
 
