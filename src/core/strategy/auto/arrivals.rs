@@ -1,21 +1,30 @@
 //! `auto`'s arrival model: how many requests to expect in the next few milliseconds.
 //!
-//! Arrivals are learned as a function of the time since the last completed batch, per
-//! completed request ("echoes"): for every offset bin, the expected number of arrivals per
-//! request of the batch that completed. This one model covers both kinds of load:
+//! Arrivals are learned as a function of the time since the last completed batch: for
+//! every offset bin, the expected number of arrivals after a completion. This one model
+//! covers both kinds of load:
 //! - a closed loop (a benchmark harness, an agent, a batch job with a fixed number of
 //!   clients): the requests a completion answers come back one round trip later, so the
-//!   mass sits in the bin of the clients' round trip, about one arrival per completed
-//!   request. A rate estimated from inter-arrival gaps cannot see this: the gaps look like
+//!   mass sits in the bin of the clients' round trip, about one arrival per request
+//!   answered. A rate estimated from inter-arrival gaps cannot see this: the gaps look like
 //!   a slow, smooth stream while the next few hundred microseconds are certain to bring a
 //!   whole group.
 //! - an open loop (Poisson or bursty arrivals that do not depend on answers): the mass is
 //!   spread over the bins in proportion to their width, i.e. the rate.
 //!
-//! Conditioning on what already came: a completion of `n` requests is expected to bring
-//! `n x sum(h)` arrivals over the horizon; those already seen since it are taken off. With
-//! one client the only echo has arrived by the time it is queued, so nothing more is
-//! expected and `auto` never waits.
+//! Echo, not stream: an open stream arrives at its rate `lambda` whatever completes, so
+//! its expected count in any interval is `lambda x length`; a closed loop puts its arrivals
+//! at the round trip after each completion. Only the excess over `lambda x length` is
+//! counted as an echo: waiting for arrivals that come whether or not anything completes
+//! does not pay (they would make the next batch bigger anyway), so an open loop gets
+//! work-conserving dispatch. Counts are per completion, not per completed request: an
+//! open stream does not scale with the batch that just completed, and normalising by it
+//! would read a big batch as an echo.
+//!
+//! Conditioning on what already came: a completion is expected to bring `sum(h)` arrivals
+//! over the horizon; those already seen since it are taken off. With one client the only
+//! echo has arrived by the time it is queued, so nothing more is expected and `auto` never
+//! waits.
 //!
 //! Censoring: a bin is learned from a completion only if the next completion came after the
 //! bin's end (otherwise the window did not cover it); bins never covered keep the prior 0.
@@ -40,7 +49,7 @@ const QUARTER_STEPS: [u64; 4] = [1024, 1218, 1448, 1722];
 const ECHO_ALPHA: f64 = 1.0 / 16.0;
 /// Weight of a new arrival in the bucket shares and gap averages.
 const SHARE_ALPHA: f64 = 1.0 / 32.0;
-const GAP_ALPHA: f64 = 1.0 / 16.0;
+const GAP_ALPHA: f64 = 1.0 / 64.0;
 
 /// Lower edge of bin `j`, ns.
 const fn bin_lower_ns(j: usize) -> Nanos {
@@ -109,13 +118,17 @@ impl GapStats {
 /// The learned arrival process.
 #[derive(Clone, Debug)]
 pub struct ArrivalModel {
-    /// Expected arrivals per completed request in each offset bin after a completion.
+    /// Expected arrivals in each offset bin after a completion.
     echo: [f64; ECHO_BINS],
     /// The completion the open window counts from: its time and size, and what came since.
     window_start_ns: Option<Nanos>,
     window_requests: u32,
     window_seen: u32,
     window_counts: [u32; ECHO_BINS],
+    /// Moving averages of the time between completions, ns, and of the arrivals in that
+    /// time (0 until two completions): their ratio is the stream's rate.
+    completion_gap_ns: f64,
+    arrivals_per_gap: f64,
     /// Share of arrivals per token bucket (they sum to 1 once anything arrived).
     bucket_share: [f64; BUCKET_COUNT],
     gaps: [GapStats; CLASS_COUNT],
@@ -130,6 +143,8 @@ impl Default for ArrivalModel {
             window_requests: 0,
             window_seen: 0,
             window_counts: [0; ECHO_BINS],
+            completion_gap_ns: 0.0,
+            arrivals_per_gap: 0.0,
             bucket_share: [0.0; BUCKET_COUNT],
             gaps: [GapStats::default(); CLASS_COUNT],
             arrivals: 0,
@@ -193,12 +208,19 @@ impl ArrivalModel {
             return;
         }
         let covered = now.saturating_sub(start);
-        let per_request = 1.0 / f64::from(self.window_requests);
+        let seen = f64::from(self.window_seen);
+        if self.completion_gap_ns == 0.0 {
+            self.completion_gap_ns = covered as f64;
+            self.arrivals_per_gap = seen;
+        } else {
+            self.completion_gap_ns += ECHO_ALPHA * (covered as f64 - self.completion_gap_ns);
+            self.arrivals_per_gap += ECHO_ALPHA * (seen - self.arrivals_per_gap);
+        }
         for j in 0..ECHO_BINS {
             if bin_upper_ns(j) > covered {
                 break;
             }
-            let observed = f64::from(self.window_counts[j]) * per_request;
+            let observed = f64::from(self.window_counts[j]);
             self.echo[j] += ECHO_ALPHA * (observed - self.echo[j]);
         }
     }
@@ -222,9 +244,29 @@ impl ArrivalModel {
         self.gaps.iter().map(GapStats::rate_per_s).sum()
     }
 
-    /// Expected arrivals per completed request within `horizon_ns` of its completion (the
-    /// echo mass): about 1 in a closed loop, `rate x horizon / batch size` in an open one.
+    /// The stream's rate, arrivals per ns (0 until two completions).
+    fn stream_density(&self) -> f64 {
+        if self.completion_gap_ns > 0.0 {
+            self.arrivals_per_gap / self.completion_gap_ns
+        } else {
+            0.0
+        }
+    }
+
+    /// Echo fraction: of the arrivals between two completions, the share that comes within
+    /// `horizon_ns` of the first beyond the stream's rate. Near `1 - horizon / T_c` in a
+    /// closed loop whose round trip is shorter than `horizon` (`T_c` the time between
+    /// completions), near 0 in an open loop.
     pub fn echo_within(&self, horizon_ns: Nanos) -> f64 {
+        if self.arrivals_per_gap <= 0.0 {
+            return 0.0;
+        }
+        let excess = self.mass_within(horizon_ns) - horizon_ns as f64 * self.stream_density();
+        (excess / self.arrivals_per_gap).clamp(0.0, 1.0)
+    }
+
+    /// Arrivals expected within `horizon_ns` of a completion.
+    fn mass_within(&self, horizon_ns: Nanos) -> f64 {
         let mut sum = 0.0;
         for j in 0..ECHO_BINS {
             let (lo, hi) = (bin_lower_ns(j), bin_upper_ns(j));
@@ -238,9 +280,9 @@ impl ArrivalModel {
     }
 
     /// Calls `f(w, k)` for increasing waits `w` (ns from `now`, up to `w_max`) with `k` the
-    /// arrivals expected by `now + w`, at each bin edge and at `w_max`. Calls nothing when
-    /// no arrival is expected within `w_max` (no completion yet, or the last completion's
-    /// echo has all come back already).
+    /// echoes expected by `now + w` (arrivals beyond the even spread), at each bin edge and
+    /// at `w_max`. Calls nothing when none is expected within `w_max` (no completion yet,
+    /// or the last completion's echo has all come back already).
     pub fn for_each_wait(&self, now: Nanos, w_max: Nanos, mut f: impl FnMut(Nanos, f64)) {
         let Some(start) = self.window_start_ns else {
             return;
@@ -253,27 +295,24 @@ impl ArrivalModel {
         let Some(first) = bin_of(x0) else {
             return;
         };
-        let n = f64::from(self.window_requests);
         // Expected over the whole horizon [0, x1], less what already came.
-        let expected_total: f64 = (0..ECHO_BINS)
-            .take_while(|&j| bin_lower_ns(j) < x1)
-            .map(|j| self.echo[j])
-            .sum::<f64>()
-            * n;
-        let cap = expected_total - f64::from(self.window_seen);
+        let cap = self.mass_within(x1) - f64::from(self.window_seen);
         if cap <= 0.0 {
             return;
         }
-        let mut k = 0.0;
+        let stream = self.stream_density();
+        let mut mass = 0.0;
         for j in first..ECHO_BINS {
             let (lo, hi) = (bin_lower_ns(j), bin_upper_ns(j));
             let from = lo.max(x0);
             let to = hi.min(x1);
             if to > from {
                 let fraction = (to - from) as f64 / (hi - lo) as f64;
-                k += self.echo[j] * fraction * n;
+                mass += self.echo[j] * fraction;
             }
-            f(to - x0, k.min(cap));
+            let w = to - x0;
+            let echoes = (mass - w as f64 * stream).max(0.0);
+            f(w, echoes.min(cap));
             if hi >= x1 {
                 break;
             }
@@ -363,33 +402,44 @@ mod tests {
     }
 
     #[test]
-    fn open_loop_echo_is_proportional_to_the_wait() {
+    fn an_open_stream_is_no_echo() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
         let mut m = ArrivalModel::default();
-        // One arrival every 100 us, a completion of 10 every 1 ms.
-        let mut t = 0;
-        for i in 0..2000u64 {
-            t = i * 100_000;
-            if i % 10 == 0 {
-                m.observe_completion(t, 10);
+        // Poisson arrivals at 10 per ms; a completion of 10 every 1 ms, unrelated to them.
+        let mut t = 0.0f64;
+        let mut next_completion = 0;
+        while next_completion < 3_000_000_000u64 {
+            t += -(1.0 - rng.gen::<f64>()).ln() * 100_000.0;
+            while (t as u64) >= next_completion {
+                m.observe_completion(next_completion, 10);
+                next_completion += 1_000_000;
             }
-            m.observe_arrival(t + 1, 0, 0);
+            m.observe_arrival(t as u64, 0, 0);
         }
         let mut points = Vec::new();
-        m.observe_completion(t + 50_000, 10);
-        m.for_each_wait(t + 50_000, 400_000, |w, k| points.push((w, k)));
-        let (w, k) = *points.last().unwrap();
-        assert_eq!(w, 400_000);
-        // 10 arrivals per ms: about 4 expected in 400 us.
-        assert!((3.0..5.0).contains(&k), "{points:?}");
-        assert!(points
-            .windows(2)
-            .all(|p| p[0].0 < p[1].0 && p[0].1 <= p[1].1));
+        m.observe_completion(next_completion, 10);
+        m.for_each_wait(next_completion, 400_000, |w, k| points.push((w, k)));
+        // 10 arrivals per ms, whatever completes: about 4 in 400 us, but no echo among them.
+        let stream = m.mass_within(400_000);
+        assert!((3.0..5.0).contains(&stream), "{stream}");
+        assert!(points.iter().all(|&(_, k)| k < 1.0), "{points:?}");
+        assert!(points.windows(2).all(|p| p[0].0 < p[1].0));
         assert!(
-            (9_000.0..11_000.0).contains(&m.rate_per_s()),
+            m.echo_within(1_000_000) < 0.05,
+            "{}",
+            m.echo_within(1_000_000)
+        );
+        assert!(
+            (8_000.0..12_000.0).contains(&m.rate_per_s()),
             "{}",
             m.rate_per_s()
         );
-        assert!(m.gaps(0).burstiness() < 0.01);
+        let cv2 = m.gaps(0).burstiness();
+        assert!(
+            (0.6..1.5).contains(&cv2),
+            "Poisson gaps have a squared CV of 1, got {cv2}"
+        );
     }
 
     #[test]

@@ -25,10 +25,12 @@
 //! `k` come, probability about `min(k, 1)`); holding idles the worker for `w`. The worker
 //! is free `min(k, 1) a - w` earlier by holding, and every request that will queue behind
 //! it gains that much. How many will: each completed request brings `e` arrivals within
-//! the next service (the arrival model's echo mass within `a`), they bring `e` each in
-//! turn, so `(q + k)(e + e^2 + ...) = (q + k) e / (1 - e)` requests. In a closed loop
-//! `e ~ 1`: the saving repeats every cycle (and `e` is capped at [`ECHO_CAP`] so the weight
-//! stays finite); at light open-loop load `e ~ 0` and only this round counts.
+//! the next service (the arrival model's echo fraction within `a`), they bring `e` each
+//! in turn, so `(q + k)(e + e^2 + ...) = (q + k) e / (1 - e)` requests. In a closed loop
+//! `e ~ 1 - a / T_c`: the saving repeats every cycle (and `e` is capped at [`ECHO_CAP`] so
+//! the weight stays finite); in an open loop the arrivals do not answer completions,
+//! `e ~ 0` and `k ~ 0` (see [`arrivals`]): `auto` is work-conserving there, which the
+//! simulator shows is the best in hindsight (a fixed window never beats it by 1 %).
 //!
 //! ```text
 //!     benefit(w) = k (a - q b) - (q + k) w  +  (q + k) e/(1-e) (min(k, 1) a - w)
