@@ -82,7 +82,7 @@ fn unknown_names_are_refused_where_they_are_read() {
     assert_eq!(
         e,
         "invalid value for batching.strategy = fastest: unknown strategy 'fastest': valid \
-         strategies are fixed, queue_depth, latency_aware, dynamic, multi_bin"
+         strategies are auto, fixed, queue_depth, latency_aware, dynamic, multi_bin"
     );
     let flags = FlagOverrides {
         strategy: Some("fastest".into()),
