@@ -421,3 +421,79 @@ fn cli_help_documents_workload_and_latency_keys_and_the_table_prints() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("valid strategies are"));
 }
+
+/// A closed loop of `clients` against one worker whose batch of n takes `a_ms + b_ms n`
+/// (the linear model with every request 2 tokens and no noise), clients thinking 0.1 ms.
+fn closed_loop_scenario(clients: u32, a_ms: f64, b_ms: f64) -> Scenario {
+    let mut s = builtin("steady_state").unwrap();
+    s.name = "closed_loop_test".into();
+    s.requests = 3_000;
+    s.workload = Workload {
+        arrivals: Arrivals::Closed {
+            clients,
+            think_ms: 0.1,
+            think_jitter: 0.5,
+        },
+        prompt_tokens: LengthDist::Fixed { value: 1.0 },
+        output_tokens: LengthDist::Fixed { value: 1.0 },
+        priority: PriorityMix::ALL_NORMAL,
+        prediction_error_sigma: 0.0,
+    };
+    s.engine.workers = Some(1);
+    s.engine.max_batch_size = Some(32);
+    s.latency = abe::exec::latency::LatencyModel::Linear {
+        base_ms: a_ms,
+        per_token_ms: b_ms / 2.0,
+        variance: 0.0,
+    };
+    s
+}
+
+/// The adaptive-batching issue's closed-loop goal in the simulator: `auto`, told nothing,
+/// reaches 95 % of the best possible throughput (everyone in one batch per a + b n + think)
+/// where work-conserving `fixed` splits the clients into groups.
+#[test]
+fn closed_loop_auto_reaches_95_percent_of_the_best_possible() {
+    for (a, b) in [(10.0, 2.0), (1.0, 0.1), (50.0, 0.1)] {
+        for clients in [2u32, 8, 64] {
+            let s = closed_loop_scenario(clients, a, b);
+            let mut o = opts("unused", 3_000);
+            o.strategies = vec!["auto".into(), "fixed".into()];
+            let r = abe::sim::simulate_scenario(&s, &o).unwrap();
+            let n = f64::from(clients.min(32));
+            let best = n * 1e3 / (a + b * n + 0.1);
+            let auto = r.runs[0].throughput_rps / best;
+            let fixed = r.runs[1].throughput_rps / best;
+            assert_eq!(r.runs[0].completed, 3_000);
+            assert!(
+                auto >= 0.95,
+                "a {a} b {b} clients {clients}: auto {auto:.3}, fixed {fixed:.3}"
+            );
+            if clients == 8 {
+                assert!(
+                    fixed < 0.8,
+                    "a {a} b {b}: work-conserving should split: {fixed:.3}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn closed_loops_are_deterministic_and_refuse_zero_clients() {
+    let s = closed_loop_scenario(8, 10.0, 2.0);
+    let o = opts("unused", 3_000);
+    let a = abe::sim::simulate_scenario(&s, &o).unwrap().to_json();
+    let b = abe::sim::simulate_scenario(&s, &o).unwrap().to_json();
+    assert_eq!(a, b);
+    let mut zero = s.clone();
+    zero.workload.arrivals = Arrivals::Closed {
+        clients: 0,
+        think_ms: 1.0,
+        think_jitter: 0.0,
+    };
+    let e = abe::sim::simulate_scenario(&zero, &o)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("workload.arrivals.clients"), "{e}");
+}

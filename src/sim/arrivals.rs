@@ -9,6 +9,7 @@
 
 use super::trace::TraceFormat;
 use super::SimError;
+use crate::core::Nanos;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -41,6 +42,17 @@ pub enum Arrivals {
     },
     /// Every request arrives at t = 0 (a backlog: measures capacity).
     Saturated,
+    /// A closed loop: `clients` clients, each sending its next request `think_ms` after the
+    /// answer to its last (uniform within +- `think_jitter` x `think_ms`, default 0.5), the
+    /// first requests spread evenly over one think time. This is how a benchmark harness, an
+    /// agent or a batch job with a fixed concurrency loads a server; arrival times come from
+    /// the run itself, so every strategy gets the same request shapes but its own timing.
+    Closed {
+        clients: u32,
+        think_ms: f64,
+        #[serde(default = "half")]
+        think_jitter: f64,
+    },
     /// Arrivals and shapes from a trace file (`arrival_ms, prompt_tokens, output_tokens[,
     /// priority]`); a relative path is resolved against the scenario file's folder.
     Replay {
@@ -48,6 +60,35 @@ pub enum Arrivals {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         format: Option<TraceFormat>,
     },
+}
+
+fn half() -> f64 {
+    0.5
+}
+
+/// A validated closed loop (see [`Arrivals::Closed`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClosedLoop {
+    pub clients: usize,
+    pub think_ns: Nanos,
+    pub think_jitter: f64,
+}
+
+impl ClosedLoop {
+    /// One client's think time, from the caller's RNG.
+    pub fn think_ns(&self, rng: &mut impl Rng) -> Nanos {
+        if self.think_jitter == 0.0 || self.think_ns == 0 {
+            return self.think_ns;
+        }
+        let spread = self.think_jitter * self.think_ns as f64;
+        let t = self.think_ns as f64 + rng.gen_range(-spread..=spread);
+        t.max(0.0).round() as Nanos
+    }
+
+    /// When client `i`'s first request arrives: evenly over one think time.
+    pub fn first_arrival_ns(&self, i: usize) -> Nanos {
+        self.think_ns * i as u64 / self.clients as u64
+    }
 }
 
 /// A validated rate profile: the cumulative rate and its inverse, in seconds.
@@ -135,7 +176,38 @@ impl Arrivals {
                 },
                 poisson,
             ),
-            Arrivals::Saturated | Arrivals::Replay { .. } => return Ok(None),
+            Arrivals::Saturated | Arrivals::Replay { .. } | Arrivals::Closed { .. } => {
+                return Ok(None)
+            }
+        }))
+    }
+
+    /// The closed loop, validated, for `closed`; `None` for every open process.
+    pub fn closed_loop(&self) -> Result<Option<ClosedLoop>, SimError> {
+        let Arrivals::Closed {
+            clients,
+            think_ms,
+            think_jitter,
+        } = *self
+        else {
+            return Ok(None);
+        };
+        if clients == 0 {
+            return Err(SimError::invalid(
+                "workload.arrivals.clients",
+                "0 must be at least 1",
+            ));
+        }
+        if !(0.0..=1.0).contains(&think_jitter) {
+            return Err(SimError::invalid(
+                "workload.arrivals.think_jitter",
+                format!("{think_jitter} must be between 0 and 1"),
+            ));
+        }
+        Ok(Some(ClosedLoop {
+            clients: clients as usize,
+            think_ns: secs_to_ns(non_negative("think_ms", think_ms)? / 1e3),
+            think_jitter,
         }))
     }
 

@@ -1,8 +1,9 @@
 //! The discrete-event driver: the real [`Core`] in virtual time.
 //!
-//! Three kinds of events: arrivals (a pre-generated, time-sorted slice, walked by index),
-//! batch completions (a min-heap with at most one entry per batch slot), and the core's own
-//! deadline (the `Option<Nanos>` its last `poll` returned). Each step takes the earliest
+//! Three kinds of events: arrivals (a pre-generated, time-sorted slice, walked by index; or,
+//! in a closed loop, a min-heap with one entry per client whose next request is due, fed by
+//! the answers), batch completions (a min-heap with at most one entry per batch slot), and
+//! the core's own deadline (the `Option<Nanos>` its last `poll` returned). Each step takes the earliest
 //! instant, delivers every completion due then, admits every arrival due then, and polls the
 //! core once; a dispatched batch completes after the latency model's service time.
 //!
@@ -10,6 +11,7 @@
 //! the slot map and the scratch buffers are sized before the loop). A loop that stops
 //! making progress is reported as [`SimError::Stalled`] with the seed, never spun forever.
 
+use super::arrivals::ClosedLoop;
 use super::record::Recorder;
 use super::workload::SimRequest;
 use super::SimError;
@@ -34,6 +36,9 @@ pub struct RunInput<'a> {
     pub seed: u64,
     pub sla_ns: u64,
     pub window_ns: u64,
+    /// A closed loop: `requests` are issued one per client, the next a think time after the
+    /// answer (their `arrival_ns` is ignored).
+    pub closed: Option<ClosedLoop>,
 }
 
 /// What one run measured.
@@ -73,6 +78,8 @@ struct Exec<'a> {
     sort_scratch: &'a mut Vec<u32>,
     rng: &'a mut SmallRng,
     rec: &'a mut Recorder,
+    /// Closed loop: the requests failed in this poll (their clients send the next).
+    failed: &'a mut Vec<u32>,
     acted: bool,
 }
 
@@ -95,7 +102,12 @@ impl Exec<'_> {
                 self.completions.push(Reverse((done, *self.seq, batch.0)));
                 *self.seq += 1;
             }
-            Action::Fail { .. } => self.rec.on_fail(now),
+            Action::Fail { ticket, .. } => {
+                self.rec.on_fail(now);
+                if self.failed.len() < self.failed.capacity() {
+                    self.failed.push(self.slot_req[ticket.index as usize]);
+                }
+            }
         }
     }
 }
@@ -109,6 +121,7 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
         seed,
         sla_ns,
         window_ns,
+        closed,
     } = input;
     debug_assert!(requests
         .windows(2)
@@ -125,6 +138,33 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
     let mut shapes = Vec::with_capacity(max_batch); // one batch's shapes
     let mut sort_scratch = Vec::with_capacity(max_batch); // one batch's output lengths
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x1a7e_9c1e_5eed_0001);
+    let mut failed = Vec::with_capacity(table_slots); // requests failed in one poll
+                                                      // Closed loop: the requests with the arrival times the run gives them, one pending
+                                                      // arrival per client, and the think-time RNG (its own stream, so the latency noise is
+                                                      // the same sequence as in an open run).
+    let mut issued: Vec<SimRequest> = if closed.is_some() {
+        requests.to_vec()
+    } else {
+        Vec::new()
+    };
+    let clients = closed.map_or(0, |c| c.clients.min(requests.len()));
+    let mut pending: BinaryHeap<Reverse<(Nanos, u32)>> = BinaryHeap::with_capacity(clients);
+    for i in 0..clients {
+        let c = closed.expect("clients > 0 only in a closed loop");
+        pending.push(Reverse((c.first_arrival_ns(i), i as u32)));
+    }
+    let mut next_unissued = clients;
+    let mut think_rng = SmallRng::seed_from_u64(seed ^ 0x7c1e_47c1_05ed_0002);
+    // A client got its answer (or its failure, or a refusal): it sends its next request.
+    let mut answered = |now: Nanos, pending: &mut BinaryHeap<Reverse<(Nanos, u32)>>| {
+        if let Some(c) = closed {
+            if next_unissued < requests.len() {
+                let at = now.saturating_add(c.think_ns(&mut think_rng));
+                pending.push(Reverse((at, next_unissued as u32)));
+                next_unissued += 1;
+            }
+        }
+    };
     let mut seq = 0u64;
     let mut next_arrival = 0usize;
     let mut deadline: Option<Nanos> = None;
@@ -132,7 +172,11 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
     let mut now: Nanos = 0;
 
     loop {
-        let t_arrival = requests.get(next_arrival).map(|r| r.arrival_ns);
+        let t_arrival = if closed.is_some() {
+            pending.peek().map(|Reverse((t, _))| *t)
+        } else {
+            requests.get(next_arrival).map(|r| r.arrival_ns)
+        };
         let t_done = completions.peek().map(|Reverse((t, _, _))| *t);
         let Some(t) = [t_arrival, t_done, deadline].into_iter().flatten().min() else {
             break;
@@ -150,31 +194,63 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
             progressed = true;
             let batch = BatchId(b);
             if core.complete(now, batch, BatchOutcome::Ok) == Completion::Deliver {
+                let reqs = if closed.is_some() {
+                    &issued[..]
+                } else {
+                    requests
+                };
                 for ticket in core.batch_tickets(batch) {
-                    let r = &requests[slot_req[ticket.index as usize] as usize];
+                    let r = &reqs[slot_req[ticket.index as usize] as usize];
                     rec.on_complete(now, r);
+                    answered(now, &mut pending);
                 }
             }
         }
 
-        while let Some(r) = requests.get(next_arrival) {
-            if r.arrival_ns != now {
-                break;
-            }
+        loop {
+            let index = if closed.is_some() {
+                match pending.peek() {
+                    Some(&Reverse((t, i))) if t == now => {
+                        pending.pop();
+                        issued[i as usize].arrival_ns = now;
+                        i as usize
+                    }
+                    _ => break,
+                }
+            } else {
+                match requests.get(next_arrival) {
+                    Some(r) if r.arrival_ns == now => {
+                        next_arrival += 1;
+                        next_arrival - 1
+                    }
+                    _ => break,
+                }
+            };
             progressed = true;
+            let r = if closed.is_some() {
+                &issued[index]
+            } else {
+                &requests[index]
+            };
             let admitted = match core.admit(now, r.meta()) {
                 Ok(ticket) => {
-                    slot_req[ticket.index as usize] = next_arrival as u32;
+                    slot_req[ticket.index as usize] = index as u32;
                     true
                 }
                 Err(_) => false,
             };
             rec.on_offer(r, admitted);
-            next_arrival += 1;
+            if !admitted {
+                answered(now, &mut pending);
+            }
         }
 
         let mut exec = Exec {
-            requests,
+            requests: if closed.is_some() {
+                &issued[..]
+            } else {
+                requests
+            },
             latency,
             slot_req: &slot_req,
             completions: &mut completions,
@@ -183,10 +259,14 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
             sort_scratch: &mut sort_scratch,
             rng: &mut rng,
             rec: &mut rec,
+            failed: &mut failed,
             acted: false,
         };
         deadline = core.poll(now, &mut |a| exec.on_action(now, a));
         progressed |= exec.acted;
+        for _ in failed.drain(..) {
+            answered(now, &mut pending);
+        }
 
         // The core may ask to run again at `now` when a rule is due but cannot act yet; that
         // must resolve through another event, so look one ns later, and give up if nothing

@@ -29,7 +29,7 @@ pub mod table;
 pub mod trace;
 pub mod workload;
 
-pub use run::{simulate, SimulateOptions};
+pub use run::{simulate, simulate_scenario, SimulateOptions};
 
 use std::path::PathBuf;
 

@@ -196,6 +196,7 @@ pub fn simulate_scenario(
         seed: opts.seed,
         sla_ns: ms_to_nanos(sla_ms),
         window_ns: ms_to_nanos(opts.window_ms),
+        closed: scenario.workload.arrivals.closed_loop()?,
     };
     let outputs = execute(&input, &jobs, opts.jobs)?;
 
@@ -239,6 +240,7 @@ struct RunContext<'a> {
     seed: u64,
     sla_ns: u64,
     window_ns: u64,
+    closed: Option<super::arrivals::ClosedLoop>,
 }
 
 fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
@@ -256,6 +258,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
         seed: ctx.seed,
         sla_ns: ctx.sla_ns,
         window_ns: ctx.window_ns,
+        closed: ctx.closed,
     })
 }
 
