@@ -154,13 +154,30 @@ fn hand_set_strategies_split_a_closed_loop_that_auto_keeps_whole() {
 /// Latencies (arrival to answer, ns, sorted) of `count` Poisson arrivals at `rate_per_s`
 /// through a core running `cfg`, one worker whose batch of n takes `a + b n`.
 fn open_loop(cfg: CoreConfig, rate_per_s: f64, count: usize, a: Nanos, b: Nanos) -> Vec<Nanos> {
+    bursty_open_loop(cfg, rate_per_s, 1, 0, count, a, b)
+}
+
+/// As [`open_loop`], with arrivals in bursts of `burst` requests `gap` ns apart, the bursts
+/// starting as a Poisson process (`rate_per_s` counts requests, not bursts).
+fn bursty_open_loop(
+    cfg: CoreConfig,
+    rate_per_s: f64,
+    burst: usize,
+    gap: Nanos,
+    count: usize,
+    a: Nanos,
+    b: Nanos,
+) -> Vec<Nanos> {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
     let mut arrivals = Vec::with_capacity(count);
     let mut t = 0.0f64;
-    for _ in 0..count {
-        t += -(1.0 - rng.gen::<f64>()).ln() / rate_per_s * 1e9;
-        arrivals.push(t as Nanos);
+    while arrivals.len() < count {
+        t += -(1.0 - rng.gen::<f64>()).ln() / rate_per_s * 1e9 * burst as f64;
+        for i in 0..burst.min(count - arrivals.len()) {
+            arrivals.push(t as Nanos + i as Nanos * gap);
+        }
     }
+    arrivals.sort_unstable();
     let mut core = Core::new(cfg);
     let mut latencies = Vec::with_capacity(count);
     let mut busy: Option<(Nanos, BatchId)> = None;
@@ -205,6 +222,41 @@ fn open_loop(cfg: CoreConfig, rate_per_s: f64, count: usize, a: Nanos, b: Nanos)
 
 fn pct(sorted: &[Nanos], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p) as usize] as f64 / 1e6
+}
+
+#[test]
+#[ignore = "exploration: prints auto against work-conserving and the best window, bursts"]
+fn bursty_table() {
+    for (a, b) in [
+        (10 * MS, 2 * MS),
+        (MS, MS / 10),
+        (50 * MS, MS / 10),
+        (20 * MS, MS),
+    ] {
+        let capacity = 32.0 * 1e9 / (a + 32 * b) as f64;
+        for (burst, gap) in [(8usize, 20_000), (16, 50_000), (32, 10_000)] {
+            for load in [0.1, 0.5, 0.9] {
+                let run = |cfg| {
+                    let l = bursty_open_loop(cfg, load * capacity, burst, gap, 20_000, a, b);
+                    (pct(&l, 0.5), pct(&l, 0.99))
+                };
+                let auto = run(core_cfg(StrategyKind::Auto, true, 100.0));
+                let greedy = run(core_cfg(StrategyKind::Fixed, true, 100.0));
+                let mut best = (f64::MAX, f64::MAX, 0.0);
+                for w in [0.2, 0.5, 1.0, 2.0, 5.0] {
+                    let r = run(core_cfg(StrategyKind::Fixed, false, w));
+                    if r.0 + r.1 < best.0 + best.1 {
+                        best = (r.0, r.1, w);
+                    }
+                }
+                eprintln!(
+                    "a={:>4.1} b={:>4.1} burst={burst:>2}x{:>3}us load={load:.1}: auto {:>7.2} {:>7.2} | greedy {:>7.2} {:>7.2} | window {:>3.1} {:>7.2} {:>7.2} | auto/best p50 {:.3} p99 {:.3}",
+                    a as f64 / 1e6, b as f64 / 1e6, gap / 1000, auto.0, auto.1, greedy.0, greedy.1,
+                    best.2, best.0, best.1, auto.0 / greedy.0.min(best.0), auto.1 / greedy.1.min(best.1)
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -19,7 +19,10 @@
 //!   `(q + k)(w + a + b q + b k)`.
 //!
 //! Holding minus dispatching is `(q + k) w + q b k - k a`: this round gains
-//! `k (a - q b) - (q + k) w`.
+//! `k (a - q b) - (q + k) w`. When `K` joiners are expected in all and the hold ends once
+//! `j < K` are in, the other `K - j` run as their own batch either way (now `b (K - j)`
+//! shorter than it would have been) and start `w` later, so this round gains
+//! `j (a - q b + b (K - j)) - (q + K) w`: a long burst is cut where a batch stops paying.
 //!
 //! The rounds after. Dispatching now spends one more fixed cost `a` of worker time (when the
 //! `k` come, probability about `min(k, 1)`); holding idles the worker for `w`. The worker
@@ -33,8 +36,11 @@
 //! simulator shows is the best in hindsight (a fixed window never beats it by 1 %).
 //!
 //! ```text
-//!     benefit(w) = k (a - q b) - (q + k) w  +  (q + k) e/(1-e) (min(k, 1) a - w)
+//!     benefit(w) = j (a - q b + b (K - j)) - (q + K) w  +  (q + K) e/(1-e) (s a - w)
 //! ```
+//!
+//! with `j` the joiners expected by `w`, and `s = min(1, j / K) min(1, K)` the chance that
+//! no second batch is needed (worker time is saved only then).
 //!
 //! `auto` evaluates `benefit` at the edges of the arrival model's bins up to a horizon and
 //! holds until the best `w` when the best benefit is positive; any arrival, completion or
@@ -60,11 +66,17 @@
 //! Nothing here allocates, reads a clock or blocks; the core passes `now` in.
 
 pub mod arrivals;
+pub mod bursts;
 pub mod cost;
 
 use crate::core::request::Nanos;
 use arrivals::ArrivalModel;
+use bursts::BurstModel;
 use cost::{Cost, CostModel};
+
+/// Most hold lengths evaluated per source (the arrival model has fewer bins; a burst is
+/// followed this many arrivals ahead at most).
+const CANDIDATES_MAX: usize = 80;
 
 /// Largest echo mass used in the downstream weight `e / (1 - e)` (weight 19): a closed loop
 /// measures `e ~ 1`, and the weight must stay finite.
@@ -115,6 +127,7 @@ pub struct AutoSnapshot {
 pub struct Auto {
     cost: CostModel,
     arrivals: ArrivalModel,
+    bursts: BurstModel,
     dispatched_now: u64,
     held: u64,
     last_wait_ns: Nanos,
@@ -125,6 +138,7 @@ impl Auto {
     /// A request of `class` in token `bucket` was admitted.
     pub fn observe_arrival(&mut self, now: Nanos, class: usize, bucket: usize) {
         self.arrivals.observe_arrival(now, class, bucket);
+        self.bursts.observe_arrival(now);
     }
 
     /// A batch was answered (its clients have their answers now). `service_ns` is `None`
@@ -171,16 +185,57 @@ impl Auto {
         let downstream = e / (1.0 - e);
         let share = group.bucket.map_or(1.0, |b| self.arrivals.bucket_share(b));
         let room = group.room as f64;
+        let b = per_request_ns;
+        // Holding until `j` of the `total` expected joiners are in (see the module docs).
+        let benefit = |j: f64, total: f64, w: f64| {
+            let this_round = j * (gain_per_joiner_ns + b * (total - j)) - (q + total) * w;
+            // Worker time saved only if no second batch is needed.
+            let collected = (j / total).min(1.0) * total.min(1.0);
+            this_round + (q + total) * downstream * (collected * a - w)
+        };
         let mut best: Option<(Nanos, f64, f64)> = None;
-        self.arrivals.for_each_wait(now, w_max, |w, expected| {
-            let k = (expected * share).min(room);
-            let w = w as f64;
-            let benefit =
-                k * gain_per_joiner_ns - (q + k) * w + (q + k) * downstream * (k.min(1.0) * a - w);
-            if benefit > 0.0 && best.is_none_or(|(_, b, _)| benefit > b) {
-                best = Some((w as Nanos, benefit, k));
+        let mut consider = |candidates: &[(Nanos, f64)]| {
+            // The most expected at any candidate (echoes net of the stream can fall again).
+            let most = candidates.iter().fold(0.0f64, |m, &(_, k)| m.max(k));
+            let total = (most * share).min(room);
+            for &(w, expected) in candidates {
+                let j = (expected * share).min(room);
+                let value = benefit(j, total, w as f64);
+                if value > 0.0 && best.is_none_or(|(_, v, _)| value > v) {
+                    best = Some((w, value, j));
+                }
+            }
+        };
+        // Echoes of the last completion (a closed loop's clients coming back).
+        let mut candidates = [(0, 0.0); CANDIDATES_MAX];
+        let mut n = 0;
+        self.arrivals.for_each_wait(now, w_max, |w, k| {
+            if n < CANDIDATES_MAX {
+                candidates[n] = (w, k);
+                n += 1;
             }
         });
+        consider(&candidates[..n]);
+        // The rest of a burst now arriving, one learned gap apart.
+        n = 0;
+        if let (Some((followers, gap_ns)), Some(last)) =
+            (self.bursts.followers(now), self.bursts.last_arrival_ns())
+        {
+            let mut j = 1.0;
+            while j < followers + 1.0 && n < CANDIDATES_MAX {
+                let due = last as f64 + j * gap_ns;
+                let w = (due - now as f64).max(0.0).ceil() as Nanos;
+                if w > w_max {
+                    break;
+                }
+                if w > 0 {
+                    candidates[n] = (w, j.min(followers));
+                    n += 1;
+                }
+                j += 1.0;
+            }
+        }
+        consider(&candidates[..n]);
         match best {
             Some((w, _, k)) if w > 0 => {
                 self.last_expected_arrivals = k;

@@ -253,3 +253,35 @@ fn closed_loop_reaches_95_percent_of_the_best_possible() {
         "the harness must show what waiting buys: {worst_greedy}"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    /// Bursts of `size` requests `gap_us` apart, not tied to completions: at the first
+    /// request of a new burst, `auto` holds for the rest (a = 10 ms, b = 0.1 ms per request),
+    /// and never past the group's latest instant.
+    #[test]
+    fn waits_when_a_burst_is_arriving(size in 4u64..32, gap_us in 5u64..200) {
+        let mut auto = Auto::default();
+        let period = 500 * MS;
+        let gap = gap_us * 1000;
+        for burst in 0..60u64 {
+            let start = burst * period;
+            for i in 0..size {
+                auto.observe_arrival(start + i * gap, 0, 0);
+            }
+            let n = 1 + burst as usize % 4;
+            // Completions in between bursts, unrelated to them.
+            auto.observe_completion(start + period / 2, n, 0, Some(10 * MS + 100_000 * n as u64));
+        }
+        let now = 60 * period;
+        auto.observe_arrival(now, 0, 0);
+        let latest = now + 50 * MS;
+        let d = auto.decide(now, &group(1, latest));
+        let Decision::HoldUntil(t) = d else {
+            return Err(TestCaseError::fail(format!("expected a hold, got {d:?}")));
+        };
+        prop_assert!(t > now && t <= latest);
+        prop_assert!(t - now <= size * gap + gap, "held {} ns for a burst of {} ns", t - now, size * gap);
+    }
+}

@@ -1,0 +1,183 @@
+//! `auto`'s burst model: how many more requests the burst now arriving will bring.
+//!
+//! Batch clients and agents send requests in bursts: a handful within microseconds, then
+//! nothing for a while. Such arrivals do not answer completions, so the echo model
+//! ([`super::arrivals`]) does not see them; yet dispatching the first request of a burst
+//! alone makes the rest wait a whole batch.
+//!
+//! A burst is a run of arrivals whose gaps are all shorter than [`BURST_GAP_FRACTION`] of
+//! the mean gap. The model learns the distribution of burst sizes and the mean gap inside a
+//! burst; while a burst is open (the last arrival is recent), the requests still to come are
+//! `E[B - s | B >= s]` for the `s` already seen, arriving one mean gap apart. A Poisson stream
+//! has bursts in this sense too, but short: each gap is below an eighth of the mean with
+//! probability `1 - e^(-1/8) = 0.12`, so about 0.13 more are expected, and the caller
+//! ignores expectations under half a request ([`FOLLOWERS_MIN`]).
+//!
+//! Fixed-size arrays only; nothing here allocates or reads a clock.
+
+use crate::core::request::Nanos;
+
+/// A gap shorter than this fraction of the mean gap continues a burst.
+pub const BURST_GAP_FRACTION: f64 = 1.0 / 8.0;
+/// Burst sizes tracked one by one; larger bursts count as this size.
+pub const BURST_SIZE_MAX: usize = 64;
+/// Fewest expected followers worth acting on (a Poisson stream gives about 0.13).
+pub const FOLLOWERS_MIN: f64 = 0.5;
+/// Weight of a new burst in the size distribution and of a new gap in the averages.
+const BURST_ALPHA: f64 = 1.0 / 32.0;
+const GAP_ALPHA: f64 = 1.0 / 64.0;
+
+/// The learned burst structure and the burst now open.
+#[derive(Clone, Debug)]
+pub struct BurstModel {
+    /// `sizes[s - 1]`: share of bursts of size `s` (the last entry: `BURST_SIZE_MAX` or more).
+    sizes: [f64; BURST_SIZE_MAX],
+    bursts_seen: u64,
+    /// Moving averages of every gap and of the gaps inside bursts, ns.
+    mean_gap_ns: f64,
+    intra_gap_ns: f64,
+    last_arrival_ns: Option<Nanos>,
+    /// Arrivals in the burst now open (0 before the first arrival).
+    open_size: usize,
+}
+
+impl Default for BurstModel {
+    fn default() -> Self {
+        BurstModel {
+            sizes: [0.0; BURST_SIZE_MAX],
+            bursts_seen: 0,
+            mean_gap_ns: 0.0,
+            intra_gap_ns: 0.0,
+            last_arrival_ns: None,
+            open_size: 0,
+        }
+    }
+}
+
+impl BurstModel {
+    /// A request arrived.
+    pub fn observe_arrival(&mut self, now: Nanos) {
+        let Some(last) = self.last_arrival_ns.replace(now) else {
+            self.open_size = 1;
+            return;
+        };
+        let gap = now.saturating_sub(last) as f64;
+        let continues = self.mean_gap_ns > 0.0 && gap < BURST_GAP_FRACTION * self.mean_gap_ns;
+        if self.mean_gap_ns == 0.0 {
+            self.mean_gap_ns = gap;
+        } else {
+            self.mean_gap_ns += GAP_ALPHA * (gap - self.mean_gap_ns);
+        }
+        if continues {
+            self.open_size += 1;
+            if self.intra_gap_ns == 0.0 {
+                self.intra_gap_ns = gap;
+            } else {
+                self.intra_gap_ns += GAP_ALPHA * (gap - self.intra_gap_ns);
+            }
+        } else {
+            self.close_burst();
+            self.open_size = 1;
+        }
+    }
+
+    fn close_burst(&mut self) {
+        if self.open_size == 0 {
+            return;
+        }
+        let s = self.open_size.min(BURST_SIZE_MAX);
+        self.bursts_seen += 1;
+        if self.bursts_seen == 1 {
+            self.sizes[s - 1] = 1.0;
+            return;
+        }
+        for (i, share) in self.sizes.iter_mut().enumerate() {
+            let hit = if i + 1 == s { 1.0 } else { 0.0 };
+            *share += BURST_ALPHA * (hit - *share);
+        }
+    }
+
+    /// When the last request arrived.
+    pub fn last_arrival_ns(&self) -> Option<Nanos> {
+        self.last_arrival_ns
+    }
+
+    /// Requests the open burst is still expected to bring, and the mean gap between them
+    /// (ns); `None` when no burst is open at `now` or too few are expected.
+    pub fn followers(&self, now: Nanos) -> Option<(f64, f64)> {
+        let last = self.last_arrival_ns?;
+        if self.bursts_seen == 0 || self.intra_gap_ns <= 0.0 {
+            return None;
+        }
+        let since = now.saturating_sub(last) as f64;
+        if since >= BURST_GAP_FRACTION * self.mean_gap_ns {
+            return None;
+        }
+        let seen = self.open_size.min(BURST_SIZE_MAX);
+        // E[B - s | B > s] over the learned sizes.
+        // E[B - s | B >= s]: the burst may already be complete (B = s).
+        let mut remaining = 0.0;
+        for (i, &share) in self.sizes.iter().enumerate().skip(seen) {
+            remaining += share * (i + 1 - seen) as f64;
+        }
+        let at_least: f64 = self.sizes.iter().skip(seen - 1).sum();
+        if at_least <= 0.0 {
+            return None;
+        }
+        let expected = remaining / at_least;
+        (expected >= FOLLOWERS_MIN).then_some((expected, self.intra_gap_ns))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Bursts of `size` requests `intra` ns apart, every `period` ns.
+    fn bursty(m: &mut BurstModel, bursts: u64, size: u64, intra: Nanos, period: Nanos) -> Nanos {
+        let mut t = 0;
+        for b in 0..bursts {
+            for i in 0..size {
+                t = b * period + i * intra;
+                m.observe_arrival(t);
+            }
+        }
+        (bursts + 1) * period
+    }
+
+    #[test]
+    fn expects_the_rest_of_a_burst_and_nothing_after_it() {
+        let mut m = BurstModel::default();
+        let next = bursty(&mut m, 100, 16, 20_000, 200_000_000);
+        m.observe_arrival(next);
+        let (k, gap) = m.followers(next + 1_000).expect("a burst has begun");
+        assert!((14.0..=15.0).contains(&k), "{k}");
+        assert!((19_000.0..21_000.0).contains(&gap), "{gap}");
+        for i in 1..16 {
+            m.observe_arrival(next + i * 20_000);
+        }
+        assert_eq!(
+            m.followers(next + 15 * 20_000 + 1_000),
+            None,
+            "the burst is complete"
+        );
+        assert_eq!(m.followers(next + 100_000_000), None, "no burst is open");
+    }
+
+    #[test]
+    fn a_poisson_stream_has_no_bursts_worth_waiting_for() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+        let mut m = BurstModel::default();
+        let mut t = 0.0f64;
+        let mut offered = 0;
+        for _ in 0..20_000 {
+            t += -(1.0 - rng.gen::<f64>()).ln() * 1e6;
+            m.observe_arrival(t as Nanos);
+            if m.followers(t as Nanos + 1).is_some() {
+                offered += 1;
+            }
+        }
+        assert!(offered < 200, "{offered} of 20000 arrivals saw a burst");
+    }
+}
