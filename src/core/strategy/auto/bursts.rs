@@ -136,11 +136,9 @@ mod tests {
 
     /// Bursts of `size` requests `intra` ns apart, every `period` ns.
     fn bursty(m: &mut BurstModel, bursts: u64, size: u64, intra: Nanos, period: Nanos) -> Nanos {
-        let mut t = 0;
         for b in 0..bursts {
             for i in 0..size {
-                t = b * period + i * intra;
-                m.observe_arrival(t);
+                m.observe_arrival(b * period + i * intra);
             }
         }
         (bursts + 1) * period
