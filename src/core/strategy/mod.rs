@@ -1,9 +1,21 @@
-//! Request-level flush strategies: how long the oldest queued request may wait before its
-//! batch is released.
+//! Request-level batching strategies: when a partial batch is released, and how big a batch
+//! is. Three families live here, each owning no queue (the core's class queues, or the
+//! `multi_bin` bins, hold every request), so switching strategy at run time cannot lose or
+//! reorder a request:
+//! - timeouts (`fixed`, `queue_depth`, `latency_aware`): a pure function of the queue depth,
+//!   the observed p99 and their parameters (the Go spec's `Strategy.CalculateTimeout`),
+//!   in [`timeout_ms`];
+//! - `auto` ([`auto`]): learned models of the executor's cost and of the arrivals, asked by
+//!   the core at each poll whether a group should go now or be held;
+//! - the research strategies `dynamic` and `multi_bin` (`memory`, `sla`, `bins`,
+//!   `batch_stats`, driven by `core::research`): a batch size from the KV-memory model and
+//!   the SLA controller, released whenever a worker is free.
 //!
-//! A strategy is a pure function of the queue depth, the observed p99 and its parameters
-//! (the Go spec's `Strategy.CalculateTimeout`). It owns no queue, so switching strategy at
-//! run time cannot lose or reorder a request. Nothing here reads a clock or allocates.
+//! A new strategy: a [`StrategyKind`] variant (and its name in `as_str` and `ALL`; the config,
+//! the admin endpoint and `abe simulate` take every name from there), its rule in a file of
+//! its own here, and its branch where the core decides (`Core::due_group` for a release
+//! rule, `Core::dispatch_research` for a batch-size rule). Nothing here reads a clock or
+//! allocates.
 
 mod fixed;
 mod latency_aware;
