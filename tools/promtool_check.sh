@@ -12,7 +12,7 @@ curl -s "$url/v1/nope" >/dev/null || true
 sleep 0.2
 metrics="$(curl -sf "$url/metrics")"
 echo "$metrics" | promtool check metrics
-for name in abe_queue_depth abe_batches_total abe_requests_total abe_strategy; do
+for name in abe_queue_depth abe_batches_total abe_requests_total abe_strategy abe_auto_cost_samples; do
   grep -q "^$name" <<<"$metrics" || { echo "missing metric $name" >&2; exit 1; }
 done
 echo "promtool check metrics: ok ($(grep -vc '^#' <<<"$metrics") samples)"

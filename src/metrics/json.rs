@@ -12,6 +12,7 @@ use super::derived::{
 use super::http_stats::{Endpoint, HttpStats, STATUS_SLOTS, STATUS_SLOT_LABELS};
 use super::timestamp::rfc3339_utc_from_unix_ms;
 use crate::core::request::{class_index, Priority, BUCKET_LABELS};
+use crate::core::strategy::auto::AutoSnapshot;
 use crate::core::FlushReason;
 use crate::runtime::Snapshot;
 use serde_json::{json, Map, Value};
@@ -113,7 +114,8 @@ fn backends(snapshot: &Snapshot) -> Value {
         .backend_names
         .iter()
         .zip(&snapshot.backends)
-        .map(|(name, b)| {
+        .enumerate()
+        .map(|(i, (name, b))| {
             json!({
                 "name": name,
                 "healthy": b.healthy,
@@ -125,9 +127,24 @@ fn backends(snapshot: &Snapshot) -> Value {
                 "via_fallback": b.via_fallback,
                 "retried_away": b.retried_away,
                 "failed": b.failed,
+                "auto": snapshot.auto.get(i).map_or(Value::Null, auto_json),
             })
         });
     Value::Array(list.collect())
+}
+
+/// `auto`'s state in one backend lane: fitted cost (ms), arrival rate, decisions, last hold.
+fn auto_json(a: &AutoSnapshot) -> Value {
+    json!({
+        "cost_fixed_ms": a.cost.a_ns / NANOS_PER_MS_F64,
+        "cost_per_request_ms": a.cost.b_ns / NANOS_PER_MS_F64,
+        "cost_per_token_ms": a.cost.c_ns_per_token / NANOS_PER_MS_F64,
+        "cost_samples": a.cost.samples,
+        "arrival_rate_per_s": a.arrival_rate_per_s,
+        "decisions": {"dispatch": a.dispatched_now, "hold": a.held},
+        "last_wait_ms": ns_to_ms(a.last_wait_ns),
+        "expected_joiners": a.last_expected_arrivals,
+    })
 }
 
 /// Connections, bytes, and responses per endpoint (codes with no responses are left out).
@@ -310,6 +327,44 @@ mod tests {
             (h["bytes_in"].clone(), h["bytes_out"].clone()),
             (json!(10), json!(20))
         );
+    }
+
+    #[test]
+    fn backends_carry_auto_state_per_lane() {
+        use crate::core::strategy::auto::cost::Cost;
+        let mut snap = busy_snapshot();
+        snap.backend_names = vec!["gpu-a".into(), "gpu-b".into()];
+        snap.backends = vec![Default::default(); 2];
+        snap.auto = vec![Default::default(); 2];
+        snap.auto[1] = AutoSnapshot {
+            cost: Cost {
+                a_ns: 10_000_000.0,
+                b_ns: 2_000_000.0,
+                c_ns_per_token: 500.0,
+                samples: 64,
+            },
+            arrival_rate_per_s: 125.5,
+            dispatched_now: 9,
+            held: 4,
+            last_wait_ns: 3_500_000,
+            last_expected_arrivals: 2.5,
+        };
+        let v = render(&snap, &HttpStats::new(), 0);
+        let a = &v["backends"][1]["auto"];
+        assert_eq!(a["cost_fixed_ms"], 10.0);
+        assert_eq!(a["cost_per_request_ms"], 2.0);
+        assert_eq!(a["cost_per_token_ms"], 0.0005);
+        assert_eq!(a["cost_samples"], 64);
+        assert_eq!(a["arrival_rate_per_s"], 125.5);
+        assert_eq!(a["decisions"], json!({"dispatch": 9, "hold": 4}));
+        assert_eq!(a["last_wait_ms"], 3.5);
+        assert_eq!(a["expected_joiners"], 2.5);
+        assert_eq!(a.as_object().unwrap().len(), 8);
+        assert_eq!(v["backends"][0]["auto"]["cost_samples"], 0);
+        // Continuous batching has no lanes: `auto` is null.
+        snap.auto.clear();
+        let v = render(&snap, &HttpStats::new(), 0);
+        assert_eq!(v["backends"][0]["auto"], Value::Null);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::http_stats::{Endpoint, HttpStats, STATUS_SLOT_LABELS};
 use crate::build_info;
 use crate::core::request::{class_index, Priority, BUCKET_LABELS};
 use crate::core::stats::{WaitHistogram, WAIT_BUCKETS};
+use crate::core::strategy::auto::AutoSnapshot;
 use crate::core::strategy::StrategyKind;
 use crate::core::{FlushReason, Nanos};
 use crate::runtime::Snapshot;
@@ -62,6 +63,7 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, out: &mut String) {
     render_batches(snapshot, out);
     render_workers(snapshot, out);
     render_backends(snapshot, out);
+    render_auto(snapshot, out);
     render_research(snapshot, out);
     render_continuous(snapshot, out);
     render_http(http, out);
@@ -574,6 +576,74 @@ fn render_backends(snapshot: &Snapshot, out: &mut String) {
     }
 }
 
+/// One of `auto`'s per-backend gauges: name, help, and its value in a lane's snapshot.
+type AutoGauge = (&'static str, &'static str, fn(&AutoSnapshot) -> f64);
+
+/// `auto`'s state per backend lane: its fitted batch cost, the arrival rate it sees, its
+/// decisions and the last hold it chose (absent in continuous batching, which has no lanes).
+/// Why a batch went is in `abe_batches_total{reason}`: `auto` dispatches with `idle_worker`
+/// when waiting does not pay, `full` when a hold filled the batch, `max_wait` when a hold
+/// reached a priority's max wait or a request's timeout.
+fn render_auto(snapshot: &Snapshot, out: &mut String) {
+    if snapshot.auto.is_empty() {
+        return;
+    }
+    let rows = || snapshot.backend_names.iter().zip(&snapshot.auto);
+    let gauges: [AutoGauge; 7] = [
+        (
+            "abe_auto_cost_fixed_seconds",
+            "auto: fitted fixed cost a of a batch (service time = a + b x requests + c x tokens); 0 before the first batch.",
+            |a| a.cost.a_ns / NANOS_PER_SECOND_F64,
+        ),
+        (
+            "abe_auto_cost_per_request_seconds",
+            "auto: fitted cost b of each request in a batch.",
+            |a| a.cost.b_ns / NANOS_PER_SECOND_F64,
+        ),
+        (
+            "abe_auto_cost_per_token_seconds",
+            "auto: fitted cost c of each estimated token in a batch.",
+            |a| a.cost.c_ns_per_token / NANOS_PER_SECOND_F64,
+        ),
+        (
+            "abe_auto_cost_samples",
+            "auto: completed batches the cost fit rests on (a sliding window).",
+            |a| a.cost.samples as f64,
+        ),
+        (
+            "abe_auto_arrival_rate_per_second",
+            "auto: estimated arrival rate, requests per second over all classes.",
+            |a| a.arrival_rate_per_s,
+        ),
+        (
+            "abe_auto_last_wait_seconds",
+            "auto: the wait its last hold chose (0 before the first hold).",
+            |a| ns_to_seconds(a.last_wait_ns),
+        ),
+        (
+            "abe_auto_expected_joiners",
+            "auto: requests its last hold expected to join by the end of the wait.",
+            |a| a.last_expected_arrivals,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        family(out, name, MetricType::Gauge, help);
+        for (n, a) in rows() {
+            sample(out, name, &[("backend", n)], value(a));
+        }
+    }
+    let name = "abe_auto_decisions_total";
+    let help = "auto: decisions taken for a partial batch with a worker free for it: dispatch \
+                now, or hold (a hold is decided afresh at every arrival, completion or deadline; \
+                counted only while auto is the strategy).";
+    family(out, name, MetricType::Counter, help);
+    for (n, a) in rows() {
+        for (decision, v) in [("dispatch", a.dispatched_now), ("hold", a.held)] {
+            sample(out, name, &[("backend", n), ("decision", decision)], v);
+        }
+    }
+}
+
 /// HTTP responses, connections, bytes.
 fn render_http(http: &HttpStats, out: &mut String) {
     let name = "abe_http_responses_total";
@@ -984,6 +1054,74 @@ mod tests {
             &out,
             "abe_backend_requests_total{backend=\"remote \\\"b\\\"\",event=\"retried_away\"} 3",
         );
+    }
+
+    /// `busy_snapshot` with `auto`'s state in both lanes: known values in the first, the
+    /// prior (nothing learned yet) in the second.
+    fn auto_snapshot() -> Snapshot {
+        use crate::core::strategy::auto::{cost::Cost, AutoSnapshot};
+        let mut snap = busy_snapshot();
+        snap.auto = vec![Default::default(); 2];
+        snap.auto[0] = AutoSnapshot {
+            cost: Cost {
+                a_ns: 10_000_000.0,
+                b_ns: 2_000_000.0,
+                c_ns_per_token: 500.0,
+                samples: 64,
+            },
+            arrival_rate_per_s: 125.5,
+            dispatched_now: 9,
+            held: 4,
+            last_wait_ns: 3_500_000,
+            last_expected_arrivals: 2.5,
+        };
+        snap
+    }
+
+    #[test]
+    fn auto_state_is_exported_per_backend() {
+        let out = page(&auto_snapshot(), &busy_http());
+        for line in [
+            "abe_auto_cost_fixed_seconds{backend=\"gpu-a\"} 0.01",
+            "abe_auto_cost_per_request_seconds{backend=\"gpu-a\"} 0.002",
+            "abe_auto_cost_per_token_seconds{backend=\"gpu-a\"} 0.0000005",
+            "abe_auto_cost_samples{backend=\"gpu-a\"} 64",
+            "abe_auto_arrival_rate_per_second{backend=\"gpu-a\"} 125.5",
+            "abe_auto_last_wait_seconds{backend=\"gpu-a\"} 0.0035",
+            "abe_auto_expected_joiners{backend=\"gpu-a\"} 2.5",
+            "abe_auto_decisions_total{backend=\"gpu-a\",decision=\"dispatch\"} 9",
+            "abe_auto_decisions_total{backend=\"gpu-a\",decision=\"hold\"} 4",
+            // The second lane has learned nothing: zeros, not absent.
+            "abe_auto_cost_fixed_seconds{backend=\"remote \\\"b\\\"\"} 0",
+            "abe_auto_cost_samples{backend=\"remote \\\"b\\\"\"} 0",
+            "abe_auto_decisions_total{backend=\"remote \\\"b\\\"\",decision=\"hold\"} 0",
+        ] {
+            assert_line(&out, line);
+        }
+        let families = |page: &str| {
+            page.lines()
+                .filter(|l| l.starts_with("# TYPE abe_auto_"))
+                .count()
+        };
+        assert_eq!(families(&out), 8);
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with("abe_auto_decisions_total{"))
+                .count(),
+            4,
+            "2 backends x dispatch, hold"
+        );
+        check(&out).unwrap();
+        if let Some(result) = promtool_check(&out) {
+            assert!(
+                result.status.success() && result.stderr.is_empty(),
+                "{}{}",
+                String::from_utf8_lossy(&result.stdout),
+                String::from_utf8_lossy(&result.stderr)
+            );
+        }
+        // Continuous batching has no lanes: no auto families at all.
+        assert_eq!(families(&page(&busy_snapshot(), &busy_http())), 0);
     }
 
     /// Runs `promtool check metrics` on `text`; `None` when promtool is not installed.

@@ -259,6 +259,10 @@ pub fn start_routed(
         .backends()
         .map(|(_, b)| b.name().to_string())
         .collect();
+    if cfg.continuous.is_none() {
+        // One per lane, allocated here: the engine copies into them at publish.
+        snapshot.auto = vec![Default::default(); backends];
+    }
     let shared = Arc::new(Shared {
         engine_bell: sync::Arc::new(Doorbell::new()),
         control: ArrayQueue::new(64),

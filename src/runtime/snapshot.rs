@@ -5,6 +5,7 @@
 //! the snapshot out under the lock.
 
 use crate::core::pool::{WorkerStatus, WorkerView};
+use crate::core::strategy::auto::AutoSnapshot;
 use crate::core::strategy::StrategyKind;
 use crate::core::{CoreStats, Nanos, CLASS_COUNT};
 use hdrhistogram::Histogram;
@@ -91,6 +92,10 @@ pub struct Snapshot {
     pub backends: Vec<BackendSnapshot>,
     /// Their names (set at start; from the config, never from a client).
     pub backend_names: Vec<String>,
+    /// `auto`'s learned cost, arrivals and decisions, one per backend lane in the router's
+    /// backend order (request-level batching; empty in continuous batching, which has no
+    /// lanes). Kept current whatever the strategy: the model learns under every strategy.
+    pub auto: Vec<AutoSnapshot>,
 }
 
 /// A backend's routing state and counters.
@@ -164,6 +169,7 @@ impl Snapshot {
             continuous: None,
             backends: Vec::new(),
             backend_names: Vec::new(),
+            auto: Vec::new(),
         }
     }
 }

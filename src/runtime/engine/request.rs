@@ -552,6 +552,9 @@ impl Mode for RequestLevel {
         snap.rejected_busy = io.shared.rejected_busy.load(Ordering::Relaxed);
         snap.draining = self.lanes[0].core.is_draining();
         snap.research = self.lanes[0].core.research_snapshot();
+        for (dst, lane) in snap.auto.iter_mut().zip(&self.lanes) {
+            *dst = lane.core.auto_snapshot();
+        }
         let registry = self.routing.router.registry();
         for (b, dst) in snap.backends.iter_mut().enumerate() {
             let state = registry.state(BackendId::from_index(b));
