@@ -117,7 +117,7 @@ fn policy_and_predictor_names_round_trip_and_typos_are_errors() {
     let e = "weighted".parse::<BinPolicy>().unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unknown bin policy 'weighted': valid values are round_robin, longest_queue"
+        "unknown bin policy 'weighted': valid values are age_aware, round_robin, longest_queue"
     );
     assert!("oracle".parse::<PredictorKind>().is_err());
 }
