@@ -249,8 +249,9 @@ impl Research {
     }
 
     /// Algorithms 5-6: the bin to serve next, among non-empty ones, at `now`. With the
-    /// `age_aware` policy a head waiting `age_bound_ns` or more goes first, else the
-    /// highest response ratio over the bin's expected batch time ([`choose_age_aware`]).
+    /// `age_aware` and `response_ratio` policies a head waiting `age_bound_ns` or more goes
+    /// first; else `age_aware` serves the oldest head, `response_ratio` the highest ratio
+    /// of wait to the bin's expected batch time ([`choose_age_aware`]).
     pub fn choose_bin(
         &mut self,
         now: Nanos,
@@ -258,12 +259,14 @@ impl Research {
         age_bound_ns: Nanos,
     ) -> Option<usize> {
         let k = self.cfg.bins;
-        if self.selector.policy() != BinPolicy::AgeAware {
+        let policy = self.selector.policy();
+        if !matches!(policy, BinPolicy::AgeAware | BinPolicy::ResponseRatio) {
             for (i, len) in self.lens[..k].iter_mut().enumerate() {
                 *len = self.bins[i].len();
             }
             return self.selector.choose(&self.lens[..k]);
         }
+        // age_aware: every bin's expected time 1 ns, so the ratio orders heads by age.
         // Expected batch time of a bin without statistics: the mean over bins with some
         // (none yet: 1 ns, so the ratio orders by wait alone: oldest head first).
         let (mut sum, mut n) = (0.0, 0u32);
@@ -280,7 +283,9 @@ impl Research {
             waits[i] = self.bins[i]
                 .front()
                 .map(|head| now.saturating_sub(table.meta(head).arrival_ns));
-            services[i] = self.bin_state[i].service_ns().unwrap_or(fallback).max(1.0);
+            if policy == BinPolicy::ResponseRatio {
+                services[i] = self.bin_state[i].service_ns().unwrap_or(fallback).max(1.0);
+            }
         }
         choose_age_aware(&waits[..k], &services[..k], age_bound_ns)
     }
