@@ -497,3 +497,52 @@ fn closed_loops_are_deterministic_and_refuse_zero_clients() {
         .to_string();
     assert!(e.contains("workload.arrivals.clients"), "{e}");
 }
+
+/// `(failed, p50 ms, p99 ms)` per strategy of `strategies` on `scenario`.
+fn research_runs(scenario: &str, requests: u64, strategies: &[&str]) -> Vec<(u64, f64, f64)> {
+    let mut o = opts(scenario, requests);
+    o.strategies = strategies.iter().map(|s| s.to_string()).collect();
+    let r = simulate(&o).unwrap();
+    r.runs
+        .iter()
+        .map(|run| (run.failed, run.latency_ms.p50, run.latency_ms.p99))
+        .collect()
+}
+
+/// Issue 12, section 3. On `long_tail` multi_bin used to lose requests to queue timeouts
+/// (all its bins equal-width until 1,000 completions, so everything shared one bin capped
+/// at 9 requests by the per-bin memory prior) and so did dynamic (its in-band SLA window
+/// grew one width per ~7 s batch). Now neither loses a request `fixed` completes, and
+/// multi_bin's p50 and p99 stay near or below `fixed`'s (measured at 3,000 requests:
+/// p99 17.4 s against 17.9 s; at 20,000 it is 1.04x, see BENCHMARKS.md).
+#[test]
+fn research_strategies_lose_nothing_fixed_completes_on_long_tail() {
+    let runs = research_runs("long_tail", 3_000, &["fixed", "dynamic", "multi_bin"]);
+    let (fixed, dynamic, multi_bin) = (runs[0], runs[1], runs[2]);
+    assert_eq!(fixed.0, 0, "fixed completes everything");
+    assert_eq!(dynamic.0, 0, "dynamic lost requests: {runs:?}");
+    assert_eq!(multi_bin.0, 0, "multi_bin lost requests: {runs:?}");
+    assert!(
+        multi_bin.1 <= fixed.1,
+        "multi_bin p50 above fixed's: {runs:?}"
+    );
+    assert!(
+        multi_bin.2 <= 1.05 * fixed.2,
+        "multi_bin p99 above fixed's: {runs:?}"
+    );
+}
+
+/// Where the bins separate little (steady_state, mixed_priority: outputs of similar
+/// length), multi_bin's age-aware bin choice keeps its p99 at or below `fixed`'s (it was
+/// 4-5x with round robin), and dynamic loses nothing either.
+#[test]
+fn multi_bin_p99_is_no_worse_than_fixed_on_steady_and_mixed_priority() {
+    for scenario in ["steady_state", "mixed_priority"] {
+        let runs = research_runs(scenario, 3_000, &["fixed", "dynamic", "multi_bin"]);
+        assert!(runs.iter().all(|r| r.0 == 0), "{scenario}: {runs:?}");
+        assert!(
+            runs[2].2 <= runs[0].2,
+            "{scenario}: multi_bin p99 above fixed's: {runs:?}"
+        );
+    }
+}

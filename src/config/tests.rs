@@ -124,7 +124,7 @@ fn unknown_names_are_refused_where_they_are_read() {
             "ABE_BATCHING_DYNAMIC_BIN_POLICY",
             "fifo",
             "batching.dynamic.bin_policy",
-            "round_robin, longest_queue",
+            "age_aware, response_ratio, round_robin, longest_queue",
         ),
         (
             "ABE_BATCHING_DYNAMIC_PREDICTOR",

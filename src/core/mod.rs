@@ -110,6 +110,8 @@ struct BatchSlot {
     worker: u32,
     dispatched_at_ns: Nanos,
     state: BatchState,
+    /// The `multi_bin` bin the batch came from (its statistics learn from the result).
+    bin: Option<usize>,
 }
 
 /// The scheduler. See the module docs for the rules it lives by.
@@ -163,6 +165,7 @@ impl Core {
                 worker: 0,
                 dispatched_at_ns: 0,
                 state: BatchState::Free,
+                bin: None,
             })
             .collect();
         let free_batches = (0..slot_count as u32).rev().collect();
@@ -523,7 +526,8 @@ impl Core {
                 let m = table.meta(t.index);
                 (m.tokens_estimated - m.max_tokens, m.max_tokens)
             });
-            self.research.observe_batch(requests, service_ns);
+            self.research
+                .observe_batch(requests, service_ns, self.batches[b].bin);
         }
         match outcome {
             BatchOutcome::Ok => {
@@ -827,19 +831,23 @@ impl Core {
 
     /// `dynamic` and `multi_bin`: whenever a worker can take a batch, form one of up to
     /// `b_target = min(b_mem, b_SLA)` requests (FIFO; for `multi_bin` from the bin the bin
-    /// policy picks) that passes the memory check.
+    /// policy picks, sized by that bin's statistics and controller) that passes the memory
+    /// check.
     fn dispatch_research(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) {
         while self.queued > 0 {
             let Some(worker) = self.pick_worker(now) else {
                 return;
             };
             let (slot, tickets, target) = if self.strategy == StrategyKind::MultiBin {
-                let Some(bin) = self.research.choose_bin() else {
+                // A head waiting half the request timeout goes first, whatever its bin.
+                let age_bound_ns = self.cfg.request_timeout_ns / 2;
+                let Some(bin) = self.research.choose_bin(now, &self.table, age_bound_ns) else {
                     return;
                 };
                 let backlog = self.research.bins[bin].len();
                 let target = self.research.b_target(Some(bin), backlog) as usize;
                 let (slot, tickets) = self.fill_from_bin(now, bin, target);
+                self.batches[slot as usize].bin = Some(bin);
                 (slot, tickets, target)
             } else {
                 let target = self.research.b_target(None, self.queued) as usize;
@@ -946,6 +954,7 @@ impl Core {
             .free_batches
             .pop()
             .expect("a worker with room implies a free batch slot");
+        self.batches[slot as usize].bin = None;
         let mut tickets = std::mem::take(&mut self.batches[slot as usize].tickets);
         tickets.clear();
         (slot, tickets)

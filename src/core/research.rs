@@ -7,9 +7,11 @@
 //! statistics update after every completed batch. Nothing here allocates after `new`.
 
 use super::request::{Nanos, RequestMeta};
+use super::strategy::batch_stats::EMA_WEIGHT;
 use super::strategy::batch_stats::{BatchObservation, BatchStats, OUTPUT_SAMPLE_CAPACITY};
 use super::strategy::bins::{
-    BinBoundaries, BinPolicy, BinSelector, LengthPredictor, PredictorKind, BIN_COUNT_MAX,
+    choose_age_aware, BinBoundaries, BinPolicy, BinSelector, LengthPredictor, PredictorKind,
+    BIN_COUNT_MAX,
 };
 use super::strategy::memory::MemoryModel;
 use super::strategy::sla::{SlaController, SlaParams};
@@ -37,7 +39,7 @@ impl Default for ResearchConfig {
             memory: MemoryModel::default(),
             sla: SlaParams::default(),
             bins: 4,
-            bin_policy: BinPolicy::RoundRobin,
+            bin_policy: BinPolicy::AgeAware,
             predictor: PredictorKind::MaxTokens,
             max_tokens_limit: 32_768,
             recompute_every: 1000,
@@ -82,6 +84,60 @@ impl Default for ResearchSnapshot {
     }
 }
 
+/// One bin's own statistics and SLA controller (Algorithm 5: every bin is sized and
+/// controlled from its own batches; a bin of long answers and one of short answers have
+/// different memory footprints and batch times, so one shared average fits neither).
+#[derive(Clone, Copy, Debug)]
+pub struct BinState {
+    /// Algorithm 2 for this bin's batches only.
+    pub sla: SlaController,
+    /// EMA of prompt + output tokens per request in this bin's batches. Meaningless while
+    /// `batches == 0`.
+    tokens_per_request_ema: f64,
+    /// EMA of this bin's batch service time, ns. Meaningless while `batches == 0`.
+    service_ns_ema: f64,
+    /// Completed batches observed (saturating).
+    batches: u64,
+}
+
+impl BinState {
+    fn new(sla: SlaParams) -> Self {
+        BinState {
+            sla: SlaController::new(sla),
+            tokens_per_request_ema: 0.0,
+            service_ns_ema: 0.0,
+            batches: 0,
+        }
+    }
+
+    /// Mean prompt + output tokens per request of this bin; `None` before its first batch.
+    pub fn tokens_per_request(&self) -> Option<f64> {
+        (self.batches > 0).then_some(self.tokens_per_request_ema)
+    }
+
+    /// Mean batch service time of this bin, ns; `None` before its first batch.
+    pub fn service_ns(&self) -> Option<f64> {
+        (self.batches > 0).then_some(self.service_ns_ema)
+    }
+
+    fn observe(&mut self, size: u32, tokens_sum: u64, service_ns: Nanos, tbt_ms: Option<f64>) {
+        let tokens = tokens_sum as f64 / f64::from(size);
+        let service = service_ns as f64;
+        if self.batches == 0 {
+            self.tokens_per_request_ema = tokens;
+            self.service_ns_ema = service;
+        } else {
+            let w = EMA_WEIGHT;
+            self.tokens_per_request_ema = w * tokens + (1.0 - w) * self.tokens_per_request_ema;
+            self.service_ns_ema = w * service + (1.0 - w) * self.service_ns_ema;
+        }
+        self.batches = self.batches.saturating_add(1);
+        if let Some(tbt_ms) = tbt_ms {
+            self.sla.update(tbt_ms, size);
+        }
+    }
+}
+
 /// The research strategies' live state.
 pub struct Research {
     pub cfg: ResearchConfig,
@@ -90,11 +146,15 @@ pub struct Research {
     pub boundaries: BinBoundaries,
     pub selector: BinSelector,
     pub predictor: LengthPredictor,
+    /// Per-bin statistics and controllers (only the first `cfg.bins` are used).
+    pub bin_state: [BinState; BIN_COUNT_MAX],
     /// One FIFO per bin (only the first `cfg.bins` are used).
     pub bins: [Fifo; BIN_COUNT_MAX],
     /// Requests in all bins.
     pub queued: usize,
     completed_since_recompute: u32,
+    /// Requests completed since start (saturating): sets the early recompute schedule.
+    completed_total: u32,
     pub memory_limit_hits: u64,
     pub boundary_recomputes: u64,
     /// Scratch for bin lengths given to the selector.
@@ -111,9 +171,11 @@ impl Research {
             boundaries: BinBoundaries::new(bins, cfg.max_tokens_limit, OUTPUT_SAMPLE_CAPACITY),
             selector: BinSelector::new(cfg.bin_policy),
             predictor: LengthPredictor::new(cfg.predictor),
+            bin_state: [BinState::new(cfg.sla); BIN_COUNT_MAX],
             bins: [Fifo::default(); BIN_COUNT_MAX],
             queued: 0,
             completed_since_recompute: 0,
+            completed_total: 0,
             memory_limit_hits: 0,
             boundary_recomputes: 0,
             lens: [0; BIN_COUNT_MAX],
@@ -127,52 +189,116 @@ impl Research {
     }
 
     /// Algorithm 1: the memory-constrained batch size for `bin` (`None`: no bins).
+    ///
+    /// A bin with completed batches is sized from its own mean request length (per-bin
+    /// statistics). Before that, from the global mean capped by the reference's per-bin
+    /// cap, which assumes prompt ~ output at the bin's midpoint and an open last bin as
+    /// long as the context: a prior only, since it holds a bin of ~1,000-token answers to
+    /// 7 requests where 30 fit (measured on `long_tail`, where that cap, applied to the
+    /// one bin everything fell in before statistics, overloaded the workers). Every batch
+    /// still passes the memory check on its real token counts.
     pub fn b_mem(&self, bin: Option<usize>) -> u32 {
-        let cap = bin.map(|b| {
-            let (lo, hi) = self.boundaries.bounds(b);
-            self.cfg.memory.per_bin_cap(lo, hi)
-        });
+        let Some(b) = bin else {
+            return self
+                .cfg
+                .memory
+                .b_mem(self.stats.mean_tokens_per_request(), None);
+        };
+        if let Some(mean) = self.bin_state[b].tokens_per_request() {
+            return self.cfg.memory.b_mem(Some(mean), None);
+        }
+        let (lo, hi) = self.boundaries.bounds(b);
+        let cap = self.cfg.memory.per_bin_cap(lo, hi);
         self.cfg
             .memory
-            .b_mem(self.stats.mean_tokens_per_request(), cap)
+            .b_mem(self.stats.mean_tokens_per_request(), Some(cap))
+    }
+
+    /// The SLA controller of `bin` (`None`: the global one `dynamic` uses).
+    pub fn sla_for(&self, bin: Option<usize>) -> &SlaController {
+        bin.map_or(&self.sla, |b| &self.bin_state[b].sla)
     }
 
     /// Algorithm 3's target: `min(b_mem, b_SLA)`, at least 1, for a queue of `backlog`
     /// waiting requests.
     ///
+    /// The controller is the bin's own for `multi_bin`, the global one for `dynamic`.
+    ///
     /// Adaptation for request-level batching (a deviation from the paper, which schedules
     /// iterations): the paper's floor `b_SLA >= N_decode` is what lets its batch grow with
-    /// demand, and here no request of a new batch is decoding yet (`N_decode` = 0). Without
-    /// a substitute, the in-band rule (a window around the average batch actually formed)
-    /// locks onto whatever small batches light load produced, and a backlog can never grow
-    /// them (measured: stuck at 2 and overloaded at 100 RPS). So while more requests wait
-    /// than the interval's midpoint, the controller probes its upper end `b_high`; the
-    /// too-slow branch still pulls `b_high` down when decode TBT leaves the band.
+    /// demand, and here no request of a new batch is decoding yet (`N_decode` = 0). The
+    /// waiting backlog is the substitute: those are the requests the paper's loop, stepping
+    /// every few ms, would already have admitted. So while more requests wait than the
+    /// interval's midpoint, the SLA bounds the batch only when it is being missed (`tau`
+    /// above the band: `b_high`, which the too-slow branch pulls down); otherwise the
+    /// memory bound and the backlog decide. Probing `b_high` instead (one window width
+    /// above the average batch per completed batch) grew too slowly where a batch lasts
+    /// seconds: measured on `long_tail` (batches of ~7 s), `dynamic` overloaded for its
+    /// first 250 s and lost 61 requests to queue timeouts that `fixed` completes.
     pub fn b_target(&self, bin: Option<usize>, backlog: usize) -> u32 {
-        let mid = self.sla.b_sla(0);
-        let b_sla = if backlog > mid as usize {
-            self.sla.b_high().max(mid)
-        } else {
+        let sla = self.sla_for(bin);
+        let mid = sla.b_sla(0);
+        let b_sla = if backlog <= mid as usize {
             mid
+        } else if sla.too_slow() {
+            sla.b_high().max(mid)
+        } else {
+            sla.params().b_max
         };
         self.b_mem(bin).min(b_sla).max(1)
     }
 
-    /// Algorithms 5-6: the bin to serve next, among non-empty ones.
-    pub fn choose_bin(&mut self) -> Option<usize> {
+    /// Algorithms 5-6: the bin to serve next, among non-empty ones, at `now`. With the
+    /// `age_aware` and `response_ratio` policies a head waiting `age_bound_ns` or more goes
+    /// first; else `age_aware` serves the oldest head, `response_ratio` the highest ratio
+    /// of wait to the bin's expected batch time ([`choose_age_aware`]).
+    pub fn choose_bin(
+        &mut self,
+        now: Nanos,
+        table: &RequestTable,
+        age_bound_ns: Nanos,
+    ) -> Option<usize> {
         let k = self.cfg.bins;
-        for (i, len) in self.lens[..k].iter_mut().enumerate() {
-            *len = self.bins[i].len();
+        let policy = self.selector.policy();
+        if !matches!(policy, BinPolicy::AgeAware | BinPolicy::ResponseRatio) {
+            for (i, len) in self.lens[..k].iter_mut().enumerate() {
+                *len = self.bins[i].len();
+            }
+            return self.selector.choose(&self.lens[..k]);
         }
-        self.selector.choose(&self.lens[..k])
+        // age_aware: every bin's expected time 1 ns, so the ratio orders heads by age.
+        // Expected batch time of a bin without statistics: the mean over bins with some
+        // (none yet: 1 ns, so the ratio orders by wait alone: oldest head first).
+        let (mut sum, mut n) = (0.0, 0u32);
+        for st in &self.bin_state[..k] {
+            if let Some(s) = st.service_ns() {
+                sum += s;
+                n += 1;
+            }
+        }
+        let fallback = if n > 0 { sum / f64::from(n) } else { 1.0 };
+        let mut waits = [None; BIN_COUNT_MAX];
+        let mut services = [1.0; BIN_COUNT_MAX];
+        for i in 0..k {
+            waits[i] = self.bins[i]
+                .front()
+                .map(|head| now.saturating_sub(table.meta(head).arrival_ns));
+            if policy == BinPolicy::ResponseRatio {
+                services[i] = self.bin_state[i].service_ns().unwrap_or(fallback).max(1.0);
+            }
+        }
+        choose_age_aware(&waits[..k], &services[..k], age_bound_ns)
     }
 
     /// Algorithm 7: statistics and controller after a completed batch. `requests` yields
-    /// (prompt tokens, output tokens) per request; `service_ns` is the batch's service time.
+    /// (prompt tokens, output tokens) per request; `service_ns` is the batch's service time;
+    /// `bin` the bin it came from (`multi_bin`), whose own statistics and controller learn
+    /// from it too.
     pub fn observe_batch(
         &mut self,
         requests: impl Iterator<Item = (u32, u32)> + Clone,
         service_ns: Nanos,
+        bin: Option<usize>,
     ) {
         let mut size = 0u32;
         let mut prompt_sum = 0u64;
@@ -192,8 +318,8 @@ impl Research {
         // Decode time between tokens: the batch's service time over its decode steps (the
         // longest output). Embedding-only batches have no decode steps and teach the SLA
         // controller nothing.
-        if output_max > 0 {
-            let tbt_ms = service_ns as f64 / 1e6 / f64::from(output_max);
+        let tbt_ms = (output_max > 0).then(|| service_ns as f64 / 1e6 / f64::from(output_max));
+        if let Some(tbt_ms) = tbt_ms {
             self.stats.observe_batch(&BatchObservation {
                 batch_size: size,
                 prompt_tokens_sum: prompt_sum,
@@ -202,8 +328,12 @@ impl Research {
             });
             self.sla.update(tbt_ms, size);
         }
-        self.completed_since_recompute += size;
-        if self.completed_since_recompute >= self.cfg.recompute_every {
+        if let Some(b) = bin.filter(|&b| b < self.cfg.bins) {
+            self.bin_state[b].observe(size, prompt_sum + output_sum, service_ns, tbt_ms);
+        }
+        self.completed_since_recompute = self.completed_since_recompute.saturating_add(size);
+        self.completed_total = self.completed_total.saturating_add(size);
+        if self.completed_since_recompute >= self.recompute_period() {
             self.completed_since_recompute = 0;
             if self
                 .boundaries
@@ -212,6 +342,20 @@ impl Research {
                 self.boundary_recomputes += 1;
             }
         }
+    }
+
+    /// Completed requests between boundary recomputes: `recompute_every`, but while fewer
+    /// requests than that have completed, as many as have (so the first recomputes come at
+    /// 8K, 16K, 32K, ... completions, each on twice the data). Before its first recompute
+    /// every bin is equal-width over `[1, max_tokens_limit]`, so with the default 32,768 and
+    /// K = 4 every answer under 8,193 tokens shares bin 0: waiting for `recompute_every`
+    /// (1,000) completions meant ~200 s of unbinned batches on `long_tail`, half of its
+    /// queue timeouts.
+    fn recompute_period(&self) -> u32 {
+        let first = 8 * self.cfg.bins as u32;
+        self.cfg
+            .recompute_every
+            .min(self.completed_total.max(first))
     }
 
     /// Controller state for metrics.

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 pub struct DynamicConfig {
     /// multi_bin: number of bins K (1..=64).
     pub bins: usize,
-    /// multi_bin: round_robin | longest_queue
+    /// multi_bin: age_aware | response_ratio | round_robin | longest_queue
     pub bin_policy: BinPolicy,
     /// Predicted output length: max_tokens | ema_by_prompt_bucket (a request's
     /// `predicted_output_tokens` hint wins).

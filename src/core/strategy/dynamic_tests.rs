@@ -3,7 +3,9 @@
 //! Every expected number is computed by hand in the comment beside it.
 
 use super::batch_stats::{BatchObservation, BatchStats};
-use super::bins::{BinBoundaries, BinPolicy, BinSelector, LengthPredictor, PredictorKind};
+use super::bins::{
+    choose_age_aware, BinBoundaries, BinPolicy, BinSelector, LengthPredictor, PredictorKind,
+};
 use super::memory::MemoryModel;
 use super::sla::{SlaController, SlaParams};
 use crate::core::request::{Kind, Priority, RequestMeta};
@@ -117,7 +119,7 @@ fn policy_and_predictor_names_round_trip_and_typos_are_errors() {
     let e = "weighted".parse::<BinPolicy>().unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unknown bin policy 'weighted': valid values are round_robin, longest_queue"
+        "unknown bin policy 'weighted': valid values are age_aware, response_ratio, round_robin, longest_queue"
     );
     assert!("oracle".parse::<PredictorKind>().is_err());
 }
@@ -207,4 +209,23 @@ fn building_blocks_compose_into_a_batch_size() {
     assert_eq!(mem.b_mem(Some(mean), None).min(sla.b_sla(0)), 8);
     // Algorithm 3's check on a full 8-request batch: 8 x 2,500 = 20,000 <= 37,333.
     assert!(mem.fits(20_000));
+}
+
+#[test]
+fn age_aware_choice_serves_past_the_bound_first_then_by_ratio_and_skips_empty_bins() {
+    let bound = 1_000;
+    // Equal expected times: the oldest head.
+    assert_eq!(
+        choose_age_aware(&[Some(5), None, Some(9)], &[1.0; 3], bound),
+        Some(2)
+    );
+    // Response ratio: bin 0 waited 100 of a 100 batch (2.0), bin 1 300 of 1000 (1.3).
+    assert_eq!(
+        choose_age_aware(&[Some(100), Some(300)], &[100.0, 1000.0], bound),
+        Some(0)
+    );
+    // A head past the bound wins whatever the ratios; the oldest of those.
+    let waits = [Some(900), Some(1_000), Some(2_000)];
+    assert_eq!(choose_age_aware(&waits, &[1.0, 1e9, 1e9], bound), Some(2));
+    assert_eq!(choose_age_aware(&[None, None], &[1.0, 1.0], bound), None);
 }

@@ -217,6 +217,12 @@ impl SlaController {
         self.b_low = self.b_low.min(self.b_high);
     }
 
+    /// True when the averaged decode TBT is above the band (`tau > d_sla + epsilon`): the
+    /// SLA is being missed. False before the first update.
+    pub fn too_slow(&self) -> bool {
+        self.updates > 0 && self.tbt_ms_ema > self.params.d_sla_ms + self.params.epsilon_ms
+    }
+
     /// `b_SLA = floor((b_low + b_high) / 2)`, raised to `n_decode` (requests already
     /// decoding cannot be dropped: the paper's `b_SLA >= N_decode`). While warming up the
     /// interval is still `[b_min, b_max]`, so this is their midpoint (64 for 1..128).
