@@ -497,3 +497,67 @@ fn closed_loops_are_deterministic_and_refuse_zero_clients() {
         .to_string();
     assert!(e.contains("workload.arrivals.clients"), "{e}");
 }
+
+/// The load scenarios sit in their utilisation bands (not saturated), and `rate_scale`
+/// moves the load: one request sequence per point, utilisation rising with the scale.
+#[test]
+fn load_scenarios_sit_in_their_bands_and_rate_scale_moves_the_load() {
+    for (name, lo, hi) in [
+        ("light_load", 0.18, 0.32),
+        ("medium_load", 0.48, 0.62),
+        ("heavy_load", 0.82, 0.93),
+    ] {
+        let mut o = opts(name, 5_000);
+        o.strategies = vec!["fixed".into()];
+        let r = simulate(&o).unwrap();
+        let u = r.runs[0].worker_utilisation;
+        assert!((lo..=hi).contains(&u), "{name}: utilisation {u:.3}");
+    }
+    let mut o = opts("medium_load", 3_000);
+    o.strategies = vec!["fixed".into()];
+    o.sweep = vec!["rate_scale=0.5,1,2".into()];
+    let r = simulate(&o).unwrap();
+    assert_eq!(r.runs.len(), 3);
+    let u: Vec<f64> = r.runs.iter().map(|x| x.worker_utilisation).collect();
+    assert!(u[0] < u[1] && u[1] < u[2], "{u:?}");
+    assert_ne!(r.runs[0].request_digest, r.runs[1].request_digest);
+    assert_eq!(r.runs[1].request_digest, r.request_digest);
+    assert!((r.runs[2].throughput_rps / r.runs[0].throughput_rps - 4.0).abs() < 0.3);
+    o.sweep = vec!["clients=4".into()];
+    let e = simulate(&o).unwrap_err().to_string();
+    assert!(e.contains("closed"), "{e}");
+}
+
+/// The closed-loop scenario separates `auto` from work-conserving dispatch, and `clients`
+/// sweeps its client count.
+#[test]
+fn closed_loop_scenario_separates_auto_from_work_conserving() {
+    let mut o = opts("closed_loop", 3_000);
+    o.strategies = vec!["auto".into(), "fixed".into()];
+    let best = 8.0 * 1e3 / (10.0 + 16.0 + 0.1);
+    let r = simulate(&o).unwrap();
+    assert!(r.runs[0].throughput_rps / best > 0.95, "{:?}", r.runs[0]);
+    assert!(r.runs[1].throughput_rps / best < 0.8, "{:?}", r.runs[1]);
+    o.sweep = vec!["clients=1,2".into()];
+    let r = simulate(&o).unwrap();
+    assert_eq!(r.runs.len(), 4);
+    assert_eq!(r.runs[0].label, "auto clients=1");
+    assert!(r.runs[2].throughput_rps > r.runs[0].throughput_rps);
+}
+
+/// Bursty arrivals: the requests of a burst come together, and `auto` waits for the rest of
+/// a burst where work-conserving dispatch sends its first request alone.
+#[test]
+fn bursty_scenario_batches_bursts() {
+    let mut o = opts("bursty", 4_000);
+    o.strategies = vec!["auto".into(), "fixed".into()];
+    let r = simulate(&o).unwrap();
+    assert_eq!(r.runs[0].completed, 4_000);
+    assert!(r.runs[1].mean_batch_size > 2.0, "{:?}", r.runs[1]);
+    assert!(
+        r.runs[0].latency_ms.p50 <= r.runs[1].latency_ms.p50,
+        "auto {:?} fixed {:?}",
+        r.runs[0].latency_ms,
+        r.runs[1].latency_ms
+    );
+}
