@@ -90,7 +90,8 @@ OUTPUTS
   --csv FILE (per-window time series); --svg DIR (latency_over_time.svg,
   queue_depth_over_time.svg, batch_size_distribution.svg; for sweeps throughput_vs_<key>.svg
   and latency_vs_<key>.svg (p50 and p99 per strategy against the first sweep key));
-  with more than one priority class, p50/p99 per priority in the table and the JSON
+  with more than one priority class, p50/p99 per priority in the table, the JSON
+  (runs[].latency_ms_by_priority, always present) and FILE.by_priority.csv beside --csv
 
 EXAMPLE
   abe simulate --scenario steady_state --strategies fixed,queue_depth --seed 7 \
