@@ -13,7 +13,7 @@
 
 use super::error::LoadgenError;
 use crate::sim::report::RunReport;
-use crate::sim::table::{format_table, run_rows, RunColumn};
+use crate::sim::table::{format_table, priority_table, run_rows, RunColumn};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -136,6 +136,9 @@ impl LiveReport {
             row.push(live.late_sends.to_string());
         }
         t.push_str(&format_table(&header, &rows));
+        if let Some(p) = priority_table(&self.runs) {
+            t.push_str(&p);
+        }
         let _ = writeln!(
             t,
             "offered {:.2} req/s | makespan {:.2} s | send lag p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms | {} of {} sent > {} ms late",

@@ -272,6 +272,9 @@ pub fn run_scenario(
     let n = schedule.len() as u64;
     let rejected = errors.get("429").copied().unwrap_or(0);
     record.offered = n;
+    for r in &schedule.requests {
+        record.by_priority[r.priority.index()].offered += 1;
+    }
     record.offered_digest = schedule.digest;
     record.first_arrival_ns = schedule.send_at_ns.first().copied();
     record.rejected_full = rejected;
@@ -475,14 +478,15 @@ fn drive(
                     if status == 429 {
                         // Refused at admission: a rejection, as in the simulator.
                         record.series.on_fail(done.end_ns);
+                        record.by_priority[r.priority.index()].failed += 1;
                     } else {
-                        record.on_fail(done.end_ns);
+                        record.on_fail(done.end_ns, r);
                     }
                 }
                 Outcome::Transport(e) => {
                     *errors.entry(e.as_str().to_string()).or_default() += 1;
                     failed_so_far += 1;
-                    record.on_fail(done.end_ns);
+                    record.on_fail(done.end_ns, r);
                 }
             }
         }

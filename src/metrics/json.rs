@@ -38,6 +38,7 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, now_unix_ms: u64) -> Value 
         "latency_p99_ms": quantile_ms(latency, 0.99),
         "latency_p999_ms": quantile_ms(latency, 0.999),
         "latency_mean_ms": latency.mean() / NANOS_PER_MS_F64,
+        "latency_by_priority": latency_by_priority(snapshot),
         "observed_p99_ms": snapshot.observed_p99_ns.map(ns_to_ms),
         "queue_wait_mean_ms": stats.queue_wait.mean_ns() / NANOS_PER_MS_F64,
         "throughput_rps": throughput_rps(stats.completed, snapshot.at_ns),
@@ -49,6 +50,24 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, now_unix_ms: u64) -> Value 
         "backends": backends(snapshot),
         "http": http_json(http),
     })
+}
+
+/// `{"critical": {"completed": n, "p50_ms": x, "p99_ms": x}, "high": {...}, ...}`, highest
+/// priority first.
+fn latency_by_priority(snapshot: &Snapshot) -> Value {
+    let mut by_priority = Map::new();
+    for priority in Priority::HIGHEST_FIRST {
+        let h = &snapshot.latency_by_priority[priority.index()];
+        by_priority.insert(
+            priority.as_str().to_string(),
+            json!({
+                "completed": h.len(),
+                "p50_ms": quantile_ms(h, 0.5),
+                "p99_ms": quantile_ms(h, 0.99),
+            }),
+        );
+    }
+    Value::Object(by_priority)
 }
 
 /// `{"critical": {"128": n, ..., "inf": n}, "high": {...}, ...}`, highest priority first.
@@ -256,6 +275,11 @@ mod tests {
             assert_eq!(v[key].as_f64(), Some(0.0), "{key}");
         }
         assert_eq!(v["workers"][0]["utilization"].as_f64(), Some(0.0));
+        assert_eq!(
+            v["latency_by_priority"]["critical"]["p99_ms"].as_f64(),
+            Some(0.0)
+        );
+        assert_eq!(v["latency_by_priority"]["low"]["completed"], 0);
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, out: &mut String) {
     render_process(snapshot, out);
     render_queue(snapshot, out);
     render_requests(snapshot, out);
+    render_latency_by_priority(snapshot, out);
     render_batches(snapshot, out);
     render_workers(snapshot, out);
     render_backends(snapshot, out);
@@ -372,6 +373,32 @@ fn render_requests(snapshot: &Snapshot, out: &mut String) {
         name,
         out,
     );
+}
+
+/// End-to-end latency per priority class: one histogram series per class, every class
+/// always present (p50 and p99 per class by `histogram_quantile`).
+fn render_latency_by_priority(snapshot: &Snapshot, out: &mut String) {
+    let name = "abe_request_duration_by_priority_seconds";
+    let help = "End-to-end latency of completed requests by priority class, admission to \
+                answer (the classes of abe_request_duration_seconds). _sum is approximated \
+                from an hdrhistogram (3 significant digits).";
+    family(out, name, MetricType::Histogram, help);
+    for p in crate::core::Priority::HIGHEST_FIRST {
+        let h = &snapshot.latency_by_priority[p.index()];
+        let cumulative = cumulative_counts(h, &LATENCY_BOUNDS_NS);
+        let buckets = LATENCY_BOUNDS_NS
+            .iter()
+            .zip(cumulative)
+            .map(|(&b, c)| (b as f64 / NANOS_PER_SECOND_F64, c));
+        histogram(
+            out,
+            name,
+            &[("priority", p.as_str())],
+            buckets,
+            h.len(),
+            approx_sum(h) / NANOS_PER_SECOND_F64,
+        );
+    }
 }
 
 /// Batch sizes and flush reasons.
@@ -780,6 +807,23 @@ mod tests {
     }
 
     #[test]
+    fn latency_by_priority_has_every_class() {
+        let mut snap = busy_snapshot();
+        let critical = crate::core::Priority::Critical.index();
+        snap.latency_by_priority[critical]
+            .record(2_000_000)
+            .unwrap();
+        let out = page(&snap, &HttpStats::new());
+        let name = "abe_request_duration_by_priority_seconds";
+        assert_line(&out, &format!("{name}_count{{priority=\"critical\"}} 1"));
+        assert_line(&out, &format!("{name}_count{{priority=\"low\"}} 0"));
+        assert_line(
+            &out,
+            &format!("{name}_bucket{{priority=\"critical\",le=\"+Inf\"}} 1"),
+        );
+    }
+
+    #[test]
     fn active_strategy_is_one_and_others_zero() {
         let out = page(&busy_snapshot(), &HttpStats::new());
         assert_line(&out, "abe_strategy{strategy=\"queue_depth\"} 1");
@@ -1027,9 +1071,10 @@ mod tests {
         let helps = out.lines().filter(|l| l.starts_with("# HELP ")).count();
         let types = out.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!((helps, types), (summary.families, summary.families));
-        // 27 engine and HTTP families + 5 of routing + 8 of the research controllers (a
-        // ninth, the decode-TBT gauge, appears once the SLA controller has an observation).
-        assert_eq!(summary.families, 40);
+        // 27 engine and HTTP families + latency by priority + 5 of routing + 8 of the
+        // research controllers (a ninth, the decode-TBT gauge, appears once the SLA
+        // controller has an observation).
+        assert_eq!(summary.families, 41);
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct Snapshot {
     pub workers: Vec<WorkerSnapshot>,
     /// End-to-end latency of completed requests (ns), since start.
     pub latency: Histogram<u64>,
+    /// The same, per priority class (indexed by `Priority::index`, low = 0).
+    pub latency_by_priority: [Histogram<u64>; crate::core::Priority::COUNT],
     /// Batch sizes, since start.
     pub batch_size: Histogram<u64>,
     /// Continuous batching: time to first token (ns), since start.
@@ -158,6 +160,7 @@ impl Snapshot {
             observed_p99_ns: None,
             workers: vec![idle; workers],
             latency: latency_histogram(),
+            latency_by_priority: std::array::from_fn(|_| latency_histogram()),
             batch_size: Histogram::new_with_bounds(1, 1 << 20, 3)
                 .expect("static histogram bounds are valid"),
             ttft: latency_histogram(),

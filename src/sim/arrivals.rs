@@ -42,6 +42,16 @@ pub enum Arrivals {
     },
     /// Every request arrives at t = 0 (a backlog: measures capacity).
     Saturated,
+    /// Bursts, as batch clients and agents send them: burst starts are Poisson at
+    /// `bursts_per_s`, each burst is `burst_size` requests `gap_ms` apart (the first at the
+    /// burst's start). The mean rate is `bursts_per_s x burst_size`; bursts that overlap
+    /// interleave.
+    Bursty {
+        bursts_per_s: f64,
+        burst_size: u32,
+        #[serde(default)]
+        gap_ms: f64,
+    },
     /// A closed loop: `clients` clients, each sending its next request `think_ms` after the
     /// answer to its last (uniform within +- `think_jitter` x `think_ms`, default 0.5), the
     /// first requests spread evenly over one think time. This is how a benchmark harness, an
@@ -176,9 +186,10 @@ impl Arrivals {
                 },
                 poisson,
             ),
-            Arrivals::Saturated | Arrivals::Replay { .. } | Arrivals::Closed { .. } => {
-                return Ok(None)
-            }
+            Arrivals::Saturated
+            | Arrivals::Replay { .. }
+            | Arrivals::Closed { .. }
+            | Arrivals::Bursty { .. } => return Ok(None),
         }))
     }
 
@@ -214,6 +225,102 @@ impl Arrivals {
     /// True for `saturated`.
     pub fn is_saturated(&self) -> bool {
         matches!(self, Arrivals::Saturated)
+    }
+
+    /// The bursts, validated, for `bursty`; `None` for every other process.
+    pub fn bursts(&self) -> Result<Option<Bursts>, SimError> {
+        let Arrivals::Bursty {
+            bursts_per_s,
+            burst_size,
+            gap_ms,
+        } = *self
+        else {
+            return Ok(None);
+        };
+        if burst_size == 0 {
+            return Err(SimError::invalid(
+                "workload.arrivals.burst_size",
+                "0 must be at least 1",
+            ));
+        }
+        Ok(Some(Bursts {
+            bursts_per_s: positive("bursts_per_s", bursts_per_s)?,
+            burst_size,
+            gap_s: non_negative("gap_ms", gap_ms)? / 1e3,
+        }))
+    }
+
+    /// This process with every arrival rate multiplied by `k` (the `rate_scale` sweep key):
+    /// rates of `constant`, `poisson`, `ramp` and `spike`, and burst starts of `bursty`.
+    /// `saturated`, `closed` and `replay` have no rate to scale (sweep `clients` for a
+    /// closed loop).
+    pub fn scaled(&self, k: f64) -> Result<Arrivals, SimError> {
+        let k = positive("rate_scale", k)?;
+        let mut a = self.clone();
+        match &mut a {
+            Arrivals::Constant { rate_rps } | Arrivals::Poisson { rate_rps } => *rate_rps *= k,
+            Arrivals::Ramp {
+                start_rps, end_rps, ..
+            } => {
+                *start_rps *= k;
+                *end_rps *= k;
+            }
+            Arrivals::Spike { base_rps, .. } => *base_rps *= k,
+            Arrivals::Bursty { bursts_per_s, .. } => *bursts_per_s *= k,
+            Arrivals::Saturated | Arrivals::Closed { .. } | Arrivals::Replay { .. } => {
+                return Err(SimError::invalid(
+                    "--sweep",
+                    "rate_scale needs a rate: `saturated`, `replay` and `closed` arrivals \
+                     have none \
+                     (sweep clients for a closed loop)",
+                ))
+            }
+        }
+        Ok(a)
+    }
+
+    /// This closed loop with `clients` clients (the `clients` sweep key).
+    pub fn with_clients(&self, n: u32) -> Result<Arrivals, SimError> {
+        let mut a = self.clone();
+        match &mut a {
+            Arrivals::Closed { clients, .. } => *clients = n,
+            _ => {
+                return Err(SimError::invalid(
+                    "--sweep",
+                    "clients needs `process = \"closed\"` arrivals (sweep rate_scale for an \
+                     open workload)",
+                ))
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// A validated bursty process (see [`Arrivals::Bursty`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bursts {
+    pub bursts_per_s: f64,
+    pub burst_size: u32,
+    pub gap_s: f64,
+}
+
+impl Bursts {
+    /// The first `n` arrival times in ns, sorted, from the caller's RNG: enough bursts for `n`
+    /// requests, their members merged in time order.
+    pub fn times_ns(&self, n: usize, rng: &mut impl Rng) -> Vec<Nanos> {
+        let size = self.burst_size as usize;
+        let mut out = Vec::with_capacity(n.div_ceil(size) * size);
+        let mut start_s = 0.0;
+        while out.len() < n {
+            for j in 0..size {
+                out.push(secs_to_ns(start_s + j as f64 * self.gap_s));
+            }
+            let u: f64 = rng.gen();
+            start_s += -(1.0 - u).ln() / self.bursts_per_s;
+        }
+        out.sort_unstable();
+        out.truncate(n);
+        out
     }
 }
 
@@ -333,6 +440,7 @@ impl ArrivalClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
 
     #[test]
     fn inverse_undoes_cumulative_for_every_profile() {
@@ -389,5 +497,50 @@ mod tests {
             "invalid workload.arrivals.rate_rps: 0 must be a finite number > 0"
         );
         assert!(Arrivals::Saturated.profile().unwrap().is_none());
+    }
+
+    #[test]
+    fn bursts_come_in_groups_at_the_asked_mean_rate() {
+        let b = Arrivals::Bursty {
+            bursts_per_s: 2.0,
+            burst_size: 8,
+            gap_ms: 1.0,
+        }
+        .bursts()
+        .unwrap()
+        .unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        let t = b.times_ns(8_000, &mut rng);
+        assert_eq!(t.len(), 8_000);
+        assert!(t.windows(2).all(|w| w[0] <= w[1]));
+        let span_s = *t.last().unwrap() as f64 / 1e9;
+        let rate = 8_000.0 / span_s;
+        assert!((rate - 16.0).abs() < 1.0, "{rate}");
+        // Most gaps are the intra-burst gap.
+        let short = t.windows(2).filter(|w| w[1] - w[0] <= 1_000_000).count();
+        assert!(short > 6_500, "{short}");
+    }
+
+    #[test]
+    fn scaling_multiplies_every_rate_and_refuses_what_has_none() {
+        let a = Arrivals::Spike {
+            base_rps: 10.0,
+            multiplier: 3.0,
+            spike_start_s: 1.0,
+            spike_duration_s: 1.0,
+            poisson: true,
+        };
+        let Arrivals::Spike {
+            base_rps,
+            multiplier,
+            ..
+        } = a.scaled(0.5).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((base_rps, multiplier), (5.0, 3.0));
+        assert!(Arrivals::Saturated.scaled(2.0).is_err());
+        assert!(Arrivals::Poisson { rate_rps: 1.0 }.scaled(0.0).is_err());
+        assert!(Arrivals::Poisson { rate_rps: 1.0 }.with_clients(4).is_err());
     }
 }

@@ -103,7 +103,8 @@ impl Exec<'_> {
                 *self.seq += 1;
             }
             Action::Fail { ticket, .. } => {
-                self.rec.on_fail(now);
+                let r = &self.requests[self.slot_req[ticket.index as usize] as usize];
+                self.rec.on_fail(now, r);
                 if self.failed.len() < self.failed.capacity() {
                     self.failed.push(self.slot_req[ticket.index as usize]);
                 }

@@ -4,7 +4,9 @@
 
 /// Shown after the flags by `abe simulate --help`.
 pub const AFTER_HELP: &str = r#"SCENARIOS
-  Built in: steady_state, ramp_up, spike_test, mixed_priority, long_tail, multibin_paper
+  Built in: steady_state, ramp_up, spike_test, mixed_priority, long_tail, multibin_paper,
+  light_load, medium_load, heavy_load (Poisson at ~24/54/88 % worker utilisation), bursty
+  (bursts of 16), closed_loop (8 clients, one worker, a + b n = 10 + 2n ms)
   (each also shipped as scenarios/<name>.toml). Any other value of --scenario is read as a
   TOML file with these keys (all but name and workload.arrivals optional):
 
@@ -27,6 +29,10 @@ WORKLOAD: ARRIVALS (workload.arrivals.process)
   spike       base_rps, multiplier, spike_start_s, spike_duration_s, poisson (bool)
                                             base rate x multiplier during the window
   saturated   (no keys)                     every request at t = 0 (capacity test)
+  bursty      bursts_per_s, burst_size, gap_ms (default 0)
+                                            burst starts Poisson at bursts_per_s (from the
+                                            seed), each burst_size requests gap_ms apart;
+                                            mean rate bursts_per_s x burst_size
   replay      path, format ("csv"|"jsonl"; default from the extension)
               trace rows: arrival_ms, prompt_tokens, output_tokens, priority (optional);
               CSV needs a header; a relative path is relative to the scenario file
@@ -74,12 +80,18 @@ LATENCY MODELS (--latency-model NAME, --latency key=value; or [latency] model = 
 
 SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
   bins, oracle_bins, max_batch_size, min_batch_size, workers, max_wait_ms, min_wait_ms,
-  queue_capacity
+  queue_capacity, dispatch_when_idle (0 or 1)
+  rate_scale   multiplies every arrival rate (constant, poisson, ramp, spike; bursty's
+               bursts_per_s): latency against load in one command
+  clients      a closed loop's client count
 
 OUTPUTS
   table on stdout; --json FILE (deterministic: same seed and inputs, same bytes);
   --csv FILE (per-window time series); --svg DIR (latency_over_time.svg,
-  queue_depth_over_time.svg, batch_size_distribution.svg, throughput_vs_<key>.svg for sweeps)
+  queue_depth_over_time.svg, batch_size_distribution.svg; for sweeps throughput_vs_<key>.svg
+  and latency_vs_<key>.svg (p50 and p99 per strategy against the first sweep key));
+  with more than one priority class, p50/p99 per priority in the table, the JSON
+  (runs[].latency_ms_by_priority, always present) and FILE.by_priority.csv beside --csv
 
 EXAMPLE
   abe simulate --scenario steady_state --strategies fixed,queue_depth --seed 7 \
@@ -87,6 +99,9 @@ EXAMPLE
   abe simulate --scenario multibin_paper --strategies fixed --sweep oracle_bins=1,2,4,8 --svg out/
   abe simulate --scenario multibin_paper --strategies multi_bin --sweep bins=2,4,8,16
   abe simulate --scenario long_tail --strategies fixed,multi_bin --sweep bins=1,2,4,8
+  abe simulate --scenario medium_load --strategies fixed,auto \
+      --sweep rate_scale=0.25,0.5,1,1.5,2,3 --svg out/
+  abe simulate --scenario closed_loop --strategies fixed,auto --sweep clients=1,2,8,32
 "#;
 
 #[cfg(test)]
@@ -106,6 +121,10 @@ mod tests {
             "spike",
             "saturated",
             "replay",
+            "bursty",
+            "bursts_per_s",
+            "burst_size",
+            "gap_ms",
             "rate_rps",
             "start_rps",
             "end_rps",

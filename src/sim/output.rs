@@ -1,4 +1,5 @@
-//! Writing a report: JSON (`--json`), CSV time series (`--csv`) and SVG charts (`--svg`).
+//! Writing a report: JSON (`--json`), CSV time series (`--csv`; with more than one
+//! priority class also `NAME.by_priority.csv`, latency per class) and SVG charts (`--svg`).
 //!
 //! The text of each file is a pure function of the report (see [`super::report`] for why
 //! that makes it byte-identical across runs); only the final write touches the file system.
@@ -52,6 +53,41 @@ pub fn csv(report: &SimReport) -> String {
     out
 }
 
+/// Latency per priority class: one row per (run, class offered), runs in report order,
+/// classes highest first. Columns: `run`, `strategy`, one per sweep key, `priority`,
+/// `offered`, `completed`, `failed`, `mean_ms`, `p50_ms`, `p99_ms`.
+pub fn priority_csv(report: &SimReport) -> String {
+    let mut out = String::from("run,strategy");
+    for axis in &report.sweep {
+        out.push(',');
+        out.push_str(&axis.key);
+    }
+    out.push_str(",priority,offered,completed,failed,mean_ms,p50_ms,p99_ms\n");
+    for (i, run) in report.runs.iter().enumerate() {
+        let mut prefix = format!("{i},{}", run.strategy);
+        for p in &run.params {
+            let _ = write!(prefix, ",{}", p.value);
+        }
+        for c in &run.latency_ms_by_priority {
+            let _ = writeln!(
+                out,
+                "{prefix},{},{},{},{},{},{},{}",
+                c.priority, c.offered, c.completed, c.failed, c.mean, c.p50, c.p99
+            );
+        }
+    }
+    out
+}
+
+/// Where [`priority_csv`] goes: beside the time series, `NAME.csv` -> `NAME.by_priority.csv`.
+pub fn priority_csv_path(csv: &Path) -> PathBuf {
+    let stem = csv.file_stem().map_or_else(
+        || "report".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    csv.with_file_name(format!("{stem}.by_priority.csv"))
+}
+
 fn write(path: &Path, text: &str) -> Result<(), SimError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| SimError::Io {
@@ -75,6 +111,17 @@ pub fn write_outputs(report: &SimReport, paths: &OutputPaths) -> Result<Vec<Path
     if let Some(p) = &paths.csv {
         write(p, &csv(report))?;
         written.push(p.clone());
+        let classes = report
+            .runs
+            .iter()
+            .map(|r| r.latency_ms_by_priority.len())
+            .max()
+            .unwrap_or(0);
+        if classes > 1 {
+            let q = priority_csv_path(p);
+            write(&q, &priority_csv(report))?;
+            written.push(q);
+        }
     }
     if let Some(dir) = &paths.svg_dir {
         written.extend(plot::write_charts(report, dir)?);

@@ -1,11 +1,11 @@
 //! SVG charts of a simulation report (plotters, SVG backend only, no fonts loaded: text is
 //! left to the viewer): latency and queue depth over time, batch-size distribution, and
-//! throughput against the first sweep key.
+//! throughput and latency (p50, p99) against the first sweep key.
 //!
 //! Every chart is a pure function of the report, so the same report draws the same bytes.
 //! Nothing here runs a simulation; the only I/O is writing the named file.
 
-use super::report::SimReport;
+use super::report::{RunReport, SimReport};
 use super::series::WindowRow;
 use super::SimError;
 use plotters::prelude::*;
@@ -160,9 +160,12 @@ fn batch_size_chart(report: &SimReport, path: &Path) -> Result<(), SimError> {
     root.present().map_err(|e| plot_err(path, e))
 }
 
-/// Throughput against the first sweep key: one line per strategy and combination of the
-/// other keys.
-fn sweep_chart(report: &SimReport, path: &Path, key: &str) -> Result<(), SimError> {
+/// One line per strategy and combination of the other sweep keys: `y(run)` against `key`.
+fn sweep_lines(
+    report: &SimReport,
+    key: &str,
+    y: impl Fn(&RunReport) -> f64,
+) -> Vec<(String, Vec<(f64, f64)>)> {
     let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for r in &report.runs {
         let x = r
@@ -180,10 +183,77 @@ fn sweep_chart(report: &SimReport, path: &Path, key: &str) -> Result<(), SimErro
             .collect::<Vec<_>>()
             .join(" ");
         match lines.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, pts)) => pts.push((x, r.throughput_rps)),
-            None => lines.push((name, vec![(x, r.throughput_rps)])),
+            Some((_, pts)) => pts.push((x, y(r))),
+            None => lines.push((name, vec![(x, y(r))])),
         }
     }
+    lines
+}
+
+/// p99 (thick) and p50 (thin) end-to-end latency against the first sweep key, one colour
+/// per strategy and combination of the other keys: latency against load for `rate_scale`.
+fn sweep_latency_chart(report: &SimReport, path: &Path, key: &str) -> Result<(), SimError> {
+    let p50 = sweep_lines(report, key, |r| r.latency_ms.p50);
+    let p99 = sweep_lines(report, key, |r| r.latency_ms.p99);
+    let all = || p50.iter().chain(&p99).flat_map(|l| &l.1);
+    let x_min = all().map(|p| p.0).fold(f64::INFINITY, f64::min);
+    let x_max = all().map(|p| p.0).fold(0.0, f64::max);
+    let y_max = all().map(|p| p.1).fold(0.0, f64::max);
+    let pad = if x_max > x_min {
+        (x_max - x_min) * 0.05
+    } else {
+        0.5
+    };
+    let x_lo = if x_min.is_finite() {
+        (x_min - pad).max(0.0)
+    } else {
+        0.0
+    };
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("Latency p50 (thin) and p99 (thick) vs {key}"),
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_lo..x_max + pad, 0.0..top(y_max, 1.0))
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc(key)
+        .y_desc("end-to-end latency (ms)")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    for (i, ((name, lo), (_, hi))) in p50.into_iter().zip(p99).enumerate() {
+        let c = colour(i);
+        chart
+            .draw_series(LineSeries::new(hi, c.stroke_width(3)).point_size(4))
+            .map_err(|e| plot_err(path, e))?
+            .label(format!("{name} p99"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+        chart
+            .draw_series(LineSeries::new(lo, c.stroke_width(1)).point_size(2))
+            .map_err(|e| plot_err(path, e))?
+            .label(format!("{name} p50"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(1)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// Throughput against the first sweep key: one line per strategy and combination of the
+/// other keys.
+fn sweep_chart(report: &SimReport, path: &Path, key: &str) -> Result<(), SimError> {
+    let lines = sweep_lines(report, key, |r| r.throughput_rps);
     let x_min = lines
         .iter()
         .flat_map(|l| &l.1)
@@ -270,6 +340,9 @@ pub fn write_charts(report: &SimReport, dir: &Path) -> Result<Vec<PathBuf>, SimE
     if let Some(axis) = report.sweep.first() {
         let p = dir.join(format!("throughput_vs_{}.svg", axis.key));
         sweep_chart(report, &p, &axis.key)?;
+        written.push(p);
+        let p = dir.join(format!("latency_vs_{}.svg", axis.key));
+        sweep_latency_chart(report, &p, &axis.key)?;
         written.push(p);
     }
     Ok(written)

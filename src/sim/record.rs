@@ -7,10 +7,39 @@
 
 use super::series::TimeSeries;
 use super::workload::{Digest, SimRequest};
+use crate::core::Priority;
 use hdrhistogram::Histogram;
 
 /// Largest latency the histogram resolves, ns (30 days); larger values are clamped.
 pub const LATENCY_MAX_NS: u64 = 30 * 24 * 3600 * 1_000_000_000;
+
+/// Latency and counts of one priority class.
+#[derive(Clone, Debug)]
+pub struct PriorityRecord {
+    /// End-to-end latency of this class's completed requests, ns, 3 significant digits.
+    pub latency_ns: Histogram<u64>,
+    pub latency_sum_ns: u128,
+    pub offered: u64,
+    pub completed: u64,
+    /// Failed (timeouts) or refused at admission.
+    pub failed: u64,
+}
+
+impl PriorityRecord {
+    fn new() -> Self {
+        PriorityRecord {
+            latency_ns: latency_histogram(),
+            latency_sum_ns: 0,
+            offered: 0,
+            completed: 0,
+            failed: 0,
+        }
+    }
+}
+
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1_000, LATENCY_MAX_NS, 3).expect("static histogram bounds are valid")
+}
 
 /// Measurements of one run.
 #[derive(Clone, Debug)]
@@ -36,6 +65,9 @@ pub struct Recorder {
     pub last_completion_ns: u64,
     /// Fingerprint of every request offered to the core, in offer order.
     pub offered_digest: Digest,
+    /// Per priority class (indexed by [`Priority::index`]): what `latency_ns` and the
+    /// offered / completed / failed counts are for all requests.
+    pub by_priority: [PriorityRecord; Priority::COUNT],
     pub series: TimeSeries,
 }
 
@@ -44,8 +76,7 @@ impl Recorder {
     /// of `window_ns` windows expected to span `expected_ns`.
     pub fn new(max_batch_size: usize, sla_ns: u64, window_ns: u64, expected_ns: u64) -> Self {
         Recorder {
-            latency_ns: Histogram::new_with_bounds(1_000, LATENCY_MAX_NS, 3)
-                .expect("static histogram bounds are valid"),
+            latency_ns: latency_histogram(),
             latency_sum_ns: 0,
             queue_wait_sum_ns: 0,
             dispatched: 0,
@@ -62,6 +93,7 @@ impl Recorder {
             first_arrival_ns: None,
             last_completion_ns: 0,
             offered_digest: Digest::default(),
+            by_priority: std::array::from_fn(|_| PriorityRecord::new()),
             series: TimeSeries::new(window_ns, expected_ns),
         }
     }
@@ -71,9 +103,12 @@ impl Recorder {
         self.offered += 1;
         self.offered_digest.push(r);
         self.first_arrival_ns.get_or_insert(r.arrival_ns);
+        let class = &mut self.by_priority[r.priority.index()];
+        class.offered += 1;
         if admitted {
             self.admitted += 1;
         } else {
+            class.failed += 1;
             self.rejected_full += 1;
             self.series.on_fail(r.arrival_ns);
         }
@@ -98,6 +133,10 @@ impl Recorder {
         self.latency_ns.saturating_record(latency.max(1));
         self.latency_sum_ns += u128::from(latency);
         self.completed += 1;
+        let class = &mut self.by_priority[r.priority.index()];
+        class.latency_ns.saturating_record(latency.max(1));
+        class.latency_sum_ns += u128::from(latency);
+        class.completed += 1;
         if latency <= self.sla_ns {
             self.sla_met += 1;
         }
@@ -107,8 +146,9 @@ impl Recorder {
         self.series.on_complete(now_ns, latency);
     }
 
-    /// A request was answered with an error at `now_ns` (queue or batch timeout).
-    pub fn on_fail(&mut self, now_ns: u64) {
+    /// Request `r` was answered with an error at `now_ns` (queue or batch timeout).
+    pub fn on_fail(&mut self, now_ns: u64, r: &SimRequest) {
+        self.by_priority[r.priority.index()].failed += 1;
         self.failed += 1;
         self.series.on_fail(now_ns);
     }

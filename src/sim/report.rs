@@ -11,7 +11,7 @@
 use super::driver::RunOutput;
 use super::series::TimeSeries;
 use super::settings::EngineSettings;
-use crate::core::FlushReason;
+use crate::core::{FlushReason, Priority};
 use crate::exec::latency::LatencyModel;
 use serde::Serialize;
 
@@ -24,6 +24,19 @@ pub struct LatencySummary {
     pub p99: f64,
     pub p99_9: f64,
     pub max: f64,
+}
+
+/// End-to-end latency of one priority class, ms, and its counts.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PriorityLatency {
+    pub priority: String,
+    pub offered: u64,
+    pub completed: u64,
+    /// Failed (timeouts) or refused at admission.
+    pub failed: u64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
 }
 
 /// Batches by why they were released.
@@ -69,6 +82,8 @@ pub struct RunReport {
     pub output_tokens_per_s: f64,
     pub total_tokens_per_s: f64,
     pub latency_ms: LatencySummary,
+    /// One entry per priority class offered, highest first.
+    pub latency_ms_by_priority: Vec<PriorityLatency>,
     pub queue_wait_ms_mean: f64,
     pub sla_attainment: f64,
     pub batches: u64,
@@ -151,6 +166,34 @@ impl RunReport {
                 ns_to_ms(h.max() as f64)
             },
         };
+        let latency_ms_by_priority = Priority::HIGHEST_FIRST
+            .iter()
+            .filter_map(|&p| {
+                let c = &r.by_priority[p.index()];
+                (c.offered > 0).then(|| {
+                    let q = |x: f64| {
+                        if c.completed == 0 {
+                            0.0
+                        } else {
+                            ns_to_ms(c.latency_ns.value_at_quantile(x) as f64)
+                        }
+                    };
+                    PriorityLatency {
+                        priority: p.as_str().to_string(),
+                        offered: c.offered,
+                        completed: c.completed,
+                        failed: c.failed,
+                        mean: if c.completed == 0 {
+                            0.0
+                        } else {
+                            ns_to_ms(c.latency_sum_ns as f64 / c.completed as f64)
+                        },
+                        p50: q(0.5),
+                        p99: q(0.99),
+                    }
+                })
+            })
+            .collect();
         let s = &out.stats;
         let flush = |f: FlushReason| s.flush_reasons[f.index()];
         let workers = out.busy_ns.len().max(1) as f64;
@@ -180,6 +223,7 @@ impl RunReport {
                 makespan_s,
             ),
             latency_ms,
+            latency_ms_by_priority,
             queue_wait_ms_mean: if r.dispatched == 0 {
                 0.0
             } else {

@@ -72,6 +72,10 @@ struct Job {
     core: CoreConfig,
     /// Oracle pre-binning into this many bins (1: feed requests in arrival order).
     presort_bins: usize,
+    /// Which generated request sequence this run is offered (index into the sequences).
+    workload: usize,
+    /// The closed loop of this run's workload, if it is one.
+    closed: Option<super::arrivals::ClosedLoop>,
 }
 
 fn parse_latency_params(params: &[String]) -> Result<Vec<(String, f64)>, SimError> {
@@ -162,9 +166,24 @@ pub fn simulate_scenario(
         .map(|s| sweep::parse_axis(s))
         .collect::<Result<Vec<_>, _>>()?;
 
+    // Request sequences: the scenario's, first, and one more per sweep point that changes
+    // the workload (rate_scale, clients).
+    let mut sequences = vec![scenario.workload.generate(requests, opts.seed)?];
+    let base_closed = scenario.workload.arrivals.closed_loop()?;
     let mut jobs = Vec::new();
     for point in sweep::grid(&axes) {
         let settings = sweep::apply(&engine, &point);
+        let (workload, closed) = match sweep::arrivals(&scenario.workload.arrivals, &point)? {
+            None => (0, base_closed),
+            Some(arrivals) => {
+                let w = super::workload::Workload {
+                    arrivals,
+                    ..scenario.workload.clone()
+                };
+                sequences.push(w.generate(requests, opts.seed)?);
+                (sequences.len() - 1, w.arrivals.closed_loop()?)
+            }
+        };
         let oracle_bins = settings.oracle_bins.unwrap_or(1) as usize;
         if oracle_bins > 1 && !scenario.workload.arrivals.is_saturated() {
             return Err(SimError::invalid(
@@ -185,18 +204,19 @@ pub fn simulate_scenario(
                     .collect(),
                 core: settings.core_config(strategy, opts.seed)?,
                 presort_bins: oracle_bins,
+                workload,
+                closed,
             });
         }
     }
 
-    let generated = scenario.workload.generate(requests, opts.seed)?;
+    let generated = &sequences[0];
     let input = RunContext {
-        requests: &generated,
+        sequences: &sequences,
         latency: &latency,
         seed: opts.seed,
         sla_ns: ms_to_nanos(sla_ms),
         window_ns: ms_to_nanos(opts.window_ms),
-        closed: scenario.workload.arrivals.closed_loop()?,
     };
     let outputs = execute(&input, &jobs, opts.jobs)?;
 
@@ -215,7 +235,7 @@ pub fn simulate_scenario(
         description: scenario.description.clone(),
         seed: opts.seed,
         requests: generated.len() as u64,
-        request_digest: Digest::of(&generated).hex(),
+        request_digest: Digest::of(generated).hex(),
         sla_ms,
         window_s: opts.window_ms / 1e3,
         latency,
@@ -235,21 +255,22 @@ pub fn simulate_scenario(
 
 /// What every run shares.
 struct RunContext<'a> {
-    requests: &'a [SimRequest],
+    /// The request sequences the jobs index into.
+    sequences: &'a [Vec<SimRequest>],
     latency: &'a LatencyModel,
     seed: u64,
     sla_ns: u64,
     window_ns: u64,
-    closed: Option<super::arrivals::ClosedLoop>,
 }
 
 fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
     let binned;
+    let sequence = &ctx.sequences[job.workload][..];
     let requests = if job.presort_bins > 1 {
-        binned = interleave_bins(ctx.requests, job.presort_bins, job.core.max_batch_size);
+        binned = interleave_bins(sequence, job.presort_bins, job.core.max_batch_size);
         &binned[..]
     } else {
-        ctx.requests
+        sequence
     };
     driver::run(RunInput {
         requests,
@@ -258,7 +279,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
         seed: ctx.seed,
         sla_ns: ctx.sla_ns,
         window_ns: ctx.window_ns,
-        closed: ctx.closed,
+        closed: job.closed,
     })
 }
 

@@ -50,13 +50,18 @@ fn default_sla_ms() -> f64 {
 }
 
 /// Names of the built-in scenarios, in the order they are listed.
-pub const BUILTIN_NAMES: [&str; 6] = [
+pub const BUILTIN_NAMES: [&str; 11] = [
     "steady_state",
     "ramp_up",
     "spike_test",
     "mixed_priority",
     "long_tail",
     "multibin_paper",
+    "light_load",
+    "medium_load",
+    "heavy_load",
+    "bursty",
+    "closed_loop",
 ];
 
 /// Chat-like prompts: median 128 tokens, long right tail, at most 2048.
@@ -169,6 +174,39 @@ pub fn builtin(name: &str) -> Option<Scenario> {
             s
         }
         "multibin_paper" => multibin_paper(),
+        // Poisson chat traffic at a share of the default engine's capacity. A request alone
+        // takes ~150 ms (24 decode steps at 5.74 ms), so at low load the 4 workers serve
+        // mostly batches of one and utilisation is about rate x 0.15 s / 4 (measured,
+        // seed 7: 6 rps 24 %, 14 rps 54 %, 28 rps 88 %; see BENCHMARKS.md).
+        "light_load" => chat(
+            "light_load",
+            "Poisson 6 requests/s of chat-like requests: workers ~24 % busy.",
+            20_000,
+            Arrivals::Poisson { rate_rps: 6.0 },
+        ),
+        "medium_load" => chat(
+            "medium_load",
+            "Poisson 14 requests/s of chat-like requests: workers ~54 % busy.",
+            20_000,
+            Arrivals::Poisson { rate_rps: 14.0 },
+        ),
+        "heavy_load" => chat(
+            "heavy_load",
+            "Poisson 28 requests/s of chat-like requests: workers ~88 % busy.",
+            20_000,
+            Arrivals::Poisson { rate_rps: 28.0 },
+        ),
+        "bursty" => chat(
+            "bursty",
+            "Bursts of 16 requests 1 ms apart, burst starts Poisson at 0.75/s (12 requests/s).",
+            20_000,
+            Arrivals::Bursty {
+                bursts_per_s: 0.75,
+                burst_size: 16,
+                gap_ms: 1.0,
+            },
+        ),
+        "closed_loop" => closed_loop(),
         _ => return None,
     })
 }
@@ -229,6 +267,44 @@ fn multibin_paper() -> Scenario {
             base_ms: 0.0,
             prefill_ms_per_token: 0.0,
             decode_ms_per_token: 0.2,
+        },
+    }
+}
+
+/// The closed loop of the adaptive-batching issue: 8 clients thinking 0.1 ms, one worker
+/// whose batch of n takes 10 + 2n ms (the linear model, every request 1 prompt + 1 output
+/// token at 1 ms each, no noise), max batch 32. The best possible throughput is everyone in
+/// one batch: 8 / (10 + 16 + 0.1) ms = 306.5 requests/s. Work-conserving dispatch splits the
+/// clients into groups that alternate; a strategy that waits for the answered clients to
+/// come back does not.
+fn closed_loop() -> Scenario {
+    Scenario {
+        name: "closed_loop".into(),
+        description:
+            "Closed loop: 8 clients, one worker, batch of n takes 10 + 2n ms; best 306.5 requests/s."
+                .into(),
+        requests: 20_000,
+        sla_ms: default_sla_ms(),
+        workload: Workload {
+            arrivals: Arrivals::Closed {
+                clients: 8,
+                think_ms: 0.1,
+                think_jitter: 0.5,
+            },
+            prompt_tokens: LengthDist::Fixed { value: 1.0 },
+            output_tokens: LengthDist::Fixed { value: 1.0 },
+            priority: PriorityMix::ALL_NORMAL,
+            prediction_error_sigma: 0.0,
+        },
+        engine: EngineSettings {
+            workers: Some(1),
+            max_batch_size: Some(32),
+            ..Default::default()
+        },
+        latency: LatencyModel::Linear {
+            base_ms: 10.0,
+            per_token_ms: 1.0,
+            variance: 0.0,
         },
     }
 }

@@ -1,9 +1,11 @@
 //! Parameter sweeps: `--sweep key=v1,v2,...` (repeatable) and the grid of points they span.
 //!
-//! Each point is a set of engine-setting overrides layered on top of the scenario and the
-//! flags; the grid is the cartesian product of the axes, first axis outermost, so the order
+//! Each point is a set of overrides layered on top of the scenario and the flags: engine
+//! settings, and two workload keys (`rate_scale` multiplies every arrival rate, `clients`
+//! sets a closed loop's client count), so one command draws latency against load. The grid is the cartesian product of the axes, first axis outermost, so the order
 //! of runs (and of the report) depends only on the command line.
 
+use super::arrivals::Arrivals;
 use super::settings::EngineSettings;
 use super::SimError;
 
@@ -18,11 +20,17 @@ pub enum SweepKey {
     MaxWaitMs,
     MinWaitMs,
     QueueCapacity,
+    /// 0 or 1: `dispatch_when_idle` off or on.
+    DispatchWhenIdle,
+    /// Multiplies every arrival rate of the workload ([`Arrivals::scaled`]).
+    RateScale,
+    /// A closed loop's client count ([`Arrivals::with_clients`]).
+    Clients,
 }
 
 impl SweepKey {
     /// Every key, as listed in help and errors.
-    pub const ALL: [SweepKey; 8] = [
+    pub const ALL: [SweepKey; 11] = [
         SweepKey::Bins,
         SweepKey::OracleBins,
         SweepKey::MaxBatchSize,
@@ -31,6 +39,9 @@ impl SweepKey {
         SweepKey::MaxWaitMs,
         SweepKey::MinWaitMs,
         SweepKey::QueueCapacity,
+        SweepKey::DispatchWhenIdle,
+        SweepKey::RateScale,
+        SweepKey::Clients,
     ];
 
     /// Name on the command line and in reports.
@@ -44,11 +55,30 @@ impl SweepKey {
             SweepKey::MaxWaitMs => "max_wait_ms",
             SweepKey::MinWaitMs => "min_wait_ms",
             SweepKey::QueueCapacity => "queue_capacity",
+            SweepKey::DispatchWhenIdle => "dispatch_when_idle",
+            SweepKey::RateScale => "rate_scale",
+            SweepKey::Clients => "clients",
         }
     }
 
-    fn integral(self) -> bool {
-        !matches!(self, SweepKey::MaxWaitMs | SweepKey::MinWaitMs)
+    /// True for the keys that change the workload (and so the request sequence).
+    pub fn is_workload(self) -> bool {
+        matches!(self, SweepKey::RateScale | SweepKey::Clients)
+    }
+
+    /// What a value must be, or `None` when `x` is fine.
+    fn check(self, x: f64) -> Option<&'static str> {
+        let whole = x.is_finite() && x.fract() == 0.0;
+        match self {
+            SweepKey::DispatchWhenIdle => (!(x == 0.0 || x == 1.0)).then_some("0 or 1"),
+            SweepKey::RateScale => (!(x.is_finite() && x > 0.0)).then_some("a number > 0"),
+            SweepKey::MaxWaitMs | SweepKey::MinWaitMs => {
+                (!(x.is_finite() && x >= 0.0)).then_some("a number >= 0")
+            }
+            _ => {
+                (!(whole && x >= 1.0 && x <= f64::from(u32::MAX))).then_some("a whole number >= 1")
+            }
+        }
     }
 
     fn parse(s: &str) -> Result<SweepKey, SimError> {
@@ -91,18 +121,10 @@ pub fn parse_axis(spec: &str) -> Result<Axis, SimError> {
                 format!("{}: '{v}' is not a number", key.as_str()),
             )
         })?;
-        if !(x.is_finite() && x >= 0.0) || (key.integral() && (x.fract() != 0.0 || x < 1.0)) {
+        if let Some(want) = key.check(x) {
             return Err(SimError::invalid(
                 "--sweep",
-                format!(
-                    "{}: {v} must be {}",
-                    key.as_str(),
-                    if key.integral() {
-                        "a whole number >= 1"
-                    } else {
-                        "a number >= 0"
-                    }
-                ),
+                format!("{}: {v} must be {want}", key.as_str()),
             ));
         }
         values.push(x);
@@ -147,9 +169,26 @@ pub fn apply(base: &EngineSettings, point: &[(SweepKey, f64)]) -> EngineSettings
             SweepKey::MaxWaitMs => s.max_wait_ms = Some(v),
             SweepKey::MinWaitMs => s.min_wait_ms = Some(v),
             SweepKey::QueueCapacity => s.queue_capacity = Some(v as usize),
+            SweepKey::DispatchWhenIdle => s.dispatch_when_idle = Some(v != 0.0),
+            SweepKey::RateScale | SweepKey::Clients => {}
         }
     }
     s
+}
+
+/// The arrivals of one point: `base` with the point's workload keys applied; `None` when the
+/// point has none (the scenario's request sequence serves it).
+pub fn arrivals(base: &Arrivals, point: &[(SweepKey, f64)]) -> Result<Option<Arrivals>, SimError> {
+    let mut out: Option<Arrivals> = None;
+    for &(key, v) in point {
+        let cur = out.as_ref().unwrap_or(base);
+        match key {
+            SweepKey::RateScale => out = Some(cur.scaled(v)?),
+            SweepKey::Clients => out = Some(cur.with_clients(v as u32)?),
+            _ => {}
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -187,5 +226,26 @@ mod tests {
         let e = parse_axis("workers=1.5").unwrap_err().to_string();
         assert!(e.contains("whole number"), "{e}");
         assert!(parse_axis("max_wait_ms=").is_err());
+        let e = parse_axis("dispatch_when_idle=2").unwrap_err().to_string();
+        assert!(e.contains("0 or 1"), "{e}");
+        assert!(parse_axis("rate_scale=0").is_err());
+        assert!(parse_axis("rate_scale=0.25,1.5").is_ok());
+    }
+
+    #[test]
+    fn workload_keys_change_the_arrivals_and_nothing_else() {
+        let base = Arrivals::Poisson { rate_rps: 10.0 };
+        let g = grid(&[
+            parse_axis("rate_scale=0.5,2").unwrap(),
+            parse_axis("dispatch_when_idle=0").unwrap(),
+        ]);
+        assert_eq!(
+            arrivals(&base, &g[1]).unwrap(),
+            Some(Arrivals::Poisson { rate_rps: 20.0 })
+        );
+        assert_eq!(arrivals(&base, &[]).unwrap(), None);
+        let s = apply(&EngineSettings::default(), &g[0]);
+        assert_eq!(s.dispatch_when_idle, Some(false));
+        assert!(arrivals(&base, &[(SweepKey::Clients, 4.0)]).is_err());
     }
 }

@@ -115,8 +115,64 @@ impl SimReport {
         );
         let (header, rows) = run_rows(&SIM_COLUMNS, &self.runs);
         t.push_str(&format_table(&header, &rows));
+        if let Some(p) = priority_table(&self.runs) {
+            t.push_str(&p);
+        }
         t
     }
+}
+
+/// End-to-end latency per priority class, highest first (`critical p50`, `critical p99`,
+/// ... in ms, and each class's failures), one row per run; `None` when every run offered a
+/// single class (the run table already says it all).
+pub fn priority_table(runs: &[RunReport]) -> Option<String> {
+    let mut classes: Vec<&str> = Vec::new();
+    for c in runs.iter().flat_map(|r| &r.latency_ms_by_priority) {
+        if !classes.contains(&c.priority.as_str()) {
+            classes.push(&c.priority);
+        }
+    }
+    if classes.len() < 2 {
+        return None;
+    }
+    // Highest first, whatever order the runs listed them in.
+    let rank = |p: &str| match p {
+        "critical" => 0,
+        "high" => 1,
+        "normal" => 2,
+        _ => 3,
+    };
+    classes.sort_by_key(|p| rank(p));
+    let headers: Vec<String> = classes
+        .iter()
+        .flat_map(|p| {
+            [
+                format!("{p} p50"),
+                format!("{p} p99"),
+                format!("{p} failed"),
+            ]
+        })
+        .collect();
+    let mut header: Vec<&str> = vec!["latency by priority (ms)"];
+    header.extend(headers.iter().map(String::as_str));
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            let mut row = vec![r.label.clone()];
+            for p in &classes {
+                match r.latency_ms_by_priority.iter().find(|c| c.priority == *p) {
+                    Some(c) => row.extend([
+                        format!("{:.1}", c.p50),
+                        format!("{:.1}", c.p99),
+                        c.failed.to_string(),
+                    ]),
+                    None => row.extend(["-".to_string(), "-".to_string(), "-".to_string()]),
+                }
+            }
+            row
+        })
+        .collect();
+    Some(format_table(&header, &rows))
 }
 
 /// The headers of `columns`, and one row of cells per run.

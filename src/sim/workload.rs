@@ -134,11 +134,16 @@ impl Workload {
             .arrivals
             .profile()?
             .map(|(profile, poisson)| ArrivalClock::new(profile, poisson));
+        let burst_times = match self.arrivals.bursts()? {
+            Some(b) => b.times_ns(n, &mut r_arr),
+            None => Vec::new(),
+        };
         let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
+        for i in 0..n {
             let arrival_ns = match clock.as_mut() {
                 Some(c) => c.next_ns(&mut r_arr),
-                None => 0, // saturated: everything at t = 0
+                // bursty: the merged burst times; saturated: everything at t = 0
+                None => burst_times.get(i).copied().unwrap_or(0),
             };
             let output_tokens = output.sample(&mut r_out);
             out.push(SimRequest {

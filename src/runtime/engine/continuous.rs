@@ -11,7 +11,7 @@
 //! circulate engine -> worker -> engine; request payloads are moved or `Arc`-shared, never
 //! copied.
 
-use super::io::{move_samples, EngineIo};
+use super::io::{move_latency_samples, move_samples, EngineIo};
 use super::routing::RouteState;
 use super::Mode;
 use crate::core::continuous::{Continuous, ContinuousReject, EntryResult, StepAction};
@@ -375,7 +375,7 @@ impl Mode for IterationLevel {
         });
         move_samples(&mut self.new_ttft_ns, &mut snap.ttft);
         move_samples(&mut self.new_tpot_ns, &mut snap.tpot);
-        move_samples(&mut io.new_latencies_ns, &mut snap.latency);
+        move_latency_samples(&mut io.new_latencies_ns, snap);
         snap.samples_dropped = io.samples_dropped;
         snap.draining = self.sched.is_draining();
     }

@@ -16,6 +16,7 @@ use crate::runtime::doorbell::Doorbell;
 use crate::runtime::intake::{self, IntakeRx};
 use crate::runtime::messages::{Event, Outcome, Reply, Submission, TaggedEvent};
 use crate::runtime::ring::{Consumer, Producer};
+use crate::runtime::snapshot::Snapshot;
 use crate::runtime::worker::Job;
 use crate::runtime::{sync, Shared};
 use hdrhistogram::Histogram;
@@ -34,6 +35,28 @@ fn tag_key(tag: u64) -> usize {
 pub(super) fn move_samples(samples: &mut Vec<u64>, into: &mut Histogram<u64>) {
     for &v in samples.iter() {
         let _ = into.record(v);
+    }
+    samples.clear();
+}
+
+/// A latency sample carries its request's priority in its top two bits (latencies are
+/// below 2^62 ns, 146 years), so one buffer feeds the total and the per-priority histograms.
+const PRIORITY_SHIFT: u32 = 62;
+const _: () = assert!(Priority::COUNT <= 4);
+
+/// A latency sample: `latency_ns` (clamped below 2^62) tagged with `priority`.
+pub(super) fn latency_sample(latency_ns: u64, priority: Priority) -> u64 {
+    latency_ns.min((1 << PRIORITY_SHIFT) - 1) | ((priority.index() as u64) << PRIORITY_SHIFT)
+}
+
+/// Records buffered latency samples ([`latency_sample`]) into the snapshot's total and
+/// per-priority histograms and empties the buffer.
+pub(super) fn move_latency_samples(samples: &mut Vec<u64>, snap: &mut Snapshot) {
+    for &v in samples.iter() {
+        let latency_ns = v & ((1 << PRIORITY_SHIFT) - 1);
+        // Saturating: past LATENCY_MAX_NS a latency counts at the top, as documented there.
+        snap.latency.saturating_record(latency_ns);
+        snap.latency_by_priority[(v >> PRIORITY_SHIFT) as usize].saturating_record(latency_ns);
     }
     samples.clear();
 }
@@ -326,7 +349,8 @@ impl<J: Job> EngineIo<J> {
         let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
         if outcome.is_ok() {
             let latency_ns = now.saturating_sub(slot.meta.arrival_ns).max(1);
-            self.record_sample(SampleKind::Latency, latency_ns);
+            let sample = latency_sample(latency_ns, slot.meta.priority);
+            self.record_sample(SampleKind::Latency, sample);
         }
         self.send(submitter, reply, outcome, route);
     }
@@ -386,7 +410,7 @@ impl<J: Job> EngineIo<J> {
         let Ok(mut snap) = self.shared.snapshot.try_lock() else {
             return false;
         };
-        move_samples(&mut self.new_latencies_ns, &mut snap.latency);
+        move_latency_samples(&mut self.new_latencies_ns, &mut snap);
         move_samples(&mut self.new_batch_sizes, &mut snap.batch_size);
         true
     }
@@ -457,5 +481,29 @@ impl<J: Job> EngineIo<J> {
             || self.registration_ready()
             || self.any_input()
             || self.workers.iter().any(|w| !w.replies.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_samples_carry_their_priority_to_the_class_histogram() {
+        let mut snap = Snapshot::new(1, crate::core::strategy::StrategyKind::Fixed);
+        let mut samples = vec![
+            latency_sample(5_000_000, Priority::Critical),
+            latency_sample(9_000_000, Priority::Low),
+            latency_sample(u64::MAX, Priority::High),
+        ];
+        move_latency_samples(&mut samples, &mut snap);
+        assert!(samples.is_empty());
+        assert_eq!(snap.latency.len(), 3);
+        let critical = &snap.latency_by_priority[Priority::Critical.index()];
+        assert_eq!(critical.len(), 1);
+        assert!(critical.equivalent(critical.max(), 5_000_000));
+        assert_eq!(snap.latency_by_priority[Priority::Low.index()].len(), 1);
+        assert_eq!(snap.latency_by_priority[Priority::High.index()].len(), 1);
+        assert_eq!(snap.latency_by_priority[Priority::Normal.index()].len(), 0);
     }
 }

@@ -9,7 +9,7 @@
 //! `engine/mod.rs`; this file must not allocate per request either (error answers
 //! excepted): batch buffers are allocated here once and circulate.
 
-use super::io::{move_samples, EngineIo, SampleKind};
+use super::io::{move_latency_samples, move_samples, EngineIo, SampleKind};
 use super::routing::{RouteState, Routing, MAX_TRIES};
 use super::Mode;
 use crate::core::strategy::StrategyKind;
@@ -546,7 +546,7 @@ impl Mode for RequestLevel {
         snap.queued = queued;
         snap.live_requests = live;
         snap.observed_p99_ns = p99;
-        move_samples(&mut io.new_latencies_ns, &mut snap.latency);
+        move_latency_samples(&mut io.new_latencies_ns, snap);
         move_samples(&mut io.new_batch_sizes, &mut snap.batch_size);
         snap.samples_dropped = io.samples_dropped;
         snap.rejected_busy = io.shared.rejected_busy.load(Ordering::Relaxed);
