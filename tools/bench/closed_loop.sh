@@ -32,6 +32,8 @@
 # Usage: tools/bench/closed_loop.sh [closed|open|all]   (default all; override VAR=value)
 # Writes every loadgen JSON, the summaries (closed.tsv, open.tsv) and server logs to OUT_DIR.
 set -euo pipefail
+# Arithmetic with a leading zero (TOML wants 0.05, not .05).
+calc() { awk "BEGIN { printf \"%.10g\", $1 }"; }
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 WHAT="${1:-all}"
 PAIRS="${PAIRS:-1:0.1 5:0.5 10:2 50:5}"   # a:b in ms
@@ -71,7 +73,9 @@ start_server() {
     w*) strategy=fixed; dwi=false; wait="${name#w}" ;;
     *) echo "unknown server $name" >&2; exit 2 ;;
   esac
-  local config="$OUT_DIR/serve-$name.toml" log="$OUT_DIR/serve-$name.log"
+  local config="$OUT_DIR/serve-$name-a$a-b$b.toml" log="$OUT_DIR/serve-$name-a$a-b$b.log"
+  # A fresh log: the address is read from it.
+  rm -f "$log"
   cat >"$config" <<EOF
 [server]
 host = "127.0.0.1"
@@ -90,7 +94,7 @@ dispatch_when_idle = $dwi
 count = 1
 latency_model = "linear"
 base_latency_ms = $a
-per_token_latency_ms = $(echo "$b / 2" | bc -l)
+per_token_latency_ms = $(calc "$b / 2")
 latency_variance = 0.0
 
 [engine]
@@ -100,7 +104,7 @@ EOF
   pid=$!
   url=""
   for _ in $(seq 1 100); do
-    url="$(sed -n 's/^abe listening on //p' "$log")"
+    url="$(sed -n 's/^abe listening on //p' "$log" 2>/dev/null || true)"
     [ -n "$url" ] && return 0
     sleep 0.1
   done
@@ -142,7 +146,7 @@ closed_loop() {
       for n in $CLIENTS; do
         local m=$((n < 32 ? n : 32))
         local best json="$OUT_DIR/closed-a$a-b$b-$server-n$n.json"
-        best="$(echo "$m * 1000 / ($a + $m * $b)" | bc -l)"
+        best="$(calc "$m * 1000 / ($a + $m * $b)")"
         local common=(--url "$url" --scenario "$sc" --clients "$n" --timeout-ms 30000 --quiet)
         "$bin" loadgen "${common[@]}" --duration "$WARMUP_S" >/dev/null
         "$bin" loadgen "${common[@]}" --duration "$DURATION_S" --json "$json" >/dev/null
@@ -168,7 +172,7 @@ closed_loop() {
 open_loop() {
   local a="${OPEN_PAIR%%:*}" b="${OPEN_PAIR##*:}" tsv="$OUT_DIR/open.tsv"
   local capacity
-  capacity="$(echo "32 * 1000 / ($a + 32 * $b)" | bc -l)"
+  capacity="$(calc "32 * 1000 / ($a + 32 * $b)")"
   printf 'a_ms\tb_ms\tload\trate_rps\tserver\tp50_ms\tp99_ms\trps\terrors\n' >"$tsv"
   local servers="auto wc"
   for w in $WINDOWS; do servers="$servers w$w"; done
@@ -176,7 +180,7 @@ open_loop() {
     start_server "$server" "$a" "$b"
     for load in $LOADS; do
       local rate sc="$OUT_DIR/open-$load.toml" json="$OUT_DIR/open-a$a-b$b-$server-$load.json"
-      rate="$(echo "$capacity * $load" | bc -l)"
+      rate="$(calc "$capacity * $load")"
       scenario "$sc" "process = \"poisson\""$'\n'"rate_rps = $rate"
       local common=(--url "$url" --scenario "$sc" --connections 512 --timeout-ms 30000 --quiet)
       "$bin" loadgen "${common[@]}" --seed 1 --duration "$WARMUP_S" >/dev/null
