@@ -45,12 +45,15 @@ OPEN_PAIR="${OPEN_PAIR:-10:2}"
 LOADS="${LOADS:-0.1 0.5 0.8 0.95}"
 WINDOWS="${WINDOWS:-1 2 5 10}"            # fixed max_wait_ms for the open loop
 OUT_DIR="${OUT_DIR:-$root/target/bench_closed_loop}"
+# BUILD=0: use the release binary as it is (this tree's build script reruns on git changes).
 
 command -v jq >/dev/null || { echo "closed_loop.sh needs jq" >&2; exit 2; }
 mkdir -p "$OUT_DIR"
 bin="$root/target/release/abe"
-echo "== build release" >&2
-(cd "$root" && cargo build --release --quiet --bin abe)
+if [ "${BUILD:-1}" = 1 ]; then
+  echo "== build release" >&2
+  (cd "$root" && cargo build --release --quiet --bin abe)
+fi
 echo "# $(date -u +%FT%TZ) $(nproc) cpus, load average: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 pid=""

@@ -42,6 +42,15 @@ class Conn:
         self.body = self.body.encode()
         self.c = None
 
+    def connect(self):
+        """Opens the connection now, so a run does not time a burst of connects (a listen
+        backlog overflowing costs a 1 s SYN retransmit)."""
+        try:
+            self.c = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
+            self.c.connect()
+        except OSError:
+            self.c = None  # retried at the first request
+
     def request(self):
         """True on a 2xx answer read to its end."""
         for attempt in range(2):
@@ -75,6 +84,7 @@ def closed(kind, url, clients, duration):
 
     def client():
         c = Conn(kind, url)
+        c.connect()
         mine, last, bad = [], 0.0, 0
         ready.wait()
         end = t0[0] + duration
@@ -118,6 +128,7 @@ def open_loop(kind, url, rate, duration, connections, seed):
 
     def conn():
         c = Conn(kind, url)
+        c.connect()
         mine, last, bad = [], 0.0, 0
         ready.wait()
         while True:
