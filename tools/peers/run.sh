@@ -118,7 +118,7 @@ EOF
     "$VENV_DIR/triton/bin/python" "$here/triton_server.py" "$port" >"$OUT_DIR/triton.log" 2>&1 &
     pids+=($!)
     url[triton]="http://127.0.0.1:$port"
-    wait_http "${url[triton]}/v2/health/ready" "$OUT_DIR/triton.log"
+    wait_http "${url[triton]}/v2/models/sleeper/ready" "$OUT_DIR/triton.log"
   fi
 }
 
