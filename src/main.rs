@@ -137,6 +137,14 @@ struct LoadgenArgs {
     /// Connections (one thread and one keep-alive connection each).
     #[arg(long, default_value_t = 64)]
     connections: usize,
+    /// Closed loop: this many clients, each sending its next request as soon as (or
+    /// --think-ms after) the answer to its last; stops after --requests or --duration.
+    /// Default: the scenario's clients if its arrivals are `closed`, else open loop.
+    #[arg(long, value_name = "N")]
+    clients: Option<usize>,
+    /// Closed loop: think time between an answer and the client's next request, ms.
+    #[arg(long, value_name = "MS")]
+    think_ms: Option<f64>,
     /// Play the schedule this many times faster (arrival times divided by it).
     #[arg(long, default_value_t = 1.0)]
     rate_scale: f64,
@@ -268,6 +276,8 @@ fn loadgen(args: &LoadgenArgs) -> Result<(), String> {
         requests: args.requests,
         duration_s: args.duration,
         connections: args.connections,
+        clients: args.clients,
+        think_ms: args.think_ms,
         rate_scale: args.rate_scale,
         strategy: args.strategy.clone(),
         admin_token: args

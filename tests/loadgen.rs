@@ -268,3 +268,81 @@ fn the_cli_prints_the_table_and_writes_the_json() {
     }
     assert!(v["live"]["errors_by_status"].is_object());
 }
+
+#[test]
+fn a_closed_loop_keeps_one_request_in_flight_per_client() {
+    // Every batch takes at least 20 ms; 2 clients sending 20 requests one after another
+    // each have at most one in flight, so the run takes >= 10 x 20 ms and throughput is at
+    // most 2 / 20 ms = 100 requests/s, however many workers the server has.
+    let mut c = test_config();
+    c.workers.fault_added_latency_ms = 20.0;
+    let server = start(c);
+    let mut o = opts(url(&server), 20, 1.0);
+    o.clients = Some(2);
+    let report = loadgen::run(&o, &mut quiet).expect("the run completes");
+    server.shutdown();
+    let run = report.run();
+    assert_eq!(
+        (report.requests, report.live.sent, run.completed),
+        (20, 20, 20)
+    );
+    assert_eq!((run.failed, run.unfinished), (0, 0));
+    assert_eq!(report.connections, 2);
+    let closed = report.closed_loop.expect("a closed loop");
+    assert_eq!((closed.clients, closed.think_ms), (2, 0.0));
+    assert!(run.throughput_rps <= 100.0 + 1e-9, "{}", run.throughput_rps);
+    assert!(run.makespan_s >= 0.2, "{}", run.makespan_s);
+    // Latency counts from the actual send: each answer took one batch, >= 20 ms, and no
+    // request is ever late (there is no schedule to be late against).
+    assert!(run.latency_ms.p50 >= 20.0, "{:?}", run.latency_ms);
+    assert_eq!(report.live.late_sends, 0);
+    // The shapes are the scenario's sequence, in order.
+    let generated = builtin("steady_state")
+        .unwrap()
+        .workload
+        .generate(20, 7)
+        .unwrap();
+    assert_eq!(report.request_digest, Digest::of(&generated).hex());
+}
+
+#[test]
+fn a_closed_loop_for_a_duration_stops_sending_and_answers_what_it_sent() {
+    let mut c = test_config();
+    c.workers.fault_added_latency_ms = 5.0;
+    let server = start(c);
+    let dir = std::env::temp_dir().join(format!("abe-loadgen-closed-{}", std::process::id()));
+    let json = dir.join("closed.json");
+    let began = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_abe"))
+        .args(["loadgen", "--url", &url(&server), "--requests", "100000"])
+        .args(["--clients", "4", "--think-ms", "1", "--duration", "0.4"])
+        .args(["--timeout-ms", "10000", "--quiet", "--json"])
+        .arg(&json)
+        .output()
+        .expect("abe runs");
+    let took = began.elapsed();
+    server.shutdown();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("closed loop: 4 clients, think 1 ms"),
+        "{stdout}"
+    );
+    // Bounded by the duration, not by the 100,000 requests it may take shapes from.
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let sent = v["live"]["sent"].as_u64().unwrap();
+    assert!(sent > 0 && sent < 100_000, "{sent}");
+    assert_eq!(v["requests"].as_u64(), Some(sent));
+    assert_eq!(v["runs"][0]["completed"].as_u64(), Some(sent));
+    assert_eq!(v["closed_loop"]["clients"], 4);
+    // 4 clients, each request >= 5 ms plus 1 ms of thought: at most 4 / 6 ms.
+    let rps = v["runs"][0]["throughput_rps"].as_f64().unwrap();
+    assert!(rps <= 4.0 / 0.006 + 1e-6, "{rps}");
+}

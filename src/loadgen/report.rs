@@ -48,6 +48,14 @@ pub struct LiveStats {
     pub wall_s: f64,
 }
 
+/// A closed loop's shape (see `run`): how many clients and how long each thinks.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ClosedLoopSummary {
+    pub clients: usize,
+    pub think_ms: f64,
+    pub think_jitter: f64,
+}
+
 /// A whole live run. Shared fields have the names and meanings of the simulator's
 /// `SimReport`, so `jq .runs[0].throughput_rps` reads either file.
 #[derive(Clone, Debug, Serialize)]
@@ -65,6 +73,10 @@ pub struct LiveReport {
     pub rate_scale: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_s: Option<f64>,
+    /// Set for a closed loop (then `rate_scale` does not apply, latency counts from the
+    /// actual send, and `live.offered_rps` is 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed_loop: Option<ClosedLoopSummary>,
     /// The strategy the target reported or was switched to (`unknown` if it would not say).
     pub strategies: Vec<String>,
     /// One entry: this run, as the simulator reports each of its runs.
@@ -118,15 +130,24 @@ impl LiveReport {
         let r = self.run();
         let live = &self.live;
         let mut t = String::new();
+        let load = match &self.closed_loop {
+            None => format!(
+                "rate x{} | {} connections",
+                self.rate_scale, self.connections
+            ),
+            Some(c) => format!(
+                "closed loop: {} clients, think {} ms",
+                c.clients, c.think_ms
+            ),
+        };
         let _ = writeln!(
             t,
-            "live {} | scenario {} | seed {} | {} requests | rate x{} | {} connections | SLA {} ms | digest {}",
+            "live {} | scenario {} | seed {} | {} requests | {} | SLA {} ms | digest {}",
             self.target,
             self.scenario,
             self.seed,
             self.requests,
-            self.rate_scale,
-            self.connections,
+            load,
             self.sla_ms,
             self.request_digest
         );

@@ -1,6 +1,7 @@
 //! Running a load: a fixed pool of connection threads playing a [`Schedule`] open-loop
-//! against the target, and a collector (the calling thread) that records every answer and
-//! reports progress once a second.
+//! against the target (or, in a closed loop, each thread acting as one client), and a
+//! collector (the calling thread) that records every answer and reports progress once a
+//! second.
 //!
 //! Open loop, no coordinated omission: a request's latency runs from its *scheduled* send
 //! time to the last byte of its response. Each connection thread takes the next unsent
@@ -8,6 +9,14 @@
 //! the answer; when every connection is busy the next request simply waits for the first
 //! free one, is counted as a late send, and its wait is part of its latency. The schedule is
 //! never slowed down to match the server.
+//!
+//! Closed loop (`--clients N`, or a scenario whose arrivals are `closed`): N connection
+//! threads, each one client that sends its next request a think time after the answer to
+//! its last (the scenario's `think_ms` and `think_jitter`, or `--think-ms`), taking the
+//! scenario's requests in order for their shapes. There is no schedule, so latency runs from
+//! the actual send; the run ends after `--requests` requests or, with `--duration`, when the
+//! first client finds the time is up (requests in flight are still answered and counted).
+//! Throughput is completed requests over the first send to the last answer.
 //!
 //! Bounded: the schedule is finite, every socket read and write has a timeout, and each
 //! scheduled request yields exactly one outcome (a status or a transport error), so the run
@@ -18,16 +27,20 @@
 use super::client::{ClientConn, TransportError};
 use super::error::LoadgenError;
 use super::prompt::{self, BodyOptions};
-use super::report::{LagSummary, LiveReport, LiveStats};
+use super::report::{ClosedLoopSummary, LagSummary, LiveReport, LiveStats};
 use super::schedule::Schedule;
 use super::target::Target;
 use crate::core::request::ms_to_nanos;
 use crate::core::CoreStats;
+use crate::sim::arrivals::ClosedLoop;
 use crate::sim::driver::RunOutput;
 use crate::sim::record::{Recorder, LATENCY_MAX_NS};
 use crate::sim::report::RunReport;
 use crate::sim::scenario::Scenario;
+use crate::sim::workload::{Digest, SimRequest};
 use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -58,8 +71,15 @@ pub struct LoadgenOptions {
     pub requests: Option<u64>,
     /// Send only requests scheduled within this many seconds.
     pub duration_s: Option<f64>,
-    /// Connection threads, each with one keep-alive connection.
+    /// Connection threads, each with one keep-alive connection (open loop; a closed loop
+    /// has one per client).
     pub connections: usize,
+    /// Closed loop with this many clients (default: the scenario's, if its arrivals are
+    /// `closed`; otherwise open loop).
+    pub clients: Option<usize>,
+    /// Closed loop: think time between an answer and the client's next request, ms
+    /// (default: the scenario's, else 0). Implies a closed loop.
+    pub think_ms: Option<f64>,
     /// Play the schedule this many times faster.
     pub rate_scale: f64,
     /// If set, `POST /admin/strategy/{name}` to the target before the run.
@@ -84,6 +104,8 @@ impl Default for LoadgenOptions {
             requests: None,
             duration_s: None,
             connections: 64,
+            clients: None,
+            think_ms: None,
             rate_scale: 1.0,
             strategy: None,
             admin_token: None,
@@ -148,6 +170,9 @@ enum Outcome {
 #[derive(Clone, Copy, Debug)]
 struct Done {
     index: u32,
+    /// Where this request's latency counts from, ns after the start: its scheduled send
+    /// (open loop) or its actual send (closed loop).
+    origin_ns: u64,
     /// When the last response byte arrived (or the failure happened), ns after the start.
     end_ns: u64,
     /// Actual send minus scheduled send, ns (0 if early, which a sleep never is).
@@ -243,13 +268,29 @@ pub fn run_scenario(
         ));
     }
     let target = Target::parse(&opts.url, opts.allow_remote)?;
-    let schedule = Schedule::new(
-        scenario,
-        opts.seed,
-        opts.requests,
-        opts.duration_s,
-        opts.rate_scale,
-    )?;
+    let closed = closed_loop(scenario, opts)?;
+    let schedule;
+    let closed_requests;
+    let plan = match closed {
+        None => {
+            schedule = Schedule::new(
+                scenario,
+                opts.seed,
+                opts.requests,
+                opts.duration_s,
+                opts.rate_scale,
+            )?;
+            Plan::Open(&schedule)
+        }
+        Some(lp) => {
+            closed_requests = closed_requests_for(scenario, opts)?;
+            Plan::Closed {
+                requests: &closed_requests,
+                lp,
+                duration_ns: opts.duration_s.map(|d| (d * 1e9) as u64),
+            }
+        }
+    };
     let timeout = Duration::from_secs_f64(opts.timeout_ms / 1e3);
     let strategy = super::admin::prepare(
         &target,
@@ -258,7 +299,7 @@ pub fn run_scenario(
         opts.admin_token.as_deref(),
     )?;
 
-    let out = drive(&target, &schedule, opts, timeout, sla_ms, on_progress)?;
+    let out = drive(&target, &plan, opts, timeout, sla_ms, on_progress)?;
     let Collected {
         mut record,
         lag_ns,
@@ -269,14 +310,43 @@ pub fn run_scenario(
         end_ns,
     } = out;
 
-    let n = schedule.len() as u64;
+    // Open loop: every scheduled request; closed loop: those the clients sent (a run cut by
+    // its duration offers fewer than it generated).
+    let (n, digest, first_arrival_ns, offered_rps, connections) = match &plan {
+        Plan::Open(schedule) => {
+            let n = schedule.len() as u64;
+            let span_s = schedule.span_s();
+            (
+                n,
+                schedule.digest,
+                schedule.send_at_ns.first().copied(),
+                if span_s > 0.0 {
+                    (n - 1) as f64 / span_s
+                } else {
+                    0.0
+                },
+                opts.connections,
+            )
+        }
+        Plan::Closed { requests, lp, .. } => (
+            sent,
+            Digest::of(&requests[..sent as usize]),
+            Some(0),
+            0.0,
+            lp.clients,
+        ),
+    };
     let rejected = errors.get("429").copied().unwrap_or(0);
     record.offered = n;
-    for r in &schedule.requests {
+    let offered: &[SimRequest] = match &plan {
+        Plan::Open(schedule) => &schedule.requests,
+        Plan::Closed { requests, .. } => &requests[..sent as usize],
+    };
+    for r in offered {
         record.by_priority[r.priority.index()].offered += 1;
     }
-    record.offered_digest = schedule.digest;
-    record.first_arrival_ns = schedule.send_at_ns.first().copied();
+    record.offered_digest = digest;
+    record.first_arrival_ns = first_arrival_ns;
     record.rejected_full = rejected;
     record.admitted = n - rejected;
     let output = RunOutput {
@@ -290,18 +360,22 @@ pub fn run_scenario(
     let mut run = RunReport::new(&strategy, Vec::new(), &output);
     run.label = format!("live {strategy}");
     let lag_ms = |q: f64| lag_ns.value_at_quantile(q) as f64 / 1e6;
-    let span_s = schedule.span_s();
     Ok(LiveReport {
         scenario: scenario.name.clone(),
         description: scenario.description.clone(),
         seed: opts.seed,
         requests: n,
-        request_digest: schedule.digest.hex(),
+        request_digest: digest.hex(),
         sla_ms,
         target: target.url.clone(),
-        connections: opts.connections,
+        connections,
         rate_scale: opts.rate_scale,
         duration_s: opts.duration_s,
+        closed_loop: closed.map(|lp| ClosedLoopSummary {
+            clients: lp.clients,
+            think_ms: lp.think_ns as f64 / 1e6,
+            think_jitter: lp.think_jitter,
+        }),
         strategies: vec![strategy],
         runs: vec![run],
         live: LiveStats {
@@ -314,14 +388,99 @@ pub fn run_scenario(
                 max: lag_ns.max() as f64 / 1e6,
             },
             errors_by_status: errors,
-            offered_rps: if span_s > 0.0 {
-                (n - 1) as f64 / span_s
-            } else {
-                0.0
-            },
+            offered_rps,
             wall_s: end_ns as f64 / 1e9,
         },
     })
+}
+
+/// The closed loop to run, if any: `--clients`/`--think-ms` over the scenario's `closed`
+/// arrivals; `None` (open loop) when neither says so.
+fn closed_loop(
+    scenario: &Scenario,
+    opts: &LoadgenOptions,
+) -> Result<Option<ClosedLoop>, LoadgenError> {
+    let from_scenario = scenario.workload.arrivals.closed_loop()?;
+    if from_scenario.is_none() && opts.clients.is_none() && opts.think_ms.is_none() {
+        return Ok(None);
+    }
+    let mut lp = from_scenario.unwrap_or(ClosedLoop {
+        clients: 1,
+        think_ns: 0,
+        think_jitter: 0.0,
+    });
+    if let Some(c) = opts.clients {
+        lp.clients = c;
+    }
+    if !(1..=CONNECTIONS_MAX).contains(&lp.clients) {
+        return Err(LoadgenError::invalid(
+            "--clients",
+            format!("{} must be in 1..={CONNECTIONS_MAX}", lp.clients),
+        ));
+    }
+    if let Some(t) = opts.think_ms {
+        if !(t.is_finite() && (0.0..=TIMEOUT_MS_MAX).contains(&t)) {
+            return Err(LoadgenError::invalid(
+                "--think-ms",
+                format!("{t} must be in 0..={TIMEOUT_MS_MAX}"),
+            ));
+        }
+        lp.think_ns = ms_to_nanos(t);
+    }
+    Ok(Some(lp))
+}
+
+/// The request shapes a closed loop takes in order: the scenario's sequence for `--requests`
+/// (default: the scenario's count), as `abe simulate` generates it.
+fn closed_requests_for(
+    scenario: &Scenario,
+    opts: &LoadgenOptions,
+) -> Result<Vec<SimRequest>, LoadgenError> {
+    if let Some(d) = opts.duration_s {
+        if !(d.is_finite() && d > 0.0) {
+            return Err(LoadgenError::invalid(
+                "--duration",
+                format!("{d} must be a finite number of seconds > 0"),
+            ));
+        }
+    }
+    let count = opts.requests.unwrap_or(scenario.requests);
+    if count == 0 || count >= u64::from(u32::MAX) {
+        return Err(LoadgenError::invalid(
+            "--requests",
+            format!("{count} must be in 1..{}", u32::MAX),
+        ));
+    }
+    Ok(scenario.workload.generate(count, opts.seed)?)
+}
+
+/// What the connection threads play.
+enum Plan<'a> {
+    /// Each request at its scheduled time.
+    Open(&'a Schedule),
+    /// `lp.clients` clients, each sending its next request a think time after its answer,
+    /// until `requests` are used up or `duration_ns` has passed.
+    Closed {
+        requests: &'a [SimRequest],
+        lp: ClosedLoop,
+        duration_ns: Option<u64>,
+    },
+}
+
+impl Plan<'_> {
+    fn requests(&self) -> &[SimRequest] {
+        match self {
+            Plan::Open(s) => &s.requests,
+            Plan::Closed { requests, .. } => requests,
+        }
+    }
+
+    fn threads(&self, connections: usize) -> usize {
+        match self {
+            Plan::Open(s) => connections.min(s.len()),
+            Plan::Closed { requests, lp, .. } => lp.clients.min(requests.len()),
+        }
+    }
 }
 
 /// Turns the collector's state into [`Progress`] snapshots.
@@ -374,17 +533,18 @@ struct Collected {
     end_ns: u64,
 }
 
-/// Plays the schedule and collects every outcome.
+/// Plays the plan and collects every outcome.
 fn drive(
     target: &Target,
-    schedule: &Schedule,
+    plan: &Plan<'_>,
     opts: &LoadgenOptions,
     timeout: Duration,
     sla_ms: f64,
     on_progress: &mut dyn FnMut(&Progress),
 ) -> Result<Collected, LoadgenError> {
-    let n = schedule.len();
-    let threads = opts.connections.min(n);
+    let requests = plan.requests();
+    let n = requests.len();
+    let threads = plan.threads(opts.connections);
     let path = target.path("/v1/completions");
     let shared = Shared {
         next: AtomicUsize::new(0),
@@ -395,7 +555,10 @@ fn drive(
     let gate = Gate::default();
     let (tx, rx) = mpsc::channel::<Done>();
 
-    let expected_ns = schedule.send_at_ns.last().copied().unwrap_or(0);
+    let expected_ns = match plan {
+        Plan::Open(schedule) => schedule.send_at_ns.last().copied().unwrap_or(0),
+        Plan::Closed { duration_ns, .. } => duration_ns.unwrap_or(0),
+    };
     let mut record = Recorder::new(
         1,
         ms_to_nanos(sla_ms),
@@ -423,7 +586,26 @@ fn drive(
                     let Some(start) = gate.arrive_and_wait() else {
                         return;
                     };
-                    connection_loop(&mut conn, shared, schedule, target, path, opts, start, &tx);
+                    match plan {
+                        Plan::Open(schedule) => connection_loop(
+                            &mut conn, shared, schedule, target, path, opts, start, &tx,
+                        ),
+                        Plan::Closed {
+                            requests,
+                            lp,
+                            duration_ns,
+                        } => {
+                            let client = Client {
+                                id,
+                                lp,
+                                end: duration_ns.map(|d| start + Duration::from_nanos(d)),
+                            };
+                            client_loop(
+                                &mut conn, shared, requests, target, path, opts, start, &client,
+                                &tx,
+                            )
+                        }
+                    }
                 });
             if let Err(source) = spawned {
                 gate.open(None);
@@ -458,9 +640,9 @@ fn drive(
             received += 1;
             end_ns = end_ns.max(done.end_ns);
             let _ = lag_ns.record(done.lag_ns.clamp(1_000, LATENCY_MAX_NS));
-            let r = &schedule.requests[done.index as usize];
+            let r = &requests[done.index as usize];
             let mut at = *r;
-            at.arrival_ns = schedule.send_at_ns[done.index as usize];
+            at.arrival_ns = done.origin_ns;
             match done.outcome {
                 Outcome::Http {
                     status,
@@ -561,6 +743,7 @@ fn connection_loop(
         };
         let done = Done {
             index: i as u32,
+            origin_ns: due_ns,
             end_ns: since_start(Instant::now()),
             lag_ns,
             outcome,
@@ -569,6 +752,86 @@ fn connection_loop(
             // The collector is gone (it only leaves when every outcome is in).
             break;
         }
+    }
+    conn.close();
+}
+
+/// One closed-loop client.
+struct Client<'a> {
+    /// Which client (its first send and think-time stream depend on it).
+    id: usize,
+    lp: &'a ClosedLoop,
+    /// No request is sent at or after this instant.
+    end: Option<Instant>,
+}
+
+/// One closed-loop client thread: send the next request, read the answer, think, repeat.
+#[allow(clippy::too_many_arguments)]
+fn client_loop(
+    conn: &mut ClientConn,
+    shared: &Shared,
+    requests: &[SimRequest],
+    target: &Target,
+    path: &str,
+    opts: &LoadgenOptions,
+    start: Instant,
+    client: &Client<'_>,
+    tx: &mpsc::Sender<Done>,
+) {
+    let mut request = Vec::with_capacity(4096);
+    let mut body = Vec::with_capacity(4096);
+    let since_start = |t: Instant| t.saturating_duration_since(start).as_nanos() as u64;
+    // Think times from (seed, client): the same run asks for the same pauses.
+    let mut rng = SmallRng::seed_from_u64(opts.seed ^ (client.id as u64).wrapping_mul(0x9E37_79B9));
+    let mut next_at = start + Duration::from_nanos(client.lp.first_arrival_ns(client.id));
+    loop {
+        let now = Instant::now();
+        if next_at > now {
+            std::thread::sleep(next_at - now);
+        }
+        if client.end.is_some_and(|end| Instant::now() >= end) {
+            break;
+        }
+        // Relaxed: the index only hands out distinct requests; the sequence is read-only.
+        let i = shared.next.fetch_add(1, Ordering::Relaxed);
+        let Some(r) = requests.get(i) else {
+            break;
+        };
+        prompt::write_request(
+            &mut request,
+            &mut body,
+            path,
+            &target.host_header,
+            &opts.body,
+            r,
+            opts.seed,
+            i as u64,
+        );
+        let origin_ns = since_start(Instant::now());
+        shared.sent.fetch_add(1, Ordering::Relaxed);
+        let outcome = match conn.request(&request) {
+            Ok(resp) => {
+                let (prompt_tokens, completion_tokens) = prompt::usage(resp.body);
+                Outcome::Http {
+                    status: resp.status,
+                    prompt_tokens,
+                    completion_tokens,
+                }
+            }
+            Err(e) => Outcome::Transport(e),
+        };
+        let answered = Instant::now();
+        let done = Done {
+            index: i as u32,
+            origin_ns,
+            end_ns: since_start(answered),
+            lag_ns: 0,
+            outcome,
+        };
+        if tx.send(done).is_err() {
+            break;
+        }
+        next_at = answered + Duration::from_nanos(client.lp.think_ns(&mut rng));
     }
     conn.close();
 }
