@@ -113,7 +113,7 @@ impl Default for PriorityWaits {
 pub struct BatchingConfig {
     /// request (batches formed by a strategy) | continuous (iteration-level, `[continuous]`)
     pub mode: BatchingMode,
-    /// fixed | queue_depth | latency_aware | dynamic | multi_bin
+    /// auto | fixed | queue_depth | latency_aware | dynamic | multi_bin
     pub strategy: StrategyKind,
     pub min_batch_size: usize,
     pub max_batch_size: usize,

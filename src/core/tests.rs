@@ -27,9 +27,12 @@ fn poll(core: &mut Core, now: Nanos) -> Polled {
     p
 }
 
+/// One worker, the timeout strategy `queue_depth` without idle dispatch: the rules these
+/// tests pin down (auto, the default, has its own tests in `auto_tests.rs`).
 fn cfg() -> CoreConfig {
     CoreConfig {
         workers: 1,
+        strategy: StrategyKind::QueueDepth,
         dispatch_when_idle: false,
         ..CoreConfig::default()
     }
