@@ -3,6 +3,12 @@
 //! `core/request_cycle`: one iteration = one request admitted, batched (batch size 32, the
 //! batch released as full) and completed, with a `poll` after every admission, as if every
 //! request arrived in its own engine turn (the worst case). The figure is ns per request.
+//! Strategy `fixed`: the cost of the core's bookkeeping (including `auto`'s models, which
+//! learn from every arrival and completion whatever strategy runs).
+//!
+//! `core/request_cycle_auto`: the same cycle under `auto`. The worker is free at every
+//! poll, so `auto` decides at every admission; the batches complete at once (a fitted cost
+//! of 0), so each goes as a batch of one: the cost of a decision per request.
 
 use abe::core::strategy::StrategyKind;
 use abe::core::{Action, BatchId, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
@@ -10,11 +16,11 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use std::time::Instant;
 
-fn core_for_bench() -> Core {
+fn core_for_bench(strategy: StrategyKind) -> Core {
     Core::new(CoreConfig {
         workers: 1,
         dispatch_when_idle: false,
-        strategy: StrategyKind::Fixed,
+        strategy,
         max_batch_size: 32,
         ..CoreConfig::default()
     })
@@ -22,8 +28,22 @@ fn core_for_bench() -> Core {
 
 fn request_cycle(c: &mut Criterion) {
     let mut group = c.benchmark_group("core");
-    group.bench_function("request_cycle", |b| {
-        let mut core = core_for_bench();
+    for (name, strategy) in [
+        ("request_cycle", StrategyKind::Fixed),
+        ("request_cycle_auto", StrategyKind::Auto),
+    ] {
+        cycle(&mut group, name, strategy);
+    }
+    group.finish();
+}
+
+fn cycle(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    strategy: StrategyKind,
+) {
+    group.bench_function(name, |b| {
+        let mut core = core_for_bench(strategy);
         let mut now = 0u64;
         b.iter_custom(|iters| {
             let start = Instant::now();
@@ -45,7 +65,6 @@ fn request_cycle(c: &mut Criterion) {
         });
         assert_eq!(core.stats().failed, 0);
     });
-    group.finish();
 }
 
 criterion_group!(benches, request_cycle);
