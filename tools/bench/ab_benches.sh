@@ -49,5 +49,6 @@ for bench, sides in sorted(rows.items()):
     base, new = sides.get("base", {}), sides.get("new", {})
     ratios = [new[r] / base[r] for r in base if r in new]
     fmt = lambda d: " / ".join(f"{d[r]:.1f}" for r in sorted(d))
-    print(f"{bench:<32} {fmt(base):<28} {fmt(new):<28} {statistics.median(ratios):.3f}")
+    ratio = f"{statistics.median(ratios):.3f}" if ratios else "-"  # a bench one build lacks
+    print(f"{bench:<32} {fmt(base):<28} {fmt(new):<28} {ratio}")
 EOF
