@@ -28,7 +28,7 @@ fn poll(core: &mut Core, now: Nanos) -> Polled {
 }
 
 /// One worker, the timeout strategy `queue_depth` without idle dispatch: the rules these
-/// tests pin down (auto, the default, has its own tests in `auto_tests.rs`).
+/// tests pin down (auto has its own tests in `auto_tests.rs`).
 fn cfg() -> CoreConfig {
     CoreConfig {
         workers: 1,
