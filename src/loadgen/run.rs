@@ -730,17 +730,7 @@ fn connection_loop(
         if lag_ns > LATE_SEND_NS {
             shared.late.fetch_add(1, Ordering::Relaxed);
         }
-        let outcome = match conn.request(&request) {
-            Ok(resp) => {
-                let (prompt_tokens, completion_tokens) = prompt::usage(resp.body);
-                Outcome::Http {
-                    status: resp.status,
-                    prompt_tokens,
-                    completion_tokens,
-                }
-            }
-            Err(e) => Outcome::Transport(e),
-        };
+        let outcome = send(conn, &request);
         let done = Done {
             index: i as u32,
             origin_ns: due_ns,
@@ -809,17 +799,7 @@ fn client_loop(
         );
         let origin_ns = since_start(Instant::now());
         shared.sent.fetch_add(1, Ordering::Relaxed);
-        let outcome = match conn.request(&request) {
-            Ok(resp) => {
-                let (prompt_tokens, completion_tokens) = prompt::usage(resp.body);
-                Outcome::Http {
-                    status: resp.status,
-                    prompt_tokens,
-                    completion_tokens,
-                }
-            }
-            Err(e) => Outcome::Transport(e),
-        };
+        let outcome = send(conn, &request);
         let answered = Instant::now();
         let done = Done {
             index: i as u32,
@@ -834,4 +814,20 @@ fn client_loop(
         next_at = answered + Duration::from_nanos(client.lp.think_ns(&mut rng));
     }
     conn.close();
+}
+
+/// Sends `request` on `conn` and reads the answer into an outcome (status and usage, or the
+/// transport error), for the open- and the closed-loop senders alike.
+fn send(conn: &mut ClientConn, request: &[u8]) -> Outcome {
+    match conn.request(request) {
+        Ok(resp) => {
+            let (prompt_tokens, completion_tokens) = prompt::usage(resp.body);
+            Outcome::Http {
+                status: resp.status,
+                prompt_tokens,
+                completion_tokens,
+            }
+        }
+        Err(e) => Outcome::Transport(e),
+    }
 }
