@@ -785,13 +785,17 @@ impl Core {
         }
     }
 
-    /// Workers that can take a batch now.
+    /// Workers that can take a batch now, counted up to 2 (callers only ask for none, one,
+    /// or more than one), so a large pool is not walked at every poll.
     fn free_workers(&mut self, now: Nanos) -> usize {
         let circuit = self.cfg.circuit;
         let max = self.cfg.max_inflight_per_worker;
         let mut free = 0;
         for w in self.workers.iter_mut() {
             free += usize::from(w.can_take(now, max, &circuit));
+            if free == 2 {
+                break;
+            }
         }
         free
     }

@@ -114,7 +114,6 @@ impl BurstModel {
             return None;
         }
         let seen = self.open_size.min(BURST_SIZE_MAX);
-        // E[B - s | B > s] over the learned sizes.
         // E[B - s | B >= s]: the burst may already be complete (B = s).
         let mut remaining = 0.0;
         for (i, &share) in self.sizes.iter().enumerate().skip(seen) {
