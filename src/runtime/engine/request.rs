@@ -13,10 +13,7 @@ use super::io::{move_latency_samples, move_samples, EngineIo, SampleKind};
 use super::routing::{RouteState, Routing, MAX_TRIES};
 use super::Mode;
 use crate::core::strategy::StrategyKind;
-use crate::core::{
-    Action, BatchOutcome, Completion as CoreCompletion, Core, FailReason, Nanos, Reject,
-    CLASS_COUNT,
-};
+use crate::core::{Action, BatchOutcome, Completion, Core, FailReason, Nanos, Reject, CLASS_COUNT};
 use crate::exec::{BatchItem, ExecError, Work};
 use crate::router::{BackendId, Decision, Need, Via};
 use crate::runtime::messages::{
@@ -175,7 +172,7 @@ impl RequestLevel {
         let batch_ok = outcome == BatchOutcome::Ok;
         let base = self.lanes[l].pending_base;
         match self.lanes[l].core.complete(now, batch, outcome) {
-            CoreCompletion::Deliver => {
+            Completion::Deliver => {
                 for item in items.drain(..) {
                     let index = base + item.ticket.index;
                     let error = match &result {
@@ -193,7 +190,7 @@ impl RequestLevel {
                     }
                 }
             }
-            CoreCompletion::Stale => items.clear(),
+            Completion::Stale => items.clear(),
         }
         self.routing.sync_circuit(backend, &self.lanes[l].core, now);
         self.free_bufs.push(items);
