@@ -78,8 +78,8 @@ struct Exec<'a> {
     sort_scratch: &'a mut Vec<u32>,
     rng: &'a mut SmallRng,
     rec: &'a mut Recorder,
-    /// Closed loop: the requests failed in this poll (their clients send the next).
-    failed: &'a mut Vec<u32>,
+    /// Requests failed in this poll (in a closed loop their clients send the next).
+    failed: &'a mut usize,
     acted: bool,
 }
 
@@ -105,9 +105,7 @@ impl Exec<'_> {
             Action::Fail { ticket, .. } => {
                 let r = &self.requests[self.slot_req[ticket.index as usize] as usize];
                 self.rec.on_fail(now, r);
-                if self.failed.len() < self.failed.capacity() {
-                    self.failed.push(self.slot_req[ticket.index as usize]);
-                }
+                *self.failed += 1;
             }
         }
     }
@@ -131,7 +129,15 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
     let table_slots = cfg.queue_capacity.max(1);
     let mut core = Core::new(cfg);
     let max_batch = core.max_batch_len();
-    let expected_ns = requests.last().map_or(0, |r| r.arrival_ns);
+    // The span the time series reserves windows for: the last arrival, or for a closed loop
+    // (whose arrivals come from the run) a think time per round of requests, so the series
+    // is not grown inside the loop when the think time dominates.
+    let expected_ns = match closed {
+        Some(c) => c
+            .think_ns
+            .saturating_mul((requests.len() / c.clients.max(1)) as u64),
+        None => requests.last().map_or(0, |r| r.arrival_ns),
+    };
     let mut rec = Recorder::new(max_batch, sla_ns, window_ns, expected_ns);
     // Pool sizes, fixed before the loop:
     let mut slot_req = vec![u32::MAX; table_slots]; // one per request-table slot
@@ -139,10 +145,10 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
     let mut shapes = Vec::with_capacity(max_batch); // one batch's shapes
     let mut sort_scratch = Vec::with_capacity(max_batch); // one batch's output lengths
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x1a7e_9c1e_5eed_0001);
-    let mut failed = Vec::with_capacity(table_slots); // requests failed in one poll
-                                                      // Closed loop: the requests with the arrival times the run gives them, one pending
-                                                      // arrival per client, and the think-time RNG (its own stream, so the latency noise is
-                                                      // the same sequence as in an open run).
+    let mut failed = 0usize; // requests failed in one poll
+                             // Closed loop: the requests with the arrival times the run gives them, one pending
+                             // arrival per client, and the think-time RNG (its own stream, so the latency noise is
+                             // the same sequence as in an open run).
     let mut issued: Vec<SimRequest> = if closed.is_some() {
         requests.to_vec()
     } else {
@@ -265,7 +271,7 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
         };
         deadline = core.poll(now, &mut |a| exec.on_action(now, a));
         progressed |= exec.acted;
-        for _ in failed.drain(..) {
+        for _ in 0..std::mem::take(&mut failed) {
             answered(now, &mut pending);
         }
 
