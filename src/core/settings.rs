@@ -109,7 +109,7 @@ impl Default for CoreConfig {
             priority_enabled: true,
             max_batch_tokens: 8192,
             token_bucketing: true,
-            strategy: StrategyKind::QueueDepth,
+            strategy: StrategyKind::Auto,
             strategy_params: StrategyParams::default(),
             priority_max_wait_ms: [100.0, 50.0, 20.0, 5.0],
             dispatch_when_idle: true,
