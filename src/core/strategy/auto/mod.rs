@@ -122,6 +122,13 @@ pub struct AutoSnapshot {
     pub cost: Cost,
     /// Arrivals per second, all classes.
     pub arrival_rate_per_s: f64,
+    /// Squared coefficient of variation of the inter-arrival gaps, rate-weighted over the
+    /// classes (1: Poisson; above: bursty).
+    pub arrival_burstiness: f64,
+    /// Share of the arrivals that answer a completion within one fixed cost `a` (about
+    /// `1 - a / T_c` in a closed loop, `T_c` the time between completions; near 0 in an open
+    /// one): the `e` of the rule.
+    pub echo_fraction: f64,
     /// Decisions to dispatch at once / to hold.
     pub dispatched_now: u64,
     pub held: u64,
@@ -260,6 +267,11 @@ impl Auto {
         AutoSnapshot {
             cost: self.cost.cost(),
             arrival_rate_per_s: self.arrivals.rate_per_s(),
+            arrival_burstiness: self.arrivals.burstiness(),
+            echo_fraction: self
+                .arrivals
+                .echo_within(self.cost.cost().a_ns as Nanos)
+                .clamp(0.0, 1.0),
             dispatched_now: self.dispatched_now,
             held: self.held,
             last_wait_ns: self.last_wait_ns,

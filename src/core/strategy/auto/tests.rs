@@ -73,6 +73,25 @@ fn never_holds_when_a_batch_has_no_fixed_cost() {
     assert_eq!(auto.decide(5000 * MS, &group(1, 6000 * MS)), Decision::Go);
 }
 
+#[test]
+fn the_snapshot_tells_a_closed_loop_from_bursts() {
+    // A closed loop: every arrival answers a completion 300 us earlier; completions come
+    // every 18-26 ms, so about 1 - a / 22 ms of the arrivals fall within a = 10 ms.
+    let (auto, _) = trained(8, 300_000, 40);
+    let closed = auto.snapshot();
+    assert!(closed.echo_fraction > 0.3, "{closed:?}");
+    // Bursts of 10 arrivals 10 us apart every 100 ms, no completion to answer.
+    let mut auto = Auto::default();
+    for burst in 0..50u64 {
+        for i in 0..10u64 {
+            auto.observe_arrival(burst * 100 * MS + i * 10_000, 0, 0);
+        }
+    }
+    let bursty = auto.snapshot();
+    assert_eq!(bursty.echo_fraction, 0.0);
+    assert!(bursty.arrival_burstiness > 2.0, "{bursty:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
