@@ -141,10 +141,12 @@ impl BinBoundaries {
     /// longest ones (the top 2 %, 1,600..3,500 tokens) in one bin, where they set the p99
     /// (0.96-1.005x `fixed`'s over seeds 1, 2, 3, 7). Weighting by the square, as a queue's
     /// waiting time weights service times (Pollaczek-Khinchine: mean wait grows with
-    /// `E[S^2]`), gives the long tail bins of its own: p99 0.94-0.99x `fixed`'s on seeds 1-9
-    /// with a lower p50 on each (BENCHMARKS.md). Neither rule is equal width on uniform
-    /// lengths, so the paper's `C_K` check (`multibin_paper`) bins its backlog on admission,
-    /// before any recompute.
+    /// `E[S^2]`), gives the long tail bins of its own: p99 0.95-0.99x `fixed`'s on seeds 1-9
+    /// (equal mass: 1.03-1.08x), p50 0.87-1.00x (BENCHMARKS.md). It ignores how full a
+    /// rare bin's batches get: with K = 6 or 8 it spends bins on the long tail, batches of
+    /// long answers shrink and the p99 is worse than equal mass's (19.1 and 21.5 s against
+    /// 18.2 and 18.9). Neither rule is equal width on uniform lengths, so the paper's `C_K`
+    /// check (`multibin_paper`) bins its backlog on admission, before any recompute.
     ///
     /// An exact dynamic programme over cut positions about `n / BOUNDARY_CUTS` apart,
     /// moved forward to the next change of value so that equal lengths never straddle an
