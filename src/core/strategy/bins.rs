@@ -46,8 +46,10 @@ pub struct BinBoundaries {
 
 /// Cut positions [`BinBoundaries::recompute_min_second_moment`] chooses among (about 1/256 of the
 /// sample apart): enough to place an edge within half a percent of the sample, few enough
-/// that the programme (`K x 256^2 / 2` steps, 131,072 for K = 4) costs well under a
-/// millisecond every `recompute_every` completions.
+/// that the programme (at most `K x 256^2 / 2` steps) stays under a millisecond every
+/// `recompute_every` completions: measured (rustc -O, 4,096 bimodal samples, 2 vCPU
+/// shared, 2026-11-24) 60 us for K = 4 and 0.82 ms for K = 64, against 21 us and 0.18 ms
+/// for the equal-mass quantiles.
 pub const BOUNDARY_CUTS: usize = 256;
 const _: () = assert!(BOUNDARY_CUTS < u16::MAX as usize);
 
