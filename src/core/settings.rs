@@ -38,13 +38,15 @@ impl std::fmt::Display for BatchingMode {
 }
 
 impl std::str::FromStr for BatchingMode {
-    type Err = String;
+    type Err = super::strategy::bins::UnknownName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL
             .into_iter()
             .find(|m| m.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown batching mode '{s}': valid modes are request, continuous")
+            .ok_or_else(|| super::strategy::bins::UnknownName {
+                what: "batching mode",
+                name: s.to_string(),
+                valid: "request, continuous",
             })
     }
 }

@@ -210,7 +210,7 @@ fn render_research(snapshot: &Snapshot, out: &mut String) {
         out,
         "abe_multibin_boundary_recomputes_total",
         MetricType::Counter,
-        "multi_bin: times the equal-mass bin boundaries were recomputed.",
+        "multi_bin: times the bin boundaries were recomputed from observed lengths.",
         r.boundary_recomputes,
     );
     let name = "abe_multibin_queue_depth";
