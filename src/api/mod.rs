@@ -235,6 +235,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             let snap = ctx.handle.snapshot();
             let mut out = String::with_capacity(16 * 1024);
             crate::metrics::prometheus::render(&snap, &ctx.http_stats, &mut out);
+            crate::metrics::vllm::render(&snap, &ctx.default_model, &mut out);
             Routed::Now(Response::text(
                 Status::Ok,
                 "text/plain; version=0.0.4; charset=utf-8",

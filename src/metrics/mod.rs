@@ -16,5 +16,6 @@ pub mod http_stats;
 pub mod json;
 pub mod prometheus;
 pub mod timestamp;
+pub mod vllm;
 
 pub use http_stats::{Endpoint, HttpStats};

@@ -447,7 +447,7 @@ fn render_hdr_histogram(
 /// Cumulative count of `h` at each of the ascending `bounds`. A value counts at a bound when
 /// the two are in the same hdrhistogram bucket or the value's bucket is lower (so a value
 /// recorded exactly at a bound counts at that bound; resolution is 3 significant digits).
-fn cumulative_counts(h: &Histogram<u64>, bounds: &[u64]) -> Vec<u64> {
+pub(super) fn cumulative_counts(h: &Histogram<u64>, bounds: &[u64]) -> Vec<u64> {
     debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]));
     let mut counts = vec![0u64; bounds.len()];
     for v in h.iter_recorded() {

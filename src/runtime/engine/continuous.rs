@@ -202,8 +202,9 @@ impl Mode for IterationLevel {
             .complete_step(r, &self.results, &mut |t, res| ended.push((t, res)));
         for i in 0..self.ended.len() {
             let (ticket, _) = self.ended[i];
-            let first_token_ns =
-                std::mem::take(&mut io.pending[ticket.index as usize].first_token_ns);
+            // Read, not taken: `io.finish` reads it too (for the prefill / decode split);
+            // the next occupant's admission resets it.
+            let first_token_ns = io.pending[ticket.index as usize].first_token_ns;
             let outcome = match (
                 &result,
                 items.iter_mut().find(|it| it.entry.ticket == ticket),

@@ -16,7 +16,7 @@ use crate::runtime::doorbell::Doorbell;
 use crate::runtime::intake::{self, IntakeRx};
 use crate::runtime::messages::{Event, Outcome, Reply, Submission, TaggedEvent};
 use crate::runtime::ring::{Consumer, Producer};
-use crate::runtime::snapshot::Snapshot;
+use crate::runtime::snapshot::{FinishedStats, Snapshot};
 use crate::runtime::worker::Job;
 use crate::runtime::{sync, Shared};
 use hdrhistogram::Histogram;
@@ -146,6 +146,8 @@ pub struct EngineIo<J: Job> {
     /// the buffers were full (exported, expected to stay 0).
     pub(super) samples_dropped: u64,
     pub(super) published_at_ns: Nanos,
+    /// Tokens and finish reasons of answered requests (copied into each snapshot).
+    pub(super) finished: FinishedStats,
 }
 
 impl<J: Job> EngineIo<J> {
@@ -187,6 +189,7 @@ impl<J: Job> EngineIo<J> {
             new_batch_sizes: Vec::with_capacity(SAMPLE_BUFFER),
             samples_dropped: 0,
             published_at_ns: 0,
+            finished: FinishedStats::default(),
         }
     }
 
@@ -347,10 +350,21 @@ impl<J: Job> EngineIo<J> {
         slot.work = None;
         let submitter = slot.submitter;
         let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
-        if outcome.is_ok() {
-            let latency_ns = now.saturating_sub(slot.meta.arrival_ns).max(1);
-            let sample = latency_sample(latency_ns, slot.meta.priority);
-            self.record_sample(SampleKind::Latency, sample);
+        let (meta, first_token_ns) = (slot.meta, slot.first_token_ns);
+        match &outcome {
+            Ok(output) => {
+                self.finished.record_output(
+                    output,
+                    meta.max_tokens,
+                    meta.arrival_ns,
+                    first_token_ns,
+                    now,
+                );
+                let latency_ns = now.saturating_sub(meta.arrival_ns).max(1);
+                let sample = latency_sample(latency_ns, meta.priority);
+                self.record_sample(SampleKind::Latency, sample);
+            }
+            Err(_) => self.finished.record_abort(),
         }
         self.send(submitter, reply, outcome, route);
     }

@@ -257,6 +257,7 @@ impl<M: Mode> Engine<M> {
             return;
         };
         snap.at_ns = now;
+        snap.finished = self.io.finished;
         self.mode
             .publish(&mut self.io, &mut snap, now, self.aborted);
     }

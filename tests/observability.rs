@@ -1,0 +1,83 @@
+//! What an operator and vLLM-built tools see of a live abe, over real TCP on 127.0.0.1:
+//! vLLM's metric names on /metrics, the per-second history, the event stream, the dashboard.
+
+mod common;
+
+use abe::core::BatchingMode;
+use common::{start, test_config, Client};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// The value of the sample line starting with `series` (name and labels), if any.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Polls /metrics until `series` reaches `want` (snapshots are published every 50 ms).
+fn wait_sample(addr: SocketAddr, series: &str, want: f64) -> String {
+    let mut c = Client::connect(addr);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = c.request("GET", "/metrics", None).text();
+        if sample(&page, series) == Some(want) {
+            return page;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {series} = {want}:\n{page}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn vllm_metrics_count_tokens_and_finish_reasons_in_both_modes() {
+    for mode in [BatchingMode::Request, BatchingMode::Continuous] {
+        let mut cfg = test_config();
+        cfg.batching.mode = mode;
+        let abe = start(cfg);
+        let mut c = Client::connect(abe.local_addr());
+        for stream in [false, true] {
+            let body =
+                format!(r#"{{"prompt":"Hello there, abe","max_tokens":3,"stream":{stream}}}"#);
+            let r = c.request("POST", "/v1/completions", Some(&body));
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        let m = r#"{model_name="abe-sim"}"#;
+        let page = wait_sample(
+            abe.local_addr(),
+            &format!("vllm:generation_tokens_total{m}"),
+            6.0,
+        );
+        // 15 bytes / 4, rounded up, per request.
+        assert_eq!(
+            sample(&page, &format!("vllm:prompt_tokens_total{m}")),
+            Some(8.0)
+        );
+        let done = sample(
+            &page,
+            r#"vllm:request_success_total{model_name="abe-sim",finished_reason="length"}"#,
+        );
+        let stopped = sample(
+            &page,
+            r#"vllm:request_success_total{model_name="abe-sim",finished_reason="stop"}"#,
+        );
+        assert_eq!(done.unwrap() + stopped.unwrap(), 2.0, "{mode:?}");
+        for name in [
+            "vllm:e2e_request_latency_seconds_count",
+            "vllm:time_to_first_token_seconds_count",
+        ] {
+            assert_eq!(sample(&page, &format!("{name}{m}")), Some(2.0), "{name}");
+        }
+        assert_eq!(
+            sample(&page, &format!("vllm:num_requests_running{m}")),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&page, &format!("vllm:num_requests_waiting{m}")),
+            Some(0.0)
+        );
+        abe.shutdown();
+    }
+}
