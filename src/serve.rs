@@ -37,6 +37,8 @@ pub struct Running {
     pub ctx: Arc<ApiContext>,
     /// The upstream health checker, if any backend is `upstream`: its stop flag and thread.
     health: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    /// The history thread filling `ctx.history` once a second.
+    history: Option<crate::metrics::history::sampler::Sampler>,
 }
 
 impl Running {
@@ -122,11 +124,19 @@ impl Running {
             io_router,
         ));
         let server = server::start(ctx.clone())?;
+        // Without the thread abe serves on, with an empty history: not worth refusing to run.
+        let history = crate::metrics::history::sampler::Sampler::spawn_for(
+            handle.clone(),
+            ctx.history.clone(),
+        )
+        .map_err(|e| tracing::warn!("no /metrics/history: cannot start abe-history: {e}"))
+        .ok();
         Ok(Running {
             handle,
             server,
             ctx,
             health,
+            history,
         })
     }
 
@@ -154,6 +164,9 @@ impl Running {
             timer_control.hard_stop();
         });
         self.server.join();
+        if let Some(history) = self.history {
+            history.stop();
+        }
         if let Some((stop, thread)) = self.health {
             stop.store(true, std::sync::atomic::Ordering::Release);
             let _ = thread.join();

@@ -81,3 +81,61 @@ fn vllm_metrics_count_tokens_and_finish_reasons_in_both_modes() {
         abe.shutdown();
     }
 }
+
+#[test]
+fn history_keeps_per_second_aggregates_and_json_gains_windowed_rates() {
+    let abe = start(test_config());
+    let addr = abe.local_addr();
+    let mut c = Client::connect(addr);
+    let until = Instant::now() + Duration::from_secs(20);
+    // Load until two seconds with completions are kept.
+    let seconds = loop {
+        for _ in 0..5 {
+            let r = c.request(
+                "POST",
+                "/v1/completions",
+                Some(r#"{"prompt":"hi","max_tokens":2}"#),
+            );
+            assert_eq!(r.status, 200);
+        }
+        let v = c.request("GET", "/metrics/history", None).json();
+        let kept = v["seconds"].as_array().unwrap().clone();
+        let busy = kept
+            .iter()
+            .filter(|s| s["outcomes"]["completed"].as_u64().unwrap() > 0)
+            .count();
+        if busy >= 2 {
+            assert_eq!(v["retention_seconds"], 3600);
+            break kept;
+        }
+        assert!(Instant::now() < until, "no history after 20 s: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let s = seconds.last().unwrap();
+    for key in [
+        "latency_ms",
+        "latency_by_priority_ms",
+        "queue_depth_by_priority",
+        "batch_size",
+        "flush_reasons",
+        "workers",
+        "backends",
+        "strategy",
+    ] {
+        assert!(!s[key].is_null(), "{key} missing from {s}");
+    }
+    assert_eq!(s["workers"].as_array().unwrap().len(), 2);
+    let v = c.request("GET", "/metrics/history?seconds=1", None).json();
+    assert_eq!(v["seconds"].as_array().unwrap().len(), 1);
+    let r = c.request("GET", "/metrics/history?seconds=soon", None);
+    assert_eq!(r.status, 400);
+    let v = c.request("GET", "/metrics/json", None).json();
+    for w in ["1s", "10s"] {
+        assert!(v["windows"][w]["completed_rps"].is_number(), "{v}");
+    }
+    assert!(
+        v["windows"]["10s"]["completed_rps"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    abe.shutdown();
+}

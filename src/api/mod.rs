@@ -44,6 +44,9 @@ pub struct ApiContext {
     pub default_model: String,
     /// Some backend is `upstream`: chat requests keep their JSON body to forward.
     pub has_upstream: bool,
+    /// The per-second history (`/metrics/history`, windowed rates in `/metrics/json`),
+    /// filled by the history thread `serve` starts.
+    pub history: Arc<crate::metrics::history::History>,
 }
 
 impl ApiContext {
@@ -59,6 +62,7 @@ impl ApiContext {
             .registry()
             .backends()
             .any(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }));
+        let retention_s = (config.metrics.history_retention.0 / 1000) as usize;
         ApiContext {
             handle,
             config,
@@ -66,6 +70,7 @@ impl ApiContext {
             router,
             default_model,
             has_upstream,
+            history: Arc::new(crate::metrics::history::History::new(retention_s)),
         }
     }
 
@@ -248,23 +253,51 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0);
-            let v = crate::metrics::json::render(&snap, &ctx.http_stats, now_ms);
+            let mut v = crate::metrics::json::render(&snap, &ctx.http_stats, now_ms);
+            v["windows"] = serde_json::json!({
+                "1s": ctx.history.window(1),
+                "10s": ctx.history.window(10),
+            });
             Routed::Now(Response::json(
                 Status::Ok,
                 serde_json::to_vec(&v).unwrap_or_default(),
             ))
         }
-        "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" => allow("GET, HEAD"),
+        "/metrics/history" if is_get => Routed::Now(metrics_history(ctx, head)),
+        "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" | "/metrics/history" => {
+            allow("GET, HEAD")
+        }
         p if p.starts_with("/admin/") => Routed::Now(admin(ctx, head, p)),
         _ => Routed::Now(Response::error(
             Status::NotFound,
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /health, /ready, /admin/strategy/{{name}}"
+                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /health, /ready, /admin/strategy/{{name}}"
             ),
         )),
     }
+}
+
+/// `GET /metrics/history?seconds=N`: the newest N seconds of history (all kept if absent).
+fn metrics_history(ctx: &ApiContext, head: &Head) -> Response {
+    let mut seconds = None;
+    for pair in head.query.as_deref().unwrap_or("").split('&') {
+        if let Some(v) = pair.strip_prefix("seconds=") {
+            match v.parse::<usize>() {
+                Ok(n) => seconds = Some(n),
+                Err(_) => {
+                    return Response::error(
+                        Status::BadRequest,
+                        "invalid_parameter",
+                        format!("seconds must be a whole number of seconds, not '{v}'"),
+                    )
+                }
+            }
+        }
+    }
+    let v = ctx.history.render(seconds);
+    Response::json(Status::Ok, serde_json::to_vec(&v).unwrap_or_default())
 }
 
 /// The model a request names, or the default.

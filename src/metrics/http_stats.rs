@@ -25,6 +25,8 @@ pub enum Endpoint {
     Metrics,
     /// `GET /metrics/json`
     MetricsJson,
+    /// `GET /metrics/history`
+    MetricsHistory,
     /// `/admin/...`
     Admin,
     /// `GET /health`
@@ -37,7 +39,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Number of endpoints.
-    pub const COUNT: usize = 10;
+    pub const COUNT: usize = 11;
     /// Every endpoint, in metric order.
     pub const ALL: [Endpoint; Endpoint::COUNT] = [
         Endpoint::Completions,
@@ -46,6 +48,7 @@ impl Endpoint {
         Endpoint::Models,
         Endpoint::Metrics,
         Endpoint::MetricsJson,
+        Endpoint::MetricsHistory,
         Endpoint::Admin,
         Endpoint::Health,
         Endpoint::Ready,
@@ -61,6 +64,7 @@ impl Endpoint {
             Endpoint::Models => "models",
             Endpoint::Metrics => "metrics",
             Endpoint::MetricsJson => "metrics_json",
+            Endpoint::MetricsHistory => "metrics_history",
             Endpoint::Admin => "admin",
             Endpoint::Health => "health",
             Endpoint::Ready => "ready",
@@ -87,6 +91,7 @@ impl Endpoint {
             "/v1/models" => Endpoint::Models,
             "/metrics" => Endpoint::Metrics,
             "/metrics/json" => Endpoint::MetricsJson,
+            "/metrics/history" => Endpoint::MetricsHistory,
             "/health" => Endpoint::Health,
             "/ready" => Endpoint::Ready,
             p if p == "/admin" || p.starts_with("/admin/") => Endpoint::Admin,

@@ -12,6 +12,7 @@ pub mod derived;
 mod exposition;
 #[cfg(test)]
 mod exposition_check;
+pub mod history;
 pub mod http_stats;
 pub mod json;
 pub mod prometheus;
