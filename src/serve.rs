@@ -39,6 +39,8 @@ pub struct Running {
     health: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
     /// The history thread filling `ctx.history` once a second.
     history: Option<crate::metrics::history::sampler::Sampler>,
+    /// The events thread feeding `/events` subscribers.
+    events: Option<crate::metrics::events::EventsThread>,
 }
 
 impl Running {
@@ -131,12 +133,17 @@ impl Running {
         )
         .map_err(|e| tracing::warn!("no /metrics/history: cannot start abe-history: {e}"))
         .ok();
+        let events =
+            crate::metrics::events::EventsThread::spawn(handle.clone(), ctx.events.clone())
+                .map_err(|e| tracing::warn!("no /events: cannot start abe-events: {e}"))
+                .ok();
         Ok(Running {
             handle,
             server,
             ctx,
             health,
             history,
+            events,
         })
     }
 
@@ -166,6 +173,9 @@ impl Running {
         self.server.join();
         if let Some(history) = self.history {
             history.stop();
+        }
+        if let Some(events) = self.events {
+            events.stop();
         }
         if let Some((stop, thread)) = self.health {
             stop.store(true, std::sync::atomic::Ordering::Release);

@@ -139,3 +139,86 @@ fn history_keeps_per_second_aggregates_and_json_gains_windowed_rates() {
     );
     abe.shutdown();
 }
+
+/// Reads from `stream` until `done(text so far)` or 20 s.
+fn read_until(stream: &mut std::net::TcpStream, done: impl Fn(&str) -> bool) -> String {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut text = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while Instant::now() < until {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => panic!("read: {e}"),
+        }
+        if done(&String::from_utf8_lossy(&text)) {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[test]
+fn events_stream_batches_ticks_and_requests_as_server_sent_events() {
+    use std::io::Write;
+    for mode in [BatchingMode::Request, BatchingMode::Continuous] {
+        let mut cfg = test_config();
+        cfg.batching.mode = mode;
+        let abe = start(cfg);
+        let addr = abe.local_addr();
+        let mut sub = std::net::TcpStream::connect(addr).unwrap();
+        sub.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let head = read_until(&mut sub, |t| t.contains("event: hello"));
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains("Content-Type: text/event-stream"), "{head}");
+        assert!(head.contains("Transfer-Encoding: chunked"), "{head}");
+        assert!(
+            head.contains("per 100 ms"),
+            "the hello states the rate: {head}"
+        );
+        let mut c = Client::connect(addr);
+        for _ in 0..5 {
+            let r = c.request(
+                "POST",
+                "/v1/completions",
+                Some(r#"{"prompt":"ev","max_tokens":2}"#),
+            );
+            assert_eq!(r.status, 200);
+        }
+        let step = if mode == BatchingMode::Request {
+            "event: batch"
+        } else {
+            "event: tick"
+        };
+        let text = read_until(&mut sub, |t| {
+            t.contains(step) && t.contains("event: request") && t.contains("event: stats")
+        });
+        assert!(text.contains(step), "{mode:?}: {text}");
+        assert!(text.contains("event: request"), "{mode:?}: {text}");
+        assert!(text.contains("\"outcome\":\"completed\""), "{text}");
+        assert!(text.contains("event: stats"), "{text}");
+        // A subscriber that never reads does not hold anything up.
+        let mut idle = std::net::TcpStream::connect(addr).unwrap();
+        idle.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        for _ in 0..50 {
+            let r = c.request(
+                "POST",
+                "/v1/completions",
+                Some(r#"{"prompt":"ev","max_tokens":2}"#),
+            );
+            assert_eq!(r.status, 200);
+        }
+        let r = c.request("POST", "/events", None);
+        assert_eq!(r.status, 405);
+        drop((sub, idle));
+        abe.shutdown();
+    }
+}

@@ -47,6 +47,8 @@ pub struct ApiContext {
     /// The per-second history (`/metrics/history`, windowed rates in `/metrics/json`),
     /// filled by the history thread `serve` starts.
     pub history: Arc<crate::metrics::history::History>,
+    /// `/events` subscribers, fed by the events thread `serve` starts.
+    pub events: Arc<crate::metrics::events::EventHub>,
 }
 
 impl ApiContext {
@@ -71,6 +73,7 @@ impl ApiContext {
             default_model,
             has_upstream,
             history: Arc::new(crate::metrics::history::History::new(retention_s)),
+            events: Arc::default(),
         }
     }
 
@@ -101,6 +104,8 @@ pub enum Routed {
     Now(Response),
     /// Submit these engine requests; render the answer when all are back.
     Submit(Job),
+    /// `GET /events`: stream this subscriber's telemetry until the connection closes.
+    Subscribe(Arc<crate::metrics::events::Subscriber>),
 }
 
 /// How to render a job's outcomes.
@@ -240,6 +245,11 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             let snap = ctx.handle.snapshot();
             let mut out = String::with_capacity(16 * 1024);
             crate::metrics::prometheus::render(&snap, &ctx.http_stats, &mut out);
+            crate::metrics::events::render_prometheus(
+                &ctx.events,
+                ctx.handle.telemetry_lost(),
+                &mut out,
+            );
             crate::metrics::vllm::render(&snap, &ctx.default_model, &mut out);
             Routed::Now(Response::text(
                 Status::Ok,
@@ -264,6 +274,18 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             ))
         }
         "/metrics/history" if is_get => Routed::Now(metrics_history(ctx, head)),
+        "/events" if head.method == Method::Get => match ctx.events.subscribe() {
+            Some(subscriber) => Routed::Subscribe(subscriber),
+            None => Routed::Now(Response::error(
+                Status::ServiceUnavailable,
+                "too_many_subscribers",
+                format!(
+                    "/events has its {} subscribers already; retry later",
+                    crate::metrics::events::MAX_SUBSCRIBERS
+                ),
+            )),
+        },
+        "/events" => allow("GET"),
         "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" | "/metrics/history" => {
             allow("GET, HEAD")
         }
@@ -273,7 +295,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /health, /ready, /admin/strategy/{{name}}"
+                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /events, /health, /ready, /admin/strategy/{{name}}"
             ),
         )),
     }

@@ -19,7 +19,7 @@ pub enum Method {
 }
 
 /// The paths abe serves, kept without allocating when a request names one of them.
-const KNOWN_PATHS: [&str; 10] = [
+const KNOWN_PATHS: [&str; 11] = [
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/embeddings",
@@ -30,6 +30,7 @@ const KNOWN_PATHS: [&str; 10] = [
     "/metrics/json",
     "/admin/strategy",
     "/metrics/history",
+    "/events",
 ];
 
 /// A request path without its query string: one of [`KNOWN_PATHS`] (no allocation, the

@@ -27,6 +27,8 @@ pub enum Endpoint {
     MetricsJson,
     /// `GET /metrics/history`
     MetricsHistory,
+    /// `GET /events` (SSE telemetry)
+    Events,
     /// `/admin/...`
     Admin,
     /// `GET /health`
@@ -39,7 +41,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Number of endpoints.
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 12;
     /// Every endpoint, in metric order.
     pub const ALL: [Endpoint; Endpoint::COUNT] = [
         Endpoint::Completions,
@@ -49,6 +51,7 @@ impl Endpoint {
         Endpoint::Metrics,
         Endpoint::MetricsJson,
         Endpoint::MetricsHistory,
+        Endpoint::Events,
         Endpoint::Admin,
         Endpoint::Health,
         Endpoint::Ready,
@@ -65,6 +68,7 @@ impl Endpoint {
             Endpoint::Metrics => "metrics",
             Endpoint::MetricsJson => "metrics_json",
             Endpoint::MetricsHistory => "metrics_history",
+            Endpoint::Events => "events",
             Endpoint::Admin => "admin",
             Endpoint::Health => "health",
             Endpoint::Ready => "ready",
@@ -92,6 +96,7 @@ impl Endpoint {
             "/metrics" => Endpoint::Metrics,
             "/metrics/json" => Endpoint::MetricsJson,
             "/metrics/history" => Endpoint::MetricsHistory,
+            "/events" => Endpoint::Events,
             "/health" => Endpoint::Health,
             "/ready" => Endpoint::Ready,
             p if p == "/admin" || p.starts_with("/admin/") => Endpoint::Admin,

@@ -9,6 +9,7 @@
 //! timestamps) is passed in; nothing here reads a clock.
 
 pub mod derived;
+pub mod events;
 mod exposition;
 #[cfg(test)]
 mod exposition_check;

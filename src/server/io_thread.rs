@@ -170,6 +170,7 @@ impl IoThread {
             self.flush_touched(now);
             if now.duration_since(last_tick) >= TICK {
                 last_tick = now;
+                self.touch_event_streams();
                 self.check_deadlines(now);
             }
             if self.shared.stopping.load(Ordering::Acquire) {
@@ -420,6 +421,23 @@ impl IoThread {
                 Routed::Submit(job) => {
                     self.submit_job(idx, endpoint, job, close, keep_alive_header)
                 }
+                Routed::Subscribe(subscriber) => {
+                    // A placeholder response, replaced by the stream just below.
+                    self.push_ready(
+                        idx,
+                        endpoint,
+                        Response::json(Status::Ok, Vec::new()),
+                        true,
+                        false,
+                    );
+                    let conn = self.conns[idx].as_mut().expect("live connection");
+                    let slot = conn.slots.back_mut().expect("pushed above");
+                    slot.response = None;
+                    slot.events = Some(crate::metrics::events::EventsSlot {
+                        subscriber,
+                        head_written: false,
+                    });
+                }
             }
         }
     }
@@ -449,6 +467,7 @@ impl IoThread {
             remaining: 0,
             route: None,
             response_id: 0,
+            events: None,
         });
         self.touched.push(idx);
     }
@@ -502,6 +521,7 @@ impl IoThread {
                 remaining: parts,
                 route: None,
                 response_id: 0,
+                events: None,
             });
             (seq, conn.generation)
         };
@@ -683,6 +703,19 @@ impl IoThread {
             if self.touched.is_empty() {
                 batch.clear();
                 self.touched = batch; // keep the allocation
+            }
+        }
+    }
+
+    /// `/events` connections take what their subscriber gathered since the last tick.
+    fn touch_event_streams(&mut self) {
+        for (idx, conn) in self.conns.iter().enumerate() {
+            if conn
+                .as_ref()
+                .and_then(|c| c.slots.front())
+                .is_some_and(|s| s.events.is_some())
+            {
+                self.touched.push(idx);
             }
         }
     }

@@ -21,6 +21,7 @@ use crate::core::{FailReason, Nanos, Reject, Ticket};
 use crate::exec::StepItem;
 use crate::runtime::messages::{RequestError, StepMsg, StepResult, Submission};
 use crate::runtime::snapshot::{ContinuousSnapshot, Snapshot, WorkerSnapshot};
+use crate::runtime::telemetry::TelemetryEvent;
 
 /// Token-timing samples buffered between publishes (each kind).
 const TOKEN_SAMPLES: usize = 16 * 1024;
@@ -268,8 +269,21 @@ impl Mode for IterationLevel {
         let busy_since = &mut self.busy_since;
         let worked = self.sched.tick(&mut |action| match action {
             StepAction::Step {
-                replica, entries, ..
+                replica,
+                entries,
+                decode_tokens,
+                prefill_tokens,
             } => {
+                io.emit(
+                    now,
+                    TelemetryEvent::Tick {
+                        at_ns: now,
+                        replica: replica as u16,
+                        entries: entries.len() as u32,
+                        decode_tokens,
+                        prefill_tokens,
+                    },
+                );
                 let mut items = bufs[replica]
                     .take()
                     .expect("a replica without a step out has its buffer");

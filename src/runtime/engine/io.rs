@@ -17,6 +17,7 @@ use crate::runtime::intake::{self, IntakeRx};
 use crate::runtime::messages::{Event, Outcome, Reply, Submission, TaggedEvent};
 use crate::runtime::ring::{Consumer, Producer};
 use crate::runtime::snapshot::{FinishedStats, Snapshot};
+use crate::runtime::telemetry::{TelemetryEvent, TelemetryTx};
 use crate::runtime::worker::Job;
 use crate::runtime::{sync, Shared};
 use hdrhistogram::Histogram;
@@ -148,6 +149,8 @@ pub struct EngineIo<J: Job> {
     pub(super) published_at_ns: Nanos,
     /// Tokens and finish reasons of answered requests (copied into each snapshot).
     pub(super) finished: FinishedStats,
+    /// The engine's end of the telemetry queue (`/events`).
+    pub(super) telemetry: TelemetryTx,
 }
 
 impl<J: Job> EngineIo<J> {
@@ -190,6 +193,7 @@ impl<J: Job> EngineIo<J> {
             samples_dropped: 0,
             published_at_ns: 0,
             finished: FinishedStats::default(),
+            telemetry: TelemetryTx::new(),
         }
     }
 
@@ -340,6 +344,14 @@ impl<J: Job> EngineIo<J> {
         self.pending[to as usize].cancelled = cancelled;
     }
 
+    /// Emits a telemetry event (sampled; dropped and counted when the queue is full).
+    #[inline]
+    pub(super) fn emit(&mut self, now: Nanos, event: TelemetryEvent) {
+        let shared = &self.shared;
+        self.telemetry
+            .emit(now, event, &shared.telemetry, &shared.telemetry_counters);
+    }
+
     /// Answers the request in table slot `index`.
     pub(super) fn finish(&mut self, now: Nanos, index: u32, outcome: Outcome) {
         let slot = &mut self.pending[index as usize];
@@ -351,6 +363,27 @@ impl<J: Job> EngineIo<J> {
         let submitter = slot.submitter;
         let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
         let (meta, first_token_ns) = (slot.meta, slot.first_token_ns);
+        let completion_tokens = match &outcome {
+            Ok(crate::exec::Output::Text {
+                completion_tokens, ..
+            }) => *completion_tokens,
+            _ => 0,
+        };
+        self.emit(
+            now,
+            TelemetryEvent::Request {
+                at_ns: now,
+                priority: meta.priority,
+                ok: outcome.is_ok(),
+                latency_ns: now.saturating_sub(meta.arrival_ns),
+                ttft_ns: if first_token_ns > 0 {
+                    first_token_ns.saturating_sub(meta.arrival_ns)
+                } else {
+                    0
+                },
+                completion_tokens,
+            },
+        );
         match &outcome {
             Ok(output) => {
                 self.finished.record_output(

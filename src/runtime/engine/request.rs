@@ -21,6 +21,7 @@ use crate::runtime::messages::{
 };
 use crate::runtime::snapshot::{Snapshot, WorkerSnapshot};
 use crate::runtime::sync::Ordering;
+use crate::runtime::telemetry::TelemetryEvent;
 
 /// One backend's scheduler and where its requests and workers sit in the engine's tables.
 pub struct Lane {
@@ -274,7 +275,7 @@ fn act(
             worker,
             batch,
             tickets,
-            ..
+            reason,
         } => {
             let mut items = free_bufs
                 .pop()
@@ -287,6 +288,24 @@ fn act(
                 items.push(BatchItem::new(*t, work));
             }
             io.record_sample(SampleKind::BatchSize, tickets.len() as u64);
+            let tokens = tickets
+                .iter()
+                .map(|t| {
+                    let slot = &io.pending[(at.pending_base + t.index) as usize];
+                    u64::from(slot.meta.tokens_estimated)
+                })
+                .sum();
+            io.emit(
+                now,
+                TelemetryEvent::Batch {
+                    at_ns: now,
+                    backend: at.backend.index() as u16,
+                    worker: worker as u16,
+                    size: tickets.len() as u32,
+                    tokens,
+                    reason,
+                },
+            );
             routing.router.registry_mut().batch_started(at.backend);
             let link = &mut io.workers[at.worker_base as usize + worker];
             if link
