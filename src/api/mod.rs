@@ -286,6 +286,17 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             )),
         },
         "/events" => allow("GET"),
+        p if p == "/" || p == "/dashboard" || p.starts_with("/dashboard/") => {
+            match (is_get, crate::dashboard::asset(p)) {
+                (true, Some(response)) => Routed::Now(response),
+                (false, Some(_)) => allow("GET, HEAD"),
+                (_, None) => Routed::Now(Response::error(
+                    Status::NotFound,
+                    "not_found",
+                    format!("no such dashboard asset: {p}"),
+                )),
+            }
+        }
         "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" | "/metrics/history" => {
             allow("GET, HEAD")
         }
@@ -295,7 +306,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /events, /health, /ready, /admin/strategy/{{name}}"
+                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /health, /ready, /admin/strategy/{{name}}"
             ),
         )),
     }

@@ -29,6 +29,8 @@ pub enum Endpoint {
     MetricsHistory,
     /// `GET /events` (SSE telemetry)
     Events,
+    /// `GET /dashboard` and its assets, and `GET /`
+    Dashboard,
     /// `/admin/...`
     Admin,
     /// `GET /health`
@@ -41,7 +43,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Number of endpoints.
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 13;
     /// Every endpoint, in metric order.
     pub const ALL: [Endpoint; Endpoint::COUNT] = [
         Endpoint::Completions,
@@ -52,6 +54,7 @@ impl Endpoint {
         Endpoint::MetricsJson,
         Endpoint::MetricsHistory,
         Endpoint::Events,
+        Endpoint::Dashboard,
         Endpoint::Admin,
         Endpoint::Health,
         Endpoint::Ready,
@@ -69,6 +72,7 @@ impl Endpoint {
             Endpoint::MetricsJson => "metrics_json",
             Endpoint::MetricsHistory => "metrics_history",
             Endpoint::Events => "events",
+            Endpoint::Dashboard => "dashboard",
             Endpoint::Admin => "admin",
             Endpoint::Health => "health",
             Endpoint::Ready => "ready",
@@ -97,6 +101,8 @@ impl Endpoint {
             "/metrics/json" => Endpoint::MetricsJson,
             "/metrics/history" => Endpoint::MetricsHistory,
             "/events" => Endpoint::Events,
+            "/" | "/dashboard" => Endpoint::Dashboard,
+            p if p.starts_with("/dashboard/") => Endpoint::Dashboard,
             "/health" => Endpoint::Health,
             "/ready" => Endpoint::Ready,
             p if p == "/admin" || p.starts_with("/admin/") => Endpoint::Admin,
@@ -362,8 +368,13 @@ mod tests {
             ("/admin/strategy/fixed", Endpoint::Admin),
             ("/health", Endpoint::Health),
             ("/ready", Endpoint::Ready),
+            ("/metrics/history?seconds=5", Endpoint::MetricsHistory),
+            ("/events", Endpoint::Events),
+            ("/dashboard", Endpoint::Dashboard),
+            ("/dashboard/dashboard.js", Endpoint::Dashboard),
+            ("/", Endpoint::Dashboard),
+            ("/dashboards", Endpoint::Other),
             ("/administrator", Endpoint::Other),
-            ("/", Endpoint::Other),
             ("", Endpoint::Other),
         ];
         for (path, want) in cases {

@@ -57,8 +57,10 @@ pub struct WorkerSecond {
 }
 
 /// One backend at the end of the interval.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BackendSecond {
+    /// Its name from the config.
+    pub name: String,
     pub healthy: bool,
     pub circuit: &'static str,
     pub pending_batches: u32,
@@ -178,6 +180,7 @@ impl Second {
             .iter()
             .enumerate()
             .map(|(i, b)| BackendSecond {
+                name: cur.backend_names.get(i).cloned().unwrap_or_default(),
                 healthy: b.healthy,
                 circuit: b.circuit.as_str(),
                 pending_batches: b.pending_batches,
