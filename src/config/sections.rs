@@ -48,8 +48,12 @@ pub struct ServerConfig {
     pub max_write_buffer_bytes: usize,
     /// Largest `max_tokens` a request may ask for.
     pub max_tokens_limit: u32,
-    /// Prompts per completions request / inputs per embeddings request.
+    /// Prompts per completions request / inputs per embeddings request (a completions
+    /// request's prompts times `n`).
     pub max_batch_inputs: usize,
+    /// vLLM's `max_model_len`: prompt tokens + `max_tokens` above this are refused with
+    /// vLLM's 400 (0: no limit).
+    pub max_model_len: u32,
     /// Serve /admin/* endpoints.
     pub admin_enabled: bool,
     /// Bearer token for /admin/* (empty: none; then only a loopback bind is allowed).
@@ -77,6 +81,7 @@ impl Default for ServerConfig {
             max_write_buffer_bytes: 4 * 1024 * 1024,
             max_tokens_limit: ResearchConfig::default().max_tokens_limit,
             max_batch_inputs: 2048,
+            max_model_len: 0,
             admin_enabled: true,
             admin_token: String::new(),
             shutdown_timeout: Millis(30_000),

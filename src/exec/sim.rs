@@ -186,11 +186,13 @@ impl SimExecutor {
         let mut natural_rng = SmallRng::seed_from_u64(key ^ 0x6e61_7475_7261_6c00);
         let natural_tokens = match self.cfg.natural_length_mean_tokens {
             0 => work.max_tokens,
+            _ if work.sampling.ignore_eos => work.max_tokens,
             mean => {
                 let u: f64 = natural_rng.gen_range(f64::MIN_POSITIVE..1.0);
                 ((-f64::from(mean) * u.ln()).round() as u32).max(1)
             }
-        };
+        }
+        .max(work.sampling.min_tokens);
         let embedding_dims = (work.kind == Kind::Embedding).then(|| self.embedding_dims(work));
         SlotRequest {
             embedding_dims,

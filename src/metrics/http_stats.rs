@@ -31,6 +31,8 @@ pub enum Endpoint {
     Events,
     /// `GET /dashboard` and its assets, and `GET /`
     Dashboard,
+    /// `POST /tokenize`, `POST /detokenize`
+    Tokenize,
     /// `/admin/...`
     Admin,
     /// `GET /health`
@@ -43,7 +45,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Number of endpoints.
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
     /// Every endpoint, in metric order.
     pub const ALL: [Endpoint; Endpoint::COUNT] = [
         Endpoint::Completions,
@@ -55,6 +57,7 @@ impl Endpoint {
         Endpoint::MetricsHistory,
         Endpoint::Events,
         Endpoint::Dashboard,
+        Endpoint::Tokenize,
         Endpoint::Admin,
         Endpoint::Health,
         Endpoint::Ready,
@@ -73,6 +76,7 @@ impl Endpoint {
             Endpoint::MetricsHistory => "metrics_history",
             Endpoint::Events => "events",
             Endpoint::Dashboard => "dashboard",
+            Endpoint::Tokenize => "tokenize",
             Endpoint::Admin => "admin",
             Endpoint::Health => "health",
             Endpoint::Ready => "ready",
@@ -102,6 +106,7 @@ impl Endpoint {
             "/metrics/history" => Endpoint::MetricsHistory,
             "/events" => Endpoint::Events,
             "/" | "/dashboard" => Endpoint::Dashboard,
+            "/tokenize" | "/detokenize" => Endpoint::Tokenize,
             p if p.starts_with("/dashboard/") => Endpoint::Dashboard,
             "/health" => Endpoint::Health,
             "/ready" => Endpoint::Ready,
