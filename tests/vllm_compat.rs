@@ -229,3 +229,37 @@ fn ignore_eos_and_min_tokens_change_where_generation_ends() {
     assert!(tokens(&v).iter().all(|&t| t >= 12), "{v}");
     abe.shutdown();
 }
+
+#[test]
+fn echo_text_mode_answers_with_the_prompt_in_both_modes() {
+    for mode in [BatchingMode::Request, BatchingMode::Continuous] {
+        let mut cfg = test_config();
+        cfg.batching.mode = mode;
+        cfg.workers.text = abe::exec::sim::TextMode::Echo;
+        let abe = start(cfg);
+        let mut c = Client::connect(abe.local_addr());
+        let (status, v, text) = post(
+            &mut c,
+            "/v1/completions",
+            r#"{"prompt":"the quick brown fox","max_tokens":10}"#,
+        );
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(v["choices"][0]["text"], "the quick brown fox", "{mode:?}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["usage"]["completion_tokens"], 4);
+        let (_, v, _) = post(
+            &mut c,
+            "/v1/completions",
+            r#"{"prompt":"the quick brown fox","max_tokens":2}"#,
+        );
+        assert_eq!(v["choices"][0]["text"], "the quick");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        let (_, v, _) = post(
+            &mut c,
+            "/v1/completions",
+            r#"{"prompt":"one two","max_tokens":5,"ignore_eos":true}"#,
+        );
+        assert_eq!(v["choices"][0]["text"], "one two one two one", "{mode:?}");
+        abe.shutdown();
+    }
+}

@@ -228,6 +228,8 @@ pub struct WorkersConfig {
     /// A batch not answered within this long fails and counts against its worker.
     pub batch_timeout: Millis,
     pub embedding_dimensions: u32,
+    /// synthetic | echo: what text the sim executor answers with (`exec::sim::TextMode`).
+    pub text: crate::exec::sim::TextMode,
     pub seed: u64,
     /// Fault injection: probability a batch fails.
     pub fault_error_rate: f64,
@@ -270,6 +272,7 @@ impl Default for WorkersConfig {
             max_inflight: core.max_inflight_per_worker,
             batch_timeout: Millis::from_nanos(core.batch_timeout_ns),
             embedding_dimensions: sim.embedding_dimensions,
+            text: sim.text,
             // The sim executor's seed; the core's own default seed is for in-process use
             // without a config, where nothing else is seeded.
             seed: sim.seed,
