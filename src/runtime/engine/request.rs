@@ -24,7 +24,7 @@ use crate::runtime::sync::Ordering;
 use crate::runtime::telemetry::TelemetryEvent;
 
 /// One backend's scheduler and where its requests and workers sit in the engine's tables.
-pub struct Lane {
+pub(super) struct Lane {
     pub core: Core,
     /// The lane's table slot `i` is the engine's pending slot `pending_base + i`.
     pub pending_base: u32,
