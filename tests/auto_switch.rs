@@ -110,9 +110,7 @@ fn promtool_accepts(page: &str) {
     let others: Vec<&str> = said
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .filter(|l| {
-            !(l.starts_with("vllm:") && l.ends_with("metric names should not contain ':'"))
-        })
+        .filter(|l| !(l.starts_with("vllm:") && l.ends_with("metric names should not contain ':'")))
         .collect();
     assert!(
         others.is_empty(),

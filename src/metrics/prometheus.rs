@@ -363,7 +363,7 @@ fn render_requests(snapshot: &Snapshot, out: &mut String) {
         sample(out, name, &[("outcome", outcome)], n);
     }
     let name = "abe_request_duration_seconds";
-    let help = "End-to-end latency of completed requests, admission to answer. _sum is \
+    let help = "End-to-end latency of completed requests, request received (first byte read) to answer. _sum is \
                 approximated from an hdrhistogram (3 significant digits).";
     family(out, name, MetricType::Histogram, help);
     render_hdr_histogram(
@@ -379,7 +379,7 @@ fn render_requests(snapshot: &Snapshot, out: &mut String) {
 /// always present (p50 and p99 per class by `histogram_quantile`).
 fn render_latency_by_priority(snapshot: &Snapshot, out: &mut String) {
     let name = "abe_request_duration_by_priority_seconds";
-    let help = "End-to-end latency of completed requests by priority class, admission to \
+    let help = "End-to-end latency of completed requests by priority class, request received to \
                 answer (the classes of abe_request_duration_seconds). _sum is approximated \
                 from an hdrhistogram (3 significant digits).";
     family(out, name, MetricType::Histogram, help);

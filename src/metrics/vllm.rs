@@ -206,7 +206,7 @@ pub fn render(snapshot: &Snapshot, model_name: &str, out: &mut String) {
         out,
         &m,
         "vllm:e2e_request_latency_seconds",
-        "End-to-end latency of completed requests, admission to answer.",
+        "End-to-end latency of completed requests, request received (first byte read) to answer.",
         &snapshot.latency,
         &E2E_BOUNDS_NS,
     );

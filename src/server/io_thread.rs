@@ -400,7 +400,9 @@ impl IoThread {
             // consumed once routing is done with it.
             let routed = api::route(&self.ctx, &head, &conn.read_buf[head.head_len..need]);
             conn.read_buf.drain(..need);
-            conn.request_started = None;
+            // When this request's first bytes were read (`None` for one that followed
+            // another in the same read): its latencies count from then.
+            let received = conn.request_started.take();
             consumed = true;
             let close = head.close;
             if close {
@@ -419,7 +421,7 @@ impl IoThread {
                     self.push_ready(idx, endpoint, response, close, head_only)
                 }
                 Routed::Submit(job) => {
-                    self.submit_job(idx, endpoint, job, close, keep_alive_header)
+                    self.submit_job(idx, endpoint, job, close, keep_alive_header, received)
                 }
                 Routed::Subscribe(subscriber) => {
                     // A placeholder response, replaced by the stream just below.
@@ -480,6 +482,7 @@ impl IoThread {
         mut job: api::Job,
         close: bool,
         keep_alive_header: bool,
+        received: Option<Instant>,
     ) {
         let requests = std::mem::take(&mut job.requests);
         let parts = requests.len();
@@ -532,7 +535,7 @@ impl IoThread {
                 seq,
                 part,
             });
-            if let Err(e) = self.submitter.submit(request, tag) {
+            if let Err(e) = self.submitter.submit_received(request, tag, received) {
                 self.free_inflight_tag(tag);
                 self.complete_part(idx, generation, seq, part, Err(e), None);
             }
