@@ -2,7 +2,9 @@
 # A real harness against abe, unmodified: NVIDIA's AIPerf (PyPI `aiperf`) runs a streaming
 # completions profile against a running `abe serve`, and its TTFT, inter-token latency and
 # end-to-end latency are compared with abe's own (the vllm:* histograms on /metrics, read
-# before and after the measured run, so only its requests count).
+# before and after the measured run, so only its requests count). It also prints where
+# AIPerf's TTFT differs from abe's: the part before AIPerf's request is written, and the part
+# from then to the first response bytes (AIPerf's http_req_* trace); see BENCHMARKS.md.
 #
 # Usage: tools/with_server.sh tools/harness/aiperf_check.sh          (or pass a base URL)
 #   e.g. ABE_BATCHING_MODE=continuous ABE_WORKERS_LATENCY_MODEL=calibrated \
@@ -65,6 +67,19 @@ for label, key, name in rows:
     diff = (theirs - ours) / ours
     ok &= abs(diff) <= tol
     print(f"{label:6} {theirs:15.3f} {ours:12.3f} {diff:+7.1%}")
+# Where AIPerf's TTFT differs from abe's: AIPerf starts its clock before aiohttp builds and
+# sends the request (start_perf_ns) and stops it when its event loop has parsed the first SSE
+# message. Its HTTP trace splits that: sending (request written), waiting (request written to
+# first response bytes read, the part a server can be responsible for).
+def avg(key):
+    return report[key]["avg"] if key in report else float("nan")
+ttft_abe, _ = abe_mean_ms("vllm:time_to_first_token_seconds")
+sending, waiting = avg("http_req_sending"), avg("http_req_waiting")
+print(f"TTFT split: aiperf TTFT {avg('time_to_first_token'):.3f} ms = before first response byte "
+      f"{avg('time_to_first_token') - waiting:.3f} (of which sending {sending:.3f}, "
+      f"connecting {avg('http_req_connecting'):.3f}, blocked {avg('http_req_blocked'):.3f}) "
+      f"+ waiting {waiting:.3f}; waiting vs abe's TTFT {ttft_abe:.3f}: "
+      f"{(waiting - ttft_abe):+.3f} ms ({(waiting - ttft_abe) / ttft_abe:+.1%})")
 print(f"aiperf: {report['request_throughput']['avg']:.1f} requests/s, "
       f"{report['output_token_throughput']['avg']:.0f} output tokens/s")
 print("agree within", f"{tol:.0%}:", "yes" if ok else "NO")
