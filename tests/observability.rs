@@ -204,6 +204,20 @@ fn events_stream_batches_ticks_and_requests_as_server_sent_events() {
         assert!(text.contains("event: request"), "{mode:?}: {text}");
         assert!(text.contains("\"outcome\":\"completed\""), "{text}");
         assert!(text.contains("event: stats"), "{text}");
+        // Every answered request says how long it queued, within its latency.
+        let requests: Vec<serde_json::Value> = text
+            .split("event: request\ndata: ")
+            .skip(1)
+            .map(|rest| serde_json::from_str(rest.lines().next().unwrap()).unwrap())
+            .collect();
+        assert!(!requests.is_empty(), "{text}");
+        for r in &requests {
+            let wait = r["queue_wait_ms"].as_f64().unwrap_or_else(|| panic!("{r}"));
+            assert!(
+                wait > 0.0 && wait <= r["latency_ms"].as_f64().unwrap(),
+                "{r}"
+            );
+        }
         // A subscriber that never reads does not hold anything up.
         let mut idle = std::net::TcpStream::connect(addr).unwrap();
         idle.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -52,6 +52,9 @@ pub enum TelemetryEvent {
         latency_ns: Nanos,
         /// Arrival to first token sent (0: the answer came whole, or it failed first).
         ttft_ns: Nanos,
+        /// Arrival to leaving the queue (first dispatch, or first admission into a slot);
+        /// 0: it never left the queue (timed out, cancelled or refused there).
+        queue_wait_ns: Nanos,
         completion_tokens: u32,
     },
 }
@@ -144,6 +147,7 @@ mod tests {
             ok: true,
             latency_ns: 1,
             ttft_ns: 0,
+            queue_wait_ns: 0,
             completion_tokens: 1,
         }
     }

@@ -67,6 +67,7 @@ pub fn render_event(event: &TelemetryEvent, out: &mut Vec<u8>) {
             ok,
             latency_ns,
             ttft_ns,
+            queue_wait_ns,
             completion_tokens,
         } => sse(
             "request",
@@ -75,6 +76,7 @@ pub fn render_event(event: &TelemetryEvent, out: &mut Vec<u8>) {
                 "priority": priority.as_str(),
                 "outcome": if ok { "completed" } else { "failed" },
                 "latency_ms": ms(latency_ns),
+                "queue_wait_ms": (queue_wait_ns > 0).then(|| ms(queue_wait_ns)),
                 "ttft_ms": (ttft_ns > 0).then(|| ms(ttft_ns)),
                 "completion_tokens": completion_tokens,
             }),

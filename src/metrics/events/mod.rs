@@ -269,6 +269,7 @@ mod tests {
                 ok: false,
                 latency_ns: 2_000_000,
                 ttft_ns: 0,
+                queue_wait_ns: 0,
                 completion_tokens: 0,
             },
             &mut out,

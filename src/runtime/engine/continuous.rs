@@ -289,9 +289,15 @@ impl Mode for IterationLevel {
                     .expect("a replica without a step out has its buffer");
                 for e in entries {
                     let work = if e.admitted {
+                        let slot = &mut io.pending[e.ticket.index as usize];
+                        if slot.dispatched_ns == 0 {
+                            // The first admission into a slot ends its queue wait (a
+                            // preempted request admitted again does not).
+                            slot.dispatched_ns = now.max(1);
+                        }
                         // Arc-shared prompt: no allocation; the engine keeps its copy so a
                         // preempted request can be sent again.
-                        io.pending[e.ticket.index as usize].work.clone()
+                        slot.work.clone()
                     } else {
                         None
                     };

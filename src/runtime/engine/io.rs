@@ -106,6 +106,9 @@ pub(super) struct PendingSlot {
     pub(super) submitter: u16,
     /// Continuous batching: when the first output token was sampled (0: not yet).
     pub(super) first_token_ns: Nanos,
+    /// When the request left the queue (request-level: its first dispatch; continuous:
+    /// its first admission into a slot); 0: not yet.
+    pub(super) dispatched_ns: Nanos,
     /// The client asked for a stream (token events wanted).
     pub(super) stream: bool,
     /// A token event reached the submitter: the request may no longer move to another
@@ -175,6 +178,7 @@ impl<J: Job> EngineIo<J> {
                     reply: None,
                     submitter: 0,
                     first_token_ns: 0,
+                    dispatched_ns: 0,
                     stream: false,
                     tokens_sent: false,
                     meta: RequestMeta::new(
@@ -255,6 +259,7 @@ impl<J: Job> EngineIo<J> {
         slot.stream = work.stream;
         slot.tokens_sent = false;
         slot.first_token_ns = 0;
+        slot.dispatched_ns = 0;
         slot.work = Some(work);
         slot.reply = Some(reply);
         slot.submitter = submitter;
@@ -362,7 +367,8 @@ impl<J: Job> EngineIo<J> {
         slot.work = None;
         let submitter = slot.submitter;
         let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
-        let (meta, first_token_ns) = (slot.meta, slot.first_token_ns);
+        let (meta, first_token_ns, dispatched_ns) =
+            (slot.meta, slot.first_token_ns, slot.dispatched_ns);
         let completion_tokens = match &outcome {
             Ok(crate::exec::Output::Text {
                 completion_tokens, ..
@@ -378,6 +384,11 @@ impl<J: Job> EngineIo<J> {
                 latency_ns: now.saturating_sub(meta.arrival_ns),
                 ttft_ns: if first_token_ns > 0 {
                     first_token_ns.saturating_sub(meta.arrival_ns)
+                } else {
+                    0
+                },
+                queue_wait_ns: if dispatched_ns > 0 {
+                    dispatched_ns.saturating_sub(meta.arrival_ns).max(1)
                 } else {
                     0
                 },

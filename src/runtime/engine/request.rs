@@ -281,7 +281,12 @@ fn act(
                 .pop()
                 .expect("one buffer per batch slot: a dispatch always finds one");
             for t in tickets {
-                let work = io.pending[(at.pending_base + t.index) as usize]
+                let slot = &mut io.pending[(at.pending_base + t.index) as usize];
+                if slot.dispatched_ns == 0 {
+                    // The first dispatch ends its queue wait (a retry elsewhere does not).
+                    slot.dispatched_ns = now.max(1);
+                }
+                let work = slot
                     .work
                     .take()
                     .expect("a queued request still holds its work");
