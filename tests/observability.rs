@@ -201,6 +201,10 @@ fn events_stream_batches_ticks_and_requests_as_server_sent_events() {
             t.contains(step) && t.contains("event: request") && t.contains("event: stats")
         });
         assert!(text.contains(step), "{mode:?}: {text}");
+        if mode == BatchingMode::Request {
+            // A batch says which strategy decided it (auto, the default) and why.
+            assert!(text.contains("\"strategy\":\"auto\""), "{text}");
+        }
         assert!(text.contains("event: request"), "{mode:?}: {text}");
         assert!(text.contains("\"outcome\":\"completed\""), "{text}");
         assert!(text.contains("event: stats"), "{text}");

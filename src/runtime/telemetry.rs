@@ -9,6 +9,7 @@
 //! tick events and 200 request events a second); the rest are counted as sampled out, so a
 //! subscriber can tell what it did not see.
 
+use crate::core::strategy::StrategyKind;
 use crate::core::{FlushReason, Nanos, Priority};
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,8 @@ pub enum TelemetryEvent {
         size: u32,
         /// Estimated tokens (prompt + max_tokens) over the batch.
         tokens: u64,
+        /// The strategy in force and why it flushed: its decision.
+        strategy: StrategyKind,
         reason: FlushReason,
     },
     /// Continuous batching: one forward pass started.

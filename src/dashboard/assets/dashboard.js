@@ -255,7 +255,7 @@ function listenEvents() {
     document.body.dataset.events = String(n);
     const li = document.createElement("li");
     const t = (d.at_ms / 1000).toFixed(3) + "s ";
-    if (kind === "batch") li.textContent = t + `batch  size ${d.size}  tokens ${d.tokens}  flush ${d.reason}  worker ${d.worker}`;
+    if (kind === "batch") li.textContent = t + `batch  size ${d.size}  tokens ${d.tokens}  flush ${d.reason} (${d.strategy})  worker ${d.worker}`;
     else if (kind === "tick") li.textContent = t + `tick   replica ${d.replica}  entries ${d.entries}  decode ${d.decode_tokens}  prefill ${d.prefill_tokens}`;
     else li.textContent = t + `req    ${d.priority}  ${d.outcome}  ${d.latency_ms.toFixed(1)} ms` + (d.queue_wait_ms != null ? `  queued ${d.queue_wait_ms.toFixed(1)} ms` : "") + (d.ttft_ms != null ? `  ttft ${d.ttft_ms.toFixed(1)} ms` : "") + `  ${d.completion_tokens} tok`;
     log.prepend(li);

@@ -31,6 +31,7 @@ pub fn render_event(event: &TelemetryEvent, out: &mut Vec<u8>) {
             worker,
             size,
             tokens,
+            strategy,
             reason,
         } => sse(
             "batch",
@@ -40,6 +41,7 @@ pub fn render_event(event: &TelemetryEvent, out: &mut Vec<u8>) {
                 "worker": worker,
                 "size": size,
                 "tokens": tokens,
+                "strategy": strategy.as_str(),
                 "reason": reason.as_str(),
             }),
             out,

@@ -241,6 +241,7 @@ mod tests {
             worker: 1,
             size: 8,
             tokens: 900,
+            strategy: crate::core::strategy::StrategyKind::Fixed,
             reason: FlushReason::Timeout,
         }
     }
@@ -259,6 +260,7 @@ mod tests {
             .unwrap();
         let v: serde_json::Value = serde_json::from_str(data).unwrap();
         assert_eq!(v["size"], 8);
+        assert_eq!(v["strategy"], "fixed");
         assert_eq!(v["reason"], FlushReason::Timeout.as_str());
         assert_eq!(v["at_ms"], 1.5);
         let mut out = Vec::new();

@@ -344,9 +344,12 @@ impl<J: Job> EngineIo<J> {
         let reply = slot.reply.take().expect("a live request has its reply");
         slot.work = None;
         let (submitter, meta, cancelled) = (slot.submitter, slot.meta, slot.cancelled);
+        let dispatched_ns = slot.dispatched_ns;
         self.occupy(to, submitter, reply, work, meta, route);
-        // A cancel that came while the request was out still holds.
+        // A cancel that came while the request was out still holds, and its queue wait
+        // ended at its first dispatch.
         self.pending[to as usize].cancelled = cancelled;
+        self.pending[to as usize].dispatched_ns = dispatched_ns;
     }
 
     /// Emits a telemetry event (sampled; dropped and counted when the queue is full).

@@ -37,6 +37,8 @@ pub(super) struct Lane {
 #[derive(Clone, Copy)]
 struct LaneAt {
     backend: BackendId,
+    /// The lane's strategy when the copy was taken (for telemetry).
+    strategy: StrategyKind,
     pending_base: u32,
     worker_base: u32,
 }
@@ -45,6 +47,7 @@ impl Lane {
     fn at(&self, index: usize) -> LaneAt {
         LaneAt {
             backend: BackendId::from_index(index),
+            strategy: self.core.strategy(),
             pending_base: self.pending_base,
             worker_base: self.worker_base,
         }
@@ -308,6 +311,7 @@ fn act(
                     worker: worker as u16,
                     size: tickets.len() as u32,
                     tokens,
+                    strategy: at.strategy,
                     reason,
                 },
             );
