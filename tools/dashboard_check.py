@@ -133,7 +133,14 @@ def main():
                      "document.getElementById('strategy-apply').click(); true")
             wait_for(cdp, "the page reported the switch",
                      f"document.getElementById('strategy-status').textContent === 'switched to {target}'")
-            after = json.load(urllib.request.urlopen(args.url + "/admin/strategy"))["strategy"]
+            # The engine applies a switch at its next turn and GET /admin/strategy reads the
+            # published snapshot (at most ~50 ms old): wait for it, bounded.
+            deadline = time.monotonic() + 10
+            while True:
+                after = json.load(urllib.request.urlopen(args.url + "/admin/strategy"))["strategy"]
+                if after == target or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             assert after == target, f"server runs {after}, page switched to {target}"
             wait_for(cdp, "the header shows the new strategy",
                      f"document.getElementById('kpi-strategy').textContent === '{target}'")
