@@ -9,6 +9,7 @@ pub mod api;
 pub mod build_info;
 pub mod config;
 pub mod core;
+pub mod dashboard;
 pub mod exec;
 pub mod http;
 pub mod loadgen;

@@ -37,6 +37,10 @@ pub struct Running {
     pub ctx: Arc<ApiContext>,
     /// The upstream health checker, if any backend is `upstream`: its stop flag and thread.
     health: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    /// The history thread filling `ctx.history` once a second.
+    history: Option<crate::metrics::history::sampler::Sampler>,
+    /// The events thread feeding `/events` subscribers.
+    events: Option<crate::metrics::events::EventsThread>,
 }
 
 impl Running {
@@ -122,11 +126,24 @@ impl Running {
             io_router,
         ));
         let server = server::start(ctx.clone())?;
+        // Without the thread abe serves on, with an empty history: not worth refusing to run.
+        let history = crate::metrics::history::sampler::Sampler::spawn_for(
+            handle.clone(),
+            ctx.history.clone(),
+        )
+        .map_err(|e| tracing::warn!("no /metrics/history: cannot start abe-history: {e}"))
+        .ok();
+        let events =
+            crate::metrics::events::EventsThread::spawn(handle.clone(), ctx.events.clone())
+                .map_err(|e| tracing::warn!("no /events: cannot start abe-events: {e}"))
+                .ok();
         Ok(Running {
             handle,
             server,
             ctx,
             health,
+            history,
+            events,
         })
     }
 
@@ -154,6 +171,12 @@ impl Running {
             timer_control.hard_stop();
         });
         self.server.join();
+        if let Some(history) = self.history {
+            history.stop();
+        }
+        if let Some(events) = self.events {
+            events.stop();
+        }
         if let Some((stop, thread)) = self.health {
             stop.store(true, std::sync::atomic::Ordering::Release);
             let _ = thread.join();

@@ -78,7 +78,10 @@ fn metric(page: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in\n{page}"))
 }
 
-/// `promtool check metrics` passes on `page` (skipped when promtool is not on PATH).
+/// `promtool check metrics` passes on `page` (skipped when promtool is not on PATH). The one
+/// complaint accepted is the one `tools/promtool_check.sh` accepts: vLLM's `vllm:` names
+/// (exported beside `abe_*` so tools built for vLLM read abe) contain ':', which promtool
+/// reserves for recording rules.
 fn promtool_accepts(page: &str) {
     use std::io::Write as _;
     use std::process::{Command, Stdio};
@@ -99,11 +102,20 @@ fn promtool_accepts(page: &str) {
         .write_all(page.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stderr.is_empty(),
-        "promtool check metrics: {}{}\n{page}",
+    let said = format!(
+        "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+    let others: Vec<&str> = said
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| !(l.starts_with("vllm:") && l.ends_with("metric names should not contain ':'")))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "promtool check metrics: {}\n{page}",
+        others.join("\n")
     );
 }
 

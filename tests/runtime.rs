@@ -619,3 +619,44 @@ fn continuous_mode_fails_requests_that_wait_past_the_request_deadline() {
         RequestError::Failed(FailReason::Aborted)
     );
 }
+
+/// A request's latency counts from when its first bytes were read (`submit_received`), not
+/// from when it was submitted: reading and parsing it is time its client waits too.
+#[test]
+fn latency_counts_from_when_the_request_was_received() {
+    let handle = runtime::start(config(1, LatencyModel::None)).unwrap();
+    let mut sub = handle.submitter(None).expect("a submitter");
+    // The runtime's clock starts at zero when it starts; `received` must lie after that.
+    std::thread::sleep(Duration::from_millis(300));
+    let received = Instant::now() - Duration::from_millis(200);
+    sub.submit_received(
+        completion("read a while ago", Priority::Normal),
+        1,
+        Some(received),
+    )
+    .expect("submitted");
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut answered = false;
+    while !answered {
+        assert!(Instant::now() < until, "no answer");
+        sub.drain_completions(|c| answered |= matches!(c.event, runtime::Event::Done(_)));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    wait_for(&handle, "the answer's latency", |s| s.latency.len() == 1);
+    // The histogram keeps 3 significant digits: 200 ms reads back as at least 199.x ms.
+    let latency_ns = handle.snapshot().latency.min();
+    assert!(
+        latency_ns >= 199_000_000,
+        "latency {latency_ns} ns does not count the 200 ms since the request was received"
+    );
+    // A `received` in the future (or before the clock's start) is clamped, not trusted.
+    sub.submit_received(
+        completion("from the future", Priority::Normal),
+        2,
+        Some(Instant::now() + Duration::from_secs(3600)),
+    )
+    .expect("submitted");
+    wait_for(&handle, "the second answer", |s| s.latency.len() == 2);
+    assert!(handle.snapshot().latency.max() < 3_600_000_000_000);
+    handle.shutdown(Duration::from_secs(10));
+}

@@ -4,8 +4,9 @@
 #   2. loom models of the cross-thread protocols (RUSTFLAGS="--cfg loom")
 #   3. the OpenAI Python SDK against a live `abe serve`
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
-# Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`).
-# .ci/run installs the last two on a fresh machine.
+#   5. the /dashboard in headless Chromium against a live `abe serve` under load
+# Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`);
+# chromium (Debian package `chromium`). .ci/run installs the last three on a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ulimit -n 8192 2>/dev/null || true
@@ -29,5 +30,9 @@ ABE_BATCHING_MODE=continuous tools/with_server.sh tools/curl_stream_check.sh
 
 echo "== promtool check metrics against abe serve"
 tools/with_server.sh tools/promtool_check.sh
+
+echo "== /dashboard in headless Chromium against abe serve under load (both batching modes)"
+tools/with_server.sh tools/dashboard_check.sh
+ABE_BATCHING_MODE=continuous DASHBOARD_MODE=continuous tools/with_server.sh tools/dashboard_check.sh
 
 echo "== all suites passed"

@@ -14,9 +14,11 @@
 
 pub mod chat;
 pub mod json_out;
+pub mod logprobs;
 pub mod payload;
 pub mod render;
 pub mod stream;
+pub mod tokenize;
 pub mod wire;
 
 use crate::config::Config;
@@ -44,6 +46,11 @@ pub struct ApiContext {
     pub default_model: String,
     /// Some backend is `upstream`: chat requests keep their JSON body to forward.
     pub has_upstream: bool,
+    /// The per-second history (`/metrics/history`, windowed rates in `/metrics/json`),
+    /// filled by the history thread `serve` starts.
+    pub history: Arc<crate::metrics::history::History>,
+    /// `/events` subscribers, fed by the events thread `serve` starts.
+    pub events: Arc<crate::metrics::events::EventHub>,
 }
 
 impl ApiContext {
@@ -59,6 +66,7 @@ impl ApiContext {
             .registry()
             .backends()
             .any(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }));
+        let retention_s = (config.metrics.history_retention.0 / 1000) as usize;
         ApiContext {
             handle,
             config,
@@ -66,6 +74,8 @@ impl ApiContext {
             router,
             default_model,
             has_upstream,
+            history: Arc::new(crate::metrics::history::History::new(retention_s)),
+            events: Arc::default(),
         }
     }
 
@@ -96,6 +106,8 @@ pub enum Routed {
     Now(Response),
     /// Submit these engine requests; render the answer when all are back.
     Submit(Job),
+    /// `GET /events`: stream this subscriber's telemetry until the connection closes.
+    Subscribe(Arc<crate::metrics::events::Subscriber>),
 }
 
 /// How to render a job's outcomes.
@@ -114,6 +126,10 @@ pub struct Job {
     pub created_unix: u64,
     /// Answer as a Server-Sent Events stream (`stream: true`).
     pub stream: Option<stream::StreamOptions>,
+    /// Choices per prompt and log-probabilities (text jobs).
+    pub choices: stream::ChoiceOptions,
+    /// Completions with `echo`: each prompt, prepended to its choices' text.
+    pub echo: Option<Vec<Arc<str>>>,
 }
 
 /// Seconds since the Unix epoch.
@@ -235,6 +251,12 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             let snap = ctx.handle.snapshot();
             let mut out = String::with_capacity(16 * 1024);
             crate::metrics::prometheus::render(&snap, &ctx.http_stats, &mut out);
+            crate::metrics::events::render_prometheus(
+                &ctx.events,
+                ctx.handle.telemetry_lost(),
+                &mut out,
+            );
+            crate::metrics::vllm::render(&snap, &ctx.default_model, &mut out);
             Routed::Now(Response::text(
                 Status::Ok,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -247,23 +269,89 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0);
-            let v = crate::metrics::json::render(&snap, &ctx.http_stats, now_ms);
+            let mut v = crate::metrics::json::render(&snap, &ctx.http_stats, now_ms);
+            v["windows"] = serde_json::json!({
+                "1s": ctx.history.window(1),
+                "10s": ctx.history.window(10),
+            });
             Routed::Now(Response::json(
                 Status::Ok,
                 serde_json::to_vec(&v).unwrap_or_default(),
             ))
         }
-        "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" => allow("GET, HEAD"),
+        "/metrics/history" if is_get => Routed::Now(metrics_history(ctx, head)),
+        "/tokenize" | "/detokenize" if head.method == Method::Post => {
+            let result = if path == "/tokenize" {
+                tokenize::tokenize(body, ctx.config.server.max_model_len)
+            } else {
+                tokenize::detokenize(body)
+            };
+            match result {
+                Ok(v) => Routed::Now(Response::json(
+                    Status::Ok,
+                    serde_json::to_vec(&v).unwrap_or_default(),
+                )),
+                Err(e) => bad(e),
+            }
+        }
+        "/tokenize" | "/detokenize" => allow("POST"),
+        "/events" if head.method == Method::Get => match ctx.events.subscribe() {
+            Some(subscriber) => Routed::Subscribe(subscriber),
+            None => Routed::Now(Response::error(
+                Status::ServiceUnavailable,
+                "too_many_subscribers",
+                format!(
+                    "/events has its {} subscribers already; retry later",
+                    crate::metrics::events::MAX_SUBSCRIBERS
+                ),
+            )),
+        },
+        "/events" => allow("GET"),
+        p if p == "/" || p == "/dashboard" || p.starts_with("/dashboard/") => {
+            match (is_get, crate::dashboard::asset(p)) {
+                (true, Some(response)) => Routed::Now(response),
+                (false, Some(_)) => allow("GET, HEAD"),
+                (_, None) => Routed::Now(Response::error(
+                    Status::NotFound,
+                    "not_found",
+                    format!("no such dashboard asset: {p}"),
+                )),
+            }
+        }
+        "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" | "/metrics/history" => {
+            allow("GET, HEAD")
+        }
         p if p.starts_with("/admin/") => Routed::Now(admin(ctx, head, p)),
         _ => Routed::Now(Response::error(
             Status::NotFound,
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /health, /ready, /admin/strategy/{{name}}"
+                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}"
             ),
         )),
     }
+}
+
+/// `GET /metrics/history?seconds=N`: the newest N seconds of history (all kept if absent).
+fn metrics_history(ctx: &ApiContext, head: &Head) -> Response {
+    let mut seconds = None;
+    for pair in head.query.as_deref().unwrap_or("").split('&') {
+        if let Some(v) = pair.strip_prefix("seconds=") {
+            match v.parse::<usize>() {
+                Ok(n) => seconds = Some(n),
+                Err(_) => {
+                    return Response::error(
+                        Status::BadRequest,
+                        "invalid_parameter",
+                        format!("seconds must be a whole number of seconds, not '{v}'"),
+                    )
+                }
+            }
+        }
+    }
+    let v = ctx.history.render(seconds);
+    Response::json(Status::Ok, serde_json::to_vec(&v).unwrap_or_default())
 }
 
 /// The model a request names, or the default.
@@ -308,20 +396,66 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
     let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
     let generation = b.generation();
     let source = text_source(ctx, head, "max_tokens", b.priority.as_deref());
-    let text = payload::text(source, generation).map_err(bad)?;
+    let mut text = payload::text(source, generation).map_err(bad)?;
+    let logprobs = match b.logprobs {
+        None => None,
+        Some(k) if (0..=i64::from(logprobs::COMPLETION_TOP_MAX)).contains(&k) => Some(k as u8),
+        Some(k) => {
+            return Err(bad(wire::body_error(
+                "invalid_value",
+                format!(
+                    "'logprobs' must be between 0 and {}, got {k}",
+                    logprobs::COMPLETION_TOP_MAX
+                ),
+            )))
+        }
+    };
+    let echo = b.echo == Some(true);
+    if echo && text.stream.is_some() {
+        return Err(bad(wire::body_error(
+            "unsupported_value",
+            "'echo' cannot be combined with 'stream' here: ask for the whole answer",
+        )));
+    }
     let prompts =
         wire::inputs("prompt", b.prompt, ctx.config.server.max_batch_inputs).map_err(bad)?;
+    let max_inputs = ctx.config.server.max_batch_inputs;
+    if prompts.len() * text.n as usize > max_inputs {
+        return Err(bad(wire::body_error(
+            "invalid_value",
+            format!(
+                "{} prompts x n = {} choices exceeds server.max_batch_inputs ({max_inputs})",
+                prompts.len(),
+                text.n
+            ),
+        )));
+    }
     let model = model_of(ctx, b.model.as_deref());
-    let mut requests = Vec::with_capacity(prompts.len());
+    let choices = stream::ChoiceOptions {
+        n: text.n,
+        logprobs,
+    };
+    if let Some(s) = text.stream.as_mut() {
+        s.choices = choices;
+    }
+    let mut requests = Vec::with_capacity(prompts.len() * text.n as usize);
+    let mut echoed = Vec::new();
     for prompt in prompts {
         let route = check_model(ctx, model, |r| {
             r.text(&prompt);
         })?;
-        requests.push(Request {
-            priority: text.priority,
-            route: Some(route),
-            work: text.work(prompt, None),
-        });
+        check_model_len(ctx, &prompt, &text)?;
+        let work = text.work(prompt, None);
+        if echo {
+            echoed.push(work.prompt.clone());
+        }
+        for j in 0..text.n {
+            requests.push(Request {
+                priority: text.priority,
+                route: Some(route),
+                work: payload::Text::choice(&work, j),
+            });
+        }
     }
     let model = model.to_string();
     Ok(Routed::Submit(Job {
@@ -330,7 +464,31 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
         requests,
         created_unix: unix_now(),
         stream: text.stream,
+        choices,
+        echo: echo.then_some(echoed),
     }))
+}
+
+/// vLLM's 400 when prompt + max_tokens exceed `server.max_model_len` (0: no limit).
+fn check_model_len(ctx: &ApiContext, prompt: &str, text: &payload::Text) -> Result<(), Routed> {
+    let limit = ctx.config.server.max_model_len;
+    if limit == 0 {
+        return Ok(());
+    }
+    let prompt_tokens = crate::exec::prompt_tokens(prompt);
+    let max_tokens = text.max_tokens();
+    let total = u64::from(prompt_tokens) + u64::from(max_tokens);
+    if total > u64::from(limit) {
+        return Err(bad(wire::body_error(
+            "context_length_exceeded",
+            format!(
+                "This model's maximum context length is {limit} tokens. However, you requested \
+                 {total} tokens ({prompt_tokens} in the messages, {max_tokens} in the \
+                 completion). Please reduce the length of the messages or completion."
+            ),
+        )));
+    }
+    Ok(())
 }
 
 fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
@@ -344,7 +502,36 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
         None => "max_tokens",
     };
     let source = text_source(ctx, head, field, b.priority.as_deref());
-    let text = payload::text(source, generation).map_err(bad)?;
+    let mut text = payload::text(source, generation).map_err(bad)?;
+    let logprobs = match (b.logprobs, b.top_logprobs) {
+        (Some(true), None) => Some(0),
+        (Some(true), Some(k)) if (0..=i64::from(logprobs::CHAT_TOP_MAX)).contains(&k) => {
+            Some(k as u8)
+        }
+        (Some(true), Some(k)) => {
+            return Err(bad(wire::body_error(
+                "invalid_value",
+                format!(
+                    "'top_logprobs' must be between 0 and {}, got {k}",
+                    logprobs::CHAT_TOP_MAX
+                ),
+            )))
+        }
+        (_, Some(_)) => {
+            return Err(bad(wire::body_error(
+                "invalid_value",
+                "'top_logprobs' needs 'logprobs': true",
+            )))
+        }
+        _ => None,
+    };
+    let choices = stream::ChoiceOptions {
+        n: text.n,
+        logprobs,
+    };
+    if let Some(s) = text.stream.as_mut() {
+        s.choices = choices;
+    }
     let model = model_of(ctx, b.model.as_deref());
     let route = check_model(ctx, model, |r| chat::needs(&b, r))?;
     let model = model.to_string();
@@ -354,17 +541,23 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
         None
     };
     let prompt = chat::render_prompt(b.messages).map_err(bad)?;
-    let request = Request {
-        priority: text.priority,
-        route: Some(route),
-        work: text.work(prompt, chat_body),
-    };
+    check_model_len(ctx, &prompt, &text)?;
+    let work = text.work(prompt, chat_body);
+    let requests = (0..text.n)
+        .map(|j| Request {
+            priority: text.priority,
+            route: Some(route),
+            work: payload::Text::choice(&work, j),
+        })
+        .collect();
     Ok(Routed::Submit(Job {
         kind: JobKind::Chat,
         model,
-        requests: vec![request],
+        requests,
         created_unix: unix_now(),
         stream: text.stream,
+        choices,
+        echo: None,
     }))
 }
 
@@ -408,6 +601,8 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
         requests,
         created_unix: unix_now(),
         stream: None,
+        choices: Default::default(),
+        echo: None,
     }))
 }
 

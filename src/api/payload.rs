@@ -19,13 +19,35 @@ use crate::exec::{Sampling, Work};
 /// payload of its prompts.
 pub(super) struct Text {
     pub priority: Priority,
+    /// Choices per prompt (`n`, at least 1).
+    pub n: u32,
     /// Answer as a Server-Sent Events stream (`stream: true`).
     pub stream: Option<StreamOptions>,
     /// The payload of each prompt, but for the prompt itself ([`Text::work`] adds it).
     work: Work,
 }
 
+/// Most choices per prompt (`n`, `best_of`).
+pub const CHOICES_MAX: i64 = 128;
+
 impl Text {
+    /// `max_tokens` of every choice.
+    pub fn max_tokens(&self) -> u32 {
+        self.work.max_tokens
+    }
+
+    /// The payload of choice `j` of a prompt, from the payload of its choice 0: the same
+    /// prompt (shared, not copied) with a seed of its own, so the `n` texts differ and are
+    /// each deterministic. Choice 0 is what `n = 1` gets.
+    pub fn choice(work: &Work, j: u32) -> Work {
+        let mut w = work.clone();
+        if j > 0 {
+            let base = w.sampling.seed.unwrap_or(0);
+            w.sampling.seed = Some(base ^ u64::from(j).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+        w
+    }
+
     /// The payload for one prompt (chat: the rendered conversation, and the client's body
     /// when an upstream backend may forward it).
     pub fn work(&self, prompt: String, chat_body: Option<std::sync::Arc<str>>) -> Work {
@@ -65,11 +87,35 @@ pub(super) fn text(src: TextSource<'_>, mut g: GenerationBody) -> Result<Text, B
         }
         Some(n) => n as u32,
     };
-    if let Some(n) = g.n {
-        if n != 1 {
+    let n = match g.n {
+        None => 1,
+        Some(n) if !(1..=CHOICES_MAX).contains(&n) => {
             return Err(body_error(
                 "invalid_value",
-                format!("'n' must be 1 (got {n}): one choice per prompt is supported"),
+                format!("'n' must be between 1 and {CHOICES_MAX}, got {n}"),
+            ))
+        }
+        Some(n) => n as u32,
+    };
+    if let Some(best_of) = g.best_of {
+        if best_of < i64::from(n) || best_of > CHOICES_MAX {
+            return Err(body_error(
+                "invalid_value",
+                format!("'best_of' must be between n ({n}) and {CHOICES_MAX}, got {best_of}"),
+            ));
+        }
+        if best_of > i64::from(n) && g.stream == Some(true) {
+            return Err(body_error(
+                "invalid_value",
+                "'best_of' greater than 'n' cannot be streamed",
+            ));
+        }
+    }
+    if let Some(m) = g.min_tokens {
+        if m < 0 || m > i64::from(max_tokens) {
+            return Err(body_error(
+                "invalid_value",
+                format!("'min_tokens' must be between 0 and max_tokens ({max_tokens}), got {m}"),
             ));
         }
     }
@@ -84,10 +130,15 @@ pub(super) fn text(src: TextSource<'_>, mut g: GenerationBody) -> Result<Text, B
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        choices: Default::default(),
     });
     let priority = wire::priority(src.priority, src.priority_header)?;
+    let mut sampling = sampling;
+    sampling.ignore_eos = g.ignore_eos.unwrap_or(false);
+    sampling.min_tokens = g.min_tokens.unwrap_or(0) as u32;
     Ok(Text {
         priority,
+        n,
         stream,
         work: Work {
             kind: Kind::Completion,
@@ -107,6 +158,7 @@ fn sampling(g: &mut GenerationBody) -> Result<Sampling, BodyError> {
         seed: g.seed.map(|s| s as u64),
         temperature: g.temperature,
         top_p: g.top_p,
+        ..Sampling::default()
     })
 }
 

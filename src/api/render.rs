@@ -51,6 +51,32 @@ pub fn write_text_body<'a, I>(
 where
     I: Iterator<Item = &'a Output> + Clone,
 {
+    write_choices(out, shape, model, created, id, outputs, Choices::default())
+}
+
+/// How a text body's choices are laid out: choices per prompt and log-probabilities, and
+/// the prompts to echo before their choices' text.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Choices<'j> {
+    pub options: super::stream::ChoiceOptions,
+    pub echo: Option<&'j [std::sync::Arc<str>]>,
+}
+
+/// [`write_text_body`] with `n` choices per prompt (a prompt's tokens count once in
+/// `usage`), synthetic `logprobs`, and `echo`.
+pub fn write_choices<'a, I>(
+    out: &mut Vec<u8>,
+    shape: TextShape,
+    model: &str,
+    created: u64,
+    id: u64,
+    outputs: I,
+    choices: Choices<'_>,
+) -> Result<(), Response>
+where
+    I: Iterator<Item = &'a Output> + Clone,
+{
+    let per_prompt = choices.options.per_prompt();
     // Literal runs are joined per shape so each is one copy.
     let (what, id_open, after_id) = match shape {
         TextShape::Completion => (
@@ -90,15 +116,25 @@ where
         else {
             unreachable!("checked above: every output is text");
         };
-        prompt += u64::from(*prompt_tokens);
+        if index % per_prompt == 0 {
+            prompt += u64::from(*prompt_tokens);
+        }
         completion += u64::from(*completion_tokens);
         if index > 0 {
             out.push(b',');
         }
+        let echoed = choices
+            .echo
+            .and_then(|e| e.get(index / per_prompt))
+            .map_or("", |p| &**p);
         match shape {
             TextShape::Completion => {
                 out.extend_from_slice(b"{\"text\":");
-                json_out::string(out, text);
+                if echoed.is_empty() {
+                    json_out::string(out, text);
+                } else {
+                    json_out::string(out, &format!("{echoed}{text}"));
+                }
                 out.extend_from_slice(b",\"index\":");
                 json_out::uint(out, index as u64);
             }
@@ -122,10 +158,26 @@ where
                 out.push(b'}');
             }
         }
+        match choices.options.logprobs {
+            None => out.extend_from_slice(b",\"logprobs\":null"),
+            Some(top) => {
+                out.extend_from_slice(b",\"logprobs\":");
+                let pieces = super::logprobs::pieces(text);
+                match shape {
+                    TextShape::Completion => super::logprobs::write_completion(
+                        out,
+                        pieces.into_iter(),
+                        echoed.len(),
+                        top,
+                    ),
+                    TextShape::Chat => super::logprobs::write_chat(out, pieces.into_iter(), top),
+                }
+            }
+        }
         out.extend_from_slice(match finish_reason {
-            FinishReason::Length => b",\"logprobs\":null,\"finish_reason\":\"length\"}",
-            FinishReason::Stop => b",\"logprobs\":null,\"finish_reason\":\"stop\"}",
-            FinishReason::ToolCalls => b",\"logprobs\":null,\"finish_reason\":\"tool_calls\"}",
+            FinishReason::Length => b",\"finish_reason\":\"length\"}",
+            FinishReason::Stop => b",\"finish_reason\":\"stop\"}",
+            FinishReason::ToolCalls => b",\"finish_reason\":\"tool_calls\"}",
         });
     }
     out.extend_from_slice(b"],\"usage\":{\"prompt_tokens\":");
@@ -269,21 +321,29 @@ pub fn write_job(
                 head_only,
                 route_header,
                 |body| match job.kind {
-                    JobKind::Completion => write_text_body(
+                    JobKind::Completion => write_choices(
                         body,
                         TextShape::Completion,
                         &job.model,
                         job.created_unix,
                         id,
                         outputs,
+                        Choices {
+                            options: job.choices,
+                            echo: job.echo.as_deref(),
+                        },
                     ),
-                    JobKind::Chat => write_text_body(
+                    JobKind::Chat => write_choices(
                         body,
                         TextShape::Chat,
                         &job.model,
                         job.created_unix,
                         id,
                         outputs,
+                        Choices {
+                            options: job.choices,
+                            echo: None,
+                        },
                     ),
                     JobKind::Embedding { base64 } => {
                         write_embedding_body(body, &job.model, base64, outputs)

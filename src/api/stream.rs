@@ -15,6 +15,26 @@ use crate::exec::Output;
 pub struct StreamOptions {
     /// Send a final chunk with `usage` (and empty `choices`) before `[DONE]`.
     pub include_usage: bool,
+    /// Choices per prompt and log-probabilities.
+    pub choices: ChoiceOptions,
+}
+
+/// How a text job's choices are laid out and annotated (both endpoints, whole answers and
+/// streams).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChoiceOptions {
+    /// Choices per prompt (`n`; 0 reads as 1). Choice `i` answers prompt `i / n`; a
+    /// prompt's tokens count once in `usage`, not once per choice.
+    pub n: u32,
+    /// Synthetic log-probabilities with this many alternatives per token.
+    pub logprobs: Option<u8>,
+}
+
+impl ChoiceOptions {
+    /// Choices per prompt, at least 1.
+    pub fn per_prompt(&self) -> usize {
+        self.n.max(1) as usize
+    }
 }
 
 /// Which chunk shape to emit.
@@ -156,11 +176,25 @@ impl StreamWriter {
 
     fn piece(&mut self, part: usize, piece: &str, out: &mut Vec<u8>) {
         self.started = true;
+        let offset = self.parts[part].sent_bytes;
+        let logprobs = self.opts.choices.logprobs.filter(|_| !piece.is_empty());
         match self.kind {
             StreamKind::Completion => self.chunk_event(out, |o| {
                 o.extend_from_slice(b"{\"finish_reason\":null,\"index\":");
                 json_out::uint(o, part as u64);
-                o.extend_from_slice(b",\"logprobs\":null,\"text\":");
+                match logprobs {
+                    None => o.extend_from_slice(b",\"logprobs\":null,\"text\":"),
+                    Some(top) => {
+                        o.extend_from_slice(b",\"logprobs\":");
+                        super::logprobs::write_completion(
+                            o,
+                            std::iter::once((piece, offset)),
+                            0,
+                            top,
+                        );
+                        o.extend_from_slice(b",\"text\":");
+                    }
+                }
                 json_out::string(o, piece);
                 o.push(b'}');
             }),
@@ -180,7 +214,14 @@ impl StreamWriter {
                     json_out::string(o, piece);
                     o.extend_from_slice(b"},\"finish_reason\":null,\"index\":");
                     json_out::uint(o, part as u64);
-                    o.extend_from_slice(b",\"logprobs\":null}");
+                    match logprobs {
+                        None => o.extend_from_slice(b",\"logprobs\":null}"),
+                        Some(top) => {
+                            o.extend_from_slice(b",\"logprobs\":");
+                            super::logprobs::write_chat(o, std::iter::once((piece, offset)), top);
+                            o.push(b'}');
+                        }
+                    }
                 });
             }
         }
@@ -214,7 +255,10 @@ impl StreamWriter {
         else {
             return;
         };
-        self.prompt_tokens += u64::from(*prompt_tokens);
+        // A prompt's tokens count once, not once per choice (`n`).
+        if part % self.opts.choices.per_prompt() == 0 {
+            self.prompt_tokens += u64::from(*prompt_tokens);
+        }
         self.completion_tokens += u64::from(*completion_tokens);
         let sent = self.parts[part].sent_bytes.min(text.len());
         let rest = text.get(sent..).unwrap_or("");
@@ -379,6 +423,7 @@ mod tests {
                 kind,
                 StreamOptions {
                     include_usage: true,
+                    ..Default::default()
                 },
                 model,
                 1_795_363_920,
@@ -446,6 +491,7 @@ mod tests {
             StreamKind::Chat,
             StreamOptions {
                 include_usage: true,
+                ..Default::default()
             },
             "m",
             1,

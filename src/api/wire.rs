@@ -135,6 +135,12 @@ text_bodies! {
     shared GenerationBody {
         pub max_tokens: Option<i64>,
         pub n: Option<i64>,
+        /// vLLM: candidates per prompt of which `n` are returned (abe returns the first n).
+        pub best_of: Option<i64>,
+        /// vLLM: generate `max_tokens` even past a natural end of sequence.
+        pub ignore_eos: Option<bool>,
+        /// vLLM: no natural end of sequence before this many tokens.
+        pub min_tokens: Option<i64>,
         pub stream: Option<bool>,
         pub stream_options: Option<StreamOptionsBody>,
         /// abe extension: predicted output length hint for length-aware strategies.
@@ -153,6 +159,10 @@ text_bodies! {
         pub prompt: Option<TextInputs>,
         #[serde(borrow)]
         pub priority: Option<Str<'a>>,
+        /// Synthetic log-probabilities of this many alternatives per token (0..=5).
+        pub logprobs: Option<i64>,
+        /// Prepend the prompt to each choice's text.
+        pub echo: Option<bool>,
     }
 
     /// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
@@ -168,6 +178,10 @@ text_bodies! {
         /// with the `tools` capability when there are any).
         pub tools: Option<Vec<serde::de::IgnoredAny>>,
         pub response_format: Option<ResponseFormat>,
+        /// Synthetic log-probabilities of the output tokens...
+        pub logprobs: Option<bool>,
+        /// ...with this many alternatives each (0..=20; needs `logprobs: true`).
+        pub top_logprobs: Option<i64>,
     }
 }
 

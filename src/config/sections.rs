@@ -48,8 +48,12 @@ pub struct ServerConfig {
     pub max_write_buffer_bytes: usize,
     /// Largest `max_tokens` a request may ask for.
     pub max_tokens_limit: u32,
-    /// Prompts per completions request / inputs per embeddings request.
+    /// Prompts per completions request / inputs per embeddings request (a completions
+    /// request's prompts times `n`).
     pub max_batch_inputs: usize,
+    /// vLLM's `max_model_len`: prompt tokens + `max_tokens` above this are refused with
+    /// vLLM's 400 (0: no limit).
+    pub max_model_len: u32,
     /// Serve /admin/* endpoints.
     pub admin_enabled: bool,
     /// Bearer token for /admin/* (empty: none; then only a loopback bind is allowed).
@@ -77,6 +81,7 @@ impl Default for ServerConfig {
             max_write_buffer_bytes: 4 * 1024 * 1024,
             max_tokens_limit: ResearchConfig::default().max_tokens_limit,
             max_batch_inputs: 2048,
+            max_model_len: 0,
             admin_enabled: true,
             admin_token: String::new(),
             shutdown_timeout: Millis(30_000),
@@ -223,6 +228,8 @@ pub struct WorkersConfig {
     /// A batch not answered within this long fails and counts against its worker.
     pub batch_timeout: Millis,
     pub embedding_dimensions: u32,
+    /// synthetic | echo: what text the sim executor answers with (`exec::sim::TextMode`).
+    pub text: crate::exec::sim::TextMode,
     pub seed: u64,
     /// Fault injection: probability a batch fails.
     pub fault_error_rate: f64,
@@ -265,6 +272,7 @@ impl Default for WorkersConfig {
             max_inflight: core.max_inflight_per_worker,
             batch_timeout: Millis::from_nanos(core.batch_timeout_ns),
             embedding_dimensions: sim.embedding_dimensions,
+            text: sim.text,
             // The sim executor's seed; the core's own default seed is for in-process use
             // without a config, where nothing else is seeded.
             seed: sim.seed,

@@ -325,6 +325,7 @@ impl Config {
                 embedding_dimensions: w.embedding_dimensions,
                 seed: w.seed,
                 natural_length_mean_tokens: self.continuous.natural_length_mean_tokens,
+                text: w.text,
             },
             continuous: self.continuous_config(w.count)?,
             faults: FaultSettings {

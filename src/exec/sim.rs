@@ -65,6 +65,28 @@ impl Faults {
     }
 }
 
+/// What text the sim executor answers with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TextMode {
+    /// Words from a seeded vocabulary, deterministic in the prompt and sampling settings.
+    #[default]
+    Synthetic,
+    /// The prompt's own words, in order (as the llm-d inference simulator's echo mode): the
+    /// answer ends by itself ("stop") when the prompt is used up, unless `ignore_eos` or
+    /// `min_tokens` ask for more, which repeat it.
+    Echo,
+}
+
+/// The `i`-th output word (0-based) in echo mode: the prompt's words, repeated.
+fn echo_word(prompt: &str, i: u32) -> &str {
+    let words = prompt.split_whitespace().count().max(1);
+    prompt
+        .split_whitespace()
+        .nth(i as usize % words)
+        .unwrap_or("")
+}
+
 /// Settings of one sim executor.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -77,6 +99,8 @@ pub struct SimConfig {
     /// length (where it stops by itself, finish_reason "stop") is drawn from, capped by
     /// max_tokens; 0: every request runs to max_tokens.
     pub natural_length_mean_tokens: u32,
+    /// Synthetic words or the prompt echoed.
+    pub text: TextMode,
 }
 
 impl Default for SimConfig {
@@ -86,6 +110,7 @@ impl Default for SimConfig {
             embedding_dimensions: 384,
             seed: 1,
             natural_length_mean_tokens: 0,
+            text: TextMode::Synthetic,
         }
     }
 }
@@ -107,6 +132,8 @@ struct SlotRequest {
     stop: Option<Arc<[String]>>,
     /// Streaming requests get their text as token events.
     stream: bool,
+    /// Echo mode: the prompt whose words the output repeats.
+    echo: Option<Arc<str>>,
     /// Bytes of `text` already handed out as token events (text after it was held back,
     /// e.g. a possible start of a stop sequence, and goes out with the next token).
     unsent_from: usize,
@@ -178,19 +205,47 @@ impl SimExecutor {
     }
 }
 
+/// Echo mode, a whole answer of at most `max_tokens` words: the prompt's words (repeated
+/// past its end only when `ignore_eos` or `min_tokens` ask for more), and why it ended.
+fn echo_text(work: &super::Work, max_tokens: u32) -> (String, FinishReason, u32) {
+    let words = work.prompt.split_whitespace().count().max(1) as u32;
+    let wanted = if work.sampling.ignore_eos {
+        max_tokens
+    } else {
+        words.max(work.sampling.min_tokens).min(max_tokens)
+    };
+    let mut text = String::new();
+    for i in 0..wanted {
+        if i > 0 {
+            text.push(' ');
+        }
+        text.push_str(echo_word(&work.prompt, i));
+    }
+    let reason = if wanted < max_tokens {
+        FinishReason::Stop
+    } else {
+        FinishReason::Length
+    };
+    (text, reason, wanted)
+}
+
 impl SimExecutor {
     /// Slot state for a request admitted in this step; deterministic in the prompt, seed
     /// and sampling settings, so a preempted request regenerates the same tokens.
     fn slot_request(&self, work: &super::Work) -> SlotRequest {
         let key = work.stream_key();
         let mut natural_rng = SmallRng::seed_from_u64(key ^ 0x6e61_7475_7261_6c00);
+        let echo_words = work.prompt.split_whitespace().count().max(1) as u32;
         let natural_tokens = match self.cfg.natural_length_mean_tokens {
+            _ if work.sampling.ignore_eos => work.max_tokens,
+            _ if self.cfg.text == TextMode::Echo => echo_words,
             0 => work.max_tokens,
             mean => {
                 let u: f64 = natural_rng.gen_range(f64::MIN_POSITIVE..1.0);
                 ((-f64::from(mean) * u.ln()).round() as u32).max(1)
             }
-        };
+        }
+        .max(work.sampling.min_tokens);
         let embedding_dims = (work.kind == Kind::Embedding).then(|| self.embedding_dims(work));
         SlotRequest {
             embedding_dims,
@@ -203,6 +258,7 @@ impl SimExecutor {
             text: String::new(),
             stop: work.sampling.stop.clone(),
             stream: work.stream,
+            echo: (self.cfg.text == TextMode::Echo).then(|| work.prompt.clone()),
             unsent_from: 0,
         }
     }
@@ -249,7 +305,10 @@ impl Executor for SimExecutor {
                 });
                 continue;
             }
-            let word = synth::word(&mut state.words);
+            let word = match &state.echo {
+                Some(prompt) => echo_word(prompt, state.generated),
+                None => synth::word(&mut state.words),
+            };
             let checked_len = state.text.len();
             if state.generated > 0 {
                 state.text.push(' ');
@@ -314,9 +373,10 @@ impl Executor for SimExecutor {
             let key = item.work.stream_key();
             item.output = Some(match item.work.kind {
                 Kind::Completion => {
-                    let mut text = synth::text(key, o);
-                    let mut finish_reason = FinishReason::Length;
-                    let mut tokens = o;
+                    let (mut text, mut finish_reason, mut tokens) = match self.cfg.text {
+                        TextMode::Synthetic => (synth::text(key, o), FinishReason::Length, o),
+                        TextMode::Echo => echo_text(&item.work, o),
+                    };
                     if let Some(cut) = super::stop_at(&text, item.work.stop()) {
                         // Tokens up to and including the one the stop sequence starts in.
                         tokens = (text[..cut].matches(' ').count() as u32 + 1).min(o);

@@ -65,6 +65,10 @@ pub struct Sampling {
     pub top_p: Option<f64>,
     /// Stop sequences: generation ends before the first one (finish_reason "stop").
     pub stop: Option<Arc<[String]>>,
+    /// vLLM's `ignore_eos`: no natural end of sequence, generate `max_tokens`.
+    pub ignore_eos: bool,
+    /// vLLM's `min_tokens`: no natural end of sequence before this many tokens.
+    pub min_tokens: u32,
 }
 
 impl PartialEq for Sampling {
@@ -74,6 +78,8 @@ impl PartialEq for Sampling {
             && bits(self.temperature) == bits(other.temperature)
             && bits(self.top_p) == bits(other.top_p)
             && self.stop == other.stop
+            && self.ignore_eos == other.ignore_eos
+            && self.min_tokens == other.min_tokens
     }
 }
 

@@ -19,7 +19,7 @@ pub enum Method {
 }
 
 /// The paths abe serves, kept without allocating when a request names one of them.
-const KNOWN_PATHS: [&str; 9] = [
+const KNOWN_PATHS: [&str; 11] = [
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/embeddings",
@@ -29,6 +29,8 @@ const KNOWN_PATHS: [&str; 9] = [
     "/metrics",
     "/metrics/json",
     "/admin/strategy",
+    "/metrics/history",
+    "/events",
 ];
 
 /// A request path without its query string: one of [`KNOWN_PATHS`] (no allocation, the
@@ -83,6 +85,9 @@ pub struct Head {
     pub priority: Option<String>,
     /// Value of `Authorization`, if any.
     pub authorization: Option<String>,
+    /// The query string after `?`, if any (only the few GET endpoints with parameters read
+    /// it, e.g. `/metrics/history?seconds=N`).
+    pub query: Option<String>,
 }
 
 /// Why a head was refused; the connection answers with `status` and closes.
@@ -164,9 +169,9 @@ pub fn parse_head(
         _ => Method::Other,
     };
     let target = req.path.unwrap_or("/");
-    let path = match target.bytes().position(|b| b == b'?') {
-        Some(q) => &target[..q],
-        None => target,
+    let (path, query) = match target.bytes().position(|b| b == b'?') {
+        Some(q) => (&target[..q], Some(target[q + 1..].to_string())),
+        None => (target, None),
     };
     let path = RequestPath::new(path);
     let http10 = req.version == Some(0);
@@ -250,6 +255,7 @@ pub fn parse_head(
         expect_continue,
         priority,
         authorization,
+        query,
     }))
 }
 

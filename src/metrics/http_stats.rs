@@ -25,6 +25,14 @@ pub enum Endpoint {
     Metrics,
     /// `GET /metrics/json`
     MetricsJson,
+    /// `GET /metrics/history`
+    MetricsHistory,
+    /// `GET /events` (SSE telemetry)
+    Events,
+    /// `GET /dashboard` and its assets, and `GET /`
+    Dashboard,
+    /// `POST /tokenize`, `POST /detokenize`
+    Tokenize,
     /// `/admin/...`
     Admin,
     /// `GET /health`
@@ -37,7 +45,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Number of endpoints.
-    pub const COUNT: usize = 10;
+    pub const COUNT: usize = 14;
     /// Every endpoint, in metric order.
     pub const ALL: [Endpoint; Endpoint::COUNT] = [
         Endpoint::Completions,
@@ -46,6 +54,10 @@ impl Endpoint {
         Endpoint::Models,
         Endpoint::Metrics,
         Endpoint::MetricsJson,
+        Endpoint::MetricsHistory,
+        Endpoint::Events,
+        Endpoint::Dashboard,
+        Endpoint::Tokenize,
         Endpoint::Admin,
         Endpoint::Health,
         Endpoint::Ready,
@@ -61,6 +73,10 @@ impl Endpoint {
             Endpoint::Models => "models",
             Endpoint::Metrics => "metrics",
             Endpoint::MetricsJson => "metrics_json",
+            Endpoint::MetricsHistory => "metrics_history",
+            Endpoint::Events => "events",
+            Endpoint::Dashboard => "dashboard",
+            Endpoint::Tokenize => "tokenize",
             Endpoint::Admin => "admin",
             Endpoint::Health => "health",
             Endpoint::Ready => "ready",
@@ -87,6 +103,11 @@ impl Endpoint {
             "/v1/models" => Endpoint::Models,
             "/metrics" => Endpoint::Metrics,
             "/metrics/json" => Endpoint::MetricsJson,
+            "/metrics/history" => Endpoint::MetricsHistory,
+            "/events" => Endpoint::Events,
+            "/" | "/dashboard" => Endpoint::Dashboard,
+            "/tokenize" | "/detokenize" => Endpoint::Tokenize,
+            p if p.starts_with("/dashboard/") => Endpoint::Dashboard,
             "/health" => Endpoint::Health,
             "/ready" => Endpoint::Ready,
             p if p == "/admin" || p.starts_with("/admin/") => Endpoint::Admin,
@@ -352,8 +373,13 @@ mod tests {
             ("/admin/strategy/fixed", Endpoint::Admin),
             ("/health", Endpoint::Health),
             ("/ready", Endpoint::Ready),
+            ("/metrics/history?seconds=5", Endpoint::MetricsHistory),
+            ("/events", Endpoint::Events),
+            ("/dashboard", Endpoint::Dashboard),
+            ("/dashboard/dashboard.js", Endpoint::Dashboard),
+            ("/", Endpoint::Dashboard),
+            ("/dashboards", Endpoint::Other),
             ("/administrator", Endpoint::Other),
-            ("/", Endpoint::Other),
             ("", Endpoint::Other),
         ];
         for (path, want) in cases {

@@ -9,12 +9,15 @@
 //! timestamps) is passed in; nothing here reads a clock.
 
 pub mod derived;
+pub mod events;
 mod exposition;
 #[cfg(test)]
 mod exposition_check;
+pub mod history;
 pub mod http_stats;
 pub mod json;
 pub mod prometheus;
 pub mod timestamp;
+pub mod vllm;
 
 pub use http_stats::{Endpoint, HttpStats};

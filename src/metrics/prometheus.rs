@@ -363,7 +363,7 @@ fn render_requests(snapshot: &Snapshot, out: &mut String) {
         sample(out, name, &[("outcome", outcome)], n);
     }
     let name = "abe_request_duration_seconds";
-    let help = "End-to-end latency of completed requests, admission to answer. _sum is \
+    let help = "End-to-end latency of completed requests, request received (first byte read) to answer. _sum is \
                 approximated from an hdrhistogram (3 significant digits).";
     family(out, name, MetricType::Histogram, help);
     render_hdr_histogram(
@@ -379,7 +379,7 @@ fn render_requests(snapshot: &Snapshot, out: &mut String) {
 /// always present (p50 and p99 per class by `histogram_quantile`).
 fn render_latency_by_priority(snapshot: &Snapshot, out: &mut String) {
     let name = "abe_request_duration_by_priority_seconds";
-    let help = "End-to-end latency of completed requests by priority class, admission to \
+    let help = "End-to-end latency of completed requests by priority class, request received to \
                 answer (the classes of abe_request_duration_seconds). _sum is approximated \
                 from an hdrhistogram (3 significant digits).";
     family(out, name, MetricType::Histogram, help);
@@ -447,7 +447,7 @@ fn render_hdr_histogram(
 /// Cumulative count of `h` at each of the ascending `bounds`. A value counts at a bound when
 /// the two are in the same hdrhistogram bucket or the value's bucket is lower (so a value
 /// recorded exactly at a bound counts at that bound; resolution is 3 significant digits).
-fn cumulative_counts(h: &Histogram<u64>, bounds: &[u64]) -> Vec<u64> {
+pub(super) fn cumulative_counts(h: &Histogram<u64>, bounds: &[u64]) -> Vec<u64> {
     debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]));
     let mut counts = vec![0u64; bounds.len()];
     for v in h.iter_recorded() {

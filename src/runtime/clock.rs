@@ -35,4 +35,9 @@ impl Clock {
     pub fn instant(&self, at: Nanos) -> Instant {
         self.epoch + Duration::from_nanos(at)
     }
+
+    /// The clock reading of `at` (0 for an instant before the epoch).
+    pub fn reading(&self, at: Instant) -> Nanos {
+        at.saturating_duration_since(self.epoch).as_nanos() as Nanos
+    }
 }

@@ -25,6 +25,7 @@ pub mod ring;
 pub mod snapshot;
 pub mod submitter;
 pub mod sync;
+pub mod telemetry;
 pub mod worker;
 
 use crate::core::continuous::ContinuousConfig;
@@ -111,6 +112,10 @@ pub struct Shared {
     ring_capacity: usize,
     clock: Clock,
     faults: Vec<Arc<Faults>>,
+    /// Telemetry events from the engine to the events thread (`/events`), and what was
+    /// sampled out or dropped on the way.
+    pub(crate) telemetry: ArrayQueue<telemetry::TelemetryEvent>,
+    pub(crate) telemetry_counters: telemetry::TelemetryCounters,
 }
 
 /// Why the runtime could not start.
@@ -268,6 +273,8 @@ pub fn start_routed(
         ring_capacity: cfg.ring_capacity,
         clock,
         faults,
+        telemetry: ArrayQueue::new(telemetry::QUEUE_CAPACITY),
+        telemetry_counters: Default::default(),
     });
     let placement = pin::plan(
         cfg.pin,
@@ -525,6 +532,21 @@ impl Handle {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The next telemetry event the engine emitted, if any (for the one events thread).
+    pub fn pop_telemetry(&self) -> Option<telemetry::TelemetryEvent> {
+        self.shared.telemetry.pop()
+    }
+
+    /// Telemetry events the engine sampled out, and dropped on a full queue, so far.
+    pub fn telemetry_lost(&self) -> (u64, u64) {
+        let c = &self.shared.telemetry_counters;
+        // Relaxed: independent counters, read for display.
+        (
+            c.sampled_out.load(std::sync::atomic::Ordering::Relaxed),
+            c.queue_full.load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// The runtime's clock (for stamping arrivals and reading snapshot times).

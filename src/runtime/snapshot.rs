@@ -98,6 +98,8 @@ pub struct Snapshot {
     /// backend order (request-level batching; empty in continuous batching, which has no
     /// lanes). Kept current whatever the strategy: the model learns under every strategy.
     pub auto: Vec<AutoSnapshot>,
+    /// Tokens, finish reasons, prefill and decode time of answered requests, since start.
+    pub finished: FinishedStats,
 }
 
 /// A backend's routing state and counters.
@@ -173,6 +175,195 @@ impl Snapshot {
             backends: Vec::new(),
             backend_names: Vec::new(),
             auto: Vec::new(),
+            finished: FinishedStats::default(),
         }
+    }
+}
+
+/// Upper bounds of the per-request token-count buckets (vLLM's 1-2-5 series up to 100k).
+pub const TOKEN_COUNT_BOUNDS: [u64; 16] = [
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
+];
+
+/// Upper bounds (ns) of the per-request prefill / decode time buckets: vLLM's
+/// `request_*_time_seconds` buckets from 0.3 s, with abe's sub-second range below them
+/// (a simulated step is milliseconds).
+pub const PHASE_TIME_BOUNDS_NS: [u64; 20] = [
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    300_000_000,
+    500_000_000,
+    800_000_000,
+    1_000_000_000,
+    1_500_000_000,
+    2_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
+    15_000_000_000,
+    20_000_000_000,
+    30_000_000_000,
+    60_000_000_000,
+];
+
+const _: () = assert!(TOKEN_COUNT_BOUNDS[0] < TOKEN_COUNT_BOUNDS[1]);
+
+/// A histogram over fixed, ascending bounds given by the caller, as plain counters: `Copy`,
+/// recorded in O(log N) without allocating (the engine records one per finished request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoundedCounts<const N: usize> {
+    /// `counts[i]`: values in `(bounds[i-1], bounds[i]]` (not cumulative).
+    pub counts: [u64; N],
+    /// Values above the last bound.
+    pub overflow: u64,
+    /// Sum of the recorded values (saturating).
+    pub sum: u64,
+}
+
+impl<const N: usize> Default for BoundedCounts<N> {
+    fn default() -> Self {
+        BoundedCounts {
+            counts: [0; N],
+            overflow: 0,
+            sum: 0,
+        }
+    }
+}
+
+impl<const N: usize> BoundedCounts<N> {
+    /// Counts `value` in the first bucket whose bound is at least `value`.
+    #[inline]
+    pub fn record(&mut self, bounds: &[u64; N], value: u64) {
+        let i = bounds.partition_point(|&b| b < value);
+        match self.counts.get_mut(i) {
+            Some(c) => *c += 1,
+            None => self.overflow += 1,
+        }
+        self.sum = self.sum.saturating_add(value);
+    }
+
+    /// Values recorded.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum::<u64>() + self.overflow
+    }
+
+    /// `(bound, values <= bound)` for every bound, ascending.
+    pub fn cumulative<'a>(&'a self, bounds: &'a [u64; N]) -> impl Iterator<Item = (u64, u64)> + 'a {
+        let mut below = 0;
+        bounds.iter().zip(self.counts).map(move |(&b, c)| {
+            below += c;
+            (b, below)
+        })
+    }
+}
+
+/// Why a request left the engine, as vLLM's `finished_reason` label names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishedReason {
+    /// A stop sequence, end of sequence, or an embedding / tool call answered.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// Failed or cancelled after admission.
+    Abort,
+}
+
+impl FinishedReason {
+    pub const COUNT: usize = 3;
+    pub const ALL: [FinishedReason; 3] = [
+        FinishedReason::Stop,
+        FinishedReason::Length,
+        FinishedReason::Abort,
+    ];
+
+    /// vLLM's label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FinishedReason::Stop => "stop",
+            FinishedReason::Length => "length",
+            FinishedReason::Abort => "abort",
+        }
+    }
+
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Per-request counts of finished requests (both batching modes): what vLLM exports per
+/// request and abe's core does not keep (tokens, finish reasons, prefill and decode time).
+/// Plain counters the engine updates in place as it answers each request and copies into
+/// the snapshot at publish.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FinishedStats {
+    /// Requests answered, by [`FinishedReason::index`].
+    pub by_reason: [u64; FinishedReason::COUNT],
+    /// Prompt tokens of requests answered with an output.
+    pub prompt_tokens: BoundedCounts<16>,
+    /// Output tokens of completions answered.
+    pub generation_tokens: BoundedCounts<16>,
+    /// `max_tokens` asked for by completions answered.
+    pub max_tokens: BoundedCounts<16>,
+    /// Arrival to first token (streams), or to the answer (queue time included: abe does
+    /// not stamp the instant a request is scheduled).
+    pub prefill_ns: BoundedCounts<20>,
+    /// First token to the answer (0 when the whole answer came at once).
+    pub decode_ns: BoundedCounts<20>,
+}
+
+impl FinishedStats {
+    /// Records one answer with an output, `now` being when it is answered.
+    #[inline]
+    pub fn record_output(
+        &mut self,
+        output: &crate::exec::Output,
+        max_tokens: u32,
+        arrival_ns: Nanos,
+        first_token_ns: Nanos,
+        now: Nanos,
+    ) {
+        use crate::exec::{FinishReason, Output};
+        let (prompt, reason) = match output {
+            Output::Text {
+                prompt_tokens,
+                completion_tokens,
+                finish_reason,
+                ..
+            } => {
+                self.generation_tokens
+                    .record(&TOKEN_COUNT_BOUNDS, u64::from(*completion_tokens));
+                self.max_tokens
+                    .record(&TOKEN_COUNT_BOUNDS, u64::from(max_tokens));
+                let reason = match finish_reason {
+                    FinishReason::Length => FinishedReason::Length,
+                    FinishReason::Stop | FinishReason::ToolCalls => FinishedReason::Stop,
+                };
+                (*prompt_tokens, reason)
+            }
+            Output::Embedding { prompt_tokens, .. } => (*prompt_tokens, FinishedReason::Stop),
+        };
+        self.prompt_tokens
+            .record(&TOKEN_COUNT_BOUNDS, u64::from(prompt));
+        self.by_reason[reason.index()] += 1;
+        let first = if first_token_ns == 0 {
+            now
+        } else {
+            first_token_ns
+        };
+        self.prefill_ns
+            .record(&PHASE_TIME_BOUNDS_NS, first.saturating_sub(arrival_ns));
+        self.decode_ns
+            .record(&PHASE_TIME_BOUNDS_NS, now.saturating_sub(first));
+    }
+
+    /// Records one request that failed after admission.
+    #[inline]
+    pub fn record_abort(&mut self) {
+        self.by_reason[FinishedReason::Abort.index()] += 1;
     }
 }

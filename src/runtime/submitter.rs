@@ -13,8 +13,9 @@ use super::messages::{Event, Reply, Request, RequestError, Submission, TaggedEve
 use super::ring::{self, Consumer, Producer};
 use super::sync::Ordering;
 use super::Shared;
-use crate::core::{request, RequestMeta, CLASS_COUNT};
+use crate::core::{request, Nanos, RequestMeta, CLASS_COUNT};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// One thread's way in: its own ring per class into the engine, and its own completion
 /// ring back for tagged submissions.
@@ -30,6 +31,9 @@ pub struct Submitter {
     completions: Consumer<TaggedEvent>,
     in_flight: usize,
     max_in_flight: usize,
+    /// The arrival stamped on the last submission: arrivals from one submitter never go
+    /// back in time, so its requests reach the core in the order of their stamps.
+    last_arrival_ns: Nanos,
 }
 
 impl Submitter {
@@ -70,17 +74,31 @@ impl Submitter {
             completions: crx,
             in_flight: 0,
             max_in_flight,
+            last_arrival_ns: 0,
         })
     }
 
     /// Submits a request whose answer comes back through [`Submitter::drain_completions`]
-    /// with `tag`.
+    /// with `tag`, arriving now.
     pub fn submit(&mut self, request: Request, tag: u64) -> Result<(), RequestError> {
+        self.submit_received(request, tag, None)
+    }
+
+    /// [`Submitter::submit`] for a request whose first bytes were read at `received`: its
+    /// latencies (end to end, queue wait, time to first token) count from then, so the time
+    /// spent reading the rest of it, parsing and validating it is inside abe's own clock
+    /// (as it is inside a client's). Clamped to now and to this submitter's last arrival.
+    pub fn submit_received(
+        &mut self,
+        request: Request,
+        tag: u64,
+        received: Option<Instant>,
+    ) -> Result<(), RequestError> {
         if self.in_flight >= self.max_in_flight {
             self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
             return Err(RequestError::Busy);
         }
-        self.submit_reply(request, Reply::Tag(tag))?;
+        self.submit_at(request, Reply::Tag(tag), received)?;
         self.in_flight += 1;
         Ok(())
     }
@@ -90,12 +108,26 @@ impl Submitter {
         request: Request,
         reply: Reply,
     ) -> Result<(), RequestError> {
+        self.submit_at(request, reply, None)
+    }
+
+    fn submit_at(
+        &mut self,
+        request: Request,
+        reply: Reply,
+        received: Option<Instant>,
+    ) -> Result<(), RequestError> {
+        let clock = self.shared.clock;
+        let now = clock.now();
+        let arrival_ns = received
+            .map_or(now, |at| clock.reading(at).min(now))
+            .max(self.last_arrival_ns);
+        self.last_arrival_ns = arrival_ns;
         // The submit half of the submit/drain handshake (`gate`, `intake::submit`): either
         // this submission sees the drain and refuses, or the engine waits for its push.
-        let clock = self.shared.clock;
         let shared = &*self.shared;
         let result = intake::submit(&shared.gate, &shared.engine_bell, &mut self.intake, || {
-            Self::submission(clock, request, reply)
+            Self::submission(arrival_ns, request, reply)
         });
         match result {
             Ok(()) => Ok(()),
@@ -107,8 +139,8 @@ impl Submitter {
         }
     }
 
-    /// The submission for `request` (stamped now), and its class.
-    fn submission(clock: Clock, request: Request, reply: Reply) -> (usize, Submission) {
+    /// The submission for `request` (arrived at `arrival_ns`), and its class.
+    fn submission(arrival_ns: Nanos, request: Request, reply: Reply) -> (usize, Submission) {
         let Request {
             priority,
             route,
@@ -122,7 +154,7 @@ impl Submitter {
             work.kind,
             work.prompt.len(),
             work.max_tokens,
-            clock.now(),
+            arrival_ns,
         );
         meta.predicted_output_tokens = work.predicted_output_tokens;
         let class = request::class_index(priority, meta.bucket());

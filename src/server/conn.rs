@@ -56,7 +56,12 @@ pub struct Slot {
     pub route: Option<crate::router::Decision>,
     /// The response id of a finished job (`cmpl-<id>`), set when its last part arrives.
     pub response_id: u64,
+    /// `GET /events`: a telemetry stream that never ends (the connection closes with it).
+    pub events: Option<crate::metrics::events::EventsSlot>,
 }
+
+/// Unwritten bytes below which an `/events` connection takes more from its subscriber.
+const EVENTS_UNWRITTEN_MAX: usize = 64 * 1024;
 
 /// A request head parsed, waiting for its body.
 pub struct Partial {
@@ -178,6 +183,22 @@ impl Conn {
     ) -> bool {
         let mut staged = false;
         while let Some(front) = self.slots.front_mut() {
+            if let Some(ev) = front.events.as_mut() {
+                // The telemetry stream: its head once, then whatever its subscriber holds,
+                // while the unwritten bytes stay small (a slow reader loses events in its
+                // subscriber buffer, which is bounded; nothing grows here).
+                if !ev.head_written {
+                    ev.head_written = true;
+                    self.write_buf
+                        .extend_from_slice(crate::api::stream::head(true));
+                    on_response(front.endpoint, 200);
+                    staged = true;
+                }
+                if self.write_buf.len() - self.written < EVENTS_UNWRITTEN_MAX {
+                    staged |= ev.subscriber.take_into(&mut self.write_buf) > 0;
+                }
+                break;
+            }
             if let (Some(st), None) = (front.stream.as_mut(), front.response.as_ref()) {
                 // A stream at the front: its head goes out with its first bytes (until then
                 // a failure can still be a plain HTTP error), then whatever is ready.

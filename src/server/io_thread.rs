@@ -170,6 +170,7 @@ impl IoThread {
             self.flush_touched(now);
             if now.duration_since(last_tick) >= TICK {
                 last_tick = now;
+                self.touch_event_streams();
                 self.check_deadlines(now);
             }
             if self.shared.stopping.load(Ordering::Acquire) {
@@ -399,7 +400,9 @@ impl IoThread {
             // consumed once routing is done with it.
             let routed = api::route(&self.ctx, &head, &conn.read_buf[head.head_len..need]);
             conn.read_buf.drain(..need);
-            conn.request_started = None;
+            // When this request's first bytes were read (`None` for one that followed
+            // another in the same read): its latencies count from then.
+            let received = conn.request_started.take();
             consumed = true;
             let close = head.close;
             if close {
@@ -418,7 +421,24 @@ impl IoThread {
                     self.push_ready(idx, endpoint, response, close, head_only)
                 }
                 Routed::Submit(job) => {
-                    self.submit_job(idx, endpoint, job, close, keep_alive_header)
+                    self.submit_job(idx, endpoint, job, close, keep_alive_header, received)
+                }
+                Routed::Subscribe(subscriber) => {
+                    // A placeholder response, replaced by the stream just below.
+                    self.push_ready(
+                        idx,
+                        endpoint,
+                        Response::json(Status::Ok, Vec::new()),
+                        true,
+                        false,
+                    );
+                    let conn = self.conns[idx].as_mut().expect("live connection");
+                    let slot = conn.slots.back_mut().expect("pushed above");
+                    slot.response = None;
+                    slot.events = Some(crate::metrics::events::EventsSlot {
+                        subscriber,
+                        head_written: false,
+                    });
                 }
             }
         }
@@ -449,6 +469,7 @@ impl IoThread {
             remaining: 0,
             route: None,
             response_id: 0,
+            events: None,
         });
         self.touched.push(idx);
     }
@@ -461,6 +482,7 @@ impl IoThread {
         mut job: api::Job,
         close: bool,
         keep_alive_header: bool,
+        received: Option<Instant>,
     ) {
         let requests = std::mem::take(&mut job.requests);
         let parts = requests.len();
@@ -502,6 +524,7 @@ impl IoThread {
                 remaining: parts,
                 route: None,
                 response_id: 0,
+                events: None,
             });
             (seq, conn.generation)
         };
@@ -512,7 +535,7 @@ impl IoThread {
                 seq,
                 part,
             });
-            if let Err(e) = self.submitter.submit(request, tag) {
+            if let Err(e) = self.submitter.submit_received(request, tag, received) {
                 self.free_inflight_tag(tag);
                 self.complete_part(idx, generation, seq, part, Err(e), None);
             }
@@ -683,6 +706,19 @@ impl IoThread {
             if self.touched.is_empty() {
                 batch.clear();
                 self.touched = batch; // keep the allocation
+            }
+        }
+    }
+
+    /// `/events` connections take what their subscriber gathered since the last tick.
+    fn touch_event_streams(&mut self) {
+        for (idx, conn) in self.conns.iter().enumerate() {
+            if conn
+                .as_ref()
+                .and_then(|c| c.slots.front())
+                .is_some_and(|s| s.events.is_some())
+            {
+                self.touched.push(idx);
             }
         }
     }

@@ -21,6 +21,7 @@ use crate::core::{FailReason, Nanos, Reject, Ticket};
 use crate::exec::StepItem;
 use crate::runtime::messages::{RequestError, StepMsg, StepResult, Submission};
 use crate::runtime::snapshot::{ContinuousSnapshot, Snapshot, WorkerSnapshot};
+use crate::runtime::telemetry::TelemetryEvent;
 
 /// Token-timing samples buffered between publishes (each kind).
 const TOKEN_SAMPLES: usize = 16 * 1024;
@@ -202,8 +203,9 @@ impl Mode for IterationLevel {
             .complete_step(r, &self.results, &mut |t, res| ended.push((t, res)));
         for i in 0..self.ended.len() {
             let (ticket, _) = self.ended[i];
-            let first_token_ns =
-                std::mem::take(&mut io.pending[ticket.index as usize].first_token_ns);
+            // Read, not taken: `io.finish` reads it too (for the prefill / decode split);
+            // the next occupant's admission resets it.
+            let first_token_ns = io.pending[ticket.index as usize].first_token_ns;
             let outcome = match (
                 &result,
                 items.iter_mut().find(|it| it.entry.ticket == ticket),
@@ -267,16 +269,35 @@ impl Mode for IterationLevel {
         let busy_since = &mut self.busy_since;
         let worked = self.sched.tick(&mut |action| match action {
             StepAction::Step {
-                replica, entries, ..
+                replica,
+                entries,
+                decode_tokens,
+                prefill_tokens,
             } => {
+                io.emit(
+                    now,
+                    TelemetryEvent::Tick {
+                        at_ns: now,
+                        replica: replica as u16,
+                        entries: entries.len() as u32,
+                        decode_tokens,
+                        prefill_tokens,
+                    },
+                );
                 let mut items = bufs[replica]
                     .take()
                     .expect("a replica without a step out has its buffer");
                 for e in entries {
                     let work = if e.admitted {
+                        let slot = &mut io.pending[e.ticket.index as usize];
+                        if slot.dispatched_ns == 0 {
+                            // The first admission into a slot ends its queue wait (a
+                            // preempted request admitted again does not).
+                            slot.dispatched_ns = now.max(1);
+                        }
                         // Arc-shared prompt: no allocation; the engine keeps its copy so a
                         // preempted request can be sent again.
-                        io.pending[e.ticket.index as usize].work.clone()
+                        slot.work.clone()
                     } else {
                         None
                     };

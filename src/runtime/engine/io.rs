@@ -16,7 +16,8 @@ use crate::runtime::doorbell::Doorbell;
 use crate::runtime::intake::{self, IntakeRx};
 use crate::runtime::messages::{Event, Outcome, Reply, Submission, TaggedEvent};
 use crate::runtime::ring::{Consumer, Producer};
-use crate::runtime::snapshot::Snapshot;
+use crate::runtime::snapshot::{FinishedStats, Snapshot};
+use crate::runtime::telemetry::{TelemetryEvent, TelemetryTx};
 use crate::runtime::worker::Job;
 use crate::runtime::{sync, Shared};
 use hdrhistogram::Histogram;
@@ -105,6 +106,9 @@ pub(super) struct PendingSlot {
     pub(super) submitter: u16,
     /// Continuous batching: when the first output token was sampled (0: not yet).
     pub(super) first_token_ns: Nanos,
+    /// When the request left the queue (request-level: its first dispatch; continuous:
+    /// its first admission into a slot); 0: not yet.
+    pub(super) dispatched_ns: Nanos,
     /// The client asked for a stream (token events wanted).
     pub(super) stream: bool,
     /// A token event reached the submitter: the request may no longer move to another
@@ -146,6 +150,10 @@ pub struct EngineIo<J: Job> {
     /// the buffers were full (exported, expected to stay 0).
     pub(super) samples_dropped: u64,
     pub(super) published_at_ns: Nanos,
+    /// Tokens and finish reasons of answered requests (copied into each snapshot).
+    pub(super) finished: FinishedStats,
+    /// The engine's end of the telemetry queue (`/events`).
+    pub(super) telemetry: TelemetryTx,
 }
 
 impl<J: Job> EngineIo<J> {
@@ -170,6 +178,7 @@ impl<J: Job> EngineIo<J> {
                     reply: None,
                     submitter: 0,
                     first_token_ns: 0,
+                    dispatched_ns: 0,
                     stream: false,
                     tokens_sent: false,
                     meta: RequestMeta::new(
@@ -187,6 +196,8 @@ impl<J: Job> EngineIo<J> {
             new_batch_sizes: Vec::with_capacity(SAMPLE_BUFFER),
             samples_dropped: 0,
             published_at_ns: 0,
+            finished: FinishedStats::default(),
+            telemetry: TelemetryTx::new(),
         }
     }
 
@@ -248,6 +259,7 @@ impl<J: Job> EngineIo<J> {
         slot.stream = work.stream;
         slot.tokens_sent = false;
         slot.first_token_ns = 0;
+        slot.dispatched_ns = 0;
         slot.work = Some(work);
         slot.reply = Some(reply);
         slot.submitter = submitter;
@@ -332,9 +344,20 @@ impl<J: Job> EngineIo<J> {
         let reply = slot.reply.take().expect("a live request has its reply");
         slot.work = None;
         let (submitter, meta, cancelled) = (slot.submitter, slot.meta, slot.cancelled);
+        let dispatched_ns = slot.dispatched_ns;
         self.occupy(to, submitter, reply, work, meta, route);
-        // A cancel that came while the request was out still holds.
+        // A cancel that came while the request was out still holds, and its queue wait
+        // ended at its first dispatch.
         self.pending[to as usize].cancelled = cancelled;
+        self.pending[to as usize].dispatched_ns = dispatched_ns;
+    }
+
+    /// Emits a telemetry event (sampled; dropped and counted when the queue is full).
+    #[inline]
+    pub(super) fn emit(&mut self, now: Nanos, event: TelemetryEvent) {
+        let shared = &self.shared;
+        self.telemetry
+            .emit(now, event, &shared.telemetry, &shared.telemetry_counters);
     }
 
     /// Answers the request in table slot `index`.
@@ -347,10 +370,48 @@ impl<J: Job> EngineIo<J> {
         slot.work = None;
         let submitter = slot.submitter;
         let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
-        if outcome.is_ok() {
-            let latency_ns = now.saturating_sub(slot.meta.arrival_ns).max(1);
-            let sample = latency_sample(latency_ns, slot.meta.priority);
-            self.record_sample(SampleKind::Latency, sample);
+        let (meta, first_token_ns, dispatched_ns) =
+            (slot.meta, slot.first_token_ns, slot.dispatched_ns);
+        let completion_tokens = match &outcome {
+            Ok(crate::exec::Output::Text {
+                completion_tokens, ..
+            }) => *completion_tokens,
+            _ => 0,
+        };
+        self.emit(
+            now,
+            TelemetryEvent::Request {
+                at_ns: now,
+                priority: meta.priority,
+                ok: outcome.is_ok(),
+                latency_ns: now.saturating_sub(meta.arrival_ns),
+                ttft_ns: if first_token_ns > 0 {
+                    first_token_ns.saturating_sub(meta.arrival_ns)
+                } else {
+                    0
+                },
+                queue_wait_ns: if dispatched_ns > 0 {
+                    dispatched_ns.saturating_sub(meta.arrival_ns).max(1)
+                } else {
+                    0
+                },
+                completion_tokens,
+            },
+        );
+        match &outcome {
+            Ok(output) => {
+                self.finished.record_output(
+                    output,
+                    meta.max_tokens,
+                    meta.arrival_ns,
+                    first_token_ns,
+                    now,
+                );
+                let latency_ns = now.saturating_sub(meta.arrival_ns).max(1);
+                let sample = latency_sample(latency_ns, meta.priority);
+                self.record_sample(SampleKind::Latency, sample);
+            }
+            Err(_) => self.finished.record_abort(),
         }
         self.send(submitter, reply, outcome, route);
     }

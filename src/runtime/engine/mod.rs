@@ -257,6 +257,8 @@ impl<M: Mode> Engine<M> {
             return;
         };
         snap.at_ns = now;
+        snap.finished = self.io.finished;
+        self.io.telemetry.flush(&self.io.shared.telemetry_counters);
         self.mode
             .publish(&mut self.io, &mut snap, now, self.aborted);
     }

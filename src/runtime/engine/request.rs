@@ -21,6 +21,7 @@ use crate::runtime::messages::{
 };
 use crate::runtime::snapshot::{Snapshot, WorkerSnapshot};
 use crate::runtime::sync::Ordering;
+use crate::runtime::telemetry::TelemetryEvent;
 
 /// One backend's scheduler and where its requests and workers sit in the engine's tables.
 pub(super) struct Lane {
@@ -36,6 +37,8 @@ pub(super) struct Lane {
 #[derive(Clone, Copy)]
 struct LaneAt {
     backend: BackendId,
+    /// The lane's strategy when the copy was taken (for telemetry).
+    strategy: StrategyKind,
     pending_base: u32,
     worker_base: u32,
 }
@@ -44,6 +47,7 @@ impl Lane {
     fn at(&self, index: usize) -> LaneAt {
         LaneAt {
             backend: BackendId::from_index(index),
+            strategy: self.core.strategy(),
             pending_base: self.pending_base,
             worker_base: self.worker_base,
         }
@@ -274,19 +278,43 @@ fn act(
             worker,
             batch,
             tickets,
-            ..
+            reason,
         } => {
             let mut items = free_bufs
                 .pop()
                 .expect("one buffer per batch slot: a dispatch always finds one");
             for t in tickets {
-                let work = io.pending[(at.pending_base + t.index) as usize]
+                let slot = &mut io.pending[(at.pending_base + t.index) as usize];
+                if slot.dispatched_ns == 0 {
+                    // The first dispatch ends its queue wait (a retry elsewhere does not).
+                    slot.dispatched_ns = now.max(1);
+                }
+                let work = slot
                     .work
                     .take()
                     .expect("a queued request still holds its work");
                 items.push(BatchItem::new(*t, work));
             }
             io.record_sample(SampleKind::BatchSize, tickets.len() as u64);
+            let tokens = tickets
+                .iter()
+                .map(|t| {
+                    let slot = &io.pending[(at.pending_base + t.index) as usize];
+                    u64::from(slot.meta.tokens_estimated)
+                })
+                .sum();
+            io.emit(
+                now,
+                TelemetryEvent::Batch {
+                    at_ns: now,
+                    backend: at.backend.index() as u16,
+                    worker: worker as u16,
+                    size: tickets.len() as u32,
+                    tokens,
+                    strategy: at.strategy,
+                    reason,
+                },
+            );
             routing.router.registry_mut().batch_started(at.backend);
             let link = &mut io.workers[at.worker_base as usize + worker];
             if link
