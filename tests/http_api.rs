@@ -456,27 +456,6 @@ fn expect_100_continue_gets_an_interim_response_before_the_body() {
     abe.shutdown();
 }
 
-#[test]
-fn connections_past_the_limit_are_refused_politely() {
-    let mut cfg = test_config();
-    cfg.server.max_connections = 3;
-    let abe = start(cfg);
-    let addr = abe.local_addr();
-    let mut held: Vec<Client> = (0..3).map(|_| Client::connect(addr)).collect();
-    for c in held.iter_mut() {
-        assert_eq!(c.request("GET", "/health", None).status, 200);
-    }
-    let mut extra = Client::connect(addr);
-    let r = extra.read_response().expect("a refusal, not a hang");
-    assert_eq!(r.status, 503);
-    assert!(r.error_message().contains("connection limit (3)"));
-    drop(held);
-    std::thread::sleep(Duration::from_millis(100));
-    let mut again = Client::connect(addr);
-    assert_eq!(again.request("GET", "/health", None).status, 200);
-    abe.shutdown();
-}
-
 /// One worker serving one request at a time, 300 ms each.
 fn one_slow_worker_config() -> abe::config::Config {
     let mut cfg = test_config();

@@ -187,6 +187,10 @@ fn http_json(http: &HttpStats) -> Value {
         "connections_accepted": http.connections_accepted(),
         "connections_refused": http.connections_refused(),
         "connections_closed": http.connections_closed(),
+        "connections_evicted": crate::metrics::http_stats::Eviction::ALL
+            .iter()
+            .map(|&why| (why.as_str().to_string(), http.evictions(why).into()))
+            .collect::<serde_json::Map<String, Value>>(),
         "bytes_in": http.bytes_in(),
         "bytes_out": http.bytes_out(),
         "responses": responses,
