@@ -422,8 +422,11 @@ fn admin(ctx: &ApiContext, head: &Head, path: &str) -> Response {
         );
     }
     if !server.admin_token.is_empty() {
-        let expected = format!("Bearer {}", server.admin_token);
-        if head.authorization.as_deref() != Some(expected.as_str()) {
+        // Constant time: how long a refusal takes says nothing about the token.
+        if !server
+            .admin_token
+            .matches_bearer(head.authorization.as_deref())
+        {
             return Response::error(
                 Status::Unauthorized,
                 "unauthorized",

@@ -7,6 +7,7 @@
 //! environment or a file (that is `layering`), or judging a value (that is `settings`).
 
 use super::millis::Millis;
+use super::secret::Secret;
 use crate::core::balancer::BalancerKind;
 use crate::core::circuit::CircuitParams;
 use crate::core::continuous::ContinuousConfig;
@@ -62,7 +63,8 @@ pub struct ServerConfig {
     /// Serve /admin/* endpoints.
     pub admin_enabled: bool,
     /// Bearer token for /admin/* (empty: none; then only a loopback bind is allowed).
-    pub admin_token: String,
+    /// Never shown: `abe config show` and `Debug` print `<redacted>`.
+    pub admin_token: Secret,
     /// Drain time on SIGINT/SIGTERM before what remains is answered with an error.
     pub shutdown_timeout: Millis,
     /// Model name served by the default sim backend, used only when no `[[backends]]` is
@@ -91,7 +93,7 @@ impl Default for ServerConfig {
             max_tokens_limit: ResearchConfig::default().max_tokens_limit,
             max_batch_inputs: 2048,
             admin_enabled: true,
-            admin_token: String::new(),
+            admin_token: Secret::default(),
             shutdown_timeout: Millis(30_000),
             model_name: crate::runtime::DEFAULT_MODEL.into(),
         }
