@@ -10,6 +10,7 @@ pub mod build_info;
 pub mod config;
 pub mod core;
 pub mod exec;
+pub mod fuzz;
 pub mod http;
 pub mod loadgen;
 pub mod metrics;
