@@ -4,6 +4,9 @@
 #   2. loom models of the cross-thread protocols (RUSTFLAGS="--cfg loom")
 #   3. the OpenAI Python SDK against a live `abe serve`
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
+#   5. a bounded chaos soak in both batching modes (tools/chaos_soak.py)
+# Fuzz campaigns and the deterministic simulation run inside step 1, bounded
+# (ABE_FUZZ_ITERS, ABE_DST_SEEDS make them longer; see RELIABILITY.md).
 # Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`).
 # .ci/run installs the last two on a fresh machine.
 set -euo pipefail
@@ -29,5 +32,9 @@ ABE_BATCHING_MODE=continuous tools/with_server.sh tools/curl_stream_check.sh
 
 echo "== promtool check metrics against abe serve"
 tools/with_server.sh tools/promtool_check.sh
+
+echo "== chaos soak (bounded; RELIABILITY.md has the long runs)"
+python3 tools/chaos_soak.py --seconds 30 --mode request
+python3 tools/chaos_soak.py --seconds 30 --mode continuous
 
 echo "== all suites passed"
