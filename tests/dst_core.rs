@@ -13,7 +13,7 @@
 //! - `is_idle` exactly when nothing is queued and no batch is out; once drained and every
 //!   worker has returned, nothing is left and admission is refused.
 //!
-//! A failure prints its seed; `ABE_DST_SEED=N` replays that seed alone, and `ABE_DST_SEEDS`
+//! A failure prints its seed; `DST_SEED=N` replays that seed alone, and `DST_SEEDS`
 //! runs more (RELIABILITY.md). What this does not cover yet: the engine thread's own loop,
 //! its rings and the io threads (their cross-thread protocols are the loom models').
 
@@ -380,13 +380,13 @@ fn run_seed(seed: u64) -> Tally {
 
 #[test]
 fn every_request_is_answered_exactly_once_under_faults_for_thousands_of_seeds() {
-    if let Ok(seed) = std::env::var("ABE_DST_SEED") {
-        run_seed(seed.parse().expect("ABE_DST_SEED is a number"));
+    if let Ok(seed) = std::env::var("DST_SEED") {
+        run_seed(seed.parse().expect("DST_SEED is a number"));
         return;
     }
-    let seeds: u64 = std::env::var("ABE_DST_SEEDS")
-        .map(|s| s.parse().expect("ABE_DST_SEEDS is a number"))
-        .unwrap_or(2_000);
+    let seeds: u64 = std::env::var("DST_SEEDS")
+        .map(|s| s.parse().expect("DST_SEEDS is a number"))
+        .unwrap_or(5_000);
     let started = std::time::Instant::now();
     let mut tally = Tally::default();
     for seed in 0..seeds {
@@ -398,7 +398,7 @@ fn every_request_is_answered_exactly_once_under_faults_for_thousands_of_seeds() 
                     .cloned()
                     .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_default();
-                panic!("seed {seed} failed: {why}\n  replay: ABE_DST_SEED={seed} cargo test --test dst_core");
+                panic!("seed {seed} failed: {why}\n  replay: DST_SEED={seed} cargo test --test dst_core");
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Fuzzing the HTTP front end (see `abe::fuzz`): request heads through the parser, split at
 //! every byte, and whole pipelines of mutated requests through a live server, sent whole
-//! and split. Short bounded campaigns here; `ABE_FUZZ_ITERS` / `ABE_FUZZ_SEED` make long
+//! and split. Short bounded campaigns here; `FUZZ_ITERS` / `FUZZ_SEED` make long
 //! runs (RELIABILITY.md). Seeds: `fuzz/corpus/http/`.
 
 mod common;

@@ -6,7 +6,7 @@
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
 #   5. a bounded chaos soak in both batching modes (tools/chaos_soak.py)
 # Fuzz campaigns and the deterministic simulation run inside step 1, bounded
-# (ABE_FUZZ_ITERS, ABE_DST_SEEDS make them longer; see RELIABILITY.md).
+# (FUZZ_ITERS, DST_SEEDS make them longer; see RELIABILITY.md).
 # Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`).
 # .ci/run installs the last two on a fresh machine.
 set -euo pipefail

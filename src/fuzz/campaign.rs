@@ -3,8 +3,10 @@
 //!
 //! The knobs come from the environment so the test command runs a short bounded campaign
 //! and a long run is the same test with bigger numbers:
-//! `ABE_FUZZ_ITERS` (executions; default per target), `ABE_FUZZ_SEED` (default 0: the test
-//! command is deterministic), `ABE_FUZZ_REPLAY=FILE` (run the target once on that input).
+//! `FUZZ_ITERS` (executions; default per target), `FUZZ_SEED` (default 0: the test
+//! command is deterministic), `FUZZ_REPLAY=FILE` (run the target once on that input).
+//! (Not `ABE_*`: abe refuses environment variables of its own prefix that name no config
+//! key, and a test that starts `abe` would inherit them.)
 //! A panic in the target is caught, the input written to `target/fuzz-failures/`, and the
 //! campaign panics with the seed and iteration that replay it (same seed, same executions,
 //! same corpus growth: the target's signatures must be deterministic too).
@@ -86,7 +88,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 impl Campaign {
     /// A campaign named `name` over `seeds`, `iters_default` executions unless
-    /// `ABE_FUZZ_ITERS` says otherwise.
+    /// `FUZZ_ITERS` says otherwise.
     pub fn new(
         name: &str,
         seeds: Vec<Vec<u8>>,
@@ -102,8 +104,8 @@ impl Campaign {
                 dictionary,
                 len_max,
             },
-            seed: env_u64("ABE_FUZZ_SEED").unwrap_or(0),
-            iters: env_u64("ABE_FUZZ_ITERS").unwrap_or(iters_default),
+            seed: env_u64("FUZZ_SEED").unwrap_or(0),
+            iters: env_u64("FUZZ_ITERS").unwrap_or(iters_default),
         }
     }
 
@@ -111,8 +113,8 @@ impl Campaign {
     /// what the input did; it asserts its invariants by panicking.
     pub fn run(mut self, mut target: impl FnMut(&[u8]) -> u64) -> Report {
         let started = Instant::now();
-        if let Ok(path) = std::env::var("ABE_FUZZ_REPLAY") {
-            let input = std::fs::read(&path).expect("ABE_FUZZ_REPLAY file reads");
+        if let Ok(path) = std::env::var("FUZZ_REPLAY") {
+            let input = std::fs::read(&path).expect("FUZZ_REPLAY file reads");
             target(&input);
             return self.report(1, 0, 0, started);
         }
@@ -175,12 +177,12 @@ impl Campaign {
                 ));
                 let _ = std::fs::write(&file, input);
                 let replay = match iter {
-                    Some(i) => format!("ABE_FUZZ_SEED={} ABE_FUZZ_ITERS={}", self.seed, i + 1),
+                    Some(i) => format!("FUZZ_SEED={} FUZZ_ITERS={}", self.seed, i + 1),
                     None => "(a seed file of the corpus)".to_string(),
                 };
                 panic!(
                     "fuzz {}: {why}\n  input {:?}\n  written to {}\n  replay: {replay} \
-                     (or ABE_FUZZ_REPLAY={})",
+                     (or FUZZ_REPLAY={})",
                     self.name,
                     String::from_utf8_lossy(input),
                     file.display(),
@@ -217,7 +219,7 @@ mod tests {
         .unwrap_err();
         let msg = e.downcast_ref::<String>().unwrap();
         assert!(
-            msg.contains("too long") && msg.contains("ABE_FUZZ_SEED=0"),
+            msg.contains("too long") && msg.contains("FUZZ_SEED=0"),
             "{msg}"
         );
     }
