@@ -27,7 +27,7 @@ pub enum Method {
 }
 
 /// The paths abe serves, kept without allocating when a request names one of them.
-const KNOWN_PATHS: [&str; 9] = [
+const KNOWN_PATHS: [&str; 10] = [
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/embeddings",
@@ -37,6 +37,7 @@ const KNOWN_PATHS: [&str; 9] = [
     "/metrics",
     "/metrics/json",
     "/admin/strategy",
+    "/admin/faults",
 ];
 
 /// A request path without its query string: one of [`KNOWN_PATHS`] (no allocation, the
