@@ -9,8 +9,9 @@ Load (threads on raw sockets, one request per connection, `Connection: close`):
 completions, chat and embeddings, plain and streamed; 10% of requests are abandoned
 mid-body and 10% of streams after their first chunk; bursts past the queue capacity
 (429 + Retry-After); a strategy switch every 0.5 s through /admin with the bearer token.
-Faults: the sim workers fail 2% of batches, hang 0.5% for 400 ms (past the 300 ms batch
-timeout) and add 2 ms; in request mode a second abe serves as an upstream backend and is
+Faults, switched at run time (POST /admin/faults) once a second between: none; 10% of
+batches failing; 2% hanging for 400 ms (past the 300 ms batch timeout); 20 ms added per
+batch; and a mix (2% errors, 0.5% hangs, +2 ms, also the start setting). In request mode a second abe serves as an upstream backend and is
 killed (SIGKILL) and restarted every 8 s. At the end: SIGTERM, exit status 0.
 
 Checks: every request not abandoned got exactly one complete response (200 of its shape, a
@@ -235,6 +236,34 @@ def switcher(port, deadline, tally, strategies):
         time.sleep(0.5)
 
 
+# Fault profiles the soak switches between at run time (POST /admin/faults), one a second.
+FAULT_PROFILES = [
+    ("off", {"error_rate": 0.0, "hang_rate": 0.0, "added_latency_ms": 0.0}),
+    ("errors", {"error_rate": 0.10, "hang_rate": 0.0, "added_latency_ms": 0.0}),
+    ("hangs", {"error_rate": 0.0, "hang_rate": 0.02, "hang_ms": 400.0, "added_latency_ms": 0.0}),
+    ("slow", {"error_rate": 0.0, "hang_rate": 0.0, "added_latency_ms": 20.0}),
+    ("mixed", {"error_rate": 0.02, "hang_rate": 0.005, "hang_ms": 400.0,
+               "added_latency_ms": 2.0}),
+]
+
+
+def fault_switcher(port, deadline, tally):
+    rng = random.Random(11)
+    while time.time() < deadline:
+        name, profile = rng.choice(FAULT_PROFILES)
+        out = raw(port, request("POST", "/admin/faults", json.dumps(profile),
+                                [("Authorization", f"Bearer {TOKEN}")]))
+        try:
+            status = parse_one(out)[0]
+        except Exception as e:
+            tally.bad(f"fault switch: {e}")
+            continue
+        if status != 200:
+            tally.bad(f"fault switch to {name}: {status}")
+        tally.add(f"fault switches to {name}")
+        time.sleep(1.0)
+
+
 def metrics(port):
     out = raw(port, request("GET", "/metrics/json"))
     return json.loads(parse_one(out)[2])
@@ -336,6 +365,7 @@ check_interval = "250ms"
     threads.append(threading.Thread(target=burst, args=(port, deadline, tally)))
     if strategies:
         threads.append(threading.Thread(target=switcher, args=(port, deadline, tally, strategies)))
+    threads.append(threading.Thread(target=fault_switcher, args=(port, deadline, tally)))
     for t in threads:
         t.start()
     kills = 0
@@ -364,13 +394,15 @@ check_interval = "250ms"
         upstream.send_signal(signal.SIGTERM)
         upstream.wait(timeout=30)
 
-    checked = sum(n for k, n in tally.by.items() if not k.startswith(("abandoned", "strategy")))
+    checked = sum(n for k, n in tally.by.items() if not k.startswith(("abandoned", "strategy", "fault")))
     print(f"chaos soak ({a.mode} mode): {a.seconds:.0f} s, {a.clients} clients + bursts of 300")
     print(f"  requests checked answered exactly once: {checked}")
     for k in sorted(tally.by):
         print(f"    {k}: {tally.by[k]}")
-    print(f"  faults: 2% worker errors, 0.5% hangs of 400 ms past a 300 ms batch timeout, "
-          f"+2 ms per batch; upstream killed and restarted {kills} times")
+    switches = sum(n for k, n in tally.by.items() if k.startswith("fault switches"))
+    print(f"  faults: switched {switches} times at run time between off, 10% worker errors, "
+          f"2% hangs of 400 ms past a 300 ms batch timeout, +20 ms per batch, and a mix; "
+          f"upstream killed and restarted {kills} times")
     print(f"  server: admitted {r['admitted']} (readmitted {r['readmitted']}) = completed "
           f"{r['completed']} + failed {r['failed']} (worker errors {r['worker_error']}, "
           f"batch timeouts {r['batch_timeout']}, cancelled {r['cancelled']}, expired "
