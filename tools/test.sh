@@ -7,8 +7,9 @@
 #   5. a bounded chaos soak in both batching modes (tools/chaos_soak.py)
 # Fuzz campaigns and the deterministic simulation run inside step 1, bounded
 # (FUZZ_ITERS, DST_SEEDS make them longer; see RELIABILITY.md).
-# Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`).
-# .ci/run installs the last two on a fresh machine.
+# Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`);
+# curl; ss (iproute2) for the chaos soak; kill (procps). The soak and the other tools use
+# only python3's standard library. .ci/run installs what a fresh machine lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ulimit -n 8192 2>/dev/null || true
