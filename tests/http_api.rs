@@ -946,7 +946,16 @@ fn a_client_that_disconnects_frees_its_slot_in_continuous_mode() {
     std::io::BufRead::read_line(&mut c.reader, &mut line).unwrap();
     assert!(line.starts_with("HTTP/1.1 200"));
     drop(c); // the client goes away mid-stream
-    wait_json(addr, "the slot to be freed", |v| v["live_requests"] == 0);
+    wait_json(addr, "the slot to be freed", |v| {
+        v["requests"]["failed"] == 1 && v["live_requests"] == 0
+    });
+    // /metrics says why it ended: cancelled by its client, not an unexplained failure.
+    let v = Client::connect(addr)
+        .request("GET", "/metrics/json", None)
+        .json();
+    let r = &v["requests"];
+    assert_eq!(r["cancelled"], 1, "{v}");
+    assert_eq!(r["failed_other"], 0, "{v}");
     // The freed slot serves the next request at once.
     let mut c = Client::connect(addr);
     let r = c.request(
