@@ -17,7 +17,8 @@ killed (SIGKILL) and restarted every 8 s. At the end: SIGTERM, exit status 0.
 Checks: every request not abandoned got exactly one complete response (200 of its shape, a
 stream ending in [DONE] or an error event, or an OpenAI-shaped error with a 4xx/5xx status);
 admitted = completed + failed with nothing live (a retry moved to
-another backend, `readmitted`, is counted once); no "panicked" in either log;
+another backend, `readmitted`, is counted once), and every failure has its reason (worker
+error, batch timeout, cancelled, expired: `failed_other` is 0); no "panicked" in either log;
 RSS within 1.5x + 16 MiB and open fds within +8 of the warm baseline once idle (the
 upstream client's keep-alive pool, at most 64 connections, counted apart).
 Prints the load held, the faults injected and the requests checked (RELIABILITY.md).
@@ -183,6 +184,11 @@ def client(port, deadline, seed, tally):
             tally.add("abandoned mid-request")
             continue
         if kind.endswith("stream") and roll < 0.20:
+            # A long stream, so it is still generating when the client leaves: the server
+            # should cancel it (counted `cancelled`) and still answer it exactly once.
+            b = json.loads(body_for(kind, rng))
+            b["max_tokens"] = 256
+            data = request("POST", PATHS[kind], json.dumps(b))
             s = socket.create_connection(("127.0.0.1", port), timeout=30)
             try:
                 s.sendall(data)
@@ -412,6 +418,8 @@ check_interval = "250ms"
     problems = list(tally.violations)
     if r["admitted"] != r["completed"] + r["failed"]:
         problems.append("counters do not reconcile")
+    if r["failed_other"] != 0:
+        problems.append(f"{r['failed_other']} failures without a reason (failed_other)")
     if code != 0:
         problems.append(f"exit status {code} after SIGTERM")
     if rss > base_rss * 1.5 + (16 << 20):
