@@ -5,8 +5,13 @@
 #   3. the OpenAI Python SDK against a live `abe serve`
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
 #   5. the /dashboard in headless Chromium against a live `abe serve` under load
+#   6. a bounded chaos soak in both batching modes (tools/chaos_soak.py)
+# Fuzz campaigns and the deterministic simulation run inside step 1, bounded
+# (FUZZ_ITERS, DST_SEEDS make them longer; see RELIABILITY.md).
 # Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`);
-# chromium (Debian package `chromium`). .ci/run installs the last three on a fresh machine.
+# curl; chromium (Debian package `chromium`); ss (iproute2) for the chaos soak; kill (procps).
+# The soak and the other tools use only python3's standard library. .ci/run installs what a
+# fresh machine lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ulimit -n 8192 2>/dev/null || true
@@ -34,5 +39,9 @@ tools/with_server.sh tools/promtool_check.sh
 echo "== /dashboard in headless Chromium against abe serve under load (both batching modes)"
 tools/with_server.sh tools/dashboard_check.sh
 ABE_BATCHING_MODE=continuous DASHBOARD_MODE=continuous tools/with_server.sh tools/dashboard_check.sh
+
+echo "== chaos soak (bounded; RELIABILITY.md has the long runs)"
+python3 tools/chaos_soak.py --seconds 30 --mode request
+python3 tools/chaos_soak.py --seconds 30 --mode continuous
 
 echo "== all suites passed"

@@ -6,7 +6,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${ABE_BIN:-$root/target/debug/abe}"
 out="$(mktemp)"
-ABE_ENGINE_PIN=false RUST_LOG=warn "$bin" serve --port 0 >"$out" &
+ABE_ENGINE_PIN=false RUST_LOG=warn env -u ABE_BIN "$bin" serve --port 0 >"$out" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; rm -f "$out"' EXIT
 url=""

@@ -24,6 +24,7 @@ pub mod wire;
 use crate::config::Config;
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Reject};
+use crate::exec::sim::FaultSettings;
 use crate::http::parse::{Head, Method};
 use crate::http::response::{Response, Status};
 use crate::metrics::http_stats::HttpStats;
@@ -321,13 +322,13 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
         "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" | "/metrics/history" => {
             allow("GET, HEAD")
         }
-        p if p.starts_with("/admin/") => Routed::Now(admin(ctx, head, p)),
+        p if p.starts_with("/admin/") => Routed::Now(admin(ctx, head, p, body)),
         _ => Routed::Now(Response::error(
             Status::NotFound,
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}"
+                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
             ),
         )),
     }
@@ -607,7 +608,7 @@ fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rout
 }
 
 /// `/admin/*`: bearer-token protected control endpoints.
-fn admin(ctx: &ApiContext, head: &Head, path: &str) -> Response {
+fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response {
     let server = &ctx.config.server;
     if !server.admin_enabled {
         return Response::error(
@@ -617,8 +618,11 @@ fn admin(ctx: &ApiContext, head: &Head, path: &str) -> Response {
         );
     }
     if !server.admin_token.is_empty() {
-        let expected = format!("Bearer {}", server.admin_token);
-        if head.authorization.as_deref() != Some(expected.as_str()) {
+        // Constant time: how long a refusal takes says nothing about the token.
+        if !server
+            .admin_token
+            .matches_bearer(head.authorization.as_deref())
+        {
             return Response::error(
                 Status::Unauthorized,
                 "unauthorized",
@@ -643,11 +647,17 @@ fn admin(ctx: &ApiContext, head: &Head, path: &str) -> Response {
         });
         return Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default());
     }
+    if path == "/admin/faults" {
+        return admin_faults(ctx, head, body);
+    }
     let Some(name) = path.strip_prefix("/admin/strategy/") else {
         return Response::error(
             Status::NotFound,
             "not_found",
-            format!("no such admin endpoint: {path}; try POST /admin/strategy/{{name}}"),
+            format!(
+                "no such admin endpoint: {path}; try POST /admin/strategy/{{name}} or \
+                 /admin/faults"
+            ),
         );
     };
     if head.method != Method::Post {
@@ -680,4 +690,87 @@ fn admin(ctx: &ApiContext, head: &Head, path: &str) -> Response {
         }
         Err(e) => error_response(&e),
     }
+}
+
+/// The body of `POST /admin/faults`: a key left out keeps its current value.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultsBody {
+    error_rate: Option<f64>,
+    hang_rate: Option<f64>,
+    hang_ms: Option<f64>,
+    added_latency_ms: Option<f64>,
+}
+
+fn faults_json(f: FaultSettings) -> Response {
+    let body = serde_json::json!({
+        "error_rate": f.error_rate,
+        "hang_rate": f.hang_rate,
+        "hang_ms": f.hang_ms,
+        "added_latency_ms": f.added_latency_ms,
+    });
+    Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// `GET /admin/faults` shows, `POST /admin/faults` changes, the faults every `sim` worker
+/// injects (the `[workers] fault_*` keys) while the server runs: chaos runs switch them on
+/// and off under load. Values are checked like the config's; nothing changes on a refusal.
+fn admin_faults(ctx: &ApiContext, head: &Head, body: &[u8]) -> Response {
+    let current = ctx.handle.faults(0).unwrap_or_default();
+    match head.method {
+        Method::Get | Method::Head => return faults_json(current),
+        Method::Post => {}
+        _ => {
+            return Response::error(
+                Status::MethodNotAllowed,
+                "method_not_allowed",
+                "/admin/faults supports GET and POST",
+            )
+            .with_header("Allow: GET, HEAD, POST")
+        }
+    }
+    let b: FaultsBody = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => {
+            return Response::error(
+                Status::BadRequest,
+                "invalid_faults",
+                format!(
+                    "POST /admin/faults takes a JSON object with any of error_rate, hang_rate \
+                     (0..=1), hang_ms, added_latency_ms (>= 0): {e}"
+                ),
+            )
+        }
+    };
+    let next = FaultSettings {
+        error_rate: b.error_rate.unwrap_or(current.error_rate),
+        hang_rate: b.hang_rate.unwrap_or(current.hang_rate),
+        hang_ms: b.hang_ms.unwrap_or(current.hang_ms),
+        added_latency_ms: b.added_latency_ms.unwrap_or(current.added_latency_ms),
+    };
+    let checks = [
+        ("error_rate", next.error_rate, 1.0),
+        ("hang_rate", next.hang_rate, 1.0),
+        ("hang_ms", next.hang_ms, f64::MAX),
+        ("added_latency_ms", next.added_latency_ms, f64::MAX),
+    ];
+    for (key, value, max) in checks {
+        if !(0.0..=max).contains(&value) {
+            let range = if max == 1.0 { "0..=1" } else { ">= 0" };
+            return Response::error(
+                Status::BadRequest,
+                "invalid_faults",
+                format!("{key} must be {range}, got {value}"),
+            );
+        }
+    }
+    ctx.handle.set_faults_all(next);
+    tracing::info!(
+        error_rate = next.error_rate,
+        hang_rate = next.hang_rate,
+        hang_ms = next.hang_ms,
+        added_latency_ms = next.added_latency_ms,
+        "faults switched via admin API"
+    );
+    faults_json(next)
 }

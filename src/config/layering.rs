@@ -129,6 +129,11 @@ impl Config {
                     .map_or("ABE_*", |(_, v)| v.as_str());
                 invalid(&key, value, why.trim_end())
             })?;
+            // The tree holds the admin token redacted (it serialises so): keep the real one
+            // unless an override set it.
+            if !set.iter().any(|(k, _)| k == "server.admin_token") {
+                updated.server.admin_token = std::mem::take(&mut self.server.admin_token);
+            }
             updated.backends = std::mem::take(&mut self.backends);
             updated.routing.aliases = std::mem::take(&mut self.routing.aliases);
             updated.routing.fallbacks = std::mem::take(&mut self.routing.fallbacks);

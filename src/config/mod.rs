@@ -26,6 +26,7 @@
 mod error;
 mod layering;
 mod millis;
+mod secret;
 mod sections;
 mod settings;
 #[cfg(test)]
@@ -34,5 +35,6 @@ mod tests;
 pub use error::ConfigError;
 pub use layering::FlagOverrides;
 pub use millis::Millis;
+pub use secret::Secret;
 pub use sections::*;
 pub use settings::Settings;

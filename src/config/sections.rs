@@ -7,6 +7,7 @@
 //! environment or a file (that is `layering`), or judging a value (that is `settings`).
 
 use super::millis::Millis;
+use super::secret::Secret;
 use crate::core::balancer::BalancerKind;
 use crate::core::circuit::CircuitParams;
 use crate::core::continuous::ContinuousConfig;
@@ -33,9 +34,18 @@ pub struct ServerConfig {
     pub write_timeout: Millis,
     /// An idle keep-alive connection is closed after this long.
     pub keep_alive_timeout: Millis,
+    /// A request head or body arriving slower than this (bytes per second, averaged since its
+    /// first byte) is answered 408 and closed once `min_data_rate_grace` has passed; at the
+    /// connection limit it may be closed at once to make room. 0 turns the check off.
+    pub min_data_rate_bytes_per_sec: u64,
+    /// How long a request may take before the minimum data rate applies (TCP slow start,
+    /// a client pausing between head and body).
+    pub min_data_rate_grace: Millis,
     /// io threads running the mio event loop.
     pub io_threads: usize,
-    /// Open connections at once; more are refused with 503.
+    /// Open connections at once. At the limit a new connection first takes the place of an
+    /// idle one, then of one sending below the minimum data rate; only when there is neither
+    /// is it refused with 503.
     pub max_connections: usize,
     /// Largest request head (request line + headers); more is 431.
     pub max_header_bytes: usize,
@@ -57,7 +67,8 @@ pub struct ServerConfig {
     /// Serve /admin/* endpoints.
     pub admin_enabled: bool,
     /// Bearer token for /admin/* (empty: none; then only a loopback bind is allowed).
-    pub admin_token: String,
+    /// Never shown: `abe config show` and `Debug` print `<redacted>`.
+    pub admin_token: Secret,
     /// Drain time on SIGINT/SIGTERM before what remains is answered with an error.
     pub shutdown_timeout: Millis,
     /// Model name served by the default sim backend, used only when no `[[backends]]` is
@@ -73,6 +84,10 @@ impl Default for ServerConfig {
             read_timeout: Millis(30_000),
             write_timeout: Millis(30_000),
             keep_alive_timeout: Millis(60_000),
+            // Kestrel's defaults (MinRequestBodyDataRate: 240 B/s after a 5 s grace): far
+            // below any real client, far above a slowloris dribbling a byte at a time.
+            min_data_rate_bytes_per_sec: 240,
+            min_data_rate_grace: Millis(5_000),
             io_threads: 1,
             max_connections: 4096,
             max_header_bytes: 16 * 1024,
@@ -83,7 +98,7 @@ impl Default for ServerConfig {
             max_batch_inputs: 2048,
             max_model_len: 0,
             admin_enabled: true,
-            admin_token: String::new(),
+            admin_token: Secret::default(),
             shutdown_timeout: Millis(30_000),
             model_name: crate::runtime::DEFAULT_MODEL.into(),
         }

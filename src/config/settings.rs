@@ -85,6 +85,7 @@ impl Config {
         positive_ms("server.read_timeout", s.read_timeout)?;
         positive_ms("server.write_timeout", s.write_timeout)?;
         positive_ms("server.keep_alive_timeout", s.keep_alive_timeout)?;
+        positive_ms("server.min_data_rate_grace", s.min_data_rate_grace)?;
         if s.model_name.trim().is_empty() {
             return Err(invalid("server.model_name", "\"\"", "must not be empty"));
         }

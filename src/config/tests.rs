@@ -188,7 +188,7 @@ fn admin_without_token_on_a_public_address_is_refused() {
     assert!(e.contains("server.admin_token"), "{e}");
     c.server.admin_token = "secret".into();
     c.validate().unwrap();
-    c.server.admin_token.clear();
+    c.server.admin_token = Default::default();
     c.server.admin_enabled = false;
     c.validate().unwrap();
 }
@@ -569,4 +569,20 @@ fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
         e.contains("workers.max_of_batch_decode_ms_per_token"),
         "{e}"
     );
+}
+
+#[test]
+fn the_admin_token_is_never_shown_and_survives_env_overrides() {
+    let mut c = Config::from_toml("[server]\nadmin_token = \"tok-file\"\n").unwrap();
+    // Any override round-trips the config through its (redacted) TOML tree.
+    c.apply_env(env(&[("ABE_BATCHING_MAX_BATCH_SIZE", "16")]))
+        .unwrap();
+    assert_eq!(c.server.admin_token.expose(), "tok-file");
+    c.apply_env(env(&[("ABE_SERVER_ADMIN_TOKEN", "tok-env")]))
+        .unwrap();
+    assert_eq!(c.server.admin_token.expose(), "tok-env");
+    let shown = c.to_toml();
+    assert!(!shown.contains("tok-"), "{shown}");
+    assert!(shown.contains("admin_token = \"<redacted>\""), "{shown}");
+    assert!(!format!("{c:?}").contains("tok-"), "Debug is redacted too");
 }

@@ -3,6 +3,14 @@
 //! A partial head is "not yet", not an error. Only what the server needs is extracted from
 //! the head; client bytes are never `unwrap()`ed. Limits reject instead of growing:
 //! head bytes (431), header count (431), body bytes (413), chunked bodies (411).
+//!
+//! Framing follows RFC 9112 with one reading only (anything two parsers could read two ways
+//! is refused, and a refused head closes the connection): Content-Length is `1*DIGIT`, and a
+//! repeated or listed one must repeat the same value (6.3); Content-Length with
+//! Transfer-Encoding, or Transfer-Encoding in HTTP/1.0, is 400 (6.1); obsolete line folding
+//! is 400 (5.2); whitespace before a field's colon is 400 (5.1); a second Host is 400 (3.2);
+//! a bare CR is 400 and a bare LF ends a line like CRLF (2.2, httparse). A request without
+//! Host is accepted (a deliberate leniency: nothing here routes by Host).
 
 use super::response::Status;
 
@@ -19,7 +27,7 @@ pub enum Method {
 }
 
 /// The paths abe serves, kept without allocating when a request names one of them.
-const KNOWN_PATHS: [&str; 11] = [
+const KNOWN_PATHS: [&str; 12] = [
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/embeddings",
@@ -31,6 +39,7 @@ const KNOWN_PATHS: [&str; 11] = [
     "/admin/strategy",
     "/metrics/history",
     "/events",
+    "/admin/faults",
 ];
 
 /// A request path without its query string: one of [`KNOWN_PATHS`] (no allocation, the
@@ -104,10 +113,9 @@ fn head_error(status: Status, message: impl Into<String>) -> HeadError {
     }
 }
 
-/// `s` as a decimal `usize`, accepting exactly what `str::parse::<usize>` accepts (an
-/// optional `+`, then at least one digit, no overflow) without its generic machinery.
+/// `s` as a Content-Length: `1*DIGIT` (RFC 9112 6.3; no sign, no space), no overflow.
 fn decimal_usize(s: &str) -> Option<usize> {
-    let digits = s.strip_prefix('+').unwrap_or(s).as_bytes();
+    let digits = s.as_bytes();
     if digits.is_empty() {
         return None;
     }
@@ -150,10 +158,15 @@ pub fn parse_head(
             ))
         }
         Err(e) => {
-            return Err(head_error(
-                Status::BadRequest,
-                format!("malformed HTTP request: {e}"),
-            ))
+            let message = if obs_fold(buf) {
+                // RFC 9112 5.2: reject (or unfold); rejecting keeps one reading of the head.
+                "obsolete line folding (a header line starting with a space or tab) is not \
+                 accepted: send each header on one line"
+                    .to_string()
+            } else {
+                format!("malformed HTTP request: {e}")
+            };
+            return Err(head_error(Status::BadRequest, message));
         }
     };
     if head_len > max_header_bytes {
@@ -177,6 +190,8 @@ pub fn parse_head(
     let http10 = req.version == Some(0);
     let mut close = http10;
     let mut content_length: Option<usize> = None;
+    let mut transfer_encoding = false;
+    let mut hosts = 0;
     let mut expect_continue = false;
     let mut priority = None;
     let mut authorization = None;
@@ -192,26 +207,28 @@ pub fn parse_head(
         }
         let value = || std::str::from_utf8(h.value).unwrap_or_default().trim();
         if name.eq_ignore_ascii_case("content-length") {
-            let value = value();
-            let n = decimal_usize(value).ok_or_else(|| {
-                head_error(
-                    Status::BadRequest,
-                    format!("invalid Content-Length '{value}'"),
-                )
-            })?;
-            if content_length.is_some_and(|c| c != n) {
-                return Err(head_error(
-                    Status::BadRequest,
-                    "conflicting Content-Length headers",
-                ));
+            // RFC 9112 6.3 (5): a list is accepted only when every value is the same valid
+            // length (`5, 5`); so are repeated headers. Anything else is no framing at all.
+            for value in value().split(',') {
+                let value = value.trim();
+                let n = decimal_usize(value).ok_or_else(|| {
+                    head_error(
+                        Status::BadRequest,
+                        format!("invalid Content-Length '{value}': must be digits only"),
+                    )
+                })?;
+                if content_length.is_some_and(|c| c != n) {
+                    return Err(head_error(
+                        Status::BadRequest,
+                        "conflicting Content-Length values",
+                    ));
+                }
+                content_length = Some(n);
             }
-            content_length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            // RFC 9112 6.1: we do not implement chunked request bodies; refuse clearly.
-            return Err(head_error(
-                Status::LengthRequired,
-                "chunked request bodies are not supported: send Content-Length",
-            ));
+            transfer_encoding = true;
+        } else if name.eq_ignore_ascii_case("host") {
+            hosts += 1;
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value().split(',') {
                 let t = token.trim();
@@ -237,6 +254,32 @@ pub fn parse_head(
             authorization = Some(value().to_string());
         }
     }
+    if transfer_encoding {
+        // RFC 9112 6.1: with Content-Length too, the two framings disagree (the shape of
+        // request smuggling); in HTTP/1.0 Transfer-Encoding is faulty framing. Either way the
+        // connection closes after the answer (every head error closes it).
+        if content_length.is_some() {
+            return Err(head_error(
+                Status::BadRequest,
+                "both Content-Length and Transfer-Encoding: send only Content-Length",
+            ));
+        }
+        if http10 {
+            return Err(head_error(
+                Status::BadRequest,
+                "Transfer-Encoding in an HTTP/1.0 request: send Content-Length",
+            ));
+        }
+        // We do not implement chunked request bodies; refuse clearly.
+        return Err(head_error(
+            Status::LengthRequired,
+            "chunked request bodies are not supported: send Content-Length",
+        ));
+    }
+    if hosts > 1 {
+        // RFC 9112 3.2: more than one Host is a 400.
+        return Err(head_error(Status::BadRequest, "more than one Host header"));
+    }
     // RFC 9112 6.3: no Content-Length and no Transfer-Encoding means an empty body.
     let content_length = content_length.unwrap_or(0);
     if content_length > max_body_bytes {
@@ -257,6 +300,20 @@ pub fn parse_head(
         authorization,
         query,
     }))
+}
+
+/// The unparseable head in `buf` folds a header line: a line inside it starts with a space
+/// or tab (obs-fold, RFC 9112 5.2). Only asked on the error path.
+fn obs_fold(buf: &[u8]) -> bool {
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(buf.len());
+    let head = &buf[..end];
+    // The request line cannot be folded; a fold follows the end of some header line.
+    head.windows(2)
+        .skip(1)
+        .any(|w| w[0] == b'\n' && (w[1] == b' ' || w[1] == b'\t'))
 }
 
 #[cfg(test)]
@@ -317,13 +374,11 @@ mod tests {
     }
 
     #[test]
-    fn content_length_digits_parse_like_std() {
+    fn content_length_is_digits_only_and_never_overflows() {
         for s in [
             "0",
             "30",
-            "+7",
             "",
-            "+",
             "-1",
             "1a",
             " 1",
@@ -333,6 +388,100 @@ mod tests {
         ] {
             assert_eq!(decimal_usize(s), s.parse::<usize>().ok(), "{s:?}");
         }
+        // A sign is not `1*DIGIT` (std accepts it; a proxy may not: one reading only).
+        assert_eq!(decimal_usize("+7"), None);
+        assert_eq!(decimal_usize("+"), None);
+    }
+
+    /// The status of parsing `s`, or 0 when it parses.
+    fn status(s: &str) -> u16 {
+        match parse(s) {
+            Ok(Some(_)) => 0,
+            Ok(None) => panic!("incomplete: {s:?}"),
+            Err(e) => e.status.code(),
+        }
+    }
+
+    #[test]
+    fn rfc9112_6_1_content_length_with_transfer_encoding_is_refused_either_order() {
+        let te_cl = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n";
+        let cl_te = "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for s in [te_cl, cl_te] {
+            let e = parse(s).unwrap_err();
+            assert_eq!(e.status, Status::BadRequest, "{s:?}");
+            assert!(e
+                .message
+                .contains("both Content-Length and Transfer-Encoding"));
+        }
+        let te10 = "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(status(te10), 400);
+        let te_only = "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
+        assert_eq!(status(te_only), 411);
+    }
+
+    #[test]
+    fn rfc9112_6_3_duplicate_lengths_must_agree_and_be_digits() {
+        let same_list = "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n";
+        assert_eq!(parse(same_list).unwrap().unwrap().content_length, 5);
+        let same_twice = "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n";
+        assert_eq!(parse(same_twice).unwrap().unwrap().content_length, 5);
+        for bad in [
+            "POST / HTTP/1.1\r\nContent-Length: 5, 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 0x10\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5,\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 1 2\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+        ] {
+            assert_eq!(status(bad), 400, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rfc9112_5_2_obsolete_line_folding_is_refused_with_a_reason() {
+        for folded in [
+            "GET / HTTP/1.1\r\nX-A: a\r\n b\r\n\r\n",
+            "GET / HTTP/1.1\r\nX-A: a\r\n\tb\r\n\r\n",
+        ] {
+            let e = parse(folded).unwrap_err();
+            assert_eq!(e.status, Status::BadRequest);
+            assert!(e.message.contains("obsolete line folding"), "{}", e.message);
+        }
+        // RFC 9112 5.1: no whitespace between a field name and its colon.
+        assert_eq!(status("GET / HTTP/1.1\r\nHost : a\r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn rfc9112_2_2_a_bare_lf_ends_a_line_like_crlf_and_a_bare_cr_is_refused() {
+        // A recipient MAY take a bare LF as a line end; httparse does, and the head it reads
+        // is the same as with CRLF (only its length differs).
+        let lf = parse("POST /v1/completions HTTP/1.1\nContent-Length: 2\nConnection: close\n\n{}")
+            .unwrap()
+            .unwrap();
+        let crlf = parse(
+            "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(lf.head_len + 4, crlf.head_len);
+        assert_eq!(
+            Head { head_len: 0, ..lf },
+            Head {
+                head_len: 0,
+                ..crlf
+            }
+        );
+        // A bare CR is never a line end (RFC 9112 2.2: MUST reject or replace with SP).
+        assert_eq!(status("GET / HTTP/1.1\r\nX-A: a\rb\r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn rfc9112_3_2_more_than_one_host_is_refused() {
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), 0);
     }
 
     #[test]

@@ -117,6 +117,55 @@ impl Endpoint {
     }
 }
 
+/// Why the server closed a connection the client had not finished with (the `reason` label
+/// of `abe_http_connections_evicted_total`). Slow and idle clients must not lock others out:
+/// see `server::eviction` for when each applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Eviction {
+    /// An idle connection (no request in progress, nothing owed) closed to make room for a
+    /// new one at the connection limit.
+    IdleAtLimit,
+    /// A connection sending its request below `server.min_data_rate_bytes_per_sec`, closed to
+    /// make room for a new one at the connection limit (the grace period does not protect it
+    /// then).
+    SlowAtLimit,
+    /// A request head or body arriving below the minimum data rate after
+    /// `server.min_data_rate_grace`: answered 408 and closed.
+    SlowRequest,
+    /// A request not received within `server.read_timeout`: answered 408 and closed.
+    ReadTimeout,
+    /// An idle keep-alive connection closed after `server.keep_alive_timeout`.
+    IdleTimeout,
+    /// A response the client did not take within `server.write_timeout`.
+    WriteStalled,
+}
+
+impl Eviction {
+    /// Number of kinds.
+    pub const COUNT: usize = 6;
+    /// Every kind, in metric order.
+    pub const ALL: [Eviction; Eviction::COUNT] = [
+        Eviction::IdleAtLimit,
+        Eviction::SlowAtLimit,
+        Eviction::SlowRequest,
+        Eviction::ReadTimeout,
+        Eviction::IdleTimeout,
+        Eviction::WriteStalled,
+    ];
+
+    /// Metric label and JSON key.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Eviction::IdleAtLimit => "idle_at_limit",
+            Eviction::SlowAtLimit => "slow_at_limit",
+            Eviction::SlowRequest => "slow_request",
+            Eviction::ReadTimeout => "read_timeout",
+            Eviction::IdleTimeout => "idle_timeout",
+            Eviction::WriteStalled => "write_stalled",
+        }
+    }
+}
+
 /// Status codes counted individually; every other code is counted as "other".
 pub const TRACKED_STATUS_CODES: [u16; 14] = [
     200, 400, 401, 404, 405, 408, 411, 413, 429, 431, 500, 502, 503, 504,
@@ -179,6 +228,8 @@ pub struct HttpStats {
     connections_closed: AtomicU64,
     /// Connections turned away because the connection limit was reached.
     connections_refused: AtomicU64,
+    /// Connections the server closed before the client was done, by [`Eviction`] kind.
+    evictions: [AtomicU64; Eviction::COUNT],
     /// Bytes read from clients.
     bytes_in: AtomicU64,
     /// Bytes written to clients.
@@ -199,6 +250,7 @@ impl HttpStats {
             connections_accepted: AtomicU64::new(0),
             connections_closed: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
+            evictions: [const { AtomicU64::new(0) }; Eviction::COUNT],
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
         }
@@ -226,6 +278,17 @@ impl HttpStats {
     #[inline]
     pub fn connection_refused(&self) {
         self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one connection evicted for `why` (it is also counted closed when it closes).
+    #[inline]
+    pub fn connection_evicted(&self, why: Eviction) {
+        self.evictions[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections evicted for `why` since start.
+    pub fn evictions(&self, why: Eviction) -> u64 {
+        self.evictions[why as usize].load(Ordering::Relaxed)
     }
 
     /// Counts `bytes` read from a client.
@@ -350,6 +413,7 @@ mod tests {
         s.connection_opened();
         s.connection_refused();
         s.connection_closed();
+        s.connection_evicted(Eviction::SlowRequest);
         s.add_bytes_in(100);
         s.add_bytes_out(250);
         s.add_bytes_out(5);
@@ -357,6 +421,11 @@ mod tests {
         assert_eq!(s.connections_closed(), 1);
         assert_eq!(s.connections_refused(), 1);
         assert_eq!(s.connections_open(), 1);
+        assert_eq!(s.evictions(Eviction::SlowRequest), 1);
+        assert_eq!(s.evictions(Eviction::IdleAtLimit), 0);
+        for (i, e) in Eviction::ALL.into_iter().enumerate() {
+            assert_eq!(e as usize, i);
+        }
         assert_eq!((s.bytes_in(), s.bytes_out()), (100, 255));
     }
 

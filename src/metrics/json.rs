@@ -89,6 +89,9 @@ fn requests(snapshot: &Snapshot) -> Value {
     let mut map = Map::new();
     map.insert("admitted".into(), snapshot.stats.admitted.into());
     map.insert("failed".into(), snapshot.stats.failed.into());
+    // Requests moved to another backend's core for a retry: counted once in admitted and
+    // answered once, so admitted = completed + failed + live still (the chaos soak checks it).
+    map.insert("readmitted".into(), snapshot.stats.readmitted.into());
     map.insert("rejected".into(), rejected_total(snapshot).into());
     for (outcome, n) in request_outcomes(snapshot) {
         map.insert(outcome.into(), n.into());
@@ -189,6 +192,10 @@ fn http_json(http: &HttpStats) -> Value {
         "connections_accepted": http.connections_accepted(),
         "connections_refused": http.connections_refused(),
         "connections_closed": http.connections_closed(),
+        "connections_evicted": crate::metrics::http_stats::Eviction::ALL
+            .iter()
+            .map(|&why| (why.as_str().to_string(), http.evictions(why).into()))
+            .collect::<serde_json::Map<String, Value>>(),
         "bytes_in": http.bytes_in(),
         "bytes_out": http.bytes_out(),
         "responses": responses,

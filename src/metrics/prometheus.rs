@@ -11,7 +11,7 @@ use super::derived::{
     NANOS_PER_SECOND_F64, WORKER_STATUSES,
 };
 use super::exposition::{family, histogram, sample, single, MetricType};
-use super::http_stats::{Endpoint, HttpStats, STATUS_SLOT_LABELS};
+use super::http_stats::{Endpoint, Eviction, HttpStats, STATUS_SLOT_LABELS};
 use crate::build_info;
 use crate::core::request::{class_index, Priority, BUCKET_LABELS};
 use crate::core::stats::{WaitHistogram, WAIT_BUCKETS};
@@ -722,6 +722,15 @@ fn render_http(http: &HttpStats, out: &mut String) {
     for (name, help, value) in counters {
         single(out, name, MetricType::Counter, help, value);
     }
+    let name = "abe_http_connections_evicted_total";
+    let help = "Connections the server closed before the client was done, by reason \
+                (idle_at_limit, slow_at_limit: room made for a new connection at the limit; \
+                slow_request: below the minimum data rate after the grace period; read_timeout, \
+                idle_timeout, write_stalled: a deadline passed).";
+    family(out, name, MetricType::Counter, help);
+    for why in Eviction::ALL {
+        sample(out, name, &[("reason", why.as_str())], http.evictions(why));
+    }
     single(
         out,
         "abe_http_connections_open",
@@ -1000,6 +1009,10 @@ mod tests {
         assert_line(&out, "abe_http_connections_closed_total 1");
         assert_line(&out, "abe_http_connections_refused_total 1");
         assert_line(&out, "abe_http_connections_open 1");
+        assert_line(
+            &out,
+            "abe_http_connections_evicted_total{reason=\"idle_at_limit\"} 0",
+        );
         assert_line(&out, "abe_http_received_bytes_total 123");
         assert_line(&out, "abe_http_sent_bytes_total 4567");
     }
@@ -1081,10 +1094,10 @@ mod tests {
         let helps = out.lines().filter(|l| l.starts_with("# HELP ")).count();
         let types = out.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!((helps, types), (summary.families, summary.families));
-        // 27 engine and HTTP families + latency by priority + 5 of routing + 8 of the
+        // 28 engine and HTTP families (evictions among them) + latency by priority + 5 of routing + 8 of the
         // research controllers (a ninth, the decode-TBT gauge, appears once the SLA
         // controller has an observation).
-        assert_eq!(summary.families, 41);
+        assert_eq!(summary.families, 42);
     }
 
     #[test]

@@ -525,6 +525,19 @@ impl Handle {
         }
     }
 
+    /// Changes the faults injected into every worker (`POST /admin/faults`, chaos runs).
+    /// Only `sim` executors act on them; `upstream` workers ignore them.
+    pub fn set_faults_all(&self, faults: FaultSettings) {
+        for f in &self.shared.faults {
+            f.set(faults);
+        }
+    }
+
+    /// The faults injected into worker `worker`, if there is one.
+    pub fn faults(&self, worker: usize) -> Option<FaultSettings> {
+        self.shared.faults.get(worker).map(|f| f.get())
+    }
+
     /// The latest published snapshot (at most ~50 ms old).
     pub fn snapshot(&self) -> Snapshot {
         self.shared

@@ -7,10 +7,11 @@
 //! `Waker` says when to look.
 
 use super::conn::{Conn, Outcomes, Partial, ReadResult, Slot, StreamSlot};
+use super::eviction::{self, DataRate, Standing};
 use crate::api::{self, ApiContext, Routed};
 use crate::http::parse::{self, Method};
 use crate::http::response::{Response, Status};
-use crate::metrics::http_stats::Endpoint;
+use crate::metrics::http_stats::{Endpoint, Eviction};
 use crate::runtime::doorbell::SleepFlag;
 use crate::runtime::idle::Idler;
 use crate::runtime::{Event, Submitter};
@@ -201,7 +202,9 @@ impl IoThread {
                 }
             };
             let max = self.ctx.config.server.max_connections;
-            if self.shared.open_connections.load(Ordering::Relaxed) >= max {
+            if self.shared.open_connections.load(Ordering::Relaxed) >= max
+                && !self.evict_for_newcomer(now)
+            {
                 self.ctx.http_stats.connection_refused();
                 let mut out = Vec::new();
                 Response::error(
@@ -235,6 +238,49 @@ impl IoThread {
             self.shared.open_connections.fetch_add(1, Ordering::Relaxed);
             self.ctx.http_stats.connection_opened();
         }
+    }
+
+    /// The minimum request data rate from `[server]`.
+    fn data_rate(&self) -> DataRate {
+        let server = &self.ctx.config.server;
+        DataRate {
+            min_bytes_per_sec: server.min_data_rate_bytes_per_sec,
+            grace: server.min_data_rate_grace.duration(),
+        }
+    }
+
+    /// At the connection limit: closes the connection of this thread that gives way to a
+    /// newcomer ([`eviction::victim`]). A slow one is told why (best effort: it is closed
+    /// at once, the slot is needed now). Returns false when none may be evicted.
+    fn evict_for_newcomer(&mut self, now: Instant) -> bool {
+        let rate = self.data_rate();
+        let standings = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, Standing::of(c.as_ref()?))));
+        let Some((idx, why)) = eviction::victim(standings, &rate, now) else {
+            return false;
+        };
+        if why == Eviction::SlowAtLimit {
+            if let Some(conn) = self.conns[idx].as_mut() {
+                let mut out = Vec::new();
+                Response::error(
+                    Status::RequestTimeout,
+                    "request_too_slow",
+                    format!(
+                        "the request arrived below {} bytes/s while the server was at its \
+                         connection limit (server.min_data_rate_bytes_per_sec)",
+                        rate.min_bytes_per_sec
+                    ),
+                )
+                .write_to(&mut out, true, false);
+                let _ = conn.stream.write(&out);
+            }
+        }
+        self.ctx.http_stats.connection_evicted(why);
+        self.close(idx);
+        true
     }
 
     fn on_readable(&mut self, idx: usize, closed: bool) {
@@ -723,12 +769,14 @@ impl IoThread {
         }
     }
 
-    /// Enforces the read deadline (408), the keep-alive idle timeout, and the write deadline.
+    /// Enforces the read deadline (408), the minimum data rate (408), the keep-alive idle
+    /// timeout, and the write deadline; each closure is counted by its [`Eviction`] kind.
     fn check_deadlines(&mut self, now: Instant) {
         let server = &self.ctx.config.server;
         let read_timeout = server.read_timeout.duration();
         let idle_timeout = server.keep_alive_timeout.duration();
         let write_timeout = server.write_timeout.duration();
+        let rate = self.data_rate();
         let mut to_close = Vec::new();
         let mut timed_out = Vec::new();
         for (idx, conn) in self.conns.iter().enumerate() {
@@ -737,42 +785,57 @@ impl IoThread {
                 .write_started
                 .is_some_and(|t| now.duration_since(t) > write_timeout)
             {
-                to_close.push(idx);
+                to_close.push((idx, Eviction::WriteStalled));
             } else if !conn.read_done
                 && conn
                     .request_started
                     .is_some_and(|t| now.duration_since(t) > read_timeout)
             {
-                timed_out.push(idx);
+                timed_out.push((idx, Eviction::ReadTimeout));
+            } else if rate.too_slow(Standing::of(conn), now) {
+                timed_out.push((idx, Eviction::SlowRequest));
             } else if conn.is_quiet()
                 && conn.read_buf.is_empty()
                 && conn.partial.is_none()
                 && now.duration_since(conn.last_activity) > idle_timeout
             {
-                to_close.push(idx);
+                to_close.push((idx, Eviction::IdleTimeout));
             }
         }
-        for idx in timed_out {
+        for (idx, why) in timed_out {
             if let Some(conn) = self.conns[idx].as_mut() {
                 conn.read_buf.clear();
                 conn.partial = None;
                 conn.read_done = true;
                 conn.request_started = None;
             }
-            let secs = read_timeout.as_secs_f64();
+            self.ctx.http_stats.connection_evicted(why);
+            let message = if why == Eviction::SlowRequest {
+                let (min, grace) = (rate.min_bytes_per_sec, rate.grace.as_secs_f64());
+                (
+                    "request_too_slow",
+                    format!(
+                        "the request arrived below {min} bytes/s after a grace of {grace} s \
+                         (server.min_data_rate_bytes_per_sec, server.min_data_rate_grace)"
+                    ),
+                )
+            } else {
+                let secs = read_timeout.as_secs_f64();
+                (
+                    "request_timeout",
+                    format!("the request was not received within {secs} s (server.read_timeout)"),
+                )
+            };
             self.push_ready(
                 idx,
                 Endpoint::Other,
-                Response::error(
-                    Status::RequestTimeout,
-                    "request_timeout",
-                    format!("the request was not received within {secs} s (server.read_timeout)"),
-                ),
+                Response::error(Status::RequestTimeout, message.0, message.1),
                 true,
                 false,
             );
         }
-        for idx in to_close {
+        for (idx, why) in to_close {
+            self.ctx.http_stats.connection_evicted(why);
             self.close(idx);
         }
         self.flush_touched(now);

@@ -6,6 +6,7 @@
 //! never blocks on the engine and never runs engine code.
 
 pub mod conn;
+pub mod eviction;
 pub mod io_thread;
 
 use crate::api::ApiContext;

@@ -7,6 +7,8 @@
 
 mod client;
 mod executor;
+#[cfg(test)]
+mod fuzz;
 mod sse;
 mod wire;
 

@@ -48,7 +48,11 @@ pub struct IterationLevel {
     /// Counters the request-level core would keep.
     completed: u64,
     failed: u64,
+    /// Of `failed`, per request as the request-level core counts them: the worker's step
+    /// failed, the client went away, the request waited for a slot past its deadline.
     worker_errors: u64,
+    cancelled: u64,
+    expired: u64,
     rejected_full: u64,
     rejected_draining: u64,
     steps_per_replica: Vec<u64>,
@@ -78,6 +82,8 @@ impl IterationLevel {
             completed: 0,
             failed: 0,
             worker_errors: 0,
+            cancelled: 0,
+            expired: 0,
             rejected_full: 0,
             rejected_draining: 0,
             steps_per_replica: vec![0; replicas],
@@ -153,6 +159,7 @@ impl Mode for IterationLevel {
         if let Some(ticket) = self.sched.ticket_of(index) {
             if self.sched.cancel_waiting(ticket) {
                 self.failed += 1;
+                self.cancelled += 1;
                 io.finish(now, index, Err(RequestError::Failed(FailReason::Cancelled)));
             }
         }
@@ -183,8 +190,8 @@ impl Mode for IterationLevel {
         }
         self.results.clear();
         if result.is_err() {
-            // The forward pass failed: every request in it fails with the error.
-            self.worker_errors += 1;
+            // The forward pass failed: every request in it fails with the error (each
+            // counted below, as it leaves its slot).
             self.results
                 .extend(items.iter().map(|_| EntryResult::Cancelled));
         } else {
@@ -228,10 +235,15 @@ impl Mode for IterationLevel {
                     push_sample(&mut self.new_tpot_ns, tpot.max(1), &mut io.samples_dropped);
                 }
             }
-            if outcome.is_ok() {
-                self.completed += 1;
-            } else {
-                self.failed += 1;
+            match &outcome {
+                Ok(_) => self.completed += 1,
+                Err(e) => {
+                    self.failed += 1;
+                    match e {
+                        RequestError::Failed(FailReason::Cancelled) => self.cancelled += 1,
+                        _ => self.worker_errors += 1,
+                    }
+                }
             }
             io.finish(now, ticket.index, outcome);
         }
@@ -250,9 +262,11 @@ impl Mode for IterationLevel {
             return;
         }
         let failed = &mut self.failed;
+        let expired = &mut self.expired;
         self.sched
             .expire_waiting(now, self.request_timeout_ns, &mut |t| {
                 *failed += 1;
+                *expired += 1;
                 io.finish(
                     now,
                     t.index,
@@ -355,6 +369,8 @@ impl Mode for IterationLevel {
         snap.stats.completed = self.completed;
         snap.stats.failed = self.failed;
         snap.stats.worker_errors = self.worker_errors;
+        snap.stats.cancelled = self.cancelled;
+        snap.stats.expired = self.expired;
         snap.stats.aborted = if aborted { self.failed } else { 0 };
         snap.queued = self.sched.waiting();
         snap.live_requests = self.sched.waiting()

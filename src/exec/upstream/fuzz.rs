@@ -1,0 +1,142 @@
+//! Fuzz campaigns (see `crate::fuzz`) over what a backend sends back: the SSE reader, byte
+//! by byte and whole, and the JSON answers of completions, chat, embeddings and stream
+//! chunks. Test-only; here because the readers are private to `upstream`. Seeds:
+//! `fuzz/corpus/upstream_sse/`, `fuzz/corpus/upstream_json/`.
+//!
+//! What must never happen: a panic on any bytes a backend sends, an event past
+//! `EVENT_BYTES_MAX`, or a reader whose events depend on how the body was split.
+
+use super::sse::{SseEvent, SseReader, EVENT_BYTES_MAX};
+use super::wire;
+use crate::fuzz::{seeds_from_dir, signature, Campaign};
+use std::io::BufReader;
+use std::path::Path;
+
+const SSE_DICTIONARY: &[&[u8]] = &[
+    b"\n",
+    b"\r\n",
+    b"\r",
+    b"\n\n",
+    b"data:",
+    b"data: ",
+    b"data: [DONE]\n\n",
+    b"[DONE]",
+    b": comment\n",
+    b"event: x\n",
+    b"\xff",
+    b"\xe2\x82",
+    b"{\"choices\":[{\"text\":\"a\"}]}",
+];
+
+const JSON_DICTIONARY: &[&[u8]] = &[
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b"\"",
+    b"null",
+    b"true",
+    b"\\u0000",
+    b"\\ud800",
+    b"\"choices\":",
+    b"\"index\":",
+    b"\"text\":",
+    b"\"delta\":{\"content\":\"x\"}",
+    b"\"message\":",
+    b"\"embedding\":",
+    b"\"finish_reason\":\"stop\"",
+    b"\"usage\":",
+    b"\"error\":",
+    b"\"tool_calls\":[]",
+];
+
+fn corpus(name: &str) -> Vec<Vec<u8>> {
+    seeds_from_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fuzz/corpus")
+            .join(name),
+    )
+}
+
+/// Every event of `body` read through a buffer of `capacity` bytes, as text; an error ends
+/// the list with its kind.
+fn events(body: &[u8], capacity: usize) -> Vec<String> {
+    let mut reader = SseReader::new(BufReader::with_capacity(capacity, body));
+    let mut out = Vec::new();
+    // Each event consumes at least one byte, so the body's length bounds the loop.
+    for _ in 0..=body.len() + 1 {
+        match reader.next_event() {
+            Ok(SseEvent::Data(d)) => {
+                assert!(d.len() <= EVENT_BYTES_MAX);
+                out.push(format!("data {d}"));
+            }
+            Ok(SseEvent::Done) => {
+                out.push("done".into());
+                return out;
+            }
+            Ok(SseEvent::Eof) => return out,
+            Err(e) => {
+                out.push(format!("error {:?}", e.kind()));
+                return out;
+            }
+        }
+    }
+    panic!(
+        "the reader did not reach the end of a {}-byte body",
+        body.len()
+    );
+}
+
+#[test]
+fn sse_events_are_the_same_read_whole_or_byte_by_byte() {
+    let report = Campaign::new(
+        "upstream_sse",
+        corpus("upstream_sse"),
+        SSE_DICTIONARY,
+        8192,
+        3_000,
+    )
+    .run(|input| {
+        let whole = events(input, 8192);
+        assert_eq!(whole, events(input, 1), "split reads differ");
+        let kinds: Vec<&str> = whole.iter().map(|e| &e[..4]).collect();
+        signature(kinds)
+    });
+    eprintln!("{report}");
+}
+
+#[test]
+fn json_answers_parse_or_say_why() {
+    let report = Campaign::new(
+        "upstream_json",
+        corpus("upstream_json"),
+        JSON_DICTIONARY,
+        8192,
+        5_000,
+    )
+    .run(|input| {
+        let text = String::from_utf8_lossy(input);
+        // Where and why, without the quoted values and positions that make every error new.
+        let rule = |e: &str| -> String {
+            let head = e.split(['\'', '"']).next().unwrap_or("");
+            head.chars().filter(|c| !c.is_ascii_digit()).collect()
+        };
+        let outcomes = (
+            wire::parse_completions(&text)
+                .map(|r| r.choices.len())
+                .map_err(|e| rule(&e)),
+            wire::parse_chat(&text)
+                .map(|r| r.choices.len())
+                .map_err(|e| rule(&e)),
+            wire::parse_embeddings(&text)
+                .map(|_| ())
+                .map_err(|e| rule(&e)),
+            wire::parse_chunk(&text, false).is_ok(),
+            wire::parse_chunk(&text, true).is_ok(),
+        );
+        signature(format!("{outcomes:?}"))
+    });
+    eprintln!("{report}");
+}

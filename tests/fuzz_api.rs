@@ -1,0 +1,102 @@
+//! Fuzzing request decoding for every engine endpoint through a live server (see
+//! `abe::fuzz`): an input is a path line, then a JSON body, POSTed as is. Every answer must
+//! be a success of the endpoint's shape or an OpenAI-shaped client error; never a 5xx, a
+//! hang, or a dead server. Seeds: `fuzz/corpus/api/`.
+
+mod common;
+
+use abe::fuzz::{seeds_from_dir, signature, Campaign};
+use common::Client;
+use std::path::Path;
+
+const DICTIONARY: &[&[u8]] = &[
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b"\"",
+    b"null",
+    b"true",
+    b"false",
+    b"\\u0000",
+    b"\\ud800",
+    b"\\\"",
+    b"\"prompt\":",
+    b"\"messages\":",
+    b"\"input\":",
+    b"\"model\":\"abe-sim\"",
+    b"\"model\":\"\"",
+    b"\"max_tokens\":",
+    b"\"n\":",
+    b"\"stream\":true",
+    b"\"stop\":",
+    b"\"role\":\"user\"",
+    b"\"content\":",
+    b"\"type\":\"image_url\"",
+    b"\"tools\":[{}]",
+    b"\"dimensions\":",
+    b"\"encoding_format\":\"base64\"",
+    b"\"priority\":\"critical\"",
+    b"/v1/completions\n",
+    b"/v1/chat/completions\n",
+    b"/v1/embeddings\n",
+];
+
+#[test]
+fn request_bodies_get_an_answer_of_their_shape_or_a_clear_client_error() {
+    let mut cfg = common::test_config();
+    // Answer as soon as a worker is free: the campaign measures decoding, not batching.
+    cfg.batching.strategy = abe::core::strategy::StrategyKind::Fixed;
+    cfg.batching.max_batch_size = 1;
+    cfg.server.max_body_bytes = 16 * 1024;
+    let abe = common::start(cfg);
+    let addr = abe.local_addr();
+    let mut conn = Client::connect(addr);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/api");
+    let report = Campaign::new("api", seeds_from_dir(&dir), DICTIONARY, 8192, 3_000).run(|input| {
+        let text = String::from_utf8_lossy(input);
+        let (path, body) = text.split_once('\n').unwrap_or(("/v1/completions", &text));
+        // A path that is not a request target is the head fuzzer's business.
+        let path = if path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic()) {
+            path
+        } else {
+            "/v1/completions"
+        };
+        let r = conn.request("POST", path, Some(body));
+        assert!(
+            r.status == 200 || (400..500).contains(&r.status),
+            "{} {path}: {}",
+            r.status,
+            r.text()
+        );
+        let kind = if r.status == 200 {
+            let content_type = r.header("content-type").unwrap_or("");
+            if content_type.starts_with("text/event-stream") {
+                let body = r.text();
+                assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+                "stream".to_string()
+            } else {
+                r.json()["object"].as_str().unwrap_or("?").to_string()
+            }
+        } else {
+            let message = r.error_message(); // asserts the OpenAI error shape
+            message
+                .split(['\'', '"'])
+                .next()
+                .unwrap_or("")
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .collect()
+        };
+        if r.header("connection") == Some("close") {
+            conn = Client::connect(addr);
+        }
+        signature((r.status, path.len(), kind))
+    });
+    eprintln!("{report}");
+    let mut c = Client::connect(addr);
+    assert_eq!(c.request("GET", "/health", None).status, 200);
+    abe.shutdown();
+}
