@@ -15,6 +15,8 @@ pub use crate::core::research_keys::DynamicConfig;
 use crate::core::strategy::StrategyKind;
 use crate::core::{BatchingMode, CoreConfig, Priority};
 use crate::exec::latency::{LatencyKind, LatencyModel};
+use crate::exec::roofline::presets::{Gpu, Llm};
+use crate::exec::roofline::Roofline;
 use crate::exec::sim::{FaultSettings, SimConfig};
 use crate::router::{BackendConfig, RoutingConfig};
 use crate::runtime::idle::IdlePolicy;
@@ -194,7 +196,7 @@ impl Default for ContinuousSection {
 #[serde(default, deny_unknown_fields)]
 pub struct WorkersConfig {
     pub count: usize,
-    /// none | linear | calibrated | max_of_batch | affine_step (`exec::latency`).
+    /// none | linear | calibrated | max_of_batch | affine_step | roofline (`exec::latency`).
     pub latency_model: LatencyKind,
     /// linear: per-batch base.
     pub base_latency_ms: f64,
@@ -215,6 +217,13 @@ pub struct WorkersConfig {
     /// affine_step: a decode step with b requests generating costs `a x b + c`.
     pub affine_step_a_ms: f64,
     pub affine_step_c_ms: f64,
+    /// roofline: the model preset, the GPU preset, GPUs per replica (tensor parallelism),
+    /// and achieved / peak FLOP/s and memory bandwidth (`exec::roofline`).
+    pub llm: Llm,
+    pub gpu: Gpu,
+    pub tp: u32,
+    pub flops_efficiency: f64,
+    pub bandwidth_efficiency: f64,
     pub max_batch_tokens: u32,
     /// round_robin | least_loaded | power_of_two
     pub balancer: BalancerKind,
@@ -260,6 +269,11 @@ impl Default for WorkersConfig {
             max_of_batch_decode_ms_per_token,
             affine_step_a_ms,
             affine_step_c_ms,
+            llm: Roofline::DEFAULT.llm,
+            gpu: Roofline::DEFAULT.gpu,
+            tp: Roofline::DEFAULT.tp,
+            flops_efficiency: Roofline::DEFAULT.flops_efficiency,
+            bandwidth_efficiency: Roofline::DEFAULT.bandwidth_efficiency,
             max_batch_tokens: core.max_batch_tokens,
             balancer: core.balancer,
             max_inflight: core.max_inflight_per_worker,
@@ -303,6 +317,15 @@ impl WorkersConfig {
                 self.affine_step_a_ms,
                 self.affine_step_c_ms,
             ],
+            LatencyKind::Roofline => {
+                return LatencyModel::Roofline(Roofline {
+                    llm: self.llm,
+                    gpu: self.gpu,
+                    tp: self.tp,
+                    flops_efficiency: self.flops_efficiency,
+                    bandwidth_efficiency: self.bandwidth_efficiency,
+                })
+            }
         };
         LatencyModel::from_params(kind, params)
     }

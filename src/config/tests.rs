@@ -106,7 +106,7 @@ fn unknown_names_are_refused_where_they_are_read() {
             "ABE_WORKERS_LATENCY_MODEL",
             "fast",
             "workers.latency_model",
-            "none, linear, calibrated, max_of_batch, affine_step",
+            "none, linear, calibrated, max_of_batch, affine_step, roofline",
         ),
         (
             "ABE_WORKERS_BALANCER",
@@ -569,4 +569,40 @@ fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
         e.contains("workers.max_of_batch_decode_ms_per_token"),
         "{e}"
     );
+}
+
+#[test]
+fn roofline_live_takes_its_presets_and_sizes_the_kv_cache_in_continuous_mode() {
+    use crate::exec::roofline::Roofline;
+    let c = Config::from_toml(
+        "[batching]\nmode = \"continuous\"\n[workers]\nlatency_model = \"roofline\"\n\
+         llm = \"qwen2.5-7b\"\ngpu = \"l40s\"\n",
+    )
+    .unwrap();
+    let r = c.check().unwrap().runtime;
+    let LatencyModel::Roofline(m) = r.sim.latency else {
+        panic!("{:?}", r.sim.latency)
+    };
+    assert_eq!(
+        (m.llm.as_str(), m.gpu.as_str(), m.tp),
+        ("qwen2.5-7b", "l40s", 1)
+    );
+    assert_eq!(
+        r.continuous.unwrap().kv_capacity_tokens,
+        m.kv_capacity_tokens()
+    );
+    let e = Config::from_toml("[workers]\nlatency_model = \"roofline\"\nllm = \"llama-3.1-70b\"\n")
+        .unwrap()
+        .check()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("workers.latency_model") && e.contains("raise tp"),
+        "{e}"
+    );
+    let e = Config::from_toml("[workers]\ngpu = \"b200\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("h100-sxm"), "{e}");
+    assert_eq!(Roofline::DEFAULT.tp, Config::default().workers.tp);
 }

@@ -96,6 +96,9 @@ pub struct StepEntry {
     pub generated: u32,
     /// First time this request runs in this slot (the worker sets up its state).
     pub admitted: bool,
+    /// Tokens of this request before this step (prompt prefilled + output generated): the
+    /// context its new tokens attend to.
+    pub context: u32,
 }
 
 impl StepEntry {
@@ -583,6 +586,7 @@ impl Continuous {
                     work: StepWork::Decode,
                     generated: s.generated,
                     admitted: std::mem::take(&mut s.fresh),
+                    context: s.prefilled + s.generated,
                 });
                 budget -= 1;
             }
@@ -601,6 +605,7 @@ impl Continuous {
                     },
                     generated: s.generated,
                     admitted: std::mem::take(&mut s.fresh),
+                    context: s.prefilled + s.generated,
                 });
                 budget -= tokens;
             }
@@ -611,15 +616,50 @@ impl Continuous {
 
 /// (decode tokens, prefill tokens) of a step.
 pub fn step_tokens(entries: &[StepEntry]) -> (u32, u32) {
-    let mut decode = 0;
-    let mut prefill = 0;
-    for e in entries {
-        match e.work {
-            StepWork::Decode => decode += 1,
-            StepWork::Prefill { tokens, .. } => prefill += tokens,
+    let s = StepShape::of(entries);
+    (s.decode_tokens, s.prefill_tokens)
+}
+
+/// What a latency model needs to know of a step: its tokens and the context they attend to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepShape {
+    /// One per generating sequence.
+    pub decode_tokens: u32,
+    /// Prompt tokens of the prefill chunks.
+    pub prefill_tokens: u32,
+    /// KV-cache tokens the step reads: per sequence its context plus half its new tokens
+    /// (a chunk's later tokens attend to its earlier ones as they are written).
+    pub kv_read_tokens: u64,
+    /// (query, key) pairs of the step's attention: per sequence with `n` new tokens after
+    /// `c` of context, `n c + n (n + 1) / 2` (causal).
+    pub attention_pairs: u64,
+}
+
+impl StepShape {
+    /// Adds a sequence with `new` tokens in this step after `context` tokens.
+    #[inline]
+    pub fn push(&mut self, context: u32, new: u32, decode: bool) {
+        if decode {
+            self.decode_tokens += new;
+        } else {
+            self.prefill_tokens += new;
         }
+        let (c, n) = (u64::from(context), u64::from(new));
+        self.kv_read_tokens += c + n / 2;
+        self.attention_pairs += n * c + n * (n + 1) / 2;
     }
-    (decode, prefill)
+
+    /// The shape of a step with these entries.
+    pub fn of<'a>(entries: impl IntoIterator<Item = &'a StepEntry>) -> StepShape {
+        let mut s = StepShape::default();
+        for e in entries {
+            match e.work {
+                StepWork::Decode => s.push(e.context, 1, true),
+                StepWork::Prefill { tokens, .. } => s.push(e.context, tokens, false),
+            }
+        }
+        s
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use super::latency::LatencyModel;
 use super::{prompt_tokens, synth, BatchItem, ExecError, Executor, FinishReason, Output, StepItem};
-use crate::core::continuous::EntryResult;
+use crate::core::continuous::{EntryResult, StepShape};
 use crate::core::Kind;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -120,8 +120,8 @@ pub struct SimExecutor {
     rng: SmallRng,
     /// Continuous batching: per-slot request state (the "KV cache").
     slots: Vec<Option<SlotRequest>>,
-    /// Output lengths of the batch being priced, sorted by the latency model.
-    sort_scratch: Vec<u32>,
+    /// Shapes of the batch being priced, sorted by the latency model.
+    sort_scratch: Vec<(u32, u32)>,
 }
 
 impl SimExecutor {
@@ -210,13 +210,8 @@ impl SimExecutor {
 
 impl Executor for SimExecutor {
     fn step(&mut self, items: &mut [StepItem]) -> Result<(), ExecError> {
-        let (decode, prefill) = crate::core::continuous::step_tokens(
-            &items
-                .iter()
-                .map(|i| i.entry)
-                .collect::<smallvec::SmallVec<[_; 64]>>(),
-        );
-        self.serve(self.cfg.latency.step_ms(decode, prefill))?;
+        let shape = StepShape::of(items.iter().map(|i| &i.entry));
+        self.serve(self.cfg.latency.step_ms(&shape))?;
         for item in items.iter_mut() {
             let slot = item.entry.slot as usize;
             if slot >= self.slots.len() {

@@ -77,6 +77,14 @@ LATENCY MODELS (--latency-model NAME, --latency key=value; or [latency] model = 
                 takes its slowest request's time (multi-bin paper)
   affine_step   prefill_ms_per_token=0.02, a_ms=0.2, c_ms=5.5
                 prefill, then per decode step a x b + c, b = requests still generating
+  roofline      llm=llama-3.1-8b, gpu=h100-sxm, tp=1, flops_efficiency=0.6,
+                bandwidth_efficiency=0.8
+                a model on a GPU from their published numbers: each step takes
+                max(FLOPs / peak FLOP/s, bytes / bandwidth) + tensor-parallel all-reduces;
+                FLOPs 2 x active params per token + attention, bytes the weights + KV read;
+                in continuous mode the KV capacity is GPU memory x 0.9 less the weights.
+                llm: llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, mistral-7b, mixtral-8x7b,
+                qwen3-30b-a3b; gpu: a100-80gb, h100-sxm, h200, l4, l40s
 
 SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
   bins, oracle_bins, max_batch_size, min_batch_size, workers, max_wait_ms, min_wait_ms,
@@ -188,7 +196,10 @@ mod tests {
         for kind in LatencyKind::ALL {
             keys.push(kind.as_str());
             keys.extend(kind.keys());
+            keys.extend(kind.name_keys());
         }
+        keys.extend(crate::exec::roofline::presets::LLMS.map(|l| l.name));
+        keys.extend(crate::exec::roofline::presets::GPUS.map(|g| g.name));
         keys.extend(BUILTIN_NAMES);
         keys.extend(SweepKey::ALL.map(|k| k.as_str()));
         for k in keys {

@@ -17,7 +17,7 @@ use super::SimError;
 use crate::core::request::ms_to_nanos;
 use crate::core::strategy::StrategyKind;
 use crate::core::CoreConfig;
-use crate::exec::latency::{LatencyKind, LatencyModel, PARAM_KEYS};
+use crate::exec::latency::{LatencyKind, LatencyModel, NAME_KEYS, PARAM_KEYS};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -78,44 +78,43 @@ struct Job {
     closed: Option<super::arrivals::ClosedLoop>,
 }
 
-fn parse_latency_params(params: &[String]) -> Result<Vec<(String, f64)>, SimError> {
+fn parse_latency_params(params: &[String]) -> Result<Vec<(String, String)>, SimError> {
     params
         .iter()
         .map(|p| {
             let (k, v) = p
                 .split_once('=')
                 .ok_or_else(|| SimError::invalid("--latency", format!("'{p}' is not key=value")))?;
-            let v: f64 = v.trim().parse().map_err(|_| {
-                SimError::invalid("--latency", format!("{k}: '{v}' is not a number"))
-            })?;
-            Ok((k.trim().to_string(), v))
+            Ok((k.trim().to_string(), v.trim().to_string()))
         })
         .collect()
 }
 
 /// The scenario's latency model, or the one `--latency-model` names (with its defaults),
-/// with `--latency key=value` overrides.
+/// with `--latency key=value` overrides (numbers, or preset names for `llm` and `gpu`).
 fn latency_model(
     scenario: &Scenario,
     name: Option<&str>,
-    overrides: &[(String, f64)],
+    overrides: &[(String, String)],
 ) -> Result<LatencyModel, SimError> {
     if let Some((key, _)) = overrides
         .iter()
-        .find(|(k, _)| !PARAM_KEYS.contains(&k.as_str()))
+        .find(|(k, _)| !PARAM_KEYS.contains(&k.as_str()) && !NAME_KEYS.contains(&k.as_str()))
     {
         return Err(SimError::invalid(
             "--latency",
             format!("unknown latency key '{key}'; see `abe simulate --help`"),
         ));
     }
-    let model = match name {
+    let base = match name {
         Some(name) => name
             .parse::<LatencyKind>()
-            .and_then(|kind| LatencyModel::with_params(kind, overrides)),
-        None => scenario.latency.overridden(overrides),
+            .map_err(|why| SimError::invalid("latency model", why))?
+            .default_model(),
+        None => scenario.latency,
     };
-    model.map_err(|why| SimError::invalid("latency model", why))
+    base.with_overrides(overrides)
+        .map_err(|why| SimError::invalid("latency model", why))
 }
 
 /// Resolves `opts.scenario` and runs it.
