@@ -35,6 +35,22 @@ pub struct Scenario {
     /// Absent: `calibrated` with its defaults.
     #[serde(default = "default_latency")]
     pub latency: LatencyModel,
+    /// Continuous mode's goodput: a completed request counts when its time to first token
+    /// and its time per output token meet these, ms (`--ttft-target-ms`, `--tpot-target-ms`).
+    #[serde(default = "default_ttft_target_ms")]
+    pub ttft_target_ms: f64,
+    #[serde(default = "default_tpot_target_ms")]
+    pub tpot_target_ms: f64,
+}
+
+/// An interactive chat's first token: half a second.
+pub fn default_ttft_target_ms() -> f64 {
+    500.0
+}
+
+/// 50 ms per output token: 20 tokens/s, faster than people read.
+pub fn default_tpot_target_ms() -> f64 {
+    50.0
 }
 
 fn default_latency() -> LatencyModel {
@@ -97,6 +113,8 @@ fn chat(name: &str, description: &str, requests: u64, arrivals: Arrivals) -> Sce
         },
         engine: EngineSettings::default(),
         latency: LatencyModel::CALIBRATED_DEFAULT,
+        ttft_target_ms: default_ttft_target_ms(),
+        tpot_target_ms: default_tpot_target_ms(),
     }
 }
 
@@ -268,6 +286,8 @@ fn multibin_paper() -> Scenario {
             prefill_ms_per_token: 0.0,
             decode_ms_per_token: 0.2,
         },
+        ttft_target_ms: default_ttft_target_ms(),
+        tpot_target_ms: default_tpot_target_ms(),
     }
 }
 
@@ -306,6 +326,8 @@ fn closed_loop() -> Scenario {
             per_token_ms: 1.0,
             variance: 0.0,
         },
+        ttft_target_ms: default_ttft_target_ms(),
+        tpot_target_ms: default_tpot_target_ms(),
     }
 }
 
