@@ -348,9 +348,20 @@ impl Continuous {
     /// Runs a tick on every idle replica that has work: admit into free slots, then build
     /// and emit one step. Returns true if any step was emitted.
     pub fn tick(&mut self, out: &mut impl FnMut(StepAction<'_>)) -> bool {
+        self.tick_replicas(&mut |_| true, out)
+    }
+
+    /// [`Self::tick`] on the idle replicas `allow` accepts (the driver's circuit breakers:
+    /// a replica whose circuit is open takes no new requests and runs no step). `allow` is
+    /// asked only about idle replicas, once per tick.
+    pub fn tick_replicas(
+        &mut self,
+        allow: &mut impl FnMut(usize) -> bool,
+        out: &mut impl FnMut(StepAction<'_>),
+    ) -> bool {
         let mut any = false;
         for r in 0..self.replicas.len() {
-            if self.replicas[r].busy {
+            if self.replicas[r].busy || !allow(r) {
                 continue;
             }
             self.admit_into_slots(r);
@@ -471,6 +482,22 @@ impl Continuous {
                     self.table.remove(ticket);
                     out(ticket);
                 }
+            }
+        }
+    }
+
+    /// The step out on `replica` will not be waited for (it hung past the step timeout):
+    /// every request active on the replica is freed and handed to `out`, to be failed. The
+    /// replica stays busy until the step comes back through `complete_step`, which then
+    /// finds its slots idle and ignores it. O(slots).
+    pub fn fail_replica(&mut self, replica: usize, out: &mut impl FnMut(Ticket)) {
+        let rep = &mut self.replicas[replica];
+        for slot in rep.slots.iter_mut() {
+            if slot.phase != SlotPhase::Idle {
+                let ticket = slot.ticket;
+                *slot = IDLE_SLOT;
+                self.table.remove(ticket);
+                out(ticket);
             }
         }
     }

@@ -326,7 +326,12 @@ pub fn start_routed(
                 ..ccfg
             });
             let engine = Engine::new(
-                IterationLevel::new(sched, cfg.core.request_timeout_ns),
+                IterationLevel::new(
+                    sched,
+                    cfg.core.request_timeout_ns,
+                    cfg.core.batch_timeout_ns,
+                    cfg.core.circuit,
+                ),
                 clock,
                 shared.clone(),
                 links,

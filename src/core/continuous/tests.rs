@@ -270,3 +270,55 @@ fn waiting_requests_past_their_deadline_are_dropped_oldest_first() {
     assert_eq!(c.waiting(), 1);
     let _ = young;
 }
+
+#[test]
+fn a_failed_replica_frees_its_requests_and_ignores_the_late_step() {
+    let mut c = Continuous::new(ContinuousConfig {
+        replicas: 2,
+        ..cfg()
+    });
+    let a = c.admit(meta(4, 3, Priority::Normal)).unwrap();
+    // Only replica 0 may run: the request goes there.
+    let mut entries = vec![];
+    c.tick_replicas(&mut |r| r == 0, &mut |a| {
+        if let StepAction::Step { entries: e, .. } = a {
+            entries = e.to_vec();
+        }
+    });
+    assert_eq!(entries.len(), 1);
+    assert!(c.is_busy(0) && !c.is_busy(1));
+    let mut failed = vec![];
+    c.fail_replica(0, &mut |t| failed.push(t));
+    assert_eq!(failed, vec![a]);
+    assert_eq!(c.active_slots(0), 0);
+    assert!(c.is_busy(0), "the step is still out");
+    // The hung step returns at last: nothing finishes twice.
+    let mut done = vec![];
+    c.complete_step(0, &[EntryResult::Continue], &mut |t, _| done.push(t));
+    assert!(done.is_empty());
+    assert!(c.is_idle());
+}
+
+#[test]
+fn step_entries_carry_their_context_for_the_latency_model() {
+    let mut c = Continuous::new(cfg());
+    let _t = c.admit(meta(10, 3, Priority::Normal)).unwrap();
+    let (e, _) = tick(&mut c); // prefill 8 of 10 (chunk 8)
+    assert_eq!(e[0].context, 0);
+    let s = StepShape::of(&e);
+    assert_eq!(
+        (s.prefill_tokens, s.kv_read_tokens, s.attention_pairs),
+        (8, 4, 36)
+    );
+    finish_all(&mut c, &e);
+    let (e, _) = tick(&mut c); // the last 2 prompt tokens, then the first output token
+    assert_eq!(e[0].context, 8);
+    finish_all(&mut c, &e);
+    let (e, _) = tick(&mut c); // decode: prompt 10 + 1 generated
+    assert_eq!((e[0].work, e[0].context), (StepWork::Decode, 11));
+    let s = StepShape::of(&e);
+    assert_eq!(
+        (s.decode_tokens, s.kv_read_tokens, s.attention_pairs),
+        (1, 11, 12)
+    );
+}

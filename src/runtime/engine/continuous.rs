@@ -6,7 +6,11 @@
 //! (`tick`); a step's reply streams the sampled tokens to their submitters, then answers
 //! the requests that ended and frees their slots; a request waiting for a slot past the
 //! request deadline fails; a cancel drops a waiting request at once and an active one at
-//! its next step. The shared turn is in `engine/mod.rs`. Same rules: after start-up no
+//! its next step. A step out longer than the step timeout (`workers.batch_timeout`) fails
+//! every request of its replica with [`FailReason::BatchTimeout`] and counts against the
+//! replica's circuit breaker, as a failed step does; the late reply is then only taken
+//! back. A replica whose circuit is open runs no step and takes no request until its
+//! recovery time has passed (then one probe step). The shared turn is in `engine/mod.rs`. Same rules: after start-up no
 //! allocation, no lock (other than `try_lock` to publish), no blocking. Step buffers
 //! circulate engine -> worker -> engine; request payloads are moved or `Arc`-shared, never
 //! copied.
@@ -14,6 +18,7 @@
 use super::io::{move_latency_samples, move_samples, EngineIo};
 use super::routing::RouteState;
 use super::Mode;
+use crate::core::circuit::{CircuitBreaker, CircuitParams};
 use crate::core::continuous::{Continuous, ContinuousReject, EntryResult, StepAction};
 use crate::core::pool::WorkerStatus;
 use crate::core::strategy::StrategyKind;
@@ -55,6 +60,16 @@ pub struct IterationLevel {
     busy_total: Vec<Nanos>,
     /// A request still waiting for a slot this long fails (batching.request_timeout).
     request_timeout_ns: Nanos,
+    /// A step out this long fails its replica's requests (workers.batch_timeout).
+    step_timeout_ns: Nanos,
+    circuit: CircuitParams,
+    /// One breaker per replica.
+    circuits: Vec<CircuitBreaker>,
+    /// The replica's step timed out: its requests were failed; the reply is only taken back.
+    timed_out: Vec<bool>,
+    steps_failed: Vec<u64>,
+    /// Scratch: replicas that started a step in one tick.
+    started: Vec<usize>,
     /// Time-to-first-token and time-per-output-token samples since the last publish
     /// (capacity fixed at start; when full, samples are counted as dropped).
     new_ttft_ns: Vec<u64>,
@@ -63,9 +78,15 @@ pub struct IterationLevel {
 }
 
 impl IterationLevel {
-    /// Builds the mode over `sched` (one replica per engine worker); every buffer it will
-    /// use is allocated here.
-    pub fn new(sched: Continuous, request_timeout_ns: Nanos) -> IterationLevel {
+    /// Builds the mode over `sched` (one replica per engine worker) with the request and
+    /// step timeouts and the circuit-breaker settings; every buffer it will use is
+    /// allocated here.
+    pub fn new(
+        sched: Continuous,
+        request_timeout_ns: Nanos,
+        step_timeout_ns: Nanos,
+        circuit: CircuitParams,
+    ) -> IterationLevel {
         let replicas = sched.config().replicas;
         let slots = sched.config().max_slots;
         IterationLevel {
@@ -84,6 +105,12 @@ impl IterationLevel {
             busy_total: vec![0; replicas],
             sched,
             request_timeout_ns,
+            step_timeout_ns: step_timeout_ns.max(1),
+            circuit,
+            circuits: vec![CircuitBreaker::default(); replicas],
+            timed_out: vec![false; replicas],
+            steps_failed: vec![0; replicas],
+            started: Vec::with_capacity(replicas),
             new_ttft_ns: Vec::with_capacity(TOKEN_SAMPLES),
             new_tpot_ns: Vec::with_capacity(TOKEN_SAMPLES),
             output_tokens: 0,
@@ -92,6 +119,19 @@ impl IterationLevel {
 
     fn replicas(&self) -> usize {
         self.step_bufs.len()
+    }
+}
+
+impl IterationLevel {
+    /// Empties a step buffer and keeps it for the replica's next step.
+    fn return_buffer(&mut self, r: usize, mut items: Vec<StepItem>) {
+        for item in items.iter_mut() {
+            item.work = None;
+            item.token = None;
+            item.output = None;
+        }
+        items.clear();
+        self.step_bufs[r] = Some(items);
     }
 }
 
@@ -163,6 +203,24 @@ impl Mode for IterationLevel {
     fn on_reply(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos, r: usize, reply: StepResult) {
         let StepResult { mut items, result } = reply;
         self.busy_total[r] += now.saturating_sub(self.busy_since[r]);
+        if std::mem::take(&mut self.timed_out[r]) {
+            // Its requests were failed when it timed out; the slots are idle, so completing
+            // the step only marks the replica free.
+            self.results.clear();
+            self.results
+                .extend(items.iter().map(|_| EntryResult::Cancelled));
+            self.sched.complete_step(r, &self.results, &mut |_, _| {
+                unreachable!("a timed-out replica's slots were freed")
+            });
+            self.return_buffer(r, items);
+            return;
+        }
+        if result.is_ok() {
+            self.circuits[r].record_success();
+        } else {
+            self.circuits[r].record_failure(now, &self.circuit);
+            self.steps_failed[r] += 1;
+        }
         if result.is_ok() {
             // Tokens first: a request's Done must follow its last token.
             for item in items.iter_mut() {
@@ -233,17 +291,33 @@ impl Mode for IterationLevel {
             }
             io.finish(now, ticket.index, outcome);
         }
-        for item in items.iter_mut() {
-            item.work = None;
-            item.token = None;
-            item.output = None;
-        }
-        items.clear();
-        self.step_bufs[r] = Some(items);
+        self.return_buffer(r, items);
     }
 
-    /// Fails requests that waited for a slot past the request deadline.
+    /// Fails the requests of steps out past the step timeout, and requests that waited for
+    /// a slot past the request deadline.
     fn expire(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
+        for r in 0..self.replicas() {
+            if !self.sched.is_busy(r)
+                || self.timed_out[r]
+                || now.saturating_sub(self.busy_since[r]) < self.step_timeout_ns
+            {
+                continue;
+            }
+            self.timed_out[r] = true;
+            self.steps_failed[r] += 1;
+            self.circuits[r].record_failure(now, &self.circuit);
+            let failed = &mut self.failed;
+            self.sched.fail_replica(r, &mut |t| {
+                *failed += 1;
+                io.pending[t.index as usize].first_token_ns = 0;
+                io.finish(
+                    now,
+                    t.index,
+                    Err(RequestError::Failed(FailReason::BatchTimeout)),
+                );
+            });
+        }
         if self.sched.waiting() == 0 {
             return;
         }
@@ -259,48 +333,74 @@ impl Mode for IterationLevel {
             });
     }
 
-    /// One tick: every replica without a step out gets its next step.
+    /// One tick: every replica without a step out whose circuit allows it gets its next
+    /// step. The next deadline is the earliest step timeout, or an open circuit's recovery
+    /// while requests wait.
     #[inline]
     fn poll(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) -> (bool, Option<Nanos>) {
         let bufs = &mut self.step_bufs;
         let steps = &mut self.steps_per_replica;
         let busy_since = &mut self.busy_since;
-        let worked = self.sched.tick(&mut |action| match action {
-            StepAction::Step {
-                replica, entries, ..
-            } => {
-                let mut items = bufs[replica]
-                    .take()
-                    .expect("a replica without a step out has its buffer");
-                for e in entries {
-                    let work = if e.admitted {
-                        // Arc-shared prompt: no allocation; the engine keeps its copy so a
-                        // preempted request can be sent again.
-                        io.pending[e.ticket.index as usize].work.clone()
-                    } else {
-                        None
-                    };
-                    items.push(StepItem {
-                        entry: *e,
-                        work,
-                        token: None,
-                        token_offset: 0,
-                        result: EntryResult::Continue,
-                        output: None,
-                    });
+        let (circuits, params) = (&mut self.circuits, &self.circuit);
+        let started = &mut self.started;
+        started.clear();
+        let mut allow = |r: usize| circuits[r].can_execute(now, params);
+        let worked = self
+            .sched
+            .tick_replicas(&mut allow, &mut |action| match action {
+                StepAction::Step {
+                    replica, entries, ..
+                } => {
+                    let mut items = bufs[replica]
+                        .take()
+                        .expect("a replica without a step out has its buffer");
+                    for e in entries {
+                        let work = if e.admitted {
+                            // Arc-shared prompt: no allocation; the engine keeps its copy so a
+                            // preempted request can be sent again.
+                            io.pending[e.ticket.index as usize].work.clone()
+                        } else {
+                            None
+                        };
+                        items.push(StepItem {
+                            entry: *e,
+                            work,
+                            token: None,
+                            token_offset: 0,
+                            result: EntryResult::Continue,
+                            output: None,
+                        });
+                    }
+                    steps[replica] += 1;
+                    busy_since[replica] = now;
+                    started.push(replica);
+                    let link = &mut io.workers[replica];
+                    if link.jobs.push(StepMsg { items }).is_err() {
+                        unreachable!("one step out per replica fits its ring");
+                    }
+                    link.bell.ring();
                 }
-                steps[replica] += 1;
-                busy_since[replica] = now;
-                let link = &mut io.workers[replica];
-                if link.jobs.push(StepMsg { items }).is_err() {
-                    unreachable!("one step out per replica fits its ring");
-                }
-                link.bell.ring();
-            }
-            // The worker drops the slot's state when the slot is next admitted into.
-            StepAction::Preempted { .. } => {}
-        });
-        (worked, None)
+                // The worker drops the slot's state when the slot is next admitted into.
+                StepAction::Preempted { .. } => {}
+            });
+        for &r in &self.started {
+            self.circuits[r].on_dispatch();
+        }
+        let mut next: Option<Nanos> = None;
+        for r in 0..self.replicas() {
+            let due = if self.sched.is_busy(r) && !self.timed_out[r] {
+                Some(self.busy_since[r].saturating_add(self.step_timeout_ns))
+            } else if self.sched.waiting() > 0 {
+                self.circuits[r].reopens_at(&self.circuit)
+            } else {
+                None
+            };
+            next = match (next, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        (worked, next)
     }
 
     fn abort(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
@@ -348,7 +448,7 @@ impl Mode for IterationLevel {
                 } else {
                     WorkerStatus::Idle
                 },
-                circuit: crate::core::circuit::CircuitState::Closed,
+                circuit: self.circuits[r].last_state(),
                 pending: u32::from(busy),
                 busy_ns: self.busy_total[r]
                     + if busy {
@@ -356,8 +456,8 @@ impl Mode for IterationLevel {
                     } else {
                         0
                     },
-                batches_ok: self.steps_per_replica[r],
-                batches_failed: 0,
+                batches_ok: self.steps_per_replica[r] - self.steps_failed[r],
+                batches_failed: self.steps_failed[r],
             };
         }
         snap.continuous = Some(ContinuousSnapshot {
