@@ -196,7 +196,8 @@ impl Default for ContinuousSection {
 #[serde(default, deny_unknown_fields)]
 pub struct WorkersConfig {
     pub count: usize,
-    /// none | linear | calibrated | max_of_batch | affine_step | roofline (`exec::latency`).
+    /// auto | none | linear | calibrated | max_of_batch | affine_step | roofline
+    /// (`exec::latency`); auto: linear in request mode, roofline in continuous mode.
     pub latency_model: LatencyKind,
     /// linear: per-batch base.
     pub base_latency_ms: f64,
@@ -258,7 +259,7 @@ impl Default for WorkersConfig {
         );
         WorkersConfig {
             count: core.workers,
-            latency_model: sim.latency.kind(),
+            latency_model: LatencyKind::Auto,
             base_latency_ms,
             per_token_latency_ms,
             latency_variance,
@@ -292,9 +293,14 @@ impl Default for WorkersConfig {
 
 impl WorkersConfig {
     /// The chosen latency model with its parameters from this section
-    /// (`prefill_ms_per_token` is shared by the models that prefill per token).
-    pub fn latency(&self) -> LatencyModel {
-        let kind = self.latency_model;
+    /// (`prefill_ms_per_token` is shared by the models that prefill per token); `auto`
+    /// resolves by batching `mode`.
+    pub fn latency(&self, mode: BatchingMode) -> LatencyModel {
+        let kind = match (self.latency_model, mode) {
+            (LatencyKind::Auto, BatchingMode::Request) => LatencyKind::Linear,
+            (LatencyKind::Auto, BatchingMode::Continuous) => LatencyKind::Roofline,
+            (kind, _) => kind,
+        };
         let params = match kind {
             LatencyKind::None => [0.0; 3],
             LatencyKind::Linear => [
@@ -317,6 +323,7 @@ impl WorkersConfig {
                 self.affine_step_a_ms,
                 self.affine_step_c_ms,
             ],
+            LatencyKind::Auto => unreachable!("resolved above"),
             LatencyKind::Roofline => {
                 return LatencyModel::Roofline(Roofline {
                     llm: self.llm,

@@ -266,7 +266,7 @@ impl Config {
         probability("workers.fault_hang_rate", w.fault_hang_rate)?;
         non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
         non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
-        let latency = w.latency();
+        let latency = w.latency(b.mode);
         if let LatencyModel::Roofline(r) = &latency {
             r.check()
                 .map_err(|why| invalid("workers.latency_model", "\"roofline\"", why))?;

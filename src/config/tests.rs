@@ -562,6 +562,12 @@ fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
             c_ms: 5.5
         }
     );
+    let c = Config::from_toml("[batching]\nmode = \"continuous\"\n").unwrap();
+    assert_eq!(
+        c.check().unwrap().runtime.sim.latency,
+        LatencyModel::Roofline(crate::exec::roofline::Roofline::DEFAULT),
+        "auto is roofline in continuous mode"
+    );
     let mut c = Config::default();
     c.workers.max_of_batch_decode_ms_per_token = -1.0;
     let e = c.validate().unwrap_err().to_string();

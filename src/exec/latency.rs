@@ -26,6 +26,11 @@ pub enum LatencyKind {
     MaxOfBatch,
     AffineStep,
     Roofline,
+    /// Live config only (`workers.latency_model = "auto"`, the default): `linear` in
+    /// request-level mode (the Go spec's), `roofline` on its default presets in continuous
+    /// mode (a real model on a real GPU). Not in [`LatencyKind::ALL`]: a scenario or a
+    /// simulation names its model.
+    Auto,
 }
 
 impl LatencyKind {
@@ -48,6 +53,7 @@ impl LatencyKind {
             LatencyKind::MaxOfBatch => "max_of_batch",
             LatencyKind::AffineStep => "affine_step",
             LatencyKind::Roofline => "roofline",
+            LatencyKind::Auto => "auto",
         }
     }
 
@@ -61,6 +67,7 @@ impl LatencyKind {
             LatencyKind::MaxOfBatch => &["base_ms", "prefill_ms_per_token", "decode_ms_per_token"],
             LatencyKind::AffineStep => &["prefill_ms_per_token", "a_ms", "c_ms"],
             LatencyKind::Roofline => &["tp", "flops_efficiency", "bandwidth_efficiency"],
+            LatencyKind::Auto => &[],
         }
     }
 
@@ -81,6 +88,8 @@ impl LatencyKind {
             LatencyKind::MaxOfBatch => LatencyModel::MAX_OF_BATCH_DEFAULT,
             LatencyKind::AffineStep => LatencyModel::AFFINE_STEP_DEFAULT,
             LatencyKind::Roofline => LatencyModel::Roofline(Roofline::DEFAULT),
+            // As a model of its own `auto` is request-level mode's choice.
+            LatencyKind::Auto => LatencyModel::LINEAR_DEFAULT,
         }
     }
 
@@ -99,6 +108,9 @@ impl fmt::Display for LatencyKind {
 impl FromStr for LatencyKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == LatencyKind::Auto.as_str() {
+            return Ok(LatencyKind::Auto);
+        }
         Self::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
@@ -259,6 +271,7 @@ impl LatencyModel {
                 bandwidth_efficiency: z,
                 ..Roofline::DEFAULT
             }),
+            LatencyKind::Auto => LatencyModel::LINEAR_DEFAULT,
         }
     }
 
@@ -598,6 +611,14 @@ impl TryFrom<LatencyKeys> for LatencyModel {
     type Error = String;
     fn try_from(mut k: LatencyKeys) -> Result<Self, String> {
         let kind: LatencyKind = k.model.parse()?;
+        if kind == LatencyKind::Auto {
+            return Err(format!(
+                "latency model 'auto' is a choice of the live config ([workers] in \
+                 config.toml: linear in request mode, roofline in continuous mode); name a \
+                 model here: {}",
+                LatencyKind::valid_names()
+            ));
+        }
         let mut values = kind.default_model().params();
         for (i, key) in kind.keys().iter().enumerate() {
             let v = k.slot(key).and_then(|s| s.take()).unwrap_or(values[i]);
