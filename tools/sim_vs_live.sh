@@ -23,6 +23,9 @@ REQUESTS="${REQUESTS:-3000}"             # steady_state: 100 requests/s, so 30 s
 WORKERS="${WORKERS:-4}"
 LATENCY_MODEL="${LATENCY_MODEL:-linear}" # none | linear | calibrated (server's defaults)
 STRATEGY="${STRATEGY:-queue_depth}"
+# request | continuous (then the strategy does not apply: loadgen does not switch it, and
+# the simulator's run is named `continuous`; LATENCY_MODEL=roofline is the realistic one).
+MODE="${MODE:-request}"
 # More than the requests in flight at the server's pace, so sends are rarely late; the
 # simulator has no connection limit. (An overloaded run still queues the excess in the
 # load generator, where latency keeps counting from the schedule.)
@@ -37,7 +40,7 @@ bin="$root/target/release/abe"
 echo "== 1. build release" >&2
 (cd "$root" && cargo build --release --quiet)
 
-echo "== 2. abe serve: $WORKERS workers, latency model $LATENCY_MODEL, strategy $STRATEGY" >&2
+echo "== 2. abe serve: $WORKERS workers, latency model $LATENCY_MODEL, $MODE mode, strategy $STRATEGY" >&2
 config="$OUT_DIR/serve.toml"
 cat >"$config" <<EOF
 [server]
@@ -48,6 +51,7 @@ max_connections = 4096
 
 [batching]
 strategy = "$STRATEGY"
+mode = "$MODE"
 
 [workers]
 count = $WORKERS
@@ -71,8 +75,8 @@ done
 
 echo "== 3. abe loadgen against $url" >&2
 loadgen=("$bin" loadgen --url "$url" --scenario "$SCENARIO" --seed "$SEED"
-  --requests "$REQUESTS" --connections "$CONNECTIONS" --strategy "$STRATEGY"
-  --json "$OUT_DIR/live.json")
+  --requests "$REQUESTS" --connections "$CONNECTIONS" --json "$OUT_DIR/live.json")
+[ "$MODE" = continuous ] || loadgen+=(--strategy "$STRATEGY")
 echo "\$ ${loadgen[*]}"
 "${loadgen[@]}"
 
@@ -83,7 +87,7 @@ trap - EXIT
 echo "== 4. abe simulate" >&2
 simulate=("$bin" simulate --scenario "$SCENARIO" --seed "$SEED" --requests "$REQUESTS"
   --strategies "$STRATEGY" --workers "$WORKERS" --latency-model "$LATENCY_MODEL"
-  --json "$OUT_DIR/sim.json")
+  --mode "$MODE" --json "$OUT_DIR/sim.json")
 echo "\$ ${simulate[*]}"
 "${simulate[@]}"
 

@@ -182,6 +182,34 @@ struct Replica {
     /// Entries of the step in flight (capacity `max_slots`).
     entries: Vec<StepEntry>,
     admitted_seq: u64,
+    /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
+    active: usize,
+    /// KV tokens in use. Invariant: `prefilled + generated` summed over active slots.
+    /// Kept so a tick costs O(active slots), not O(max_slots), when few slots are busy.
+    kv_used: u64,
+}
+
+impl Replica {
+    /// Frees slot `s` (not idle), keeping the counters; returns its ticket.
+    fn free(&mut self, s: usize) -> Ticket {
+        let slot = &mut self.slots[s];
+        debug_assert!(slot.phase != SlotPhase::Idle);
+        self.active -= 1;
+        self.kv_used -= u64::from(slot.prefilled) + u64::from(slot.generated);
+        let ticket = slot.ticket;
+        *slot = IDLE_SLOT;
+        ticket
+    }
+
+    /// Recomputes the counters from the slots (debug checks of the invariants).
+    fn counters_hold(&self) -> bool {
+        let live = self.slots.iter().filter(|s| s.phase != SlotPhase::Idle);
+        let kv: u64 = live
+            .clone()
+            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
+            .sum();
+        live.count() == self.active && kv == self.kv_used
+    }
 }
 
 /// Counters for metrics.
@@ -223,6 +251,8 @@ impl Continuous {
                 busy: false,
                 entries: Vec::with_capacity(cfg.max_slots),
                 admitted_seq: 0,
+                active: 0,
+                kv_used: 0,
             })
             .collect();
         Continuous {
@@ -253,21 +283,12 @@ impl Continuous {
 
     /// Slots in use on `replica`.
     pub fn active_slots(&self, replica: usize) -> usize {
-        self.replicas[replica]
-            .slots
-            .iter()
-            .filter(|s| s.phase != SlotPhase::Idle)
-            .count()
+        self.replicas[replica].active
     }
 
     /// KV tokens in use on `replica` (prompt prefilled + generated, over active slots).
     pub fn kv_used(&self, replica: usize) -> u64 {
-        self.replicas[replica]
-            .slots
-            .iter()
-            .filter(|s| s.phase != SlotPhase::Idle)
-            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
-            .sum()
+        self.replicas[replica].kv_used
     }
 
     /// Stop admitting new requests; queued and active ones still run to completion.
@@ -287,11 +308,7 @@ impl Continuous {
 
     /// Nothing waiting, nothing active, no step out.
     pub fn is_idle(&self) -> bool {
-        self.waiting_len == 0
-            && self
-                .replicas
-                .iter()
-                .all(|r| !r.busy && r.slots.iter().all(|s| s.phase == SlotPhase::Idle))
+        self.waiting_len == 0 && self.replicas.iter().all(|r| !r.busy && r.active == 0)
     }
 
     /// Queues a request. `meta.tokens_estimated - meta.max_tokens` is its prompt length.
@@ -400,30 +417,35 @@ impl Continuous {
         );
         rep.busy = false;
         debug_assert_eq!(results.len(), rep.entries.len());
-        for (entry, result) in rep.entries.iter().zip(results) {
+        for (i, result) in results.iter().enumerate().take(rep.entries.len()) {
+            let entry = rep.entries[i];
             let slot = &mut rep.slots[entry.slot as usize];
             if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
-                continue; // preempted while the step ran
+                continue; // freed while the step ran
             }
-            match entry.work {
+            let grown = match entry.work {
                 StepWork::Prefill { tokens, last, .. } => {
                     slot.prefilled += tokens;
                     if last {
                         slot.phase = SlotPhase::Generating;
                         slot.generated += 1;
                     }
+                    tokens + u32::from(last)
                 }
-                StepWork::Decode => slot.generated += 1,
-            }
+                StepWork::Decode => {
+                    slot.generated += 1;
+                    1
+                }
+            };
             let done = match result {
                 EntryResult::Continue => {
                     slot.phase == SlotPhase::Generating && slot.generated >= slot.max_tokens
                 }
                 EntryResult::Finished | EntryResult::Cancelled => true,
             };
+            rep.kv_used += u64::from(grown);
             if done {
-                let ticket = slot.ticket;
-                *slot = IDLE_SLOT;
+                let ticket = rep.free(entry.slot as usize);
                 self.table.remove(ticket);
                 let r = if *result == EntryResult::Cancelled {
                     self.stats.cancelled += 1;
@@ -436,6 +458,7 @@ impl Continuous {
             }
         }
         rep.entries.clear();
+        debug_assert!(rep.counters_hold());
     }
 
     /// Drops every waiting request that arrived more than `timeout_ns` before `now` (no slot
@@ -475,10 +498,8 @@ impl Continuous {
         }
         for r in 0..self.replicas.len() {
             for s in 0..self.replicas[r].slots.len() {
-                let slot = &mut self.replicas[r].slots[s];
-                if slot.phase != SlotPhase::Idle {
-                    let ticket = slot.ticket;
-                    *slot = IDLE_SLOT;
+                if self.replicas[r].slots[s].phase != SlotPhase::Idle {
+                    let ticket = self.replicas[r].free(s);
                     self.table.remove(ticket);
                     out(ticket);
                 }
@@ -492,10 +513,9 @@ impl Continuous {
     /// finds its slots idle and ignores it. O(slots).
     pub fn fail_replica(&mut self, replica: usize, out: &mut impl FnMut(Ticket)) {
         let rep = &mut self.replicas[replica];
-        for slot in rep.slots.iter_mut() {
-            if slot.phase != SlotPhase::Idle {
-                let ticket = slot.ticket;
-                *slot = IDLE_SLOT;
+        for s in 0..rep.slots.len() {
+            if rep.slots[s].phase != SlotPhase::Idle {
+                let ticket = rep.free(s);
                 self.table.remove(ticket);
                 out(ticket);
             }
@@ -515,17 +535,26 @@ impl Continuous {
     /// Admits waiting requests (highest priority first, FIFO within) into free slots while
     /// their prompt + max_tokens fit in the replica's free KV.
     fn admit_into_slots(&mut self, r: usize) {
+        if self.waiting_len == 0 {
+            return;
+        }
         let capacity = self.cfg.kv_capacity_tokens;
         let mut used = self.kv_used(r);
+        // Free slots are searched from here on: every slot before it is taken.
+        let mut from = 0;
         for p in Priority::HIGHEST_FIRST {
             loop {
-                let Some(free) = self.replicas[r]
-                    .slots
+                if self.replicas[r].active == self.cfg.max_slots {
+                    return;
+                }
+                let Some(free) = self.replicas[r].slots[from..]
                     .iter()
                     .position(|s| s.phase == SlotPhase::Idle)
+                    .map(|i| from + i)
                 else {
                     return;
                 };
+                from = free;
                 let Some(index) = self.waiting[p.index()].front() else {
                     break;
                 };
@@ -549,6 +578,7 @@ impl Continuous {
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
                 };
+                rep.active += 1;
                 used += need;
             }
         }
@@ -560,6 +590,11 @@ impl Continuous {
         let capacity = self.cfg.kv_capacity_tokens;
         loop {
             let rep = &self.replicas[r];
+            // Quick bound: every active slot grows by at most a chunk.
+            let most = rep.kv_used + rep.active as u64 * u64::from(self.cfg.prefill_chunk.max(1));
+            if most <= capacity {
+                return;
+            }
             let used: u64 = rep
                 .slots
                 .iter()
@@ -584,8 +619,7 @@ impl Continuous {
             else {
                 return;
             };
-            let ticket = self.replicas[r].slots[victim].ticket;
-            self.replicas[r].slots[victim] = IDLE_SLOT;
+            let ticket = self.replicas[r].free(victim);
             let p = self.table.meta(ticket.index).priority.index();
             self.waiting[p].push_front(&mut self.table, ticket.index);
             self.waiting_len += 1;
@@ -605,7 +639,13 @@ impl Continuous {
         let mut budget = self.cfg.n_batch.max(1);
         let rep = &mut self.replicas[r];
         rep.entries.clear();
+        let active = rep.active;
+        let mut seen = 0;
         for (i, s) in rep.slots.iter_mut().enumerate() {
+            if seen == active {
+                break; // the rest are idle
+            }
+            seen += usize::from(s.phase != SlotPhase::Idle);
             if s.phase == SlotPhase::Generating && budget > 0 {
                 rep.entries.push(StepEntry {
                     slot: i as u32,
@@ -618,8 +658,13 @@ impl Continuous {
                 budget -= 1;
             }
         }
+        let mut seen = 0;
         for (i, s) in rep.slots.iter_mut().enumerate() {
-            if s.phase == SlotPhase::Prefilling && budget > 0 {
+            if seen == active || budget == 0 {
+                break;
+            }
+            seen += usize::from(s.phase != SlotPhase::Idle);
+            if s.phase == SlotPhase::Prefilling {
                 let remaining = s.prompt_tokens - s.prefilled;
                 let tokens = remaining.min(chunk).min(budget);
                 rep.entries.push(StepEntry {

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# abe's continuous-batching simulator against inference-lab (crates.io: a Rust discrete-event
+# simulator with a vLLM-style scheduler over a datasheet roofline), on the same model, GPU,
+# scheduler limits and workload:
+#   Llama-3.1-8B (BF16) on one H100 SXM, at most 256 sequences and 8192 tokens per step,
+#   chunked prefill within that budget; Poisson 20 requests/s, prompts lognormal with median
+#   128 tokens (sigma 0.6), outputs lognormal with median 24 (sigma 0.5); REQUESTS requests.
+# abe runs scenarios/chat_8b_h100.toml with both roofline efficiencies at 1 (inference-lab
+# prices steps at the datasheet peaks). The two draw their requests from different RNGs, so
+# the comparison is of aggregates over many requests.
+#
+#   1. installs inference-lab VERSION with `cargo install --locked` into target/peers/ (once);
+#   2. builds abe (release);
+#   3. runs each, timed (wall clock, this machine), and prints throughput, mean TTFT and mean
+#      TPOT side by side, with abe / inference-lab ratios.
+#
+# Usage: tools/peers/inference_lab.sh            (override with VAR=value)
+# Writes il.toml, il_workload.toml, il.txt, abe.json, abe.txt into OUT_DIR.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+VERSION="${VERSION:-1.0.0}"
+REQUESTS="${REQUESTS:-100000}"
+SEED="${SEED:-7}"
+OUT_DIR="${OUT_DIR:-$root/target/peers/inference_lab_run}"
+il_root="$root/target/peers/inference-lab"
+il="$il_root/bin/inference-lab"
+command -v jq >/dev/null || { echo "inference_lab.sh needs jq" >&2; exit 2; }
+mkdir -p "$OUT_DIR"
+
+if ! [ -x "$il" ] || ! "$il" --version 2>/dev/null | grep -q "$VERSION"; then
+  echo "== 1. cargo install inference-lab $VERSION" >&2
+  cargo install --locked inference-lab --version "$VERSION" --root "$il_root"
+fi
+
+echo "== 2. build abe (release)" >&2
+(cd "$root" && cargo build --release --quiet --bin abe)
+abe="$root/target/release/abe"
+
+cat >"$OUT_DIR/il.toml" <<TOML
+model = "llama-3.1-8b-instruct"
+
+[scheduler]
+max_num_batched_tokens = 8192
+max_num_seqs = 256
+policy = "fcfs"
+enable_chunked_prefill = true
+block_size = 16
+
+[hardware.h100]
+tp = 1
+TOML
+# lognormal mean/std_dev are those of the log: ln 128 = 4.852, ln 24 = 3.178.
+cat >"$OUT_DIR/il_workload.toml" <<TOML
+arrival_pattern = "poisson"
+arrival_rate = 20.0
+num_requests = $REQUESTS
+seed = $SEED
+
+[input_len_dist]
+type = "lognormal"
+mean = 4.852
+std_dev = 0.6
+
+[output_len_dist]
+type = "lognormal"
+mean = 3.178
+std_dev = 0.5
+TOML
+
+echo "== 3a. inference-lab" >&2
+start=$(date +%s.%N)
+"$il" --config "$OUT_DIR/il.toml" --hardware h100 --workload "$OUT_DIR/il_workload.toml" \
+  >"$OUT_DIR/il.txt" 2>&1
+il_s=$(echo "$(date +%s.%N) - $start" | bc)
+
+echo "== 3b. abe simulate --mode continuous" >&2
+start=$(date +%s.%N)
+"$abe" simulate --scenario "$root/scenarios/chat_8b_h100.toml" --requests "$REQUESTS" \
+  --seed "$SEED" --jobs 1 --latency flops_efficiency=1 --latency bandwidth_efficiency=1 \
+  --json "$OUT_DIR/abe.json" >"$OUT_DIR/abe.txt"
+abe_s=$(echo "$(date +%s.%N) - $start" | bc)
+
+echo "== inference-lab output ($OUT_DIR/il.txt)"
+cat "$OUT_DIR/il.txt"
+echo "== abe"
+jq -r '.runs[0] | "throughput \(.throughput_rps) req/s, \(.output_tokens_per_s) output tok/s; " +
+  "TTFT mean \(.continuous.ttft_ms.mean) ms p50 \(.continuous.ttft_ms.p50); " +
+  "TPOT mean \(.continuous.tpot_ms.mean) ms p50 \(.continuous.tpot_ms.p50); " +
+  "e2e mean \(.latency_ms.mean) ms"' "$OUT_DIR/abe.json"
+printf 'wall clock: inference-lab %.2f s, abe %.2f s (%.1fx)\n' "$il_s" "$abe_s" \
+  "$(echo "$il_s / $abe_s" | bc -l)"
