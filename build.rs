@@ -24,7 +24,28 @@ fn main() {
         "cargo:rustc-env=BUILDINFO_PROFILE={}",
         std::env::var("PROFILE").unwrap_or_else(|_| "unknown".into())
     );
-    println!("cargo:rerun-if-changed=.git/HEAD");
-    println!("cargo:rerun-if-changed=.git/index");
+    // Where git keeps HEAD and the index: `.git/` in a checkout, `.git/worktrees/NAME/` in a
+    // worktree (whose `.git` is a file). A path that does not exist would make cargo rerun
+    // this script, and rebuild the crate, on every build.
+    for path in git_paths(&["HEAD", "index"]) {
+        println!("cargo:rerun-if-changed={path}");
+    }
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// The paths git uses for `names` (as `git rev-parse --git-path` resolves them), only those
+/// that exist; none outside a git checkout.
+fn git_paths(names: &[&str]) -> Vec<String> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let out = Command::new("git")
+                .args(["rev-parse", "--git-path", name])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())?;
+            let path = String::from_utf8(out.stdout).ok()?.trim().to_string();
+            std::path::Path::new(&path).exists().then_some(path)
+        })
+        .collect()
 }

@@ -4,6 +4,7 @@
 //! runtime's `on_thread_start` hook (the engine), and by the test thread while it drives a
 //! bare core. Warm-up first (first-touch growth is allowed), then 100,000 requests each.
 
+use abe::core::strategy::StrategyKind;
 use abe::core::{Action, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
 use abe::exec::latency::LatencyModel;
 use abe::exec::Work;
@@ -211,10 +212,14 @@ fn engine_thread_allocates_nothing_in_continuous_mode() {
     );
 }
 
-#[test]
-fn core_allocates_nothing_over_100k_requests() {
+/// Drives a bare core running `strategy` through 1,000 warm-up requests, then 100,000
+/// counted ones, with output lengths spread over 16..1,000 tokens (so `multi_bin`
+/// recomputes its bin boundaries and `dynamic` sizes its batches) and every seventh
+/// request critical.
+fn core_allocates_nothing(strategy: StrategyKind) {
     let mut core = Core::new(CoreConfig {
         workers: 2,
+        strategy,
         ..CoreConfig::default()
     });
     let mut out = Vec::with_capacity(64);
@@ -227,8 +232,12 @@ fn core_allocates_nothing_over_100k_requests() {
             } else {
                 Priority::Normal
             };
-            core.admit(now, RequestMeta::new(p, Kind::Completion, 40, 16, now))
-                .expect("room in the queue");
+            let max_tokens = 16 + (i * 37 % 985) as u32;
+            core.admit(
+                now,
+                RequestMeta::new(p, Kind::Completion, 40, max_tokens, now),
+            )
+            .expect("room in the queue");
             core.poll(now, &mut |a| {
                 if let Action::Dispatch { batch, .. } = a {
                     out.push(batch);
@@ -243,11 +252,39 @@ fn core_allocates_nothing_over_100k_requests() {
     let now = run(&mut core, 1000, 0);
     TRACKED.with(|t| t.set(true));
     let before = COUNTED.load(Ordering::Relaxed);
-    run(&mut core, 100_000, now);
+    let end = run(&mut core, 100_000, now);
     let after = COUNTED.load(Ordering::Relaxed);
     TRACKED.with(|t| t.set(false));
-    assert_eq!(after - before, 0, "core allocated {} times", after - before);
-    assert_eq!(core.stats().completed, 101_000);
+    assert_eq!(
+        after - before,
+        0,
+        "core running {strategy} allocated {} times",
+        after - before
+    );
+    // Whatever is still queued is answered by a drain; nothing was lost.
+    core.begin_drain();
+    core.poll(end, &mut |a| {
+        if let Action::Dispatch { batch, .. } = a {
+            out.push(batch);
+        }
+    });
+    for b in out.drain(..) {
+        core.complete(end, b, BatchOutcome::Ok);
+    }
+    assert_eq!(core.stats().completed, 101_000, "{strategy}");
+    if strategy == StrategyKind::MultiBin {
+        assert!(
+            core.research_snapshot().boundary_recomputes >= 50,
+            "multi_bin recomputed its boundaries in the counted run"
+        );
+    }
+}
+
+#[test]
+fn core_allocates_nothing_over_100k_requests_under_every_strategy() {
+    for strategy in StrategyKind::ALL {
+        core_allocates_nothing(strategy);
+    }
 }
 
 #[test]

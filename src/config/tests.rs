@@ -20,7 +20,7 @@ fn defaults_are_valid_and_match_the_spec() {
     assert_eq!(r.core.queue_capacity, 10_000);
     assert_eq!(r.core.max_batch_size, 32);
     assert_eq!(r.core.max_batch_tokens, 8192);
-    assert_eq!(r.core.strategy, StrategyKind::QueueDepth);
+    assert_eq!(r.core.strategy, StrategyKind::Auto);
     assert_eq!(r.core.priority_max_wait_ms, [100.0, 50.0, 20.0, 5.0]);
     assert_eq!(r.core.circuit.failure_threshold, 5);
     assert_eq!(r.core.circuit.recovery_ns, 30_000_000_000);
@@ -154,7 +154,7 @@ fn unknown_names_are_refused_where_they_are_read() {
     }
     let shown = Config::default().to_toml();
     assert!(
-        shown.contains("strategy = \"queue_depth\"") && shown.contains("idle = \"adaptive\""),
+        shown.contains("strategy = \"auto\"") && shown.contains("idle = \"adaptive\""),
         "choices print as their names: {shown}"
     );
 }

@@ -10,8 +10,8 @@ use super::request::{Nanos, RequestMeta};
 use super::strategy::batch_stats::EMA_WEIGHT;
 use super::strategy::batch_stats::{BatchObservation, BatchStats, OUTPUT_SAMPLE_CAPACITY};
 use super::strategy::bins::{
-    choose_age_aware, BinBoundaries, BinPolicy, BinSelector, LengthPredictor, PredictorKind,
-    BIN_COUNT_MAX,
+    choose_age_aware, longest_queue, BinBoundaries, BinPolicy, LengthPredictor, PredictorKind,
+    RoundRobin, BIN_COUNT_MAX,
 };
 use super::strategy::memory::MemoryModel;
 use super::strategy::sla::{SlaController, SlaParams};
@@ -144,7 +144,8 @@ pub struct Research {
     pub stats: BatchStats,
     pub sla: SlaController,
     pub boundaries: BinBoundaries,
-    pub selector: BinSelector,
+    /// The `round_robin` policy's cursor (unused by the others).
+    pub round_robin: RoundRobin,
     pub predictor: LengthPredictor,
     /// Per-bin statistics and controllers (only the first `cfg.bins` are used).
     pub bin_state: [BinState; BIN_COUNT_MAX],
@@ -157,7 +158,7 @@ pub struct Research {
     completed_total: u32,
     pub memory_limit_hits: u64,
     pub boundary_recomputes: u64,
-    /// Scratch for bin lengths given to the selector.
+    /// Scratch for bin lengths given to the length-based bin policies.
     lens: [usize; BIN_COUNT_MAX],
 }
 
@@ -169,7 +170,7 @@ impl Research {
             stats: BatchStats::new(OUTPUT_SAMPLE_CAPACITY),
             sla: SlaController::new(cfg.sla),
             boundaries: BinBoundaries::new(bins, cfg.max_tokens_limit, OUTPUT_SAMPLE_CAPACITY),
-            selector: BinSelector::new(cfg.bin_policy),
+            round_robin: RoundRobin::default(),
             predictor: LengthPredictor::new(cfg.predictor),
             bin_state: [BinState::new(cfg.sla); BIN_COUNT_MAX],
             bins: [Fifo::default(); BIN_COUNT_MAX],
@@ -248,7 +249,7 @@ impl Research {
         self.b_mem(bin).min(b_sla).max(1)
     }
 
-    /// Algorithms 5-6: the bin to serve next, among non-empty ones, at `now`. With the
+    /// Algorithm 5: the bin to serve next, among non-empty ones, at `now`. With the
     /// `age_aware` and `response_ratio` policies a head waiting `age_bound_ns` or more goes
     /// first; else `age_aware` serves the oldest head, `response_ratio` the highest ratio
     /// of wait to the bin's expected batch time ([`choose_age_aware`]).
@@ -259,32 +260,36 @@ impl Research {
         age_bound_ns: Nanos,
     ) -> Option<usize> {
         let k = self.cfg.bins;
-        let policy = self.selector.policy();
-        if !matches!(policy, BinPolicy::AgeAware | BinPolicy::ResponseRatio) {
-            for (i, len) in self.lens[..k].iter_mut().enumerate() {
-                *len = self.bins[i].len();
+        let policy = self.cfg.bin_policy;
+        if matches!(policy, BinPolicy::RoundRobin | BinPolicy::LongestQueue) {
+            for (len, bin) in self.lens[..k].iter_mut().zip(&self.bins) {
+                *len = bin.len();
             }
-            return self.selector.choose(&self.lens[..k]);
+            return match policy {
+                BinPolicy::RoundRobin => self.round_robin.choose(&self.lens[..k]),
+                _ => longest_queue(&self.lens[..k]),
+            };
         }
-        // age_aware: every bin's expected time 1 ns, so the ratio orders heads by age.
-        // Expected batch time of a bin without statistics: the mean over bins with some
-        // (none yet: 1 ns, so the ratio orders by wait alone: oldest head first).
-        let (mut sum, mut n) = (0.0, 0u32);
-        for st in &self.bin_state[..k] {
-            if let Some(s) = st.service_ns() {
+        let mut waits = [None; BIN_COUNT_MAX];
+        for (wait, bin) in waits[..k].iter_mut().zip(&self.bins) {
+            *wait = bin
+                .front()
+                .map(|head| now.saturating_sub(table.meta(head).arrival_ns));
+        }
+        // age_aware: every bin's expected time the same (1 ns), so the ratio orders heads
+        // by age.
+        let mut services = [1.0; BIN_COUNT_MAX];
+        if policy == BinPolicy::ResponseRatio {
+            // A bin without statistics expects the mean batch time of the bins with some
+            // (none yet: 1 ns for all, so the oldest head first).
+            let (mut sum, mut n) = (0.0, 0u32);
+            for s in self.bin_state[..k].iter().filter_map(BinState::service_ns) {
                 sum += s;
                 n += 1;
             }
-        }
-        let fallback = if n > 0 { sum / f64::from(n) } else { 1.0 };
-        let mut waits = [None; BIN_COUNT_MAX];
-        let mut services = [1.0; BIN_COUNT_MAX];
-        for i in 0..k {
-            waits[i] = self.bins[i]
-                .front()
-                .map(|head| now.saturating_sub(table.meta(head).arrival_ns));
-            if policy == BinPolicy::ResponseRatio {
-                services[i] = self.bin_state[i].service_ns().unwrap_or(fallback).max(1.0);
+            let fallback = if n > 0 { sum / f64::from(n) } else { 1.0 };
+            for (service, st) in services[..k].iter_mut().zip(&self.bin_state) {
+                *service = st.service_ns().unwrap_or(fallback).max(1.0);
             }
         }
         choose_age_aware(&waits[..k], &services[..k], age_bound_ns)
@@ -335,9 +340,11 @@ impl Research {
         self.completed_total = self.completed_total.saturating_add(size);
         if self.completed_since_recompute >= self.recompute_period() {
             self.completed_since_recompute = 0;
+            // Algorithm 6's recompute, with least-second-moment edges instead of equal-mass
+            // quantiles (why: `recompute_min_second_moment`).
             if self
                 .boundaries
-                .recompute_equal_mass(self.stats.output_samples())
+                .recompute_min_second_moment(self.stats.output_samples())
             {
                 self.boundary_recomputes += 1;
             }

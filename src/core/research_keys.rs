@@ -25,7 +25,8 @@ pub struct DynamicConfig {
     /// Predicted output length: max_tokens | ema_by_prompt_bucket (a request's
     /// `predicted_output_tokens` hint wins).
     pub predictor: PredictorKind,
-    /// Bin boundaries are recomputed (equal mass) every this many completed requests.
+    /// Bin boundaries are recomputed from observed lengths (least second moment of batch
+    /// length) every this many completed requests.
     pub recompute_every: u32,
     pub m_max_gb: f64,
     pub m_model_gb: f64,

@@ -38,13 +38,15 @@ impl std::fmt::Display for BatchingMode {
 }
 
 impl std::str::FromStr for BatchingMode {
-    type Err = String;
+    type Err = super::strategy::bins::UnknownName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL
             .into_iter()
             .find(|m| m.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown batching mode '{s}': valid modes are request, continuous")
+            .ok_or_else(|| super::strategy::bins::UnknownName {
+                what: "batching mode",
+                name: s.to_string(),
+                valid: "request, continuous",
             })
     }
 }
@@ -109,7 +111,7 @@ impl Default for CoreConfig {
             priority_enabled: true,
             max_batch_tokens: 8192,
             token_bucketing: true,
-            strategy: StrategyKind::QueueDepth,
+            strategy: StrategyKind::Auto,
             strategy_params: StrategyParams::default(),
             priority_max_wait_ms: [100.0, 50.0, 20.0, 5.0],
             dispatch_when_idle: true,

@@ -160,6 +160,8 @@ fn auto_json(a: &AutoSnapshot) -> Value {
         "cost_per_token_ms": a.cost.c_ns_per_token / NANOS_PER_MS_F64,
         "cost_samples": a.cost.samples,
         "arrival_rate_per_s": a.arrival_rate_per_s,
+        "arrival_burstiness": a.arrival_burstiness,
+        "echo_fraction": a.echo_fraction,
         "decisions": {"dispatch": a.dispatched_now, "hold": a.held},
         "last_wait_ms": ns_to_ms(a.last_wait_ns),
         "expected_joiners": a.last_expected_arrivals,
@@ -368,6 +370,8 @@ mod tests {
                 samples: 64,
             },
             arrival_rate_per_s: 125.5,
+            arrival_burstiness: 2.25,
+            echo_fraction: 0.75,
             dispatched_now: 9,
             held: 4,
             last_wait_ns: 3_500_000,
@@ -380,10 +384,12 @@ mod tests {
         assert_eq!(a["cost_per_token_ms"], 0.0005);
         assert_eq!(a["cost_samples"], 64);
         assert_eq!(a["arrival_rate_per_s"], 125.5);
+        assert_eq!(a["arrival_burstiness"], 2.25);
+        assert_eq!(a["echo_fraction"], 0.75);
         assert_eq!(a["decisions"], json!({"dispatch": 9, "hold": 4}));
         assert_eq!(a["last_wait_ms"], 3.5);
         assert_eq!(a["expected_joiners"], 2.5);
-        assert_eq!(a.as_object().unwrap().len(), 8);
+        assert_eq!(a.as_object().unwrap().len(), 10);
         assert_eq!(v["backends"][0]["auto"]["cost_samples"], 0);
         // Continuous batching has no lanes: `auto` is null.
         snap.auto.clear();

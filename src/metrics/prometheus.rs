@@ -210,7 +210,7 @@ fn render_research(snapshot: &Snapshot, out: &mut String) {
         out,
         "abe_multibin_boundary_recomputes_total",
         MetricType::Counter,
-        "multi_bin: times the equal-mass bin boundaries were recomputed.",
+        "multi_bin: times the bin boundaries were recomputed from observed lengths.",
         r.boundary_recomputes,
     );
     let name = "abe_multibin_queue_depth";
@@ -616,7 +616,7 @@ fn render_auto(snapshot: &Snapshot, out: &mut String) {
         return;
     }
     let rows = || snapshot.backend_names.iter().zip(&snapshot.auto);
-    let gauges: [AutoGauge; 7] = [
+    let gauges: [AutoGauge; 9] = [
         (
             "abe_auto_cost_fixed_seconds",
             "auto: fitted fixed cost a of a batch (service time = a + b x requests + c x tokens); 0 before the first batch.",
@@ -641,6 +641,16 @@ fn render_auto(snapshot: &Snapshot, out: &mut String) {
             "abe_auto_arrival_rate_per_second",
             "auto: estimated arrival rate, requests per second over all classes.",
             |a| a.arrival_rate_per_s,
+        ),
+        (
+            "abe_auto_arrival_burstiness",
+            "auto: squared coefficient of variation of inter-arrival gaps, rate-weighted over classes (1 Poisson, above bursty, below regular).",
+            |a| a.arrival_burstiness,
+        ),
+        (
+            "abe_auto_echo_fraction",
+            "auto: share of arrivals that answer a completion within one fixed cost a (about 1 - a / time between completions in a closed loop, near 0 in an open one).",
+            |a| a.echo_fraction,
         ),
         (
             "abe_auto_last_wait_seconds",
@@ -1115,6 +1125,8 @@ mod tests {
                 samples: 64,
             },
             arrival_rate_per_s: 125.5,
+            arrival_burstiness: 2.25,
+            echo_fraction: 0.75,
             dispatched_now: 9,
             held: 4,
             last_wait_ns: 3_500_000,
@@ -1132,6 +1144,8 @@ mod tests {
             "abe_auto_cost_per_token_seconds{backend=\"gpu-a\"} 0.0000005",
             "abe_auto_cost_samples{backend=\"gpu-a\"} 64",
             "abe_auto_arrival_rate_per_second{backend=\"gpu-a\"} 125.5",
+            "abe_auto_arrival_burstiness{backend=\"gpu-a\"} 2.25",
+            "abe_auto_echo_fraction{backend=\"gpu-a\"} 0.75",
             "abe_auto_last_wait_seconds{backend=\"gpu-a\"} 0.0035",
             "abe_auto_expected_joiners{backend=\"gpu-a\"} 2.5",
             "abe_auto_decisions_total{backend=\"gpu-a\",decision=\"dispatch\"} 9",
@@ -1148,7 +1162,7 @@ mod tests {
                 .filter(|l| l.starts_with("# TYPE abe_auto_"))
                 .count()
         };
-        assert_eq!(families(&out), 8);
+        assert_eq!(families(&out), 10);
         assert_eq!(
             out.lines()
                 .filter(|l| l.starts_with("abe_auto_decisions_total{"))

@@ -125,13 +125,6 @@ pub enum StartError {
     Config(String),
 }
 
-/// Why a submission was refused before reaching the scheduler.
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    #[error(transparent)]
-    Refused(#[from] RequestError),
-}
-
 /// Starts the engine and worker threads with `sim` executors.
 pub fn start(cfg: RuntimeConfig) -> Result<Handle, StartError> {
     let stop = Arc::new(AtomicBool::new(false));

@@ -1,5 +1,7 @@
 //! Algorithms 4-6 of the multi-bin research strategy: bin boundaries over predicted output
-//! length (equal-mass quantiles of a bounded sample), the partition of a request into a bin,
+//! length from a bounded sample (the paper's equal-mass quantiles, and the rule `multi_bin`
+//! uses: least second moment of batch length, see
+//! [`BinBoundaries::recompute_min_second_moment`]), the partition of a request into a bin,
 //! the choice of which bin forms the next batch, and the output-length predictor that
 //! supplies the key.
 //!
@@ -8,7 +10,8 @@
 //! `schedulers.py::MultiBinScheduler`.
 //!
 //! Everything is sized in `new` (at most [`BIN_COUNT_MAX`] bins, a scratch buffer for the
-//! quantiles); recomputing boundaries, partitioning, choosing and predicting never allocate.
+//! quantiles, the boundary programme's tables); recomputing boundaries, partitioning,
+//! choosing and predicting never allocate.
 //! No clock reads.
 
 use std::fmt;
@@ -31,7 +34,24 @@ pub struct BinBoundaries {
     max_tokens_limit: u32,
     /// Sort buffer for quantiles; its length (fixed in `new`) bounds the samples used.
     scratch: Box<[u32]>,
+    /// Cut positions into the sorted sample considered by [`Self::recompute_min_second_moment`]:
+    /// `BOUNDARY_CUTS + 1` slots.
+    cuts: Box<[u32]>,
+    /// Its dynamic programme: `cost[k][j]` (row-major, `BOUNDARY_CUTS + 1` per row,
+    /// `bin_count + 1` rows) is the least cost of the first `j` cut segments in `k` bins,
+    /// `from[k][j]` the cut that starts its last bin.
+    cost: Box<[u128]>,
+    from: Box<[u16]>,
 }
+
+/// Cut positions [`BinBoundaries::recompute_min_second_moment`] chooses among (about 1/256 of the
+/// sample apart): enough to place an edge within half a percent of the sample, few enough
+/// that the programme (at most `K x 256^2 / 2` steps) stays under a millisecond every
+/// `recompute_every` completions: measured (rustc -O, 4,096 bimodal samples, 2 vCPU
+/// shared, 2026-11-24) 60 us for K = 4 and 0.82 ms for K = 64, against 21 us and 0.18 ms
+/// for the equal-mass quantiles.
+pub const BOUNDARY_CUTS: usize = 256;
+const _: () = assert!(BOUNDARY_CUTS < u16::MAX as usize);
 
 impl BinBoundaries {
     /// `bin_count` equal-width bins over `[1, max_tokens_limit]` (the uniform case
@@ -48,6 +68,9 @@ impl BinBoundaries {
             bin_count,
             max_tokens_limit,
             scratch: vec![0; sample_capacity].into_boxed_slice(),
+            cuts: vec![0; BOUNDARY_CUTS + 1].into_boxed_slice(),
+            cost: vec![0; (bin_count + 1) * (BOUNDARY_CUTS + 1)].into_boxed_slice(),
+            from: vec![0; (bin_count + 1) * (BOUNDARY_CUTS + 1)].into_boxed_slice(),
         };
         b.reset_equal_width();
         b
@@ -96,6 +119,106 @@ impl BinBoundaries {
                 base + (rem * gap / k) as u32
             };
             self.edges[i] = q.min(self.max_tokens_limit);
+        }
+        self.edges[self.bin_count] = self.max_tokens_limit;
+        true
+    }
+
+    /// Boundaries that minimise `sum over bins of n_i x max_i^2` (`n_i` samples in bin `i`,
+    /// the longest of them `max_i`): the second moment of the time a request spends in its
+    /// batch, if every request ran as long as the longest of its bin, which is what a batch
+    /// does. The first edge is the shortest sample and the last `max_tokens_limit`, as in
+    /// [`Self::recompute_equal_mass`]; edges are clamped to `max_tokens_limit`.
+    ///
+    /// Why not equal mass (Algorithm 6): equal-mass edges are quantiles of the count, blind
+    /// to the lengths between them. On a bimodal workload (`long_tail`: 70 % ~64 tokens,
+    /// 30 % ~1,024) with K = 4 three edges fall in the short mode and one at the foot of
+    /// the long one, so bin 2 spans 73..750 tokens (short answers rode 700-token batches)
+    /// and bin 3 750..4,096 (a 1,600-token answer waited for a 3,000-token one): those
+    /// requests made `multi_bin`'s p99 1.04x `fixed`'s, whose token buckets happen to split
+    /// the long mode (measured with a per-request trace of the simulator, seed 7).
+    ///
+    /// Why the square: the first moment (padded work, `n_i x max_i`) already keeps short
+    /// and long apart, but spends its bins where most requests are and leaves the rare
+    /// longest ones (the top 2 %, 1,600..3,500 tokens) in one bin, where they set the p99
+    /// (0.96-1.005x `fixed`'s over seeds 1, 2, 3, 7). Weighting by the square, as a queue's
+    /// waiting time weights service times (Pollaczek-Khinchine: mean wait grows with
+    /// `E[S^2]`), gives the long tail bins of its own: p99 0.95-0.99x `fixed`'s on seeds 1-9
+    /// (equal mass: 1.03-1.08x), p50 0.87-1.00x (BENCHMARKS.md). It ignores how full a
+    /// rare bin's batches get: with K = 6 or 8 it spends bins on the long tail, batches of
+    /// long answers shrink and the p99 is worse than equal mass's (19.1 and 21.5 s against
+    /// 18.2 and 18.9). Neither rule is equal width on uniform lengths, so the paper's `C_K`
+    /// check (`multibin_paper`) bins its backlog on admission, before any recompute.
+    ///
+    /// An exact dynamic programme over cut positions about `n / BOUNDARY_CUTS` apart,
+    /// moved forward to the next change of value so that equal lengths never straddle an
+    /// edge (what [`Self::bin_of`] assumes). Uses at most the scratch capacity's worth of
+    /// `samples`; returns false, keeping the boundaries, when `samples` is empty. Fewer
+    /// distinct cut positions than bins leave the lowest bins empty (`[a, a)`). Runs
+    /// periodically, not per request; never allocates.
+    pub fn recompute_min_second_moment(&mut self, samples: &[u32]) -> bool {
+        let n = samples.len().min(self.scratch.len());
+        if n == 0 {
+            return false;
+        }
+        let sorted = &mut self.scratch[..n];
+        sorted.copy_from_slice(&samples[..n]);
+        sorted.sort_unstable(); // in place: no allocation
+        let sorted = &self.scratch[..n];
+        // Cut positions 0 = c_0 < c_1 < ... < c_m = n, each at a change of value.
+        let mut m = 0usize;
+        self.cuts[0] = 0;
+        for j in 1..=BOUNDARY_CUTS {
+            let mut p = j * n / BOUNDARY_CUTS;
+            while p > 0 && p < n && sorted[p] == sorted[p - 1] {
+                p += 1;
+            }
+            if p > self.cuts[m] as usize {
+                m += 1;
+                // p <= n, and a sample that large would not fit in memory as u32 indices.
+                self.cuts[m] = u32::try_from(p).expect("sample length fits u32");
+            }
+        }
+        let cuts = &self.cuts;
+        debug_assert_eq!(cuts[m] as usize, n, "the last cut closes the sample");
+        // Cost of the segment [c_a, c_b): its count times its longest sample squared
+        // (< 2^12 x 2^64 with the default sample; u128 holds any sample that fits memory).
+        let seg = |a: usize, b: usize| -> u128 {
+            let (lo, hi) = (cuts[a] as usize, cuts[b] as usize);
+            let longest = u128::from(sorted[hi - 1]);
+            (hi - lo) as u128 * longest * longest
+        };
+        let bins = self.bin_count.min(m);
+        let row = BOUNDARY_CUTS + 1;
+        for b in 1..=m {
+            self.cost[row + b] = seg(0, b);
+            self.from[row + b] = 0;
+        }
+        for k in 2..=bins {
+            for b in k..=m {
+                let mut best = (u128::MAX, 0usize);
+                for a in (k - 1)..b {
+                    let c = self.cost[(k - 1) * row + a] + seg(a, b);
+                    if c < best.0 {
+                        best = (c, a);
+                    }
+                }
+                self.cost[k * row + b] = best.0;
+                // a < b <= BOUNDARY_CUTS < u16::MAX (asserted at compile time).
+                self.from[k * row + b] = best.1 as u16;
+            }
+        }
+        // Walk the cuts back: bin `first + k - 1` starts at cut `from[k][b]`.
+        let first = self.bin_count - bins;
+        let mut b = m;
+        for k in (1..=bins).rev() {
+            let a = self.from[k * row + b] as usize;
+            let start = sorted[cuts[a] as usize];
+            self.edges[first + k - 1] = start.min(self.max_tokens_limit);
+            b = a;
+        }
+        for i in 0..first {
+            self.edges[i] = self.edges[first];
         }
         self.edges[self.bin_count] = self.max_tokens_limit;
         true
@@ -203,50 +326,36 @@ impl FromStr for BinPolicy {
 
 crate::core::names::serde_by_name!(BinPolicy);
 
-/// Picks the bin the next batch comes from. A batch always comes from a single bin.
-#[derive(Clone, Copy, Debug)]
-pub struct BinSelector {
-    policy: BinPolicy,
-    /// Where round robin starts its next scan. Reduced modulo the bin count on use.
+/// The `round_robin` bin choice (the reference's default): the next non-empty bin after
+/// the one served last. A batch always comes from a single bin.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RoundRobin {
+    /// Where the next scan starts. Reduced modulo the bin count on use.
     next_bin: usize,
 }
 
-impl BinSelector {
-    pub fn new(policy: BinPolicy) -> Self {
-        BinSelector {
-            policy,
-            next_bin: 0,
-        }
-    }
-
-    /// The policy in force.
-    pub fn policy(&self) -> BinPolicy {
-        self.policy
-    }
-
+impl RoundRobin {
     /// The bin to serve given each bin's queue length, or `None` when all are empty (then
-    /// nothing changes). Round robin advances past the chosen bin. `AgeAware` needs the
-    /// heads' ages ([`choose_age_aware`]); given only lengths it serves the longest queue.
+    /// nothing changes); the next scan starts after the chosen bin.
     pub fn choose(&mut self, bin_lens: &[usize]) -> Option<usize> {
         let k = bin_lens.len();
-        match self.policy {
-            BinPolicy::RoundRobin => {
-                let start = if k == 0 { 0 } else { self.next_bin % k };
-                let i = (start..k).chain(0..start).find(|&i| bin_lens[i] > 0)?;
-                self.next_bin = if i + 1 == k { 0 } else { i + 1 };
-                Some(i)
-            }
-            BinPolicy::LongestQueue | BinPolicy::AgeAware | BinPolicy::ResponseRatio => {
-                let mut best: Option<(usize, usize)> = None;
-                for (i, &len) in bin_lens.iter().enumerate() {
-                    if len > 0 && best.is_none_or(|(_, l)| len > l) {
-                        best = Some((i, len));
-                    }
-                }
-                best.map(|(i, _)| i)
-            }
+        let start = if k == 0 { 0 } else { self.next_bin % k };
+        let i = (start..k).chain(0..start).find(|&i| bin_lens[i] > 0)?;
+        self.next_bin = if i + 1 == k { 0 } else { i + 1 };
+        Some(i)
+    }
+}
+
+/// The `longest_queue` bin choice: the bin with the most queued requests, ties to the
+/// lowest index; `None` when all are empty. Can starve a bin that stays short.
+pub fn longest_queue(bin_lens: &[usize]) -> Option<usize> {
+    let mut best: Option<(usize, usize)> = None;
+    for (i, &len) in bin_lens.iter().enumerate() {
+        if len > 0 && best.is_none_or(|(_, l)| len > l) {
+            best = Some((i, len));
         }
     }
+    best.map(|(i, _)| i)
 }
 
 /// Algorithm 5's bin choice made age-aware: among bins whose head has waited
@@ -263,10 +372,14 @@ impl BinSelector {
 /// wait by the bin's batch time (`response_ratio`) lets a short bin go ahead after waiting
 /// about one of its own short batches, while a long bin's ratio keeps growing as its head
 /// waits, so it is served before any newer arrival's ratio can overtake it: no bin starves
-/// (the highest-response-ratio-next argument). Measured on `long_tail` (20,000 requests):
-/// `response_ratio` halves `fixed`'s p50 but its p99 is 1.12x `fixed`'s, `age_aware`'s
-/// 1.04x with p50 0.9x; on `steady_state` and `mixed_priority` `age_aware` beats `fixed`
-/// at p50 and p99. The age bound caps any wait outright.
+/// (the highest-response-ratio-next argument). Measured on `long_tail` (20,000 requests,
+/// equal-mass bins): `response_ratio` halved `fixed`'s p50 but its p99 was 1.12x `fixed`'s,
+/// `age_aware`'s 1.04x with p50 0.9x; on `steady_state` and `mixed_priority` `age_aware`
+/// beat `fixed` at p50 and p99. (With the boundaries of `recompute_min_second_moment`,
+/// `age_aware` is at or below `fixed` at both: BENCHMARKS.md.) Weighting the age by the
+/// bin's batch time the other way (serving the largest wait + batch time first, which
+/// favours long bins) lowers the p99 by 1-2 % but raises the p50 by 40-100 %: not taken.
+/// The age bound caps any wait outright.
 pub fn choose_age_aware(
     head_wait_ns: &[Option<u64>],
     expected_service_ns: &[f64],

@@ -4,7 +4,8 @@
 
 use super::batch_stats::{BatchObservation, BatchStats};
 use super::bins::{
-    choose_age_aware, BinBoundaries, BinPolicy, BinSelector, LengthPredictor, PredictorKind,
+    choose_age_aware, longest_queue, BinBoundaries, BinPolicy, LengthPredictor, PredictorKind,
+    RoundRobin,
 };
 use super::memory::MemoryModel;
 use super::sla::{SlaController, SlaParams};
@@ -84,7 +85,7 @@ fn a_single_bin_takes_everything() {
 
 #[test]
 fn round_robin_scans_from_after_the_last_served_bin() {
-    let mut s = BinSelector::new(BinPolicy::RoundRobin);
+    let mut s = RoundRobin::default();
     let lens = [0, 3, 0, 2];
     assert_eq!(s.choose(&lens), Some(1));
     assert_eq!(s.choose(&lens), Some(3));
@@ -93,7 +94,7 @@ fn round_robin_scans_from_after_the_last_served_bin() {
     assert_eq!(s.choose(&[4, 0, 0, 0]), Some(0)); // cursor was at 2: wraps to 0
     assert_eq!(s.choose(&[]), None);
     // K = 1.
-    let mut s = BinSelector::new(BinPolicy::RoundRobin);
+    let mut s = RoundRobin::default();
     assert_eq!(s.choose(&[5]), Some(0));
     assert_eq!(s.choose(&[5]), Some(0));
     assert_eq!(s.choose(&[0]), None);
@@ -101,11 +102,10 @@ fn round_robin_scans_from_after_the_last_served_bin() {
 
 #[test]
 fn longest_queue_breaks_ties_to_the_lowest_index() {
-    let mut s = BinSelector::new(BinPolicy::LongestQueue);
-    assert_eq!(s.choose(&[2, 5, 5, 1]), Some(1));
-    assert_eq!(s.choose(&[0, 0, 3]), Some(2));
-    assert_eq!(s.choose(&[0, 0]), None);
-    assert_eq!(s.choose(&[9]), Some(0));
+    assert_eq!(longest_queue(&[2, 5, 5, 1]), Some(1));
+    assert_eq!(longest_queue(&[0, 0, 3]), Some(2));
+    assert_eq!(longest_queue(&[0, 0]), None);
+    assert_eq!(longest_queue(&[9]), Some(0));
 }
 
 #[test]
@@ -228,4 +228,66 @@ fn age_aware_choice_serves_past_the_bound_first_then_by_ratio_and_skips_empty_bi
     let waits = [Some(900), Some(1_000), Some(2_000)];
     assert_eq!(choose_age_aware(&waits, &[1.0, 1e9, 1e9], bound), Some(2));
     assert_eq!(choose_age_aware(&[None, None], &[1.0, 1.0], bound), None);
+}
+
+#[test]
+fn least_second_moment_boundaries_give_the_long_tail_a_bin() {
+    // K = 2 over 1 x4, 10 x2, 100 x1. Cuts at changes of value: 4, 6, 7.
+    // Split at 4: [1 x4] 4 x 1^2 + [10 x2, 100] 3 x 100^2 = 30,004; at 6: [1 x4, 10 x2]
+    // 6 x 10^2 + [100] 1 x 100^2 = 10,600, which wins.
+    let samples = [10, 1, 100, 1, 10, 1, 1];
+    let mut b = BinBoundaries::new(2, 4096, 16);
+    assert!(b.recompute_min_second_moment(&samples));
+    assert_eq!(b.edges(), &[1, 100, 4096]);
+    // Equal mass on the same sample: the median is 1, so 10 and 100 share a bin.
+    let mut e = BinBoundaries::new(2, 4096, 16);
+    assert!(e.recompute_equal_mass(&samples));
+    assert_eq!(e.edges(), &[1, 1, 4096]);
+    // K = 3: 4 x 1 + 2 x 100 + 1 x 10,000 = 10,204, one bin per length.
+    let mut b = BinBoundaries::new(3, 4096, 16);
+    assert!(b.recompute_min_second_moment(&samples));
+    assert_eq!(b.edges(), &[1, 10, 100, 4096]);
+    assert_eq!(
+        (b.bin_of(1), b.bin_of(10), b.bin_of(99), b.bin_of(100)),
+        (0, 1, 1, 2)
+    );
+}
+
+#[test]
+fn least_second_moment_boundaries_split_a_bimodal_sample_where_equal_mass_cannot() {
+    // 70 short (64), 25 long (1,000), 5 longest (3,000): only three distinct lengths, so
+    // K = 4 leaves bin 0 empty and gives each length a bin of its own.
+    let mut samples = vec![64u32; 70];
+    samples.extend([1_000; 25]);
+    samples.extend([3_000; 5]);
+    let mut b = BinBoundaries::new(4, 32_768, 128);
+    assert!(b.recompute_min_second_moment(&samples));
+    assert_eq!(b.edges(), &[64, 64, 1_000, 3_000, 32_768]);
+    assert_eq!((b.bin_of(64), b.bin_of(1_000), b.bin_of(3_000)), (1, 2, 3));
+    // Equal mass: quantiles 64, 64, 1,000 (position 74.25): 1,000 and 3,000 share bin 3.
+    let mut e = BinBoundaries::new(4, 32_768, 128);
+    assert!(e.recompute_equal_mass(&samples));
+    assert_eq!(e.edges(), &[64, 64, 64, 1_000, 32_768]);
+    assert_eq!(e.bin_of(1_000), e.bin_of(3_000));
+}
+
+#[test]
+fn least_second_moment_boundaries_handle_edge_cases() {
+    let mut b = BinBoundaries::new(3, 100, 8);
+    // No samples: keep the equal-width boundaries.
+    assert!(!b.recompute_min_second_moment(&[]));
+    assert_eq!(b.edges(), &[1, 34, 67, 100]);
+    // One length: one non-empty bin, the top one; lengths past the limit clamp to it.
+    assert!(b.recompute_min_second_moment(&[5, 5, 5]));
+    assert_eq!(b.edges(), &[5, 5, 5, 100]);
+    assert_eq!(b.bin_of(5), 2);
+    assert!(b.recompute_min_second_moment(&[500, 7]));
+    assert_eq!(b.edges(), &[7, 7, 100, 100]);
+    // A sample larger than the cut grid and the scratch: only the first 8 are used.
+    let mut b = BinBoundaries::new(2, 10_000, 8);
+    let many: Vec<u32> = (1..=1_000).collect();
+    assert!(b.recompute_min_second_moment(&many));
+    // 1..=8, K = 2: split after 5 (5 x 25 + 3 x 64 = 317) or 6 (6 x 36 + 2 x 64 = 344)
+    // or 4 (4 x 16 + 4 x 64 = 320): after 5.
+    assert_eq!(b.edges(), &[1, 6, 10_000]);
 }

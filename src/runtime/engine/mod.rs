@@ -28,8 +28,8 @@ mod routing;
 
 pub use continuous::IterationLevel;
 pub use io::{EngineIo, SubmitterLink, WorkerLink};
-pub use request::{Lane, RequestLevel};
-pub use routing::{BackendHealth, Routing, MAX_TRIES};
+pub use request::RequestLevel;
+pub use routing::{BackendHealth, Routing};
 
 use super::clock::Clock;
 use super::idle::Idler;

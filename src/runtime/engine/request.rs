@@ -23,7 +23,7 @@ use crate::runtime::snapshot::{Snapshot, WorkerSnapshot};
 use crate::runtime::sync::Ordering;
 
 /// One backend's scheduler and where its requests and workers sit in the engine's tables.
-pub struct Lane {
+pub(super) struct Lane {
     pub core: Core,
     /// The lane's table slot `i` is the engine's pending slot `pending_base + i`.
     pub pending_base: u32,

@@ -21,7 +21,7 @@ pub(super) struct RouteState {
 }
 
 /// Most backends one request is tried on: the first plus `routing.max_retries` (<= 8).
-pub const MAX_TRIES: usize = 9;
+pub(super) const MAX_TRIES: usize = 9;
 
 impl RouteState {
     pub(super) const NONE: RouteState = RouteState {

@@ -244,6 +244,22 @@ impl ArrivalModel {
         self.gaps.iter().map(GapStats::rate_per_s).sum()
     }
 
+    /// Squared coefficient of variation of the gaps, each class weighted by its rate (1: a
+    /// Poisson stream; above: bursts; below: regular, as a closed loop's clients are).
+    pub fn burstiness(&self) -> f64 {
+        let (mut weighted, mut rate) = (0.0, 0.0);
+        for g in &self.gaps {
+            let r = g.rate_per_s();
+            weighted += r * g.burstiness();
+            rate += r;
+        }
+        if rate > 0.0 {
+            weighted / rate
+        } else {
+            0.0
+        }
+    }
+
     /// The stream's rate, arrivals per ns (0 until two completions).
     fn stream_density(&self) -> f64 {
         if self.completion_gap_ns > 0.0 {

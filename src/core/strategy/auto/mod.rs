@@ -45,6 +45,8 @@
 //! `auto` evaluates `benefit` at the edges of the arrival model's bins up to a horizon and
 //! holds until the best `w` when the best benefit is positive; any arrival, completion or
 //! the deadline itself triggers a fresh decision, with the model conditioned on what came.
+//! Every hold is charged [`HOLD_OVERHEAD_NS`] on top of its length (the engine's wake-up),
+//! so slivers of expected arrivals do not buy holds the engine cannot honour cheaply.
 //! Consequences, each a test:
 //! - nothing expected (one client, whose only request is the one waiting; or no
 //!   completion seen yet), or a batch without a fixed cost (`a = 0`): dispatch at once,
@@ -77,6 +79,13 @@ use cost::{Cost, CostModel};
 /// Most hold lengths evaluated per source (the arrival model has fewer bins; a burst is
 /// followed this many arrivals ahead at most).
 const CANDIDATES_MAX: usize = 80;
+
+/// What a hold costs beyond its length, ns: the engine parks and is woken for it (a park and
+/// an unpark take 5-60 us on Linux, more on a loaded machine) and polls again. Charged as
+/// extra wait to everyone held, it makes a hold that saves less than that worthless: with a
+/// batch cost of a few microseconds (latency model `none`), or a sliver of an expected
+/// joiner, `auto` dispatches at once instead of renewing tiny holds up to the max wait.
+pub const HOLD_OVERHEAD_NS: f64 = 20_000.0;
 
 /// Largest echo mass used in the downstream weight `e / (1 - e)` (weight 19): a closed loop
 /// measures `e ~ 1`, and the weight must stay finite.
@@ -113,6 +122,13 @@ pub struct AutoSnapshot {
     pub cost: Cost,
     /// Arrivals per second, all classes.
     pub arrival_rate_per_s: f64,
+    /// Squared coefficient of variation of the inter-arrival gaps, rate-weighted over the
+    /// classes (1: Poisson; above: bursty).
+    pub arrival_burstiness: f64,
+    /// Share of the arrivals that answer a completion within one fixed cost `a` (about
+    /// `1 - a / T_c` in a closed loop, `T_c` the time between completions; near 0 in an open
+    /// one): the `e` of the rule.
+    pub echo_fraction: f64,
     /// Decisions to dispatch at once / to hold.
     pub dispatched_now: u64,
     pub held: u64,
@@ -188,6 +204,7 @@ impl Auto {
         let b = per_request_ns;
         // Holding until `j` of the `total` expected joiners are in (see the module docs).
         let benefit = |j: f64, total: f64, w: f64| {
+            let w = w + HOLD_OVERHEAD_NS;
             let this_round = j * (gain_per_joiner_ns + b * (total - j)) - (q + total) * w;
             // Worker time saved only if no second batch is needed.
             let collected = (j / total).min(1.0) * total.min(1.0);
@@ -250,6 +267,11 @@ impl Auto {
         AutoSnapshot {
             cost: self.cost.cost(),
             arrival_rate_per_s: self.arrivals.rate_per_s(),
+            arrival_burstiness: self.arrivals.burstiness(),
+            echo_fraction: self
+                .arrivals
+                .echo_within(self.cost.cost().a_ns as Nanos)
+                .clamp(0.0, 1.0),
             dispatched_now: self.dispatched_now,
             held: self.held,
             last_wait_ns: self.last_wait_ns,

@@ -73,6 +73,25 @@ fn never_holds_when_a_batch_has_no_fixed_cost() {
     assert_eq!(auto.decide(5000 * MS, &group(1, 6000 * MS)), Decision::Go);
 }
 
+#[test]
+fn the_snapshot_tells_a_closed_loop_from_bursts() {
+    // A closed loop: every arrival answers a completion 300 us earlier; completions come
+    // every 18-26 ms, so about 1 - a / 22 ms of the arrivals fall within a = 10 ms.
+    let (auto, _) = trained(8, 300_000, 40);
+    let closed = auto.snapshot();
+    assert!(closed.echo_fraction > 0.3, "{closed:?}");
+    // Bursts of 10 arrivals 10 us apart every 100 ms, no completion to answer.
+    let mut auto = Auto::default();
+    for burst in 0..50u64 {
+        for i in 0..10u64 {
+            auto.observe_arrival(burst * 100 * MS + i * 10_000, 0, 0);
+        }
+    }
+    let bursty = auto.snapshot();
+    assert_eq!(bursty.echo_fraction, 0.0);
+    assert!(bursty.arrival_burstiness > 2.0, "{bursty:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -95,6 +114,33 @@ proptest! {
             prop_assert!(t > at);
             prop_assert!(t <= latest, "held to {t}, latest {latest}");
             prop_assert!(t - at <= a, "held {} ns, a = {a}", t - at);
+        }
+    }
+
+    /// A batch that costs less than a hold's own overhead (latency model `none`: a few
+    /// microseconds, here learned from a closed loop of several clients with a jittery
+    /// round trip) is never worth holding: every decision dispatches at once.
+    #[test]
+    fn never_holds_for_a_batch_cheaper_than_a_wake_up(
+        clients in 2usize..16,
+        a_us in 1u64..19,
+        rtt_us in 1u64..200,
+        seed in 0u64..1000,
+    ) {
+        let a = a_us * 1000;
+        let mut auto = Auto::default();
+        let mut now = 0;
+        for i in 0..200u64 {
+            let n = 1 + ((seed + i) % clients as u64) as usize;
+            now += a;
+            auto.observe_completion(now, n, 0, Some(a));
+            for k in 0..n as u64 {
+                let back = now + rtt_us * 1000 * (1 + (seed + k) % 3) / 2;
+                auto.observe_arrival(back, 0, 0);
+                let queued = 1 + k as usize;
+                prop_assert_eq!(auto.decide(back, &group(queued, back + 100 * MS)), Decision::Go);
+            }
+            now += 2 * rtt_us * 1000;
         }
     }
 
