@@ -156,21 +156,21 @@ impl Config {
             ));
         }
         if self.batching.mode == BatchingMode::Continuous {
-            let sims = backends
-                .iter()
-                .filter(|b| b.kind == BackendKindName::Sim)
-                .count();
-            if backends.len() != 1 || sims != 1 {
+            // Continuous batching schedules tokens on replicas abe runs itself (`sim`
+            // backends, each backend's workers its replicas). An upstream server runs its
+            // own continuous batching and takes whole requests: nothing abe could step.
+            if let Some(b) = backends.iter().find(|b| b.kind != BackendKindName::Sim) {
                 return Err(invalid(
                     "batching.mode",
                     "continuous",
                     format!(
-                        "continuous batching supports exactly one backend, of kind \"sim\"; \
-                         [[backends]] has {} ({} sim, {} upstream): remove the others or use \
-                         batching.mode = \"request\" to route across backends",
-                        backends.len(),
-                        sims,
-                        backends.len() - sims
+                        "cannot run with the upstream backend \"{}\": an upstream server \
+                         (vLLM, TGI, SGLang, llama.cpp, Ollama) runs its own continuous \
+                         batching and takes whole requests, so abe has no steps to schedule \
+                         there; use batching.mode = \"request\" to batch and route requests \
+                         to upstream backends, or keep only \"sim\" backends for continuous \
+                         batching",
+                        b.name
                     ),
                 ));
             }

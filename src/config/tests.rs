@@ -369,16 +369,22 @@ fn upstream_base_url_must_be_plain_http() {
 }
 
 #[test]
-fn continuous_mode_needs_exactly_one_sim_backend() {
+fn continuous_mode_refuses_upstream_backends_and_takes_several_sim_ones() {
     let mut c = two_backends();
     c.batching.mode = BatchingMode::Continuous;
     let e = validate_err(&c);
     assert!(
         e.starts_with("invalid value for batching.mode = continuous")
-            && e.contains("exactly one backend")
-            && e.contains("1 sim, 1 upstream"),
+            && e.contains(&format!("upstream backend \"{}\"", c.backends[1].name))
+            && e.contains("runs its own continuous batching")
+            && e.contains("batching.mode = \"request\""),
         "{e}"
     );
+    // Two sim backends: routed across in continuous mode.
+    c.backends[1].kind = BackendKindName::Sim;
+    c.backends[1].base_url = None;
+    c.backends[1].api_key = None;
+    c.validate().unwrap();
     c.backends.remove(1);
     c.routing.aliases.clear();
     c.routing.fallbacks.clear();

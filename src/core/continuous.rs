@@ -226,25 +226,56 @@ pub struct ContinuousStats {
 }
 
 /// The continuous-batching scheduler.
+///
+/// Replicas form groups (one per backend the runtime routes to; one group by default): a
+/// request is admitted into a group's wait queue and runs only on that group's replicas.
 pub struct Continuous {
     cfg: ContinuousConfig,
     table: RequestTable,
-    /// Waiting requests by priority (index: [`Priority::index`]).
-    waiting: [Fifo; Priority::COUNT],
+    /// Per group, waiting requests by priority (index: [`Priority::index`]).
+    waiting: Vec<[Fifo; Priority::COUNT]>,
+    /// Requests waiting, over all groups. Invariant: the sum of `group_waiting`.
     waiting_len: usize,
+    /// Per group, requests waiting.
+    group_waiting: Vec<usize>,
+    /// Per replica, its group.
+    replica_group: Vec<usize>,
+    /// Per request-table index, the group its request was admitted into.
+    request_group: Vec<u16>,
     replicas: Vec<Replica>,
     stats: ContinuousStats,
     draining: bool,
 }
 
 impl Continuous {
-    /// A scheduler with every buffer it needs.
+    /// A scheduler with every buffer it needs: one group of all `cfg.replicas` replicas.
     pub fn new(cfg: ContinuousConfig) -> Continuous {
+        let replicas = cfg.replicas;
+        Continuous::with_groups(cfg, &[replicas])
+    }
+
+    /// A scheduler whose replicas form groups: `groups[g]` replicas in group `g`, in order
+    /// (group 0 holds replicas `0..groups[0]`, and so on); they must add up to
+    /// `cfg.replicas`. Requests are admitted into a group ([`Self::admit_to`]).
+    pub fn with_groups(cfg: ContinuousConfig, groups: &[usize]) -> Continuous {
         assert!(
             cfg.replicas > 0 && cfg.max_slots > 0,
             "need replicas and slots"
         );
+        assert!(
+            !groups.is_empty()
+                && groups.len() <= usize::from(u16::MAX)
+                && groups.iter().all(|&n| n > 0)
+                && groups.iter().sum::<usize>() == cfg.replicas,
+            "groups {groups:?} must be non-empty and add up to {} replicas",
+            cfg.replicas
+        );
         let capacity = cfg.max_queue + cfg.replicas * cfg.max_slots;
+        let replica_group = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, &n)| std::iter::repeat_n(g, n))
+            .collect();
         let replicas = (0..cfg.replicas)
             .map(|_| Replica {
                 slots: vec![IDLE_SLOT; cfg.max_slots],
@@ -255,10 +286,14 @@ impl Continuous {
                 kv_used: 0,
             })
             .collect();
+        let table = RequestTable::new(capacity);
         Continuous {
-            table: RequestTable::new(capacity),
-            waiting: [Fifo::default(); Priority::COUNT],
+            request_group: vec![0; table.capacity()],
+            table,
+            waiting: vec![[Fifo::default(); Priority::COUNT]; groups.len()],
             waiting_len: 0,
+            group_waiting: vec![0; groups.len()],
+            replica_group,
             replicas,
             stats: ContinuousStats::default(),
             draining: false,
@@ -279,6 +314,16 @@ impl Continuous {
     /// Requests waiting for a slot.
     pub fn waiting(&self) -> usize {
         self.waiting_len
+    }
+
+    /// Replica groups.
+    pub fn groups(&self) -> usize {
+        self.group_waiting.len()
+    }
+
+    /// The group `replica` belongs to.
+    pub fn group_of(&self, replica: usize) -> usize {
+        self.replica_group[replica]
     }
 
     /// Slots in use on `replica`.
@@ -311,8 +356,20 @@ impl Continuous {
         self.waiting_len == 0 && self.replicas.iter().all(|r| !r.busy && r.active == 0)
     }
 
-    /// Queues a request. `meta.tokens_estimated - meta.max_tokens` is its prompt length.
+    /// Queues a request for group 0 (see [`Self::admit_to`]).
     pub fn admit(&mut self, meta: RequestMeta) -> Result<Ticket, ContinuousReject> {
+        self.admit_to(0, meta)
+    }
+
+    /// Queues a request for the replicas of `group`. `meta.tokens_estimated -
+    /// meta.max_tokens` is its prompt length. `max_queue` bounds the waiting requests of
+    /// all groups together.
+    pub fn admit_to(
+        &mut self,
+        group: usize,
+        meta: RequestMeta,
+    ) -> Result<Ticket, ContinuousReject> {
+        assert!(group < self.groups(), "group {group} out of range");
         if self.draining {
             return Err(ContinuousReject::ShuttingDown);
         }
@@ -335,8 +392,10 @@ impl Continuous {
                 max_queue: self.cfg.max_queue,
             });
         };
-        self.waiting[meta.priority.index()].push_back(&mut self.table, ticket.index);
+        self.request_group[ticket.index as usize] = group as u16;
+        self.waiting[group][meta.priority.index()].push_back(&mut self.table, ticket.index);
         self.waiting_len += 1;
+        self.group_waiting[group] += 1;
         self.stats.admitted += 1;
         Ok(ticket)
     }
@@ -355,8 +414,10 @@ impl Continuous {
             return false;
         }
         let p = self.table.meta(ticket.index).priority.index();
-        self.waiting[p].unlink(&mut self.table, ticket.index);
+        let g = usize::from(self.request_group[ticket.index as usize]);
+        self.waiting[g][p].unlink(&mut self.table, ticket.index);
         self.waiting_len -= 1;
+        self.group_waiting[g] -= 1;
         self.table.remove(ticket);
         self.stats.cancelled += 1;
         true
@@ -469,16 +530,19 @@ impl Continuous {
         timeout_ns: super::request::Nanos,
         out: &mut impl FnMut(Ticket),
     ) {
-        for p in 0..Priority::COUNT {
-            while let Some(index) = self.waiting[p].front() {
-                if now.saturating_sub(self.table.meta(index).arrival_ns) < timeout_ns {
-                    break;
+        for g in 0..self.groups() {
+            for p in 0..Priority::COUNT {
+                while let Some(index) = self.waiting[g][p].front() {
+                    if now.saturating_sub(self.table.meta(index).arrival_ns) < timeout_ns {
+                        break;
+                    }
+                    self.waiting[g][p].unlink(&mut self.table, index);
+                    self.waiting_len -= 1;
+                    self.group_waiting[g] -= 1;
+                    let ticket = self.table.ticket_at(index);
+                    self.table.remove(ticket);
+                    out(ticket);
                 }
-                self.waiting[p].unlink(&mut self.table, index);
-                self.waiting_len -= 1;
-                let ticket = self.table.ticket_at(index);
-                self.table.remove(ticket);
-                out(ticket);
             }
         }
     }
@@ -488,12 +552,15 @@ impl Continuous {
     /// `complete_step`, which then finds their slots idle and ignores them.
     pub fn abort_all(&mut self, out: &mut impl FnMut(Ticket)) {
         self.draining = true;
-        for p in 0..Priority::COUNT {
-            while let Some(index) = self.waiting[p].pop_front(&mut self.table) {
-                self.waiting_len -= 1;
-                let ticket = self.table.ticket_at(index);
-                self.table.remove(ticket);
-                out(ticket);
+        for g in 0..self.groups() {
+            for p in 0..Priority::COUNT {
+                while let Some(index) = self.waiting[g][p].pop_front(&mut self.table) {
+                    self.waiting_len -= 1;
+                    self.group_waiting[g] -= 1;
+                    let ticket = self.table.ticket_at(index);
+                    self.table.remove(ticket);
+                    out(ticket);
+                }
             }
         }
         for r in 0..self.replicas.len() {
@@ -535,7 +602,8 @@ impl Continuous {
     /// Admits waiting requests (highest priority first, FIFO within) into free slots while
     /// their prompt + max_tokens fit in the replica's free KV.
     fn admit_into_slots(&mut self, r: usize) {
-        if self.waiting_len == 0 {
+        let g = self.replica_group[r];
+        if self.group_waiting[g] == 0 {
             return;
         }
         let capacity = self.cfg.kv_capacity_tokens;
@@ -555,7 +623,7 @@ impl Continuous {
                     return;
                 };
                 from = free;
-                let Some(index) = self.waiting[p.index()].front() else {
+                let Some(index) = self.waiting[g][p.index()].front() else {
                     break;
                 };
                 let meta = *self.table.meta(index);
@@ -563,8 +631,9 @@ impl Continuous {
                 if used + need > capacity {
                     return; // FIFO: do not let a smaller request jump the head
                 }
-                self.waiting[p.index()].unlink(&mut self.table, index);
+                self.waiting[g][p.index()].unlink(&mut self.table, index);
                 self.waiting_len -= 1;
+                self.group_waiting[g] -= 1;
                 self.table.set_dispatched(index);
                 let rep = &mut self.replicas[r];
                 rep.admitted_seq += 1;
@@ -621,8 +690,10 @@ impl Continuous {
             };
             let ticket = self.replicas[r].free(victim);
             let p = self.table.meta(ticket.index).priority.index();
-            self.waiting[p].push_front(&mut self.table, ticket.index);
+            let g = self.replica_group[r];
+            self.waiting[g][p].push_front(&mut self.table, ticket.index);
             self.waiting_len += 1;
+            self.group_waiting[g] += 1;
             self.stats.preemptions += 1;
             out(StepAction::Preempted {
                 replica: r,

@@ -322,3 +322,44 @@ fn step_entries_carry_their_context_for_the_latency_model() {
         (1, 11, 12)
     );
 }
+
+#[test]
+fn a_request_runs_only_on_the_replicas_of_its_group() {
+    let mut c = Continuous::with_groups(
+        ContinuousConfig {
+            replicas: 3,
+            ..cfg()
+        },
+        &[1, 2],
+    );
+    assert_eq!(c.groups(), 2);
+    assert_eq!((c.group_of(0), c.group_of(1), c.group_of(2)), (0, 1, 1));
+    // Six requests for group 1 (two replicas of 4 slots), none for group 0.
+    let tickets: Vec<Ticket> = (0..6)
+        .map(|_| c.admit_to(1, meta(4, 2, Priority::Normal)).unwrap())
+        .collect();
+    let mut replicas = vec![];
+    let mut in_step = vec![];
+    c.tick(&mut |a| {
+        if let StepAction::Step {
+            replica, entries, ..
+        } = a
+        {
+            replicas.push(replica);
+            in_step.extend(entries.iter().map(|e| e.ticket));
+        }
+    });
+    assert_eq!(replicas, [1, 2], "group 0's replica has nothing to run");
+    assert_eq!(in_step.len(), 6);
+    assert!(tickets.iter().all(|t| in_step.contains(t)));
+    // A waiting request of group 0 is cancelled from its own queue; group 1's stay.
+    let t = c.admit_to(0, meta(4, 2, Priority::Normal)).unwrap();
+    let late = c.admit_to(1, meta(4, 2, Priority::Normal)).unwrap();
+    assert_eq!(c.waiting(), 2);
+    assert!(c.cancel_waiting(t));
+    assert_eq!(c.waiting(), 1);
+    let mut expired = vec![];
+    c.expire_waiting(u64::MAX, 1, &mut |t| expired.push(t));
+    assert_eq!(expired, [late]);
+    assert_eq!(c.waiting(), 0);
+}

@@ -1,8 +1,11 @@
 //! Iteration-level (continuous) batching, the engine's [`Mode`] for it: drives
-//! [`Continuous`] instead of the request-level cores, on one backend.
+//! [`Continuous`] instead of the request-level cores, over one or more `sim` backends.
 //!
-//! What differs from request-level batching: admission is into the scheduler's slots (no
-//! routing: the io thread checked the model); every idle replica gets one step per turn
+//! What differs from request-level batching: a submission is routed to a backend at
+//! admission (the router's strategy over the backends serving its model; each backend's
+//! workers are its replicas, one replica group of the scheduler) and queued for that
+//! group's slots; there is no retry on another backend (a sim step fails only by fault
+//! injection, and a failed step fails its requests); every idle replica gets one step per turn
 //! (`tick`); a step's reply streams the sampled tokens to their submitters, then answers
 //! the requests that ended and frees their slots; a request waiting for a slot past the
 //! request deadline fails; a cancel drops a waiting request at once and an active one at
@@ -16,7 +19,7 @@
 //! copied.
 
 use super::io::{move_latency_samples, move_samples, EngineIo};
-use super::routing::RouteState;
+use super::routing::{RouteState, Routing};
 use super::Mode;
 use crate::core::circuit::{CircuitBreaker, CircuitParams};
 use crate::core::continuous::{Continuous, ContinuousReject, EntryResult, StepAction};
@@ -24,11 +27,30 @@ use crate::core::pool::WorkerStatus;
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Nanos, Reject, Ticket};
 use crate::exec::StepItem;
-use crate::runtime::messages::{RequestError, StepMsg, StepResult, Submission};
+use crate::router::{BackendId, Need, Via};
+use crate::runtime::messages::{
+    Outcome, RequestError, RouteRequest, StepMsg, StepResult, Submission,
+};
 use crate::runtime::snapshot::{ContinuousSnapshot, Snapshot, WorkerSnapshot};
 
 /// Token-timing samples buffered between publishes (each kind).
 const TOKEN_SAMPLES: usize = 16 * 1024;
+
+/// Answers pending slot `index` and takes its request off its backend's load: in continuous
+/// mode a backend's load as the router sees it (`pending_batches`, which `least_loaded`,
+/// `power_of_two` and the smart score read) is its requests waiting for or holding a slot.
+fn finish(
+    routing: &mut Routing,
+    io: &mut EngineIo<StepMsg>,
+    now: Nanos,
+    index: u32,
+    outcome: Outcome,
+) {
+    if let Some(d) = io.pending[index as usize].route.decision {
+        routing.router.registry_mut().batch_finished(d.backend);
+    }
+    io.finish(now, index, outcome);
+}
 
 /// Pushes a sample unless the buffer is full (then it is counted as dropped).
 fn push_sample(buf: &mut Vec<u64>, value: u64, dropped: &mut u64) {
@@ -42,7 +64,9 @@ fn push_sample(buf: &mut Vec<u64>, value: u64, dropped: &mut u64) {
 /// Continuous batching: the scheduler, its step buffers and the counters the request-level
 /// core would keep.
 pub struct IterationLevel {
+    /// Replica group `b` is backend `b` of `routing`'s router.
     sched: Continuous,
+    routing: Routing,
     /// One step buffer per replica while it is home (None while its step is out).
     step_bufs: Vec<Option<Vec<StepItem>>>,
     /// Scratch: the results of one step, in entry order.
@@ -78,18 +102,25 @@ pub struct IterationLevel {
 }
 
 impl IterationLevel {
-    /// Builds the mode over `sched` (one replica per engine worker) with the request and
-    /// step timeouts and the circuit-breaker settings; every buffer it will use is
-    /// allocated here.
+    /// Builds the mode over `sched` (one replica per engine worker; replica group `b` the
+    /// workers of backend `b` of `routing`'s router) with the request and step timeouts and
+    /// the circuit-breaker settings; every buffer it will use is allocated here.
     pub fn new(
         sched: Continuous,
+        routing: Routing,
         request_timeout_ns: Nanos,
         step_timeout_ns: Nanos,
         circuit: CircuitParams,
     ) -> IterationLevel {
         let replicas = sched.config().replicas;
         let slots = sched.config().max_slots;
+        assert_eq!(
+            sched.groups(),
+            routing.router.registry().len(),
+            "one replica group per backend"
+        );
         IterationLevel {
+            routing,
             step_bufs: (0..replicas)
                 .map(|_| Some(Vec::with_capacity(slots)))
                 .collect(),
@@ -154,16 +185,51 @@ impl Mode for IterationLevel {
         self.sched.begin_drain();
     }
 
-    /// Admits into the scheduler (one backend only, config enforces it: the io thread
-    /// checked the model).
+    /// Routes the submission to a backend and queues it for that backend's replicas.
     #[inline]
     fn admit(&mut self, io: &mut EngineIo<StepMsg>, _now: Nanos, s: u16, sub: Submission) {
-        let sched = &mut self.sched;
+        let (sched, routing) = (&mut self.sched, &mut self.routing);
         let Submission {
-            meta, work, reply, ..
+            meta,
+            work,
+            reply,
+            route,
         } = sub;
-        match sched.admit(meta) {
-            Ok(ticket) => io.occupy(ticket.index, s, reply, work, meta, RouteState::NONE),
+        let route = route.unwrap_or(RouteRequest {
+            name: routing.default_name,
+            need: Need::default(),
+        });
+        let decision = match routing.router.route_name(route.name, &route.need) {
+            Ok(d) => d,
+            Err(e) => {
+                // Cold path (no backend serves it): the error message allocates.
+                drop(work);
+                io.send(s, reply, Err(RequestError::Route(e)), None);
+                return;
+            }
+        };
+        let b = decision.backend.index();
+        match sched.admit_to(b, meta) {
+            Ok(ticket) => {
+                let c = &mut routing.counters[b];
+                c.routed += 1;
+                routing
+                    .router
+                    .registry_mut()
+                    .batch_started(decision.backend);
+                match decision.via {
+                    Via::Direct => {}
+                    Via::Alias { .. } => c.via_alias += 1,
+                    Via::Fallback { .. } => c.via_fallback += 1,
+                }
+                let mut state = RouteState::NONE;
+                state.name = route.name;
+                state.need = route.need;
+                state.decision = Some(decision);
+                state.tried[0] = decision.backend;
+                state.tried_len = 1;
+                io.occupy(ticket.index, s, reply, work, meta, state)
+            }
             Err(reject) => {
                 let error = match reject {
                     ContinuousReject::QueueFull { .. } => {
@@ -192,7 +258,8 @@ impl Mode for IterationLevel {
         if let Some(ticket) = self.sched.ticket_of(index) {
             if self.sched.cancel_waiting(ticket) {
                 self.failed += 1;
-                io.finish(now, index, Err(RequestError::Failed(FailReason::Cancelled)));
+                let outcome = Err(RequestError::Failed(FailReason::Cancelled));
+                finish(&mut self.routing, io, now, index, outcome);
             }
         }
     }
@@ -289,7 +356,7 @@ impl Mode for IterationLevel {
             } else {
                 self.failed += 1;
             }
-            io.finish(now, ticket.index, outcome);
+            finish(&mut self.routing, io, now, ticket.index, outcome);
         }
         self.return_buffer(r, items);
     }
@@ -307,29 +374,23 @@ impl Mode for IterationLevel {
             self.timed_out[r] = true;
             self.steps_failed[r] += 1;
             self.circuits[r].record_failure(now, &self.circuit);
-            let failed = &mut self.failed;
+            let (failed, routing) = (&mut self.failed, &mut self.routing);
             self.sched.fail_replica(r, &mut |t| {
                 *failed += 1;
                 io.pending[t.index as usize].first_token_ns = 0;
-                io.finish(
-                    now,
-                    t.index,
-                    Err(RequestError::Failed(FailReason::BatchTimeout)),
-                );
+                let outcome = Err(RequestError::Failed(FailReason::BatchTimeout));
+                finish(routing, io, now, t.index, outcome);
             });
         }
         if self.sched.waiting() == 0 {
             return;
         }
-        let failed = &mut self.failed;
+        let (failed, routing) = (&mut self.failed, &mut self.routing);
         self.sched
             .expire_waiting(now, self.request_timeout_ns, &mut |t| {
                 *failed += 1;
-                io.finish(
-                    now,
-                    t.index,
-                    Err(RequestError::Failed(FailReason::QueueTimeout)),
-                );
+                let outcome = Err(RequestError::Failed(FailReason::QueueTimeout));
+                finish(routing, io, now, t.index, outcome);
             });
     }
 
@@ -404,10 +465,11 @@ impl Mode for IterationLevel {
     }
 
     fn abort(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
-        let failed = &mut self.failed;
+        let (failed, routing) = (&mut self.failed, &mut self.routing);
         self.sched.abort_all(&mut |t| {
             *failed += 1;
-            io.finish(now, t.index, Err(RequestError::Failed(FailReason::Aborted)));
+            let outcome = Err(RequestError::Failed(FailReason::Aborted));
+            finish(routing, io, now, t.index, outcome);
         });
     }
 
@@ -478,5 +540,14 @@ impl Mode for IterationLevel {
         move_latency_samples(&mut io.new_latencies_ns, snap);
         snap.samples_dropped = io.samples_dropped;
         snap.draining = self.sched.is_draining();
+        let registry = self.routing.router.registry();
+        for (b, dst) in snap.backends.iter_mut().enumerate() {
+            let state = registry.state(BackendId::from_index(b));
+            let mut c = self.routing.counters[b];
+            c.healthy = state.healthy();
+            c.pending_batches = state.pending_batches();
+            c.latency_ema_ms = state.latency_ema_ms();
+            *dst = c;
+        }
     }
 }
