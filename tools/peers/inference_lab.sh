@@ -15,7 +15,7 @@
 #      TPOT side by side, with abe / inference-lab ratios.
 #
 # Usage: tools/peers/inference_lab.sh            (override with VAR=value)
-# Writes il.toml, il_workload.toml, il.txt, abe.json, abe.txt into OUT_DIR.
+# Writes il.toml, il_workload.toml, il.json, il.txt, abe.json, abe.txt into OUT_DIR.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 VERSION="${VERSION:-1.0.0}"
@@ -69,8 +69,8 @@ TOML
 
 echo "== 3a. inference-lab" >&2
 start=$(date +%s.%N)
-"$il" --config "$OUT_DIR/il.toml" --hardware h100 --workload "$OUT_DIR/il_workload.toml" \
-  >"$OUT_DIR/il.txt" 2>&1
+"$il" -q -o "$OUT_DIR/il.json" --config "$OUT_DIR/il.toml" --hardware h100 \
+  --workload "$OUT_DIR/il_workload.toml" >"$OUT_DIR/il.txt" 2>&1
 il_s=$(echo "$(date +%s.%N) - $start" | bc)
 
 echo "== 3b. abe simulate --mode continuous" >&2
@@ -80,12 +80,18 @@ start=$(date +%s.%N)
   --json "$OUT_DIR/abe.json" >"$OUT_DIR/abe.txt"
 abe_s=$(echo "$(date +%s.%N) - $start" | bc)
 
-echo "== inference-lab output ($OUT_DIR/il.txt)"
-cat "$OUT_DIR/il.txt"
-echo "== abe"
-jq -r '.runs[0] | "throughput \(.throughput_rps) req/s, \(.output_tokens_per_s) output tok/s; " +
-  "TTFT mean \(.continuous.ttft_ms.mean) ms p50 \(.continuous.ttft_ms.p50); " +
-  "TPOT mean \(.continuous.tpot_ms.mean) ms p50 \(.continuous.tpot_ms.p50); " +
-  "e2e mean \(.latency_ms.mean) ms"' "$OUT_DIR/abe.json"
-printf 'wall clock: inference-lab %.2f s, abe %.2f s (%.1fx)\n' "$il_s" "$abe_s" \
-  "$(echo "$il_s / $abe_s" | bc -l)"
+# inference-lab's per-token latency is the per-request mean TPOT ((e2e - TTFT) / (out - 1)).
+jq -rn --slurpfile il "$OUT_DIR/il.json" --slurpfile abe "$OUT_DIR/abe.json" \
+  --arg il_s "$il_s" --arg abe_s "$abe_s" '
+  ($il[0]) as $i | ($abe[0].runs[0]) as $a
+  | def r(x): (x * 100 | round) / 100;
+    def row(name; il; abe): "\(name)\t\(r(il))\t\(r(abe))\t\(r(abe / il))";
+  "metric\tinference-lab\tabe\tabe/il",
+  row("requests/s"; $i.throughput_metrics.requests_per_sec; $a.throughput_rps),
+  row("output tok/s"; $i.throughput_metrics.output_tokens_per_sec; $a.output_tokens_per_s),
+  row("TTFT mean ms"; $i.latency_metrics.ttft_ms.mean; $a.continuous.ttft_ms.mean),
+  row("TTFT p50 ms"; $i.latency_metrics.ttft_ms.p50; $a.continuous.ttft_ms.p50),
+  row("TPOT mean ms"; $i.latency_metrics.per_token_ms.mean; $a.continuous.tpot_ms.mean),
+  row("e2e mean ms"; $i.latency_metrics.e2e_ms.mean; $a.latency_ms.mean),
+  row("e2e p99 ms"; $i.latency_metrics.e2e_ms.p99; $a.latency_ms.p99),
+  row("wall clock s"; ($il_s | tonumber); ($abe_s | tonumber))' | column -t
