@@ -129,7 +129,7 @@ ratio_ok="$(jq -n --argjson s "$sim_rps" --argjson l "$live_rps" --argjson tol "
 tokens_ok=true
 if [ "$MODE" = continuous ]; then
   # p50 TTFT and TPOT: the simulator's per-request figures against the server's.
-  tokens_ok="$(jq -rn --slurpfile sim "$OUT_DIR/sim.json" --slurpfile live "$OUT_DIR/live_tokens.json" \
+  tokens="$(jq -rn --slurpfile sim "$OUT_DIR/sim.json" --slurpfile live "$OUT_DIR/live_tokens.json" \
     --argjson tol "$TOLERANCE" '
     ($sim[0].runs[0].continuous) as $s | ($live[0]) as $l
     | [["TTFT p50 ms", $s.ttft_ms.p50, $l.ttft.p50_ms], ["TPOT p50 ms", $s.tpot_ms.p50, $l.tpot.p50_ms],
@@ -137,6 +137,8 @@ if [ "$MODE" = continuous ]; then
     | (map(select(.[0] | test("p50")) | ((.[2] / .[1]) - 1 | fabs) <= $tol) | all) as $ok
     | (map("\(.[0]): simulated \(.[1] * 100 | round / 100), live \(.[2] * 100 | round / 100), live/simulated = \(.[2] / .[1] * 1000 | round / 1000)") | .[]) ,
       (if $ok then "p50 TTFT and TPOT agree within \($tol * 100) %" else "p50 TTFT or TPOT DISAGREE by more than \($tol * 100) %" end),
-      "ok=\($ok)"' | tee /dev/stderr | sed -n 's/^ok=//p')"
+      "ok=\($ok)"')"
+  printf '%s\n' "$tokens" | grep -v '^ok='
+  tokens_ok="$(printf '%s\n' "$tokens" | sed -n 's/^ok=//p')"
 fi
 [ "$ratio_ok" = true ] && [ "$tokens_ok" = true ]
