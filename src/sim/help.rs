@@ -6,7 +6,9 @@
 pub const AFTER_HELP: &str = r#"SCENARIOS
   Built in: steady_state, ramp_up, spike_test, mixed_priority, long_tail, multibin_paper,
   light_load, medium_load, heavy_load (Poisson at ~24/54/88 % worker utilisation), bursty
-  (bursts of 16), closed_loop (8 clients, one worker, a + b n = 10 + 2n ms)
+  (bursts of 16), closed_loop (8 clients, one worker, a + b n = 10 + 2n ms), kv_bound
+  (Pang et al.'s KV-memory-bound backlog), chat_8b_h100 (continuous batching, Llama-3.1-8B
+  on an H100 roofline, Poisson 20 requests/s of chat: the inference-lab comparison)
   (each also shipped as scenarios/<name>.toml). Any other value of --scenario is read as a
   TOML file with these keys (all but name and workload.arrivals optional):
 

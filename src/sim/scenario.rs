@@ -66,7 +66,7 @@ fn default_sla_ms() -> f64 {
 }
 
 /// Names of the built-in scenarios, in the order they are listed.
-pub const BUILTIN_NAMES: [&str; 11] = [
+pub const BUILTIN_NAMES: [&str; 13] = [
     "steady_state",
     "ramp_up",
     "spike_test",
@@ -78,7 +78,17 @@ pub const BUILTIN_NAMES: [&str; 11] = [
     "heavy_load",
     "bursty",
     "closed_loop",
+    "kv_bound",
+    "chat_8b_h100",
 ];
+
+/// Built-ins kept as their shipped file (long comments on how to run them live there): the
+/// text is compiled in and parsed on use; `every_builtin_is_listed_and_generates` checks it
+/// parses.
+fn from_shipped(name: &str, text: &str) -> Scenario {
+    Scenario::from_toml(Path::new(name), text)
+        .unwrap_or_else(|e| panic!("shipped scenario {name} does not parse: {e}"))
+}
 
 /// Chat-like prompts: median 128 tokens, long right tail, at most 2048.
 fn chat_prompt() -> LengthDist {
@@ -225,6 +235,11 @@ pub fn builtin(name: &str) -> Option<Scenario> {
             },
         ),
         "closed_loop" => closed_loop(),
+        "kv_bound" => from_shipped("kv_bound", include_str!("../../scenarios/kv_bound.toml")),
+        "chat_8b_h100" => from_shipped(
+            "chat_8b_h100",
+            include_str!("../../scenarios/chat_8b_h100.toml"),
+        ),
         _ => return None,
     })
 }
