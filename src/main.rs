@@ -82,7 +82,7 @@ struct SimulateArgs {
     /// Requests to simulate (default: the scenario's).
     #[arg(long)]
     requests: Option<u64>,
-    /// Latency model: none, linear, calibrated, max_of_batch, affine_step (default: the scenario's).
+    /// Latency model: none, linear, calibrated, max_of_batch, affine_step, roofline (default: the scenario's).
     #[arg(long, value_name = "MODEL")]
     latency_model: Option<String>,
     /// Latency-model parameter, key=value (repeatable; keys listed below).
@@ -97,6 +97,15 @@ struct SimulateArgs {
     /// Latency target for SLA attainment, ms (default: the scenario's, 1000).
     #[arg(long)]
     sla_ms: Option<f64>,
+    /// Batching mode: request (strategies form batches) or continuous (iteration-level; default: the scenario's).
+    #[arg(long, value_name = "MODE")]
+    mode: Option<abe::core::BatchingMode>,
+    /// Continuous mode's goodput target for time to first token, ms (default: the scenario's, 500).
+    #[arg(long)]
+    ttft_target_ms: Option<f64>,
+    /// Continuous mode's goodput target for time per output token, ms (default: the scenario's, 50).
+    #[arg(long)]
+    tpot_target_ms: Option<f64>,
     /// Sweep a key over values, key=v1,v2,... (repeatable: grid).
     #[arg(long, value_name = "KEY=V1,V2,...")]
     sweep: Vec<String>,
@@ -246,9 +255,12 @@ fn simulate(args: &SimulateArgs) -> Result<(), String> {
         engine: abe::sim::settings::EngineSettings {
             workers: args.workers,
             max_batch_size: args.max_batch_size,
+            mode: args.mode,
             ..Default::default()
         },
         sla_ms: args.sla_ms,
+        ttft_target_ms: args.ttft_target_ms,
+        tpot_target_ms: args.tpot_target_ms,
         sweep: args.sweep.clone(),
         window_ms: args.window_ms,
         jobs: args.jobs,

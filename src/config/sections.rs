@@ -16,6 +16,8 @@ pub use crate::core::research_keys::DynamicConfig;
 use crate::core::strategy::StrategyKind;
 use crate::core::{BatchingMode, CoreConfig, Priority};
 use crate::exec::latency::{LatencyKind, LatencyModel};
+use crate::exec::roofline::presets::{Gpu, Llm};
+use crate::exec::roofline::Roofline;
 use crate::exec::sim::{FaultSettings, SimConfig};
 use crate::router::{BackendConfig, RoutingConfig};
 use crate::runtime::idle::IdlePolicy;
@@ -214,7 +216,8 @@ impl Default for ContinuousSection {
 #[serde(default, deny_unknown_fields)]
 pub struct WorkersConfig {
     pub count: usize,
-    /// none | linear | calibrated | max_of_batch | affine_step (`exec::latency`).
+    /// auto | none | linear | calibrated | max_of_batch | affine_step | roofline
+    /// (`exec::latency`); auto: linear in request mode, roofline in continuous mode.
     pub latency_model: LatencyKind,
     /// linear: per-batch base.
     pub base_latency_ms: f64,
@@ -235,6 +238,13 @@ pub struct WorkersConfig {
     /// affine_step: a decode step with b requests generating costs `a x b + c`.
     pub affine_step_a_ms: f64,
     pub affine_step_c_ms: f64,
+    /// roofline: the model preset, the GPU preset, GPUs per replica (tensor parallelism),
+    /// and achieved / peak FLOP/s and memory bandwidth (`exec::roofline`).
+    pub llm: Llm,
+    pub gpu: Gpu,
+    pub tp: u32,
+    pub flops_efficiency: f64,
+    pub bandwidth_efficiency: f64,
     pub max_batch_tokens: u32,
     /// round_robin | least_loaded | power_of_two
     pub balancer: BalancerKind,
@@ -271,7 +281,7 @@ impl Default for WorkersConfig {
         );
         WorkersConfig {
             count: core.workers,
-            latency_model: sim.latency.kind(),
+            latency_model: LatencyKind::Auto,
             base_latency_ms,
             per_token_latency_ms,
             latency_variance,
@@ -282,6 +292,11 @@ impl Default for WorkersConfig {
             max_of_batch_decode_ms_per_token,
             affine_step_a_ms,
             affine_step_c_ms,
+            llm: Roofline::DEFAULT.llm,
+            gpu: Roofline::DEFAULT.gpu,
+            tp: Roofline::DEFAULT.tp,
+            flops_efficiency: Roofline::DEFAULT.flops_efficiency,
+            bandwidth_efficiency: Roofline::DEFAULT.bandwidth_efficiency,
             max_batch_tokens: core.max_batch_tokens,
             balancer: core.balancer,
             max_inflight: core.max_inflight_per_worker,
@@ -301,9 +316,14 @@ impl Default for WorkersConfig {
 
 impl WorkersConfig {
     /// The chosen latency model with its parameters from this section
-    /// (`prefill_ms_per_token` is shared by the models that prefill per token).
-    pub fn latency(&self) -> LatencyModel {
-        let kind = self.latency_model;
+    /// (`prefill_ms_per_token` is shared by the models that prefill per token); `auto`
+    /// resolves by batching `mode`.
+    pub fn latency(&self, mode: BatchingMode) -> LatencyModel {
+        let kind = match (self.latency_model, mode) {
+            (LatencyKind::Auto, BatchingMode::Request) => LatencyKind::Linear,
+            (LatencyKind::Auto, BatchingMode::Continuous) => LatencyKind::Roofline,
+            (kind, _) => kind,
+        };
         let params = match kind {
             LatencyKind::None => [0.0; 3],
             LatencyKind::Linear => [
@@ -326,6 +346,16 @@ impl WorkersConfig {
                 self.affine_step_a_ms,
                 self.affine_step_c_ms,
             ],
+            LatencyKind::Auto => unreachable!("resolved above"),
+            LatencyKind::Roofline => {
+                return LatencyModel::Roofline(Roofline {
+                    llm: self.llm,
+                    gpu: self.gpu,
+                    tp: self.tp,
+                    flops_efficiency: self.flops_efficiency,
+                    bandwidth_efficiency: self.bandwidth_efficiency,
+                })
+            }
         };
         LatencyModel::from_params(kind, params)
     }

@@ -13,6 +13,7 @@ use crate::core::circuit::CircuitParams;
 use crate::core::settings::WORKERS_MAX;
 use crate::core::strategy::StrategyParams;
 use crate::core::{BatchingMode, CoreConfig};
+use crate::exec::latency::LatencyModel;
 use crate::exec::sim::{FaultSettings, SimConfig};
 use crate::router::{BackendConfig, BackendKindName, Router, UnknownStrategy};
 use crate::runtime::RuntimeConfig;
@@ -156,21 +157,21 @@ impl Config {
             ));
         }
         if self.batching.mode == BatchingMode::Continuous {
-            let sims = backends
-                .iter()
-                .filter(|b| b.kind == BackendKindName::Sim)
-                .count();
-            if backends.len() != 1 || sims != 1 {
+            // Continuous batching schedules tokens on replicas abe runs itself (`sim`
+            // backends, each backend's workers its replicas). An upstream server runs its
+            // own continuous batching and takes whole requests: nothing abe could step.
+            if let Some(b) = backends.iter().find(|b| b.kind != BackendKindName::Sim) {
                 return Err(invalid(
                     "batching.mode",
                     "continuous",
                     format!(
-                        "continuous batching supports exactly one backend, of kind \"sim\"; \
-                         [[backends]] has {} ({} sim, {} upstream): remove the others or use \
-                         batching.mode = \"request\" to route across backends",
-                        backends.len(),
-                        sims,
-                        backends.len() - sims
+                        "cannot run with the upstream backend \"{}\": an upstream server \
+                         (vLLM, TGI, SGLang, llama.cpp, Ollama) runs its own continuous \
+                         batching and takes whole requests, so abe has no steps to schedule \
+                         there; use batching.mode = \"request\" to batch and route requests \
+                         to upstream backends, or keep only \"sim\" backends for continuous \
+                         batching",
+                        b.name
                     ),
                 ));
             }
@@ -266,7 +267,11 @@ impl Config {
         probability("workers.fault_hang_rate", w.fault_hang_rate)?;
         non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
         non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
-        let latency = w.latency();
+        let latency = w.latency(b.mode);
+        if let LatencyModel::Roofline(r) = &latency {
+            r.check()
+                .map_err(|why| invalid("workers.latency_model", "\"roofline\"", why))?;
+        }
         let h = &self.health;
         at_least("health.failure_threshold", h.failure_threshold as usize, 1)?;
         positive_ms("health.check_interval", h.check_interval)?;
@@ -328,7 +333,7 @@ impl Config {
                 natural_length_mean_tokens: self.continuous.natural_length_mean_tokens,
                 text: w.text,
             },
-            continuous: self.continuous_config(w.count)?,
+            continuous: self.continuous_config(w.count, &latency)?,
             faults: FaultSettings {
                 error_rate: w.fault_error_rate,
                 added_latency_ms: w.fault_added_latency_ms,
@@ -346,9 +351,12 @@ impl Config {
     }
 
     /// The continuous scheduler's settings when `batching.mode = "continuous"`.
+    /// KV capacity: the roofline model's (GPU memory less weights), else
+    /// `[batching.dynamic]`'s memory model.
     fn continuous_config(
         &self,
         replicas: usize,
+        latency: &LatencyModel,
     ) -> Result<Option<crate::core::continuous::ContinuousConfig>, ConfigError> {
         if self.batching.mode == BatchingMode::Request {
             return Ok(None);
@@ -359,12 +367,14 @@ impl Config {
         at_least("continuous.n_batch", c.n_batch as usize, 1)?;
         at_least("continuous.max_queue", c.max_queue, 1)?;
         let d = &self.batching.dynamic;
-        let kv = crate::core::continuous::kv_capacity_tokens(
-            d.m_max_gb,
-            d.m_model_gb,
-            d.kv_gb_per_token,
-            d.safety_fraction,
-        );
+        let kv = latency.kv_capacity_tokens().unwrap_or_else(|| {
+            crate::core::continuous::kv_capacity_tokens(
+                d.m_max_gb,
+                d.m_model_gb,
+                d.kv_gb_per_token,
+                d.safety_fraction,
+            )
+        });
         if kv == 0 {
             return Err(invalid(
                 "batching.dynamic.m_max_gb",

@@ -106,7 +106,7 @@ fn unknown_names_are_refused_where_they_are_read() {
             "ABE_WORKERS_LATENCY_MODEL",
             "fast",
             "workers.latency_model",
-            "none, linear, calibrated, max_of_batch, affine_step",
+            "none, linear, calibrated, max_of_batch, affine_step, roofline",
         ),
         (
             "ABE_WORKERS_BALANCER",
@@ -369,16 +369,22 @@ fn upstream_base_url_must_be_plain_http() {
 }
 
 #[test]
-fn continuous_mode_needs_exactly_one_sim_backend() {
+fn continuous_mode_refuses_upstream_backends_and_takes_several_sim_ones() {
     let mut c = two_backends();
     c.batching.mode = BatchingMode::Continuous;
     let e = validate_err(&c);
     assert!(
         e.starts_with("invalid value for batching.mode = continuous")
-            && e.contains("exactly one backend")
-            && e.contains("1 sim, 1 upstream"),
+            && e.contains(&format!("upstream backend \"{}\"", c.backends[1].name))
+            && e.contains("runs its own continuous batching")
+            && e.contains("batching.mode = \"request\""),
         "{e}"
     );
+    // Two sim backends: routed across in continuous mode.
+    c.backends[1].kind = BackendKindName::Sim;
+    c.backends[1].base_url = None;
+    c.backends[1].api_key = None;
+    c.validate().unwrap();
     c.backends.remove(1);
     c.routing.aliases.clear();
     c.routing.fallbacks.clear();
@@ -562,6 +568,12 @@ fn every_latency_model_is_selectable_live_with_its_documented_defaults() {
             c_ms: 5.5
         }
     );
+    let c = Config::from_toml("[batching]\nmode = \"continuous\"\n").unwrap();
+    assert_eq!(
+        c.check().unwrap().runtime.sim.latency,
+        LatencyModel::Roofline(crate::exec::roofline::Roofline::DEFAULT),
+        "auto is roofline in continuous mode"
+    );
     let mut c = Config::default();
     c.workers.max_of_batch_decode_ms_per_token = -1.0;
     let e = c.validate().unwrap_err().to_string();
@@ -585,4 +597,40 @@ fn the_admin_token_is_never_shown_and_survives_env_overrides() {
     assert!(!shown.contains("tok-"), "{shown}");
     assert!(shown.contains("admin_token = \"<redacted>\""), "{shown}");
     assert!(!format!("{c:?}").contains("tok-"), "Debug is redacted too");
+}
+
+#[test]
+fn roofline_live_takes_its_presets_and_sizes_the_kv_cache_in_continuous_mode() {
+    use crate::exec::roofline::Roofline;
+    let c = Config::from_toml(
+        "[batching]\nmode = \"continuous\"\n[workers]\nlatency_model = \"roofline\"\n\
+         llm = \"qwen2.5-7b\"\ngpu = \"l40s\"\n",
+    )
+    .unwrap();
+    let r = c.check().unwrap().runtime;
+    let LatencyModel::Roofline(m) = r.sim.latency else {
+        panic!("{:?}", r.sim.latency)
+    };
+    assert_eq!(
+        (m.llm.as_str(), m.gpu.as_str(), m.tp),
+        ("qwen2.5-7b", "l40s", 1)
+    );
+    assert_eq!(
+        r.continuous.unwrap().kv_capacity_tokens,
+        m.kv_capacity_tokens()
+    );
+    let e = Config::from_toml("[workers]\nlatency_model = \"roofline\"\nllm = \"llama-3.1-70b\"\n")
+        .unwrap()
+        .check()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("workers.latency_model") && e.contains("raise tp"),
+        "{e}"
+    );
+    let e = Config::from_toml("[workers]\ngpu = \"b200\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("h100-sxm"), "{e}");
+    assert_eq!(Roofline::DEFAULT.tp, Config::default().workers.tp);
 }

@@ -96,6 +96,9 @@ pub struct StepEntry {
     pub generated: u32,
     /// First time this request runs in this slot (the worker sets up its state).
     pub admitted: bool,
+    /// Tokens of this request before this step (prompt prefilled + output generated): the
+    /// context its new tokens attend to.
+    pub context: u32,
 }
 
 impl StepEntry {
@@ -179,6 +182,34 @@ struct Replica {
     /// Entries of the step in flight (capacity `max_slots`).
     entries: Vec<StepEntry>,
     admitted_seq: u64,
+    /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
+    active: usize,
+    /// KV tokens in use. Invariant: `prefilled + generated` summed over active slots.
+    /// Kept so a tick costs O(active slots), not O(max_slots), when few slots are busy.
+    kv_used: u64,
+}
+
+impl Replica {
+    /// Frees slot `s` (not idle), keeping the counters; returns its ticket.
+    fn free(&mut self, s: usize) -> Ticket {
+        let slot = &mut self.slots[s];
+        debug_assert!(slot.phase != SlotPhase::Idle);
+        self.active -= 1;
+        self.kv_used -= u64::from(slot.prefilled) + u64::from(slot.generated);
+        let ticket = slot.ticket;
+        *slot = IDLE_SLOT;
+        ticket
+    }
+
+    /// Recomputes the counters from the slots (debug checks of the invariants).
+    fn counters_hold(&self) -> bool {
+        let live = self.slots.iter().filter(|s| s.phase != SlotPhase::Idle);
+        let kv: u64 = live
+            .clone()
+            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
+            .sum();
+        live.count() == self.active && kv == self.kv_used
+    }
 }
 
 /// Counters for metrics.
@@ -195,37 +226,74 @@ pub struct ContinuousStats {
 }
 
 /// The continuous-batching scheduler.
+///
+/// Replicas form groups (one per backend the runtime routes to; one group by default): a
+/// request is admitted into a group's wait queue and runs only on that group's replicas.
 pub struct Continuous {
     cfg: ContinuousConfig,
     table: RequestTable,
-    /// Waiting requests by priority (index: [`Priority::index`]).
-    waiting: [Fifo; Priority::COUNT],
+    /// Per group, waiting requests by priority (index: [`Priority::index`]).
+    waiting: Vec<[Fifo; Priority::COUNT]>,
+    /// Requests waiting, over all groups. Invariant: the sum of `group_waiting`.
     waiting_len: usize,
+    /// Per group, requests waiting.
+    group_waiting: Vec<usize>,
+    /// Per replica, its group.
+    replica_group: Vec<usize>,
+    /// Per request-table index, the group its request was admitted into.
+    request_group: Vec<u16>,
     replicas: Vec<Replica>,
     stats: ContinuousStats,
     draining: bool,
 }
 
 impl Continuous {
-    /// A scheduler with every buffer it needs.
+    /// A scheduler with every buffer it needs: one group of all `cfg.replicas` replicas.
     pub fn new(cfg: ContinuousConfig) -> Continuous {
+        let replicas = cfg.replicas;
+        Continuous::with_groups(cfg, &[replicas])
+    }
+
+    /// A scheduler whose replicas form groups: `groups[g]` replicas in group `g`, in order
+    /// (group 0 holds replicas `0..groups[0]`, and so on); they must add up to
+    /// `cfg.replicas`. Requests are admitted into a group ([`Self::admit_to`]).
+    pub fn with_groups(cfg: ContinuousConfig, groups: &[usize]) -> Continuous {
         assert!(
             cfg.replicas > 0 && cfg.max_slots > 0,
             "need replicas and slots"
         );
+        assert!(
+            !groups.is_empty()
+                && groups.len() <= usize::from(u16::MAX)
+                && groups.iter().all(|&n| n > 0)
+                && groups.iter().sum::<usize>() == cfg.replicas,
+            "groups {groups:?} must be non-empty and add up to {} replicas",
+            cfg.replicas
+        );
         let capacity = cfg.max_queue + cfg.replicas * cfg.max_slots;
+        let replica_group = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, &n)| std::iter::repeat_n(g, n))
+            .collect();
         let replicas = (0..cfg.replicas)
             .map(|_| Replica {
                 slots: vec![IDLE_SLOT; cfg.max_slots],
                 busy: false,
                 entries: Vec::with_capacity(cfg.max_slots),
                 admitted_seq: 0,
+                active: 0,
+                kv_used: 0,
             })
             .collect();
+        let table = RequestTable::new(capacity);
         Continuous {
-            table: RequestTable::new(capacity),
-            waiting: [Fifo::default(); Priority::COUNT],
+            request_group: vec![0; table.capacity()],
+            table,
+            waiting: vec![[Fifo::default(); Priority::COUNT]; groups.len()],
             waiting_len: 0,
+            group_waiting: vec![0; groups.len()],
+            replica_group,
             replicas,
             stats: ContinuousStats::default(),
             draining: false,
@@ -248,23 +316,24 @@ impl Continuous {
         self.waiting_len
     }
 
+    /// Replica groups.
+    pub fn groups(&self) -> usize {
+        self.group_waiting.len()
+    }
+
+    /// The group `replica` belongs to.
+    pub fn group_of(&self, replica: usize) -> usize {
+        self.replica_group[replica]
+    }
+
     /// Slots in use on `replica`.
     pub fn active_slots(&self, replica: usize) -> usize {
-        self.replicas[replica]
-            .slots
-            .iter()
-            .filter(|s| s.phase != SlotPhase::Idle)
-            .count()
+        self.replicas[replica].active
     }
 
     /// KV tokens in use on `replica` (prompt prefilled + generated, over active slots).
     pub fn kv_used(&self, replica: usize) -> u64 {
-        self.replicas[replica]
-            .slots
-            .iter()
-            .filter(|s| s.phase != SlotPhase::Idle)
-            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
-            .sum()
+        self.replicas[replica].kv_used
     }
 
     /// Stop admitting new requests; queued and active ones still run to completion.
@@ -284,15 +353,23 @@ impl Continuous {
 
     /// Nothing waiting, nothing active, no step out.
     pub fn is_idle(&self) -> bool {
-        self.waiting_len == 0
-            && self
-                .replicas
-                .iter()
-                .all(|r| !r.busy && r.slots.iter().all(|s| s.phase == SlotPhase::Idle))
+        self.waiting_len == 0 && self.replicas.iter().all(|r| !r.busy && r.active == 0)
     }
 
-    /// Queues a request. `meta.tokens_estimated - meta.max_tokens` is its prompt length.
+    /// Queues a request for group 0 (see [`Self::admit_to`]).
     pub fn admit(&mut self, meta: RequestMeta) -> Result<Ticket, ContinuousReject> {
+        self.admit_to(0, meta)
+    }
+
+    /// Queues a request for the replicas of `group`. `meta.tokens_estimated -
+    /// meta.max_tokens` is its prompt length. `max_queue` bounds the waiting requests of
+    /// all groups together.
+    pub fn admit_to(
+        &mut self,
+        group: usize,
+        meta: RequestMeta,
+    ) -> Result<Ticket, ContinuousReject> {
+        assert!(group < self.groups(), "group {group} out of range");
         if self.draining {
             return Err(ContinuousReject::ShuttingDown);
         }
@@ -315,8 +392,10 @@ impl Continuous {
                 max_queue: self.cfg.max_queue,
             });
         };
-        self.waiting[meta.priority.index()].push_back(&mut self.table, ticket.index);
+        self.request_group[ticket.index as usize] = group as u16;
+        self.waiting[group][meta.priority.index()].push_back(&mut self.table, ticket.index);
         self.waiting_len += 1;
+        self.group_waiting[group] += 1;
         self.stats.admitted += 1;
         Ok(ticket)
     }
@@ -335,8 +414,10 @@ impl Continuous {
             return false;
         }
         let p = self.table.meta(ticket.index).priority.index();
-        self.waiting[p].unlink(&mut self.table, ticket.index);
+        let g = usize::from(self.request_group[ticket.index as usize]);
+        self.waiting[g][p].unlink(&mut self.table, ticket.index);
         self.waiting_len -= 1;
+        self.group_waiting[g] -= 1;
         self.table.remove(ticket);
         self.stats.cancelled += 1;
         true
@@ -345,9 +426,20 @@ impl Continuous {
     /// Runs a tick on every idle replica that has work: admit into free slots, then build
     /// and emit one step. Returns true if any step was emitted.
     pub fn tick(&mut self, out: &mut impl FnMut(StepAction<'_>)) -> bool {
+        self.tick_replicas(&mut |_| true, out)
+    }
+
+    /// [`Self::tick`] on the idle replicas `allow` accepts (the driver's circuit breakers:
+    /// a replica whose circuit is open takes no new requests and runs no step). `allow` is
+    /// asked only about idle replicas, once per tick.
+    pub fn tick_replicas(
+        &mut self,
+        allow: &mut impl FnMut(usize) -> bool,
+        out: &mut impl FnMut(StepAction<'_>),
+    ) -> bool {
         let mut any = false;
         for r in 0..self.replicas.len() {
-            if self.replicas[r].busy {
+            if self.replicas[r].busy || !allow(r) {
                 continue;
             }
             self.admit_into_slots(r);
@@ -386,30 +478,35 @@ impl Continuous {
         );
         rep.busy = false;
         debug_assert_eq!(results.len(), rep.entries.len());
-        for (entry, result) in rep.entries.iter().zip(results) {
+        for (i, result) in results.iter().enumerate().take(rep.entries.len()) {
+            let entry = rep.entries[i];
             let slot = &mut rep.slots[entry.slot as usize];
             if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
-                continue; // preempted while the step ran
+                continue; // freed while the step ran
             }
-            match entry.work {
+            let grown = match entry.work {
                 StepWork::Prefill { tokens, last, .. } => {
                     slot.prefilled += tokens;
                     if last {
                         slot.phase = SlotPhase::Generating;
                         slot.generated += 1;
                     }
+                    tokens + u32::from(last)
                 }
-                StepWork::Decode => slot.generated += 1,
-            }
+                StepWork::Decode => {
+                    slot.generated += 1;
+                    1
+                }
+            };
             let done = match result {
                 EntryResult::Continue => {
                     slot.phase == SlotPhase::Generating && slot.generated >= slot.max_tokens
                 }
                 EntryResult::Finished | EntryResult::Cancelled => true,
             };
+            rep.kv_used += u64::from(grown);
             if done {
-                let ticket = slot.ticket;
-                *slot = IDLE_SLOT;
+                let ticket = rep.free(entry.slot as usize);
                 self.table.remove(ticket);
                 let r = if *result == EntryResult::Cancelled {
                     self.stats.cancelled += 1;
@@ -422,6 +519,7 @@ impl Continuous {
             }
         }
         rep.entries.clear();
+        debug_assert!(rep.counters_hold());
     }
 
     /// Drops every waiting request that arrived more than `timeout_ns` before `now` (no slot
@@ -432,16 +530,19 @@ impl Continuous {
         timeout_ns: super::request::Nanos,
         out: &mut impl FnMut(Ticket),
     ) {
-        for p in 0..Priority::COUNT {
-            while let Some(index) = self.waiting[p].front() {
-                if now.saturating_sub(self.table.meta(index).arrival_ns) < timeout_ns {
-                    break;
+        for g in 0..self.groups() {
+            for p in 0..Priority::COUNT {
+                while let Some(index) = self.waiting[g][p].front() {
+                    if now.saturating_sub(self.table.meta(index).arrival_ns) < timeout_ns {
+                        break;
+                    }
+                    self.waiting[g][p].unlink(&mut self.table, index);
+                    self.waiting_len -= 1;
+                    self.group_waiting[g] -= 1;
+                    let ticket = self.table.ticket_at(index);
+                    self.table.remove(ticket);
+                    out(ticket);
                 }
-                self.waiting[p].unlink(&mut self.table, index);
-                self.waiting_len -= 1;
-                let ticket = self.table.ticket_at(index);
-                self.table.remove(ticket);
-                out(ticket);
             }
         }
     }
@@ -451,23 +552,39 @@ impl Continuous {
     /// `complete_step`, which then finds their slots idle and ignores them.
     pub fn abort_all(&mut self, out: &mut impl FnMut(Ticket)) {
         self.draining = true;
-        for p in 0..Priority::COUNT {
-            while let Some(index) = self.waiting[p].pop_front(&mut self.table) {
-                self.waiting_len -= 1;
-                let ticket = self.table.ticket_at(index);
-                self.table.remove(ticket);
-                out(ticket);
+        for g in 0..self.groups() {
+            for p in 0..Priority::COUNT {
+                while let Some(index) = self.waiting[g][p].pop_front(&mut self.table) {
+                    self.waiting_len -= 1;
+                    self.group_waiting[g] -= 1;
+                    let ticket = self.table.ticket_at(index);
+                    self.table.remove(ticket);
+                    out(ticket);
+                }
             }
         }
         for r in 0..self.replicas.len() {
             for s in 0..self.replicas[r].slots.len() {
-                let slot = &mut self.replicas[r].slots[s];
-                if slot.phase != SlotPhase::Idle {
-                    let ticket = slot.ticket;
-                    *slot = IDLE_SLOT;
+                if self.replicas[r].slots[s].phase != SlotPhase::Idle {
+                    let ticket = self.replicas[r].free(s);
                     self.table.remove(ticket);
                     out(ticket);
                 }
+            }
+        }
+    }
+
+    /// The step out on `replica` will not be waited for (it hung past the step timeout):
+    /// every request active on the replica is freed and handed to `out`, to be failed. The
+    /// replica stays busy until the step comes back through `complete_step`, which then
+    /// finds its slots idle and ignores it. O(slots).
+    pub fn fail_replica(&mut self, replica: usize, out: &mut impl FnMut(Ticket)) {
+        let rep = &mut self.replicas[replica];
+        for s in 0..rep.slots.len() {
+            if rep.slots[s].phase != SlotPhase::Idle {
+                let ticket = rep.free(s);
+                self.table.remove(ticket);
+                out(ticket);
             }
         }
     }
@@ -485,18 +602,28 @@ impl Continuous {
     /// Admits waiting requests (highest priority first, FIFO within) into free slots while
     /// their prompt + max_tokens fit in the replica's free KV.
     fn admit_into_slots(&mut self, r: usize) {
+        let g = self.replica_group[r];
+        if self.group_waiting[g] == 0 {
+            return;
+        }
         let capacity = self.cfg.kv_capacity_tokens;
         let mut used = self.kv_used(r);
+        // Free slots are searched from here on: every slot before it is taken.
+        let mut from = 0;
         for p in Priority::HIGHEST_FIRST {
             loop {
-                let Some(free) = self.replicas[r]
-                    .slots
+                if self.replicas[r].active == self.cfg.max_slots {
+                    return;
+                }
+                let Some(free) = self.replicas[r].slots[from..]
                     .iter()
                     .position(|s| s.phase == SlotPhase::Idle)
+                    .map(|i| from + i)
                 else {
                     return;
                 };
-                let Some(index) = self.waiting[p.index()].front() else {
+                from = free;
+                let Some(index) = self.waiting[g][p.index()].front() else {
                     break;
                 };
                 let meta = *self.table.meta(index);
@@ -504,8 +631,9 @@ impl Continuous {
                 if used + need > capacity {
                     return; // FIFO: do not let a smaller request jump the head
                 }
-                self.waiting[p.index()].unlink(&mut self.table, index);
+                self.waiting[g][p.index()].unlink(&mut self.table, index);
                 self.waiting_len -= 1;
+                self.group_waiting[g] -= 1;
                 self.table.set_dispatched(index);
                 let rep = &mut self.replicas[r];
                 rep.admitted_seq += 1;
@@ -519,6 +647,7 @@ impl Continuous {
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
                 };
+                rep.active += 1;
                 used += need;
             }
         }
@@ -530,6 +659,11 @@ impl Continuous {
         let capacity = self.cfg.kv_capacity_tokens;
         loop {
             let rep = &self.replicas[r];
+            // Quick bound: every active slot grows by at most a chunk.
+            let most = rep.kv_used + rep.active as u64 * u64::from(self.cfg.prefill_chunk.max(1));
+            if most <= capacity {
+                return;
+            }
             let used: u64 = rep
                 .slots
                 .iter()
@@ -554,11 +688,12 @@ impl Continuous {
             else {
                 return;
             };
-            let ticket = self.replicas[r].slots[victim].ticket;
-            self.replicas[r].slots[victim] = IDLE_SLOT;
+            let ticket = self.replicas[r].free(victim);
             let p = self.table.meta(ticket.index).priority.index();
-            self.waiting[p].push_front(&mut self.table, ticket.index);
+            let g = self.replica_group[r];
+            self.waiting[g][p].push_front(&mut self.table, ticket.index);
             self.waiting_len += 1;
+            self.group_waiting[g] += 1;
             self.stats.preemptions += 1;
             out(StepAction::Preempted {
                 replica: r,
@@ -575,7 +710,13 @@ impl Continuous {
         let mut budget = self.cfg.n_batch.max(1);
         let rep = &mut self.replicas[r];
         rep.entries.clear();
+        let active = rep.active;
+        let mut seen = 0;
         for (i, s) in rep.slots.iter_mut().enumerate() {
+            if seen == active {
+                break; // the rest are idle
+            }
+            seen += usize::from(s.phase != SlotPhase::Idle);
             if s.phase == SlotPhase::Generating && budget > 0 {
                 rep.entries.push(StepEntry {
                     slot: i as u32,
@@ -583,12 +724,18 @@ impl Continuous {
                     work: StepWork::Decode,
                     generated: s.generated,
                     admitted: std::mem::take(&mut s.fresh),
+                    context: s.prefilled + s.generated,
                 });
                 budget -= 1;
             }
         }
+        let mut seen = 0;
         for (i, s) in rep.slots.iter_mut().enumerate() {
-            if s.phase == SlotPhase::Prefilling && budget > 0 {
+            if seen == active || budget == 0 {
+                break;
+            }
+            seen += usize::from(s.phase != SlotPhase::Idle);
+            if s.phase == SlotPhase::Prefilling {
                 let remaining = s.prompt_tokens - s.prefilled;
                 let tokens = remaining.min(chunk).min(budget);
                 rep.entries.push(StepEntry {
@@ -601,6 +748,7 @@ impl Continuous {
                     },
                     generated: s.generated,
                     admitted: std::mem::take(&mut s.fresh),
+                    context: s.prefilled + s.generated,
                 });
                 budget -= tokens;
             }
@@ -611,15 +759,50 @@ impl Continuous {
 
 /// (decode tokens, prefill tokens) of a step.
 pub fn step_tokens(entries: &[StepEntry]) -> (u32, u32) {
-    let mut decode = 0;
-    let mut prefill = 0;
-    for e in entries {
-        match e.work {
-            StepWork::Decode => decode += 1,
-            StepWork::Prefill { tokens, .. } => prefill += tokens,
+    let s = StepShape::of(entries);
+    (s.decode_tokens, s.prefill_tokens)
+}
+
+/// What a latency model needs to know of a step: its tokens and the context they attend to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepShape {
+    /// One per generating sequence.
+    pub decode_tokens: u32,
+    /// Prompt tokens of the prefill chunks.
+    pub prefill_tokens: u32,
+    /// KV-cache tokens the step reads: per sequence its context plus half its new tokens
+    /// (a chunk's later tokens attend to its earlier ones as they are written).
+    pub kv_read_tokens: u64,
+    /// (query, key) pairs of the step's attention: per sequence with `n` new tokens after
+    /// `c` of context, `n c + n (n + 1) / 2` (causal).
+    pub attention_pairs: u64,
+}
+
+impl StepShape {
+    /// Adds a sequence with `new` tokens in this step after `context` tokens.
+    #[inline]
+    pub fn push(&mut self, context: u32, new: u32, decode: bool) {
+        if decode {
+            self.decode_tokens += new;
+        } else {
+            self.prefill_tokens += new;
         }
+        let (c, n) = (u64::from(context), u64::from(new));
+        self.kv_read_tokens += c + n / 2;
+        self.attention_pairs += n * c + n * (n + 1) / 2;
     }
-    (decode, prefill)
+
+    /// The shape of a step with these entries.
+    pub fn of<'a>(entries: impl IntoIterator<Item = &'a StepEntry>) -> StepShape {
+        let mut s = StepShape::default();
+        for e in entries {
+            match e.work {
+                StepWork::Decode => s.push(e.context, 1, true),
+                StepWork::Prefill { tokens, .. } => s.push(e.context, tokens, false),
+            }
+        }
+        s
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,9 @@
 //! never happen here: reading a clock, sleeping, or changing the order of a model's float
 //! sums (the simulator's report is byte-identical for a seed, and these sums are in it).
 
+use super::roofline::presets::{Gpu, Llm};
+use super::roofline::Roofline;
+use crate::core::continuous::StepShape;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -22,16 +25,23 @@ pub enum LatencyKind {
     Calibrated,
     MaxOfBatch,
     AffineStep,
+    Roofline,
+    /// Live config only (`workers.latency_model = "auto"`, the default): `linear` in
+    /// request-level mode (the Go spec's), `roofline` on its default presets in continuous
+    /// mode (a real model on a real GPU). Not in [`LatencyKind::ALL`]: a scenario or a
+    /// simulation names its model.
+    Auto,
 }
 
 impl LatencyKind {
     /// Every model, in the order they are listed to users.
-    pub const ALL: [LatencyKind; 5] = [
+    pub const ALL: [LatencyKind; 6] = [
         LatencyKind::None,
         LatencyKind::Linear,
         LatencyKind::Calibrated,
         LatencyKind::MaxOfBatch,
         LatencyKind::AffineStep,
+        LatencyKind::Roofline,
     ];
 
     /// Config and scenario name.
@@ -42,6 +52,8 @@ impl LatencyKind {
             LatencyKind::Calibrated => "calibrated",
             LatencyKind::MaxOfBatch => "max_of_batch",
             LatencyKind::AffineStep => "affine_step",
+            LatencyKind::Roofline => "roofline",
+            LatencyKind::Auto => "auto",
         }
     }
 
@@ -54,6 +66,16 @@ impl LatencyKind {
             LatencyKind::Calibrated => &["prefill_ms_per_token", "beta_ms", "gamma"],
             LatencyKind::MaxOfBatch => &["base_ms", "prefill_ms_per_token", "decode_ms_per_token"],
             LatencyKind::AffineStep => &["prefill_ms_per_token", "a_ms", "c_ms"],
+            LatencyKind::Roofline => &["tp", "flops_efficiency", "bandwidth_efficiency"],
+            LatencyKind::Auto => &[],
+        }
+    }
+
+    /// The model's named (non-numeric) keys: roofline's model and GPU presets.
+    pub const fn name_keys(self) -> &'static [&'static str] {
+        match self {
+            LatencyKind::Roofline => &["llm", "gpu"],
+            _ => &[],
         }
     }
 
@@ -65,6 +87,9 @@ impl LatencyKind {
             LatencyKind::Calibrated => LatencyModel::CALIBRATED_DEFAULT,
             LatencyKind::MaxOfBatch => LatencyModel::MAX_OF_BATCH_DEFAULT,
             LatencyKind::AffineStep => LatencyModel::AFFINE_STEP_DEFAULT,
+            LatencyKind::Roofline => LatencyModel::Roofline(Roofline::DEFAULT),
+            // As a model of its own `auto` is request-level mode's choice.
+            LatencyKind::Auto => LatencyModel::LINEAR_DEFAULT,
         }
     }
 
@@ -83,6 +108,9 @@ impl fmt::Display for LatencyKind {
 impl FromStr for LatencyKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == LatencyKind::Auto.as_str() {
+            return Ok(LatencyKind::Auto);
+        }
         Self::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
@@ -131,6 +159,9 @@ pub enum LatencyModel {
         a_ms: f64,
         c_ms: f64,
     },
+    /// A model preset on a GPU preset (`exec::roofline`): prefill against peak FLOP/s,
+    /// decode against memory bandwidth, tensor parallelism, KV capacity from memory.
+    Roofline(Roofline),
 }
 
 impl LatencyModel {
@@ -170,6 +201,7 @@ impl LatencyModel {
             LatencyModel::Calibrated { .. } => LatencyKind::Calibrated,
             LatencyModel::MaxOfBatch { .. } => LatencyKind::MaxOfBatch,
             LatencyModel::AffineStep { .. } => LatencyKind::AffineStep,
+            LatencyModel::Roofline(_) => LatencyKind::Roofline,
         }
     }
 
@@ -203,10 +235,12 @@ impl LatencyModel {
                 a_ms,
                 c_ms,
             } => [prefill_ms_per_token, a_ms, c_ms],
+            LatencyModel::Roofline(r) => [r.tp as f64, r.flops_efficiency, r.bandwidth_efficiency],
         }
     }
 
-    /// The model `kind` with parameters `p` in [`LatencyKind::keys`] order.
+    /// The model `kind` with parameters `p` in [`LatencyKind::keys`] order (roofline: on
+    /// the default model and GPU presets).
     pub const fn from_params(kind: LatencyKind, p: [f64; 3]) -> LatencyModel {
         let [x, y, z] = p;
         match kind {
@@ -231,6 +265,32 @@ impl LatencyModel {
                 a_ms: y,
                 c_ms: z,
             },
+            LatencyKind::Roofline => LatencyModel::Roofline(Roofline {
+                tp: x as u32,
+                flops_efficiency: y,
+                bandwidth_efficiency: z,
+                ..Roofline::DEFAULT
+            }),
+            LatencyKind::Auto => LatencyModel::LINEAR_DEFAULT,
+        }
+    }
+
+    /// This model with `key=value` overrides, numeric or named (`llm`, `gpu`): what a
+    /// scenario's `[latency]` keys and `--latency` do. Errors name the key.
+    pub fn with_overrides(&self, overrides: &[(String, String)]) -> Result<Self, String> {
+        let mut k = LatencyKeys::from(*self);
+        for (key, v) in overrides {
+            k.set(key, v)?;
+        }
+        LatencyModel::try_from(k)
+    }
+
+    /// The KV cache a replica holds, in tokens, when the model knows it (roofline: from the
+    /// GPU's memory less the weights); `None` for the others.
+    pub fn kv_capacity_tokens(&self) -> Option<u64> {
+        match self {
+            LatencyModel::Roofline(r) => Some(r.kv_capacity_tokens()),
+            _ => None,
         }
     }
 
@@ -250,24 +310,21 @@ impl LatencyModel {
 
     /// This model with `key=value` overrides of its parameters (same model).
     pub fn overridden(&self, params: &[(String, f64)]) -> Result<Self, String> {
-        let kind = self.kind();
-        let mut all: Vec<(String, f64)> = kind
-            .keys()
-            .iter()
-            .map(|k| k.to_string())
-            .zip(self.params())
-            .collect();
-        all.extend(params.iter().cloned());
-        Self::with_params(kind, &all)
+        let mut k = LatencyKeys::from(*self);
+        for (key, v) in params {
+            *k.slot(key)
+                .ok_or_else(|| format!("unknown latency key '{key}'"))? = Some(*v);
+        }
+        LatencyModel::try_from(k)
     }
 
     /// Service time in ms of a batch whose requests have these (prompt tokens, output
-    /// tokens) shapes. Never negative. `scratch` is reused for sorting output lengths; it
-    /// grows at most to the largest batch.
+    /// tokens) shapes. Never negative. `scratch` is reused for sorting the shapes by output
+    /// length; it grows at most to the largest batch.
     pub fn batch_ms(
         &self,
         shapes: &[(u32, u32)],
-        scratch: &mut Vec<u32>,
+        scratch: &mut Vec<(u32, u32)>,
         rng: &mut impl Rng,
     ) -> f64 {
         match *self {
@@ -312,18 +369,22 @@ impl LatencyModel {
                 prefill_ms(shapes, prefill_ms_per_token)
                     + decode_walk(shapes, scratch, |b| affine_step_ms(a_ms, c_ms, b))
             }
+            LatencyModel::Roofline(r) => roofline_batch_ms(&r, shapes, scratch),
         }
     }
 
-    /// Service time in ms of one continuous-batching step with `decode` decode tokens (one
-    /// per generating slot) and `prefill` prompt tokens. `linear`: `per_token` for every
-    /// token of the step (its per-batch base does not apply to steps); the others: prefill
-    /// at their per-token cost plus one decode step for `b = decode` slots (`calibrated`:
-    /// `beta (1 + gamma (b-1)/b)`; `affine_step`: `a b + c`; `max_of_batch`: one decode
-    /// token, the slots decoding in parallel; its per-batch base does not apply either);
-    /// `none`: 0.
-    pub fn step_ms(&self, decode: u32, prefill: u32) -> f64 {
+    /// Service time in ms of one continuous-batching step of this shape: `decode` decode
+    /// tokens (one per generating slot) and `prefill` prompt tokens. `linear`: `per_token`
+    /// for every token of the step (its per-batch base does not apply to steps); `roofline`:
+    /// the step's FLOPs and bytes (`exec::roofline`, the only one that reads the context);
+    /// the others: prefill at their per-token cost plus one decode step for `b = decode`
+    /// slots (`calibrated`: `beta (1 + gamma (b-1)/b)`; `affine_step`: `a b + c`;
+    /// `max_of_batch`: one decode token, the slots decoding in parallel; its per-batch base
+    /// does not apply either); `none`: 0.
+    pub fn step_ms(&self, shape: &StepShape) -> f64 {
+        let (decode, prefill) = (shape.decode_tokens, shape.prefill_tokens);
         match *self {
+            LatencyModel::Roofline(r) => r.step_ms(shape),
             LatencyModel::None => 0.0,
             LatencyModel::Linear { per_token_ms, .. } => per_token_ms * f64::from(decode + prefill),
             LatencyModel::Calibrated {
@@ -366,18 +427,59 @@ fn prefill_ms(shapes: &[(u32, u32)], per_token: f64) -> f64 {
 
 /// Sum over decode steps of `step(b)`, `b` the requests still generating: with output
 /// lengths sorted ascending, `b` is constant between consecutive lengths.
-fn decode_walk(shapes: &[(u32, u32)], scratch: &mut Vec<u32>, step: impl Fn(f64) -> f64) -> f64 {
-    scratch.clear();
-    scratch.extend(shapes.iter().map(|&(_, o)| o));
-    scratch.sort_unstable();
+fn decode_walk(
+    shapes: &[(u32, u32)],
+    scratch: &mut Vec<(u32, u32)>,
+    step: impl Fn(f64) -> f64,
+) -> f64 {
+    sort_by_output(shapes, scratch);
     let n = scratch.len();
     let mut done = 0u32;
     let mut ms = 0.0;
-    for (i, &len) in scratch.iter().enumerate() {
+    for (i, &(_, len)) in scratch.iter().enumerate() {
         if len > done {
             ms += f64::from(len - done) * step((n - i) as f64);
             done = len;
         }
+    }
+    ms
+}
+
+fn sort_by_output(shapes: &[(u32, u32)], scratch: &mut Vec<(u32, u32)>) {
+    scratch.clear();
+    scratch.extend_from_slice(shapes);
+    scratch.sort_unstable_by_key(|&(p, o)| (o, p));
+}
+
+/// A request-level batch on the roofline: one prefill step of every prompt, then one decode
+/// step per output token for the requests still generating, each over its growing context.
+/// O(longest output) steps; `scratch` holds the shapes sorted by output length.
+fn roofline_batch_ms(r: &Roofline, shapes: &[(u32, u32)], scratch: &mut Vec<(u32, u32)>) -> f64 {
+    let mut prefill = StepShape::default();
+    for &(p, _) in shapes {
+        prefill.push(0, p, false);
+    }
+    let mut ms = r.step_ms(&prefill);
+    sort_by_output(shapes, scratch);
+    let mut active = scratch.len();
+    let mut prompt_sum: u64 = scratch.iter().map(|&(p, _)| u64::from(p)).sum();
+    let mut first = 0; // scratch[first..] are still generating
+    let longest = scratch.last().map_or(0, |&(_, o)| o);
+    for step in 0..longest {
+        while first < scratch.len() && scratch[first].1 <= step {
+            prompt_sum -= u64::from(scratch[first].0);
+            active -= 1;
+            first += 1;
+        }
+        let b = active as u64;
+        let context = prompt_sum + b * u64::from(step);
+        let shape = StepShape {
+            decode_tokens: active as u32,
+            prefill_tokens: 0,
+            kv_read_tokens: context,
+            attention_pairs: context + b,
+        };
+        ms += r.step_ms(&shape);
     }
     ms
 }
@@ -431,10 +533,24 @@ pub struct LatencyKeys {
     pub a_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub c_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<Llm>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Gpu>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flops_efficiency: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_efficiency: Option<f64>,
 }
 
-/// Every parameter key of any model (every key of [`LatencyKeys`] but `model`).
-pub const PARAM_KEYS: [&str; 9] = [
+/// Every named (non-numeric) key of any model.
+pub const NAME_KEYS: [&str; 2] = ["llm", "gpu"];
+
+/// Every numeric parameter key of any model (every key of [`LatencyKeys`] but `model` and
+/// the [`NAME_KEYS`]).
+pub const PARAM_KEYS: [&str; 12] = [
     "base_ms",
     "per_token_ms",
     "variance",
@@ -444,6 +560,9 @@ pub const PARAM_KEYS: [&str; 9] = [
     "decode_ms_per_token",
     "a_ms",
     "c_ms",
+    "tp",
+    "flops_efficiency",
+    "bandwidth_efficiency",
 ];
 
 impl LatencyKeys {
@@ -458,8 +577,33 @@ impl LatencyKeys {
             "decode_ms_per_token" => &mut self.decode_ms_per_token,
             "a_ms" => &mut self.a_ms,
             "c_ms" => &mut self.c_ms,
+            "tp" => &mut self.tp,
+            "flops_efficiency" => &mut self.flops_efficiency,
+            "bandwidth_efficiency" => &mut self.bandwidth_efficiency,
             _ => return None,
         })
+    }
+
+    /// Sets `key` from text: a preset name for `llm` and `gpu`, a number for the others.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let value = value.trim();
+        match key {
+            "llm" => self.llm = Some(value.parse()?),
+            "gpu" => self.gpu = Some(value.parse()?),
+            _ => {
+                let v: f64 = value
+                    .parse()
+                    .map_err(|_| format!("latency.{key}: '{value}' is not a number"))?;
+                *self.slot(key).ok_or_else(|| {
+                    format!(
+                        "unknown latency key '{key}' (keys: {}, {})",
+                        PARAM_KEYS.join(", "),
+                        NAME_KEYS.join(", ")
+                    )
+                })? = Some(v);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -467,6 +611,14 @@ impl TryFrom<LatencyKeys> for LatencyModel {
     type Error = String;
     fn try_from(mut k: LatencyKeys) -> Result<Self, String> {
         let kind: LatencyKind = k.model.parse()?;
+        if kind == LatencyKind::Auto {
+            return Err(format!(
+                "latency model 'auto' is a choice of the live config ([workers] in \
+                 config.toml: linear in request mode, roofline in continuous mode); name a \
+                 model here: {}",
+                LatencyKind::valid_names()
+            ));
+        }
         let mut values = kind.default_model().params();
         for (i, key) in kind.keys().iter().enumerate() {
             let v = k.slot(key).and_then(|s| s.take()).unwrap_or(values[i]);
@@ -474,6 +626,19 @@ impl TryFrom<LatencyKeys> for LatencyModel {
                 return Err(format!("latency.{key} = {v}: must be a finite number >= 0"));
             }
             values[i] = v;
+        }
+        let (llm, gpu) = (k.llm.take(), k.gpu.take());
+        if kind != LatencyKind::Roofline {
+            if let Some(key) = [(llm.is_some(), "llm"), (gpu.is_some(), "gpu")]
+                .iter()
+                .find(|(set, _)| *set)
+                .map(|(_, key)| *key)
+            {
+                return Err(format!(
+                    "latency key '{key}' does not apply to model {kind} (only roofline takes \
+                     llm and gpu)"
+                ));
+            }
         }
         // Anything still set belongs to another model.
         for key in PARAM_KEYS {
@@ -489,7 +654,17 @@ impl TryFrom<LatencyKeys> for LatencyModel {
                 ));
             }
         }
-        Ok(LatencyModel::from_params(kind, values))
+        let mut model = LatencyModel::from_params(kind, values);
+        if let LatencyModel::Roofline(r) = &mut model {
+            let tp = values[0];
+            if tp.fract() != 0.0 || tp < 1.0 {
+                return Err(format!("latency.tp = {tp}: must be a whole number >= 1"));
+            }
+            r.llm = llm.unwrap_or(r.llm);
+            r.gpu = gpu.unwrap_or(r.gpu);
+            r.check()?;
+        }
+        Ok(model)
     }
 }
 
@@ -502,6 +677,10 @@ impl From<LatencyModel> for LatencyKeys {
         };
         for (key, v) in kind.keys().iter().zip(m.params()) {
             *k.slot(key).expect("listed keys exist") = Some(v);
+        }
+        if let LatencyModel::Roofline(r) = m {
+            k.llm = Some(r.llm);
+            k.gpu = Some(r.gpu);
         }
         k
     }
@@ -597,21 +776,32 @@ mod tests {
         );
     }
 
+    fn step(decode: u32, prefill: u32) -> StepShape {
+        let mut s = StepShape::default();
+        for _ in 0..decode {
+            s.push(200, 1, true);
+        }
+        if prefill > 0 {
+            s.push(0, prefill, false);
+        }
+        s
+    }
+
     #[test]
     fn every_model_prices_a_step() {
         for kind in LatencyKind::ALL {
             let m = kind.default_model();
-            assert_eq!(m.step_ms(0, 0), 0.0, "{kind}: an empty step is free");
-            let step = m.step_ms(4, 100);
+            assert_eq!(m.step_ms(&step(0, 0)), 0.0, "{kind}: an empty step is free");
+            let step = m.step_ms(&step(4, 100));
             assert!(step.is_finite() && step >= 0.0, "{kind}: {step}");
             if kind != LatencyKind::None {
                 assert!(step > 0.0, "{kind}");
             }
         }
         let affine = LatencyModel::AFFINE_STEP_DEFAULT;
-        assert!((affine.step_ms(8, 0) - 7.1).abs() < 1e-9);
+        assert!((affine.step_ms(&step(8, 0)) - 7.1).abs() < 1e-9);
         let max = LatencyModel::MAX_OF_BATCH_DEFAULT;
-        assert!((max.step_ms(8, 50) - (0.02 * 50.0 + 5.74)).abs() < 1e-9);
+        assert!((max.step_ms(&step(8, 50)) - (0.02 * 50.0 + 5.74)).abs() < 1e-9);
     }
 
     #[test]
@@ -634,7 +824,7 @@ mod tests {
         );
         let e = "fast".parse::<LatencyKind>().unwrap_err();
         assert!(
-            e.contains("none, linear, calibrated, max_of_batch, affine_step"),
+            e.contains("none, linear, calibrated, max_of_batch, affine_step, roofline"),
             "{e}"
         );
         let back: LatencyModel = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
@@ -653,5 +843,65 @@ mod tests {
             assert_eq!(m.kind(), kind);
             assert_eq!(LatencyModel::from_params(kind, m.params()), m);
         }
+    }
+
+    #[test]
+    fn roofline_keys_name_presets_and_survive_a_round_trip() {
+        let m: LatencyModel = toml::from_str(
+            "model = \"roofline\"\nllm = \"llama-3.1-70b\"\ngpu = \"h100-sxm\"\ntp = 4\n",
+        )
+        .unwrap();
+        let LatencyModel::Roofline(r) = m else {
+            panic!("{m:?}")
+        };
+        assert_eq!(
+            (r.llm.as_str(), r.gpu.as_str(), r.tp),
+            ("llama-3.1-70b", "h100-sxm", 4)
+        );
+        assert_eq!(r.flops_efficiency, Roofline::DEFAULT.flops_efficiency);
+        let back: LatencyModel = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+        // Overrides keep the presets; `--latency gpu=h200` switches one.
+        let o = m.with_overrides(&[("gpu".into(), "h200".into())]).unwrap();
+        let LatencyModel::Roofline(o) = o else {
+            panic!()
+        };
+        assert_eq!(
+            (o.llm.as_str(), o.gpu.as_str(), o.tp),
+            ("llama-3.1-70b", "h200", 4)
+        );
+        let e = m.with_overrides(&[("tp".into(), "1".into())]).unwrap_err();
+        assert!(e.contains("raise tp"), "{e}");
+        let e = toml::from_str::<LatencyModel>("model = \"linear\"\nllm = \"mistral-7b\"\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("only roofline"), "{e}");
+        let e =
+            toml::from_str::<LatencyModel>("model = \"roofline\"\ngpu = \"tpu\"\n").unwrap_err();
+        assert!(e.to_string().contains("h100-sxm"), "{e}");
+        let e = toml::from_str::<LatencyModel>("model = \"roofline\"\ntp = 1.5\n").unwrap_err();
+        assert!(e.to_string().contains("whole number"), "{e}");
+        assert_eq!(
+            LatencyModel::Roofline(Roofline::DEFAULT).kv_capacity_tokens(),
+            Some(Roofline::DEFAULT.kv_capacity_tokens())
+        );
+    }
+
+    #[test]
+    fn roofline_batch_is_a_prefill_then_shrinking_decode_steps() {
+        let r = Roofline::DEFAULT;
+        let m = LatencyModel::Roofline(r);
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut s = Vec::new();
+        let got = m.batch_ms(&[(100, 2), (50, 1)], &mut s, &mut rng);
+        let mut prefill = StepShape::default();
+        prefill.push(0, 100, false);
+        prefill.push(0, 50, false);
+        let mut first = StepShape::default();
+        first.push(100, 1, true);
+        first.push(50, 1, true);
+        let mut second = StepShape::default();
+        second.push(101, 1, true);
+        let want = r.step_ms(&prefill) + r.step_ms(&first) + r.step_ms(&second);
+        assert!((got - want).abs() < 1e-12, "{got} {want}");
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod health;
 pub mod latency;
+pub mod roofline;
 pub mod sim;
 pub mod synth;
 pub mod upstream;

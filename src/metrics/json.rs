@@ -40,6 +40,7 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, now_unix_ms: u64) -> Value 
         "latency_mean_ms": latency.mean() / NANOS_PER_MS_F64,
         "latency_by_priority": latency_by_priority(snapshot),
         "observed_p99_ms": snapshot.observed_p99_ns.map(ns_to_ms),
+        "token_latency": token_latency(snapshot),
         "queue_wait_mean_ms": stats.queue_wait.mean_ns() / NANOS_PER_MS_F64,
         "throughput_rps": throughput_rps(stats.completed, snapshot.at_ns),
         "batches_formed": stats.batches_formed,
@@ -50,6 +51,23 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, now_unix_ms: u64) -> Value 
         "backends": backends(snapshot),
         "http": http_json(http),
     })
+}
+
+/// Continuous batching's per-token figures since start, in ms:
+/// `{"ttft": {"count": n, "mean_ms": x, "p50_ms": x, "p90_ms": x, "p99_ms": x}, "tpot": {...}}`
+/// (zeros while nothing was recorded, e.g. in request-level mode). `tools/sim_vs_live.sh`
+/// compares these with `abe simulate --mode continuous`.
+fn token_latency(snapshot: &Snapshot) -> Value {
+    let figures = |h: &hdrhistogram::Histogram<u64>| {
+        json!({
+            "count": h.len(),
+            "mean_ms": if h.is_empty() { 0.0 } else { h.mean() / NANOS_PER_MS_F64 },
+            "p50_ms": quantile_ms(h, 0.5),
+            "p90_ms": quantile_ms(h, 0.9),
+            "p99_ms": quantile_ms(h, 0.99),
+        })
+    };
+    json!({ "ttft": figures(&snapshot.ttft), "tpot": figures(&snapshot.tpot) })
 }
 
 /// `{"critical": {"completed": n, "p50_ms": x, "p99_ms": x}, "high": {...}, ...}`, highest
@@ -267,6 +285,28 @@ mod tests {
             let got = v[key].as_f64().unwrap();
             assert!((got - want_ms).abs() <= want_ms * 1e-3, "{key}: {got}");
         }
+    }
+
+    #[test]
+    fn token_latency_is_in_milliseconds() {
+        let mut snap = Snapshot::new(1, StrategyKind::Fixed);
+        for ms in 1..=100u64 {
+            snap.ttft.record(ms * 1_000_000).unwrap();
+            snap.tpot.record(ms * 100_000).unwrap();
+        }
+        let v = render(&snap, &HttpStats::new(), 0);
+        let t = &v["token_latency"];
+        assert_eq!(t["ttft"]["count"], 100);
+        let p50 = t["ttft"]["p50_ms"].as_f64().unwrap();
+        assert!((p50 - 50.0).abs() <= 0.05, "{p50}");
+        let mean = t["tpot"]["mean_ms"].as_f64().unwrap();
+        assert!((mean - 5.05).abs() <= 0.01, "{mean}");
+        let empty = render(&Snapshot::new(1, StrategyKind::Fixed), &HttpStats::new(), 0);
+        assert_eq!(empty["token_latency"]["tpot"]["p50_ms"].as_f64(), Some(0.0));
+        assert_eq!(
+            empty["token_latency"]["ttft"]["mean_ms"].as_f64(),
+            Some(0.0)
+        );
     }
 
     #[test]

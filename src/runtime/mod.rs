@@ -207,7 +207,8 @@ pub struct LaneWorkers {
 
 /// Starts the runtime over the backends of `routing`'s router: `lanes[b]` are backend `b`'s
 /// workers, scheduled by a core of their own built from `cfg.core` (its `workers` is each
-/// lane's executor count). Continuous batching takes exactly one lane.
+/// lane's executor count). In continuous batching each lane's workers are the replicas of
+/// one replica group of the slot scheduler, and requests are routed to a lane at admission.
 pub fn start_routed(
     cfg: RuntimeConfig,
     routing: engine::Routing,
@@ -228,11 +229,6 @@ pub fn start_routed(
         return Err(StartError::Config(format!(
             "backend {l} needs at least one worker, and a fault switch per worker"
         )));
-    }
-    if cfg.continuous.is_some() && lanes.len() != 1 {
-        return Err(StartError::Config(
-            "continuous batching runs exactly one backend".into(),
-        ));
     }
     if cfg.ring_capacity == 0 || cfg.max_submitters == 0 {
         return Err(StartError::Config(
@@ -321,12 +317,21 @@ pub fn start_routed(
         }
         Some(ccfg) => {
             let (links, handles) = workers.spawn::<StepMsg>(executors)?;
-            let sched = crate::core::continuous::Continuous::new(ContinuousConfig {
-                replicas: total_workers,
-                ..ccfg
-            });
+            let sched = crate::core::continuous::Continuous::with_groups(
+                ContinuousConfig {
+                    replicas: total_workers,
+                    ..ccfg
+                },
+                &lane_workers,
+            );
             let engine = Engine::new(
-                IterationLevel::new(sched, cfg.core.request_timeout_ns),
+                IterationLevel::new(
+                    sched,
+                    routing,
+                    cfg.core.request_timeout_ns,
+                    cfg.core.batch_timeout_ns,
+                    cfg.core.circuit,
+                ),
                 clock,
                 shared.clone(),
                 links,

@@ -75,7 +75,7 @@ struct Exec<'a> {
     completions: &'a mut BinaryHeap<Reverse<(Nanos, u64, u32)>>,
     seq: &'a mut u64,
     shapes: &'a mut Vec<(u32, u32)>,
-    sort_scratch: &'a mut Vec<u32>,
+    sort_scratch: &'a mut Vec<(u32, u32)>,
     rng: &'a mut SmallRng,
     rec: &'a mut Recorder,
     /// Requests failed in this poll (in a closed loop their clients send the next).
@@ -143,7 +143,7 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
     let mut slot_req = vec![u32::MAX; table_slots]; // one per request-table slot
     let mut completions = BinaryHeap::with_capacity(batch_slots + 1); // one per batch slot
     let mut shapes = Vec::with_capacity(max_batch); // one batch's shapes
-    let mut sort_scratch = Vec::with_capacity(max_batch); // one batch's output lengths
+    let mut sort_scratch = Vec::with_capacity(max_batch); // one batch's shapes, sorted
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x1a7e_9c1e_5eed_0001);
     let mut failed = 0usize; // requests failed in one poll
                              // Closed loop: the requests with the arrival times the run gives them, one pending

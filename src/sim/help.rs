@@ -6,7 +6,9 @@
 pub const AFTER_HELP: &str = r#"SCENARIOS
   Built in: steady_state, ramp_up, spike_test, mixed_priority, long_tail, multibin_paper,
   light_load, medium_load, heavy_load (Poisson at ~24/54/88 % worker utilisation), bursty
-  (bursts of 16), closed_loop (8 clients, one worker, a + b n = 10 + 2n ms)
+  (bursts of 16), closed_loop (8 clients, one worker, a + b n = 10 + 2n ms), kv_bound
+  (Pang et al.'s KV-memory-bound backlog), chat_8b_h100 (continuous batching, Llama-3.1-8B
+  on an H100 roofline, Poisson 20 requests/s of chat: the inference-lab comparison)
   (each also shipped as scenarios/<name>.toml). Any other value of --scenario is read as a
   TOML file with these keys (all but name and workload.arrivals optional):
 
@@ -65,6 +67,17 @@ ENGINE ([engine]; absent keys keep the core defaults; --workers/--max-batch-size
   oracle_bins         K > 1: emulate K-bin batching for any strategy on a saturated backlog
                       (K equal-mass bins by output length, fed to the core in single-bin
                       groups of max_batch_size); an error for other arrival processes
+  mode                request (default: a strategy forms batches) | continuous
+                      (iteration-level batching, the scheduler `abe serve` runs with
+                      batching.mode = "continuous"; one run named `continuous` replaces the
+                      strategies; open-loop workloads only); --mode overrides
+  continuous keys     workers (replicas), max_slots (16), n_batch (2048, tokens per step),
+                      prefill_chunk (512), kv_capacity_tokens (per replica; default from the
+                      roofline model's GPU memory, else the [batching.dynamic] memory
+                      model), queue_capacity (requests waiting for a slot, 1024),
+                      request_timeout_ms (a request waiting for a slot longer fails)
+  ttft_target_ms = 500, tpot_target_ms = 50 (top-level keys; --ttft-target-ms,
+                      --tpot-target-ms): goodput counts the requests meeting both
 
 LATENCY MODELS (--latency-model NAME, --latency key=value; or [latency] model = NAME)
   none          (no keys)                   zero service time
@@ -77,6 +90,14 @@ LATENCY MODELS (--latency-model NAME, --latency key=value; or [latency] model = 
                 takes its slowest request's time (multi-bin paper)
   affine_step   prefill_ms_per_token=0.02, a_ms=0.2, c_ms=5.5
                 prefill, then per decode step a x b + c, b = requests still generating
+  roofline      llm=llama-3.1-8b, gpu=h100-sxm, tp=1, flops_efficiency=0.6,
+                bandwidth_efficiency=0.8
+                a model on a GPU from their published numbers: each step takes
+                max(FLOPs / peak FLOP/s, bytes / bandwidth) + tensor-parallel all-reduces;
+                FLOPs 2 x active params per token + attention, bytes the weights + KV read;
+                in continuous mode the KV capacity is GPU memory x 0.9 less the weights.
+                llm: llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, mistral-7b, mixtral-8x7b,
+                qwen3-30b-a3b; gpu: a100-80gb, h100-sxm, h200, l4, l40s
 
 SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
   bins, oracle_bins, max_batch_size, min_batch_size, workers, max_wait_ms, min_wait_ms,
@@ -84,6 +105,7 @@ SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
   rate_scale   multiplies every arrival rate (constant, poisson, ramp, spike; bursty's
                bursts_per_s): latency against load in one command
   clients      a closed loop's client count
+  mode         request,continuous (or 0,1): both modes on the identical requests
 
 OUTPUTS
   table on stdout; --json FILE (deterministic: same seed and inputs, same bytes);
@@ -91,7 +113,10 @@ OUTPUTS
   queue_depth_over_time.svg, batch_size_distribution.svg; for sweeps throughput_vs_<key>.svg
   and latency_vs_<key>.svg (p50 and p99 per strategy against the first sweep key));
   with more than one priority class, p50/p99 per priority in the table, the JSON
-  (runs[].latency_ms_by_priority, always present) and FILE.by_priority.csv beside --csv
+  (runs[].latency_ms_by_priority, always present) and FILE.by_priority.csv beside --csv;
+  continuous runs add a token table (TTFT, TPOT, ITL p50/p99, goodput, tokens per step, KV
+  and slot use, preemptions), runs[].continuous in the JSON, FILE.continuous.csv beside
+  --csv, token_latency.svg, and for sweeps ttft_vs_<key>.svg and tpot_vs_<key>.svg
 
 EXAMPLE
   abe simulate --scenario steady_state --strategies fixed,queue_depth --seed 7 \
@@ -102,6 +127,9 @@ EXAMPLE
   abe simulate --scenario medium_load --strategies fixed,auto \
       --sweep rate_scale=0.25,0.5,1,1.5,2,3 --svg out/
   abe simulate --scenario closed_loop --strategies fixed,auto --sweep clients=1,2,8,32
+  abe simulate --scenario scenarios/chat_8b_h100.toml --strategies auto --sweep mode=request,continuous
+  abe simulate --scenario medium_load --mode continuous --latency-model roofline \
+      --latency llm=llama-3.1-70b --latency gpu=h200 --latency tp=2
 "#;
 
 #[cfg(test)]
@@ -184,11 +212,21 @@ mod tests {
             "balancer",
             "priority_max_wait_ms",
             "bins",
+            "mode",
+            "max_slots",
+            "n_batch",
+            "prefill_chunk",
+            "kv_capacity_tokens",
+            "ttft_target_ms",
+            "tpot_target_ms",
         ];
         for kind in LatencyKind::ALL {
             keys.push(kind.as_str());
             keys.extend(kind.keys());
+            keys.extend(kind.name_keys());
         }
+        keys.extend(crate::exec::roofline::presets::LLMS.map(|l| l.name));
+        keys.extend(crate::exec::roofline::presets::GPUS.map(|g| g.name));
         keys.extend(BUILTIN_NAMES);
         keys.extend(SweepKey::ALL.map(|k| k.as_str()));
         for k in keys {

@@ -12,6 +12,7 @@
 
 pub mod arrivals;
 pub mod binning;
+pub mod continuous;
 pub mod dist;
 pub mod driver;
 pub mod help;
@@ -26,6 +27,7 @@ pub mod series;
 pub mod settings;
 pub mod sweep;
 pub mod table;
+pub mod tokens;
 pub mod trace;
 pub mod workload;
 

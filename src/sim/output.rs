@@ -1,5 +1,6 @@
 //! Writing a report: JSON (`--json`), CSV time series (`--csv`; with more than one
-//! priority class also `NAME.by_priority.csv`, latency per class) and SVG charts (`--svg`).
+//! priority class also `NAME.by_priority.csv`, latency per class; with continuous runs also
+//! `NAME.continuous.csv`, their token metrics) and SVG charts (`--svg`).
 //!
 //! The text of each file is a pure function of the report (see [`super::report`] for why
 //! that makes it byte-identical across runs); only the final write touches the file system.
@@ -79,6 +80,60 @@ pub fn priority_csv(report: &SimReport) -> String {
     out
 }
 
+/// Continuous runs' token metrics: one row per continuous run, in report order. Columns:
+/// `run`, `label`, one per sweep key, then TTFT, TPOT and ITL (mean, p50, p90, p99 ms),
+/// goodput, steps, tokens per step, preemptions, KV and slot use.
+pub fn continuous_csv(report: &SimReport) -> String {
+    let mut out = String::from("run,label");
+    for axis in &report.sweep {
+        out.push(',');
+        out.push_str(&axis.key);
+    }
+    for m in ["ttft", "tpot", "itl"] {
+        for q in ["mean", "p50", "p90", "p99"] {
+            let _ = write!(out, ",{m}_{q}_ms");
+        }
+    }
+    out.push_str(
+        ",goodput_rps,goodput_fraction,steps,mean_tokens_per_step,preemptions,\
+         kv_capacity_tokens,kv_utilisation_mean,kv_peak_tokens,slots_total,slot_occupancy_mean\n",
+    );
+    for (i, run) in report.runs.iter().enumerate() {
+        let Some(c) = &run.continuous else { continue };
+        let _ = write!(out, "{i},{}", run.label);
+        for p in &run.params {
+            let _ = write!(out, ",{}", p.value);
+        }
+        for s in [c.ttft_ms, c.tpot_ms, c.itl_ms] {
+            let _ = write!(out, ",{},{},{},{}", s.mean, s.p50, s.p90, s.p99);
+        }
+        let _ = writeln!(
+            out,
+            ",{},{},{},{},{},{},{},{},{},{}",
+            c.goodput_rps,
+            c.goodput_fraction,
+            c.steps,
+            c.mean_tokens_per_step,
+            c.preemptions,
+            c.kv_capacity_tokens,
+            c.kv_utilisation_mean,
+            c.kv_peak_tokens,
+            c.slots_total,
+            c.slot_occupancy_mean
+        );
+    }
+    out
+}
+
+/// Where [`continuous_csv`] goes: beside the time series, `NAME.csv` -> `NAME.continuous.csv`.
+pub fn continuous_csv_path(csv: &Path) -> PathBuf {
+    let stem = csv.file_stem().map_or_else(
+        || "report".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    csv.with_file_name(format!("{stem}.continuous.csv"))
+}
+
 /// Where [`priority_csv`] goes: beside the time series, `NAME.csv` -> `NAME.by_priority.csv`.
 pub fn priority_csv_path(csv: &Path) -> PathBuf {
     let stem = csv.file_stem().map_or_else(
@@ -120,6 +175,11 @@ pub fn write_outputs(report: &SimReport, paths: &OutputPaths) -> Result<Vec<Path
         if classes > 1 {
             let q = priority_csv_path(p);
             write(&q, &priority_csv(report))?;
+            written.push(q);
+        }
+        if report.runs.iter().any(|r| r.continuous.is_some()) {
+            let q = continuous_csv_path(p);
+            write(&q, &continuous_csv(report))?;
             written.push(q);
         }
     }

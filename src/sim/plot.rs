@@ -1,11 +1,12 @@
 //! SVG charts of a simulation report (plotters, SVG backend only, no fonts loaded: text is
 //! left to the viewer): latency and queue depth over time, batch-size distribution, and
-//! throughput and latency (p50, p99) against the first sweep key.
+//! throughput and latency (p50, p99) against the first sweep key; for continuous runs TTFT,
+//! TPOT and ITL bars, and TTFT and TPOT against the first sweep key.
 //!
 //! Every chart is a pure function of the report, so the same report draws the same bytes.
 //! Nothing here runs a simulation; the only I/O is writing the named file.
 
-use super::report::{RunReport, SimReport};
+use super::report::{ContinuousMetrics, LatencySummary, RunReport, SimReport};
 use super::series::WindowRow;
 use super::SimError;
 use plotters::prelude::*;
@@ -173,15 +174,7 @@ fn sweep_lines(
             .iter()
             .find(|p| p.key == key)
             .map_or(0.0, |p| p.value);
-        let name = std::iter::once(r.strategy.clone())
-            .chain(
-                r.params
-                    .iter()
-                    .filter(|p| p.key != key)
-                    .map(|p| format!("{}={}", p.key, p.value)),
-            )
-            .collect::<Vec<_>>()
-            .join(" ");
+        let name = sweep_line_name(r, key);
         match lines.iter_mut().find(|(n, _)| *n == name) {
             Some((_, pts)) => pts.push((x, y(r))),
             None => lines.push((name, vec![(x, y(r))])),
@@ -190,11 +183,133 @@ fn sweep_lines(
     lines
 }
 
+/// Which token latency of a continuous run a chart draws.
+type TokenSummary = fn(&ContinuousMetrics) -> LatencySummary;
+
+/// A sweep line's name: the run's strategy and its other sweep keys.
+fn sweep_line_name(r: &RunReport, key: &str) -> String {
+    std::iter::once(r.strategy.clone())
+        .chain(
+            r.params
+                .iter()
+                .filter(|p| p.key != key)
+                .map(|p| format!("{}={}", p.key, p.value)),
+        )
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Grouped bars of the continuous runs' TTFT, TPOT and ITL (p50 and p99), ms.
+fn token_latency_chart(report: &SimReport, path: &Path) -> Result<(), SimError> {
+    let runs: Vec<(&str, &ContinuousMetrics)> = report
+        .runs
+        .iter()
+        .filter_map(|r| r.continuous.as_ref().map(|c| (r.label.as_str(), c)))
+        .collect();
+    let groups = |c: &ContinuousMetrics| {
+        [
+            c.ttft_ms.p50,
+            c.ttft_ms.p99,
+            c.tpot_ms.p50,
+            c.tpot_ms.p99,
+            c.itl_ms.p50,
+            c.itl_ms.p99,
+        ]
+    };
+    let y_max = runs.iter().flat_map(|(_, c)| groups(c)).fold(0.0, f64::max);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "TTFT, TPOT, ITL: p50 and p99 (groups 0-5: TTFT p50, p99, TPOT p50, p99, ITL p50, p99)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5..5.5, 0.0..top(y_max, 1.0))
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("TTFT p50, TTFT p99, TPOT p50, TPOT p99, ITL p50, ITL p99")
+        .y_desc("ms")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    let width = 0.8 / runs.len().max(1) as f64;
+    for (i, (label, c)) in runs.iter().enumerate() {
+        let colour = colour(i);
+        let offset = -0.4 + i as f64 * width;
+        let bars = groups(c);
+        chart
+            .draw_series(bars.into_iter().enumerate().map(move |(g, v)| {
+                let x = g as f64 + offset;
+                Rectangle::new([(x, 0.0), (x + width, v)], colour.filled())
+            }))
+            .map_err(|e| plot_err(path, e))?
+            .label(label.to_string())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
 /// p99 (thick) and p50 (thin) end-to-end latency against the first sweep key, one colour
 /// per strategy and combination of the other keys: latency against load for `rate_scale`.
 fn sweep_latency_chart(report: &SimReport, path: &Path, key: &str) -> Result<(), SimError> {
-    let p50 = sweep_lines(report, key, |r| r.latency_ms.p50);
-    let p99 = sweep_lines(report, key, |r| r.latency_ms.p99);
+    sweep_percentile_chart(
+        report,
+        path,
+        key,
+        "Latency",
+        "end-to-end latency (ms)",
+        |r| Some(r.latency_ms),
+    )
+}
+
+/// p99 (thick) and p50 (thin) of `of(run)` against the sweep key `key`, for the runs that
+/// have it (TTFT and TPOT exist for continuous runs only).
+fn sweep_percentile_chart(
+    report: &SimReport,
+    path: &Path,
+    key: &str,
+    what: &str,
+    y_desc: &str,
+    of: impl Fn(&RunReport) -> Option<LatencySummary>,
+) -> Result<(), SimError> {
+    let keep: Vec<RunReport> = report
+        .runs
+        .iter()
+        .filter(|r| of(r).is_some())
+        .cloned()
+        .collect();
+    let lines = |p: fn(&LatencySummary) -> f64| {
+        let mut lines = Vec::new();
+        for r in &keep {
+            let x = r
+                .params
+                .iter()
+                .find(|q| q.key == key)
+                .map_or(0.0, |q| q.value);
+            let name = sweep_line_name(r, key);
+            let y = of(r).map_or(0.0, |s| p(&s));
+            match lines
+                .iter_mut()
+                .find(|(n, _): &&mut (String, Vec<(f64, f64)>)| *n == name)
+            {
+                Some((_, pts)) => pts.push((x, y)),
+                None => lines.push((name, vec![(x, y)])),
+            }
+        }
+        lines
+    };
+    let p50 = lines(|s| s.p50);
+    let p99 = lines(|s| s.p99);
     let all = || p50.iter().chain(&p99).flat_map(|l| &l.1);
     let x_min = all().map(|p| p.0).fold(f64::INFINITY, f64::min);
     let x_max = all().map(|p| p.0).fold(0.0, f64::max);
@@ -213,7 +328,7 @@ fn sweep_latency_chart(report: &SimReport, path: &Path, key: &str) -> Result<(),
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("Latency p50 (thin) and p99 (thick) vs {key}"),
+            format!("{what} p50 (thin) and p99 (thick) vs {key}"),
             ("sans-serif", 22),
         )
         .margin(12)
@@ -224,7 +339,7 @@ fn sweep_latency_chart(report: &SimReport, path: &Path, key: &str) -> Result<(),
     chart
         .configure_mesh()
         .x_desc(key)
-        .y_desc("end-to-end latency (ms)")
+        .y_desc(y_desc)
         .draw()
         .map_err(|e| plot_err(path, e))?;
     for (i, ((name, lo), (_, hi))) in p50.into_iter().zip(p99).enumerate() {
@@ -344,6 +459,24 @@ pub fn write_charts(report: &SimReport, dir: &Path) -> Result<Vec<PathBuf>, SimE
         let p = dir.join(format!("latency_vs_{}.svg", axis.key));
         sweep_latency_chart(report, &p, &axis.key)?;
         written.push(p);
+    }
+    if report.runs.iter().any(|r| r.continuous.is_some()) {
+        let p = dir.join("token_latency.svg");
+        token_latency_chart(report, &p)?;
+        written.push(p);
+        if let Some(axis) = report.sweep.first() {
+            let charts: [(&str, &str, TokenSummary); 2] = [
+                ("ttft", "time to first token (ms)", |c| c.ttft_ms),
+                ("tpot", "time per output token (ms)", |c| c.tpot_ms),
+            ];
+            for (name, y_desc, of) in charts {
+                let p = dir.join(format!("{name}_vs_{}.svg", axis.key));
+                sweep_percentile_chart(report, &p, &axis.key, &name.to_uppercase(), y_desc, |r| {
+                    r.continuous.as_ref().map(of)
+                })?;
+                written.push(p);
+            }
+        }
     }
     Ok(written)
 }

@@ -6,6 +6,7 @@
 //! which grows by one window per window of virtual time. Times are virtual ns.
 
 use super::series::TimeSeries;
+use super::tokens::TokenRecord;
 use super::workload::{Digest, SimRequest};
 use crate::core::Priority;
 use hdrhistogram::Histogram;
@@ -69,6 +70,8 @@ pub struct Recorder {
     /// offered / completed / failed counts are for all requests.
     pub by_priority: [PriorityRecord; Priority::COUNT],
     pub series: TimeSeries,
+    /// Continuous batching only: TTFT, TPOT, ITL, goodput, steps, KV and slots.
+    pub tokens: Option<Box<TokenRecord>>,
 }
 
 impl Recorder {
@@ -95,6 +98,7 @@ impl Recorder {
             offered_digest: Digest::default(),
             by_priority: std::array::from_fn(|_| PriorityRecord::new()),
             series: TimeSeries::new(window_ns, expected_ns),
+            tokens: None,
         }
     }
 

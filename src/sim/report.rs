@@ -11,6 +11,8 @@
 use super::driver::RunOutput;
 use super::series::TimeSeries;
 use super::settings::EngineSettings;
+use super::sweep::{mode_of, SweepKey};
+use super::tokens::TokenRecord;
 use crate::core::{FlushReason, Priority};
 use crate::exec::latency::LatencyModel;
 use serde::Serialize;
@@ -93,6 +95,99 @@ pub struct RunReport {
     pub worker_utilisation: f64,
     pub flush_reasons: FlushCounts,
     pub series_truncated: bool,
+    /// Continuous batching runs only: what continuous batching is judged by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continuous: Option<ContinuousMetrics>,
+}
+
+/// The token-level metrics of a continuous-batching run (see [`super::tokens`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ContinuousMetrics {
+    /// Time to first token, ms.
+    pub ttft_ms: LatencySummary,
+    /// Time per output token (per request: decode time after the first token over the
+    /// tokens after it), ms.
+    pub tpot_ms: LatencySummary,
+    /// Inter-token latency (every gap between two tokens of a request), ms.
+    pub itl_ms: LatencySummary,
+    pub ttft_target_ms: f64,
+    pub tpot_target_ms: f64,
+    /// Completed requests meeting both targets, per second of makespan.
+    pub goodput_rps: f64,
+    /// Of requests offered, the share that met both targets.
+    pub goodput_fraction: f64,
+    pub steps: u64,
+    /// Tokens (decode + prefill) per step.
+    pub mean_tokens_per_step: f64,
+    pub decode_tokens: u64,
+    pub prefill_tokens: u64,
+    pub preemptions: u64,
+    /// Per replica.
+    pub kv_capacity_tokens: u64,
+    /// Time-averaged KV tokens in use over capacity, all replicas, over the makespan.
+    pub kv_utilisation_mean: f64,
+    /// Most KV tokens one replica held at the start of a step.
+    pub kv_peak_tokens: u64,
+    pub slots_total: u64,
+    /// Time-averaged active slots over all slots, over the makespan.
+    pub slot_occupancy_mean: f64,
+}
+
+/// Percentiles and mean of a ns histogram, ms (zeros when empty).
+fn summary(h: &hdrhistogram::Histogram<u64>, sum_ns: u128) -> LatencySummary {
+    let n = h.len();
+    if n == 0 {
+        return LatencySummary::default();
+    }
+    let q = |p: f64| ns_to_ms(h.value_at_quantile(p) as f64);
+    LatencySummary {
+        mean: ns_to_ms(sum_ns as f64 / n as f64),
+        p50: q(0.5),
+        p90: q(0.9),
+        p99: q(0.99),
+        p99_9: q(0.999),
+        max: ns_to_ms(h.max() as f64),
+    }
+}
+
+impl ContinuousMetrics {
+    fn new(t: &TokenRecord, offered: u64, makespan_ns: u64) -> ContinuousMetrics {
+        let span = makespan_ns as f64;
+        let share = |area: u128, capacity: u64| {
+            if span > 0.0 && capacity > 0 {
+                area as f64 / (span * capacity as f64)
+            } else {
+                0.0
+            }
+        };
+        ContinuousMetrics {
+            ttft_ms: summary(&t.ttft_ns, t.ttft_sum_ns),
+            tpot_ms: summary(&t.tpot_ns, t.tpot_sum_ns),
+            itl_ms: summary(&t.itl_ns, t.itl_sum_ns),
+            ttft_target_ms: ns_to_ms(t.ttft_target_ns as f64),
+            tpot_target_ms: ns_to_ms(t.tpot_target_ns as f64),
+            goodput_rps: per_s(t.goodput_met, span / 1e9),
+            goodput_fraction: if offered == 0 {
+                0.0
+            } else {
+                t.goodput_met as f64 / offered as f64
+            },
+            steps: t.steps,
+            mean_tokens_per_step: if t.steps == 0 {
+                0.0
+            } else {
+                (t.decode_tokens + t.prefill_tokens) as f64 / t.steps as f64
+            },
+            decode_tokens: t.decode_tokens,
+            prefill_tokens: t.prefill_tokens,
+            preemptions: t.preemptions,
+            kv_capacity_tokens: t.kv_capacity_tokens,
+            kv_utilisation_mean: share(t.kv_token_ns, t.kv_capacity_tokens * t.replicas),
+            kv_peak_tokens: t.kv_peak_tokens,
+            slots_total: t.slots_per_replica * t.replicas,
+            slot_occupancy_mean: share(t.slot_ns, t.slots_per_replica * t.replicas),
+        }
+    }
 }
 
 /// A whole simulation: what ran and every run's metrics.
@@ -199,7 +294,13 @@ impl RunReport {
         let workers = out.busy_ns.len().max(1) as f64;
         let busy: u64 = out.busy_ns.iter().sum();
         let label = std::iter::once(strategy.to_string())
-            .chain(params.iter().map(|p| format!("{}={}", p.key, p.value)))
+            .chain(params.iter().map(|p| {
+                if p.key == SweepKey::Mode.as_str() {
+                    format!("mode={}", mode_of(p.value).as_str())
+                } else {
+                    format!("{}={}", p.key, p.value)
+                }
+            }))
             .collect::<Vec<_>>()
             .join(" ");
         RunReport {
@@ -257,6 +358,10 @@ impl RunReport {
                 drain: flush(FlushReason::Drain),
             },
             series_truncated: r.series.truncated,
+            continuous: r
+                .tokens
+                .as_deref()
+                .map(|t| ContinuousMetrics::new(t, r.offered, makespan_ns)),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! writes files or reads the clock.
 
 use super::binning::interleave_bins;
+use super::continuous::ContinuousInput;
 use super::driver::{self, RunInput, RunOutput};
 use super::report::{ParamValue, RunReport, SimReport, SweepAxis};
 use super::scenario::Scenario;
@@ -14,10 +15,11 @@ use super::settings::EngineSettings;
 use super::sweep;
 use super::workload::{Digest, SimRequest};
 use super::SimError;
+use crate::core::continuous::ContinuousConfig;
 use crate::core::request::ms_to_nanos;
 use crate::core::strategy::StrategyKind;
-use crate::core::CoreConfig;
-use crate::exec::latency::{LatencyKind, LatencyModel, PARAM_KEYS};
+use crate::core::{BatchingMode, CoreConfig};
+use crate::exec::latency::{LatencyKind, LatencyModel, NAME_KEYS, PARAM_KEYS};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -45,6 +47,9 @@ pub struct SimulateOptions {
     pub window_ms: f64,
     /// Runs executed at once (0: one per available core).
     pub jobs: usize,
+    /// Override the scenario's goodput targets (continuous mode), ms.
+    pub ttft_target_ms: Option<f64>,
+    pub tpot_target_ms: Option<f64>,
 }
 
 impl Default for SimulateOptions {
@@ -61,13 +66,19 @@ impl Default for SimulateOptions {
             sweep: Vec::new(),
             window_ms: 1000.0,
             jobs: 0,
+            ttft_target_ms: None,
+            tpot_target_ms: None,
         }
     }
 }
 
 /// One run to execute.
 struct Job {
-    strategy: StrategyKind,
+    /// The strategy's name, or `continuous`.
+    name: &'static str,
+    /// Continuous batching: the scheduler's settings (`core` then only gives the request
+    /// timeout).
+    continuous: Option<ContinuousConfig>,
     params: Vec<ParamValue>,
     core: CoreConfig,
     /// Oracle pre-binning into this many bins (1: feed requests in arrival order).
@@ -78,44 +89,43 @@ struct Job {
     closed: Option<super::arrivals::ClosedLoop>,
 }
 
-fn parse_latency_params(params: &[String]) -> Result<Vec<(String, f64)>, SimError> {
+fn parse_latency_params(params: &[String]) -> Result<Vec<(String, String)>, SimError> {
     params
         .iter()
         .map(|p| {
             let (k, v) = p
                 .split_once('=')
                 .ok_or_else(|| SimError::invalid("--latency", format!("'{p}' is not key=value")))?;
-            let v: f64 = v.trim().parse().map_err(|_| {
-                SimError::invalid("--latency", format!("{k}: '{v}' is not a number"))
-            })?;
-            Ok((k.trim().to_string(), v))
+            Ok((k.trim().to_string(), v.trim().to_string()))
         })
         .collect()
 }
 
 /// The scenario's latency model, or the one `--latency-model` names (with its defaults),
-/// with `--latency key=value` overrides.
+/// with `--latency key=value` overrides (numbers, or preset names for `llm` and `gpu`).
 fn latency_model(
     scenario: &Scenario,
     name: Option<&str>,
-    overrides: &[(String, f64)],
+    overrides: &[(String, String)],
 ) -> Result<LatencyModel, SimError> {
     if let Some((key, _)) = overrides
         .iter()
-        .find(|(k, _)| !PARAM_KEYS.contains(&k.as_str()))
+        .find(|(k, _)| !PARAM_KEYS.contains(&k.as_str()) && !NAME_KEYS.contains(&k.as_str()))
     {
         return Err(SimError::invalid(
             "--latency",
             format!("unknown latency key '{key}'; see `abe simulate --help`"),
         ));
     }
-    let model = match name {
+    let base = match name {
         Some(name) => name
             .parse::<LatencyKind>()
-            .and_then(|kind| LatencyModel::with_params(kind, overrides)),
-        None => scenario.latency.overridden(overrides),
+            .map_err(|why| SimError::invalid("latency model", why))?
+            .default_model(),
+        None => scenario.latency,
     };
-    model.map_err(|why| SimError::invalid("latency model", why))
+    base.with_overrides(overrides)
+        .map_err(|why| SimError::invalid("latency model", why))
 }
 
 /// Resolves `opts.scenario` and runs it.
@@ -147,11 +157,16 @@ pub fn simulate_scenario(
     let overrides = parse_latency_params(&opts.latency_params)?;
     let latency = latency_model(scenario, opts.latency_model.as_deref(), &overrides)?;
     let sla_ms = opts.sla_ms.unwrap_or(scenario.sla_ms);
-    if !(sla_ms.is_finite() && sla_ms >= 0.0) {
-        return Err(SimError::invalid(
-            "sla_ms",
-            format!("{sla_ms} must be >= 0"),
-        ));
+    let ttft_target_ms = opts.ttft_target_ms.unwrap_or(scenario.ttft_target_ms);
+    let tpot_target_ms = opts.tpot_target_ms.unwrap_or(scenario.tpot_target_ms);
+    for (key, v) in [
+        ("sla_ms", sla_ms),
+        ("ttft_target_ms", ttft_target_ms),
+        ("tpot_target_ms", tpot_target_ms),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(SimError::invalid(key, format!("{v} must be >= 0")));
+        }
     }
     if !(opts.window_ms.is_finite() && opts.window_ms >= 1.0) {
         return Err(SimError::invalid(
@@ -192,9 +207,35 @@ pub fn simulate_scenario(
                  workloads use the multi_bin strategy and the bins key)",
             ));
         }
+        if settings.batching_mode() == BatchingMode::Continuous {
+            if closed.is_some() {
+                return Err(SimError::invalid(
+                    "mode",
+                    "continuous mode runs open-loop workloads only (closed loops are driven \
+                     by the request-level simulator)",
+                ));
+            }
+            jobs.push(Job {
+                name: "continuous",
+                continuous: Some(settings.continuous_config(&latency)?),
+                params: point
+                    .iter()
+                    .map(|&(k, v)| ParamValue {
+                        key: k.as_str().to_string(),
+                        value: v,
+                    })
+                    .collect(),
+                core: settings.core_config(strategies[0], opts.seed)?,
+                presort_bins: 1,
+                workload,
+                closed,
+            });
+            continue;
+        }
         for &strategy in &strategies {
             jobs.push(Job {
-                strategy,
+                name: strategy.as_str(),
+                continuous: None,
                 params: point
                     .iter()
                     .map(|&(k, v)| ParamValue {
@@ -217,17 +258,15 @@ pub fn simulate_scenario(
         seed: opts.seed,
         sla_ns: ms_to_nanos(sla_ms),
         window_ns: ms_to_nanos(opts.window_ms),
+        ttft_target_ns: ms_to_nanos(ttft_target_ms),
+        tpot_target_ns: ms_to_nanos(tpot_target_ms),
     };
     let outputs = execute(&input, &jobs, opts.jobs)?;
 
     let mut runs = Vec::with_capacity(jobs.len());
     let mut series = Vec::with_capacity(jobs.len());
     for (job, out) in jobs.iter().zip(outputs) {
-        runs.push(RunReport::new(
-            job.strategy.as_str(),
-            job.params.clone(),
-            &out,
-        ));
+        runs.push(RunReport::new(job.name, job.params.clone(), &out));
         series.push(out.record.series);
     }
     Ok(SimReport {
@@ -261,11 +300,25 @@ struct RunContext<'a> {
     seed: u64,
     sla_ns: u64,
     window_ns: u64,
+    ttft_target_ns: u64,
+    tpot_target_ns: u64,
 }
 
 fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
     let binned;
     let sequence = &ctx.sequences[job.workload][..];
+    if let Some(sched) = &job.continuous {
+        return super::continuous::run(ContinuousInput {
+            requests: sequence,
+            sched: sched.clone(),
+            latency: ctx.latency,
+            request_timeout_ns: job.core.request_timeout_ns,
+            sla_ns: ctx.sla_ns,
+            window_ns: ctx.window_ns,
+            ttft_target_ns: ctx.ttft_target_ns,
+            tpot_target_ns: ctx.tpot_target_ns,
+        });
+    }
     let requests = if job.presort_bins > 1 {
         binned = interleave_bins(sequence, job.presort_bins, job.core.max_batch_size);
         &binned[..]

@@ -35,6 +35,22 @@ pub struct Scenario {
     /// Absent: `calibrated` with its defaults.
     #[serde(default = "default_latency")]
     pub latency: LatencyModel,
+    /// Continuous mode's goodput: a completed request counts when its time to first token
+    /// and its time per output token meet these, ms (`--ttft-target-ms`, `--tpot-target-ms`).
+    #[serde(default = "default_ttft_target_ms")]
+    pub ttft_target_ms: f64,
+    #[serde(default = "default_tpot_target_ms")]
+    pub tpot_target_ms: f64,
+}
+
+/// An interactive chat's first token: half a second.
+pub fn default_ttft_target_ms() -> f64 {
+    500.0
+}
+
+/// 50 ms per output token: 20 tokens/s, faster than people read.
+pub fn default_tpot_target_ms() -> f64 {
+    50.0
 }
 
 fn default_latency() -> LatencyModel {
@@ -50,7 +66,7 @@ fn default_sla_ms() -> f64 {
 }
 
 /// Names of the built-in scenarios, in the order they are listed.
-pub const BUILTIN_NAMES: [&str; 11] = [
+pub const BUILTIN_NAMES: [&str; 13] = [
     "steady_state",
     "ramp_up",
     "spike_test",
@@ -62,7 +78,17 @@ pub const BUILTIN_NAMES: [&str; 11] = [
     "heavy_load",
     "bursty",
     "closed_loop",
+    "kv_bound",
+    "chat_8b_h100",
 ];
+
+/// Built-ins kept as their shipped file (long comments on how to run them live there): the
+/// text is compiled in and parsed on use; `every_builtin_is_listed_and_generates` checks it
+/// parses.
+fn from_shipped(name: &str, text: &str) -> Scenario {
+    Scenario::from_toml(Path::new(name), text)
+        .unwrap_or_else(|e| panic!("shipped scenario {name} does not parse: {e}"))
+}
 
 /// Chat-like prompts: median 128 tokens, long right tail, at most 2048.
 fn chat_prompt() -> LengthDist {
@@ -97,6 +123,8 @@ fn chat(name: &str, description: &str, requests: u64, arrivals: Arrivals) -> Sce
         },
         engine: EngineSettings::default(),
         latency: LatencyModel::CALIBRATED_DEFAULT,
+        ttft_target_ms: default_ttft_target_ms(),
+        tpot_target_ms: default_tpot_target_ms(),
     }
 }
 
@@ -207,6 +235,11 @@ pub fn builtin(name: &str) -> Option<Scenario> {
             },
         ),
         "closed_loop" => closed_loop(),
+        "kv_bound" => from_shipped("kv_bound", include_str!("../../scenarios/kv_bound.toml")),
+        "chat_8b_h100" => from_shipped(
+            "chat_8b_h100",
+            include_str!("../../scenarios/chat_8b_h100.toml"),
+        ),
         _ => return None,
     })
 }
@@ -268,6 +301,8 @@ fn multibin_paper() -> Scenario {
             prefill_ms_per_token: 0.0,
             decode_ms_per_token: 0.2,
         },
+        ttft_target_ms: default_ttft_target_ms(),
+        tpot_target_ms: default_tpot_target_ms(),
     }
 }
 
@@ -306,6 +341,8 @@ fn closed_loop() -> Scenario {
             per_token_ms: 1.0,
             variance: 0.0,
         },
+        ttft_target_ms: default_ttft_target_ms(),
+        tpot_target_ms: default_tpot_target_ms(),
     }
 }
 

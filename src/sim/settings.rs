@@ -8,12 +8,14 @@
 
 use super::SimError;
 use crate::core::balancer::BalancerKind;
+use crate::core::continuous::ContinuousConfig;
 use crate::core::request::ms_to_nanos;
 use crate::core::research_keys::DynamicConfig;
 use crate::core::settings::WORKERS_MAX;
 use crate::core::strategy::bins::BIN_COUNT_MAX;
 use crate::core::strategy::StrategyKind;
-use crate::core::{CoreConfig, Priority};
+use crate::core::{BatchingMode, CoreConfig, Priority};
+use crate::exec::latency::LatencyModel;
 use serde::{Deserialize, Serialize};
 
 /// The `[engine]` table of a scenario. Absent keys keep the core's defaults.
@@ -73,7 +75,27 @@ pub struct EngineSettings {
     /// backlog (see [`super::binning`]); 1 or absent: requests in arrival order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oracle_bins: Option<u32>,
+    /// `request` (a strategy forms batches; the default) or `continuous` (iteration-level
+    /// batching in [`super::continuous`]; strategies do not apply). `--mode` sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<BatchingMode>,
+    /// Continuous: slots per replica (`workers` replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_slots: Option<usize>,
+    /// Continuous: token budget of one step (decode + prefill tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_batch: Option<u32>,
+    /// Continuous: most prompt tokens one sequence prefills in one step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_chunk: Option<u32>,
+    /// Continuous: KV cache per replica, tokens (default: the roofline model's, from GPU
+    /// memory, else the `[batching.dynamic]` memory model's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_capacity_tokens: Option<u64>,
 }
+
+/// Most slots per replica a simulation accepts.
+pub const SLOTS_MAX: u64 = 4096;
 
 macro_rules! overlay_fields {
     ($base:expr, $top:expr, $($f:ident),*) => {
@@ -119,8 +141,70 @@ impl EngineSettings {
             bins,
             max_tokens_limit,
             dynamic,
-            oracle_bins
+            oracle_bins,
+            mode,
+            max_slots,
+            n_batch,
+            prefill_chunk,
+            kv_capacity_tokens
         )
+    }
+
+    /// The batching mode (request-level unless set).
+    pub fn batching_mode(&self) -> BatchingMode {
+        self.mode.unwrap_or_default()
+    }
+
+    /// The continuous scheduler's configuration: `workers` replicas, `queue_capacity`
+    /// waiting requests at most, KV capacity from the key, else from `latency` (roofline),
+    /// else the scheduler's default.
+    pub fn continuous_config(&self, latency: &LatencyModel) -> Result<ContinuousConfig, SimError> {
+        let d = ContinuousConfig::default();
+        let whole = |key: &str, v: u64, max: u64| {
+            if (1..=max).contains(&v) {
+                Ok(v)
+            } else {
+                Err(SimError::invalid(
+                    format!("engine.{key}"),
+                    format!("{v} must be in 1..={max}"),
+                ))
+            }
+        };
+        let c = ContinuousConfig {
+            replicas: whole(
+                "workers",
+                self.workers.unwrap_or(CoreConfig::default().workers) as u64,
+                WORKERS_MAX as u64,
+            )? as usize,
+            max_slots: whole(
+                "max_slots",
+                self.max_slots.unwrap_or(d.max_slots) as u64,
+                SLOTS_MAX,
+            )? as usize,
+            prefill_chunk: whole(
+                "prefill_chunk",
+                u64::from(self.prefill_chunk.unwrap_or(d.prefill_chunk)),
+                u64::from(u32::MAX),
+            )? as u32,
+            n_batch: whole(
+                "n_batch",
+                u64::from(self.n_batch.unwrap_or(d.n_batch)),
+                u64::from(u32::MAX),
+            )? as u32,
+            kv_capacity_tokens: whole(
+                "kv_capacity_tokens",
+                self.kv_capacity_tokens
+                    .or(latency.kv_capacity_tokens())
+                    .unwrap_or(d.kv_capacity_tokens),
+                u64::MAX,
+            )?,
+            max_queue: whole(
+                "queue_capacity",
+                self.queue_capacity.unwrap_or(d.max_queue) as u64,
+                u64::from(u32::MAX) - 1,
+            )? as usize,
+        };
+        Ok(c)
     }
 
     /// The core configuration for `strategy`, seeded with `seed`.

@@ -8,6 +8,7 @@
 use super::arrivals::Arrivals;
 use super::settings::EngineSettings;
 use super::SimError;
+use crate::core::BatchingMode;
 
 /// A key that can be swept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,11 +27,13 @@ pub enum SweepKey {
     RateScale,
     /// A closed loop's client count ([`Arrivals::with_clients`]).
     Clients,
+    /// 0 (`request`) or 1 (`continuous`): the batching mode, on the same requests.
+    Mode,
 }
 
 impl SweepKey {
     /// Every key, as listed in help and errors.
-    pub const ALL: [SweepKey; 11] = [
+    pub const ALL: [SweepKey; 12] = [
         SweepKey::Bins,
         SweepKey::OracleBins,
         SweepKey::MaxBatchSize,
@@ -42,6 +45,7 @@ impl SweepKey {
         SweepKey::DispatchWhenIdle,
         SweepKey::RateScale,
         SweepKey::Clients,
+        SweepKey::Mode,
     ];
 
     /// Name on the command line and in reports.
@@ -58,6 +62,7 @@ impl SweepKey {
             SweepKey::DispatchWhenIdle => "dispatch_when_idle",
             SweepKey::RateScale => "rate_scale",
             SweepKey::Clients => "clients",
+            SweepKey::Mode => "mode",
         }
     }
 
@@ -71,6 +76,9 @@ impl SweepKey {
         let whole = x.is_finite() && x.fract() == 0.0;
         match self {
             SweepKey::DispatchWhenIdle => (!(x == 0.0 || x == 1.0)).then_some("0 or 1"),
+            SweepKey::Mode => {
+                (!(x == 0.0 || x == 1.0)).then_some("request or continuous (or 0 or 1)")
+            }
             SweepKey::RateScale => (!(x.is_finite() && x > 0.0)).then_some("a number > 0"),
             SweepKey::MaxWaitMs | SweepKey::MinWaitMs => {
                 (!(x.is_finite() && x >= 0.0)).then_some("a number >= 0")
@@ -115,11 +123,17 @@ pub fn parse_axis(spec: &str) -> Result<Axis, SimError> {
     let key = SweepKey::parse(key.trim())?;
     let mut values = Vec::new();
     for v in list.split(',').map(str::trim).filter(|v| !v.is_empty()) {
-        let x: f64 = v.parse().map_err(|_| {
-            SimError::invalid(
-                "--sweep",
-                format!("{}: '{v}' is not a number", key.as_str()),
-            )
+        let named = match (key, v) {
+            (SweepKey::Mode, "request") => Some(0.0),
+            (SweepKey::Mode, "continuous") => Some(1.0),
+            _ => None,
+        };
+        let x: f64 = named.map_or_else(|| v.parse(), Ok).map_err(|_| {
+            let want = match key {
+                SweepKey::Mode => "request or continuous",
+                _ => "a number",
+            };
+            SimError::invalid("--sweep", format!("{}: '{v}' is not {want}", key.as_str()))
         })?;
         if let Some(want) = key.check(x) {
             return Err(SimError::invalid(
@@ -170,10 +184,20 @@ pub fn apply(base: &EngineSettings, point: &[(SweepKey, f64)]) -> EngineSettings
             SweepKey::MinWaitMs => s.min_wait_ms = Some(v),
             SweepKey::QueueCapacity => s.queue_capacity = Some(v as usize),
             SweepKey::DispatchWhenIdle => s.dispatch_when_idle = Some(v != 0.0),
+            SweepKey::Mode => s.mode = Some(mode_of(v)),
             SweepKey::RateScale | SweepKey::Clients => {}
         }
     }
     s
+}
+
+/// The batching mode a `mode` sweep value stands for.
+pub fn mode_of(v: f64) -> BatchingMode {
+    if v == 0.0 {
+        BatchingMode::Request
+    } else {
+        BatchingMode::Continuous
+    }
 }
 
 /// The arrivals of one point: `base` with the point's workload keys applied; `None` when the
@@ -230,6 +254,12 @@ mod tests {
         assert!(e.contains("0 or 1"), "{e}");
         assert!(parse_axis("rate_scale=0").is_err());
         assert!(parse_axis("rate_scale=0.25,1.5").is_ok());
+        assert_eq!(
+            parse_axis("mode=request,continuous").unwrap().values,
+            vec![0.0, 1.0]
+        );
+        let e = parse_axis("mode=batch").unwrap_err().to_string();
+        assert!(e.contains("request or continuous"), "{e}");
     }
 
     #[test]

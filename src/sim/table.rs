@@ -118,8 +118,51 @@ impl SimReport {
         if let Some(p) = priority_table(&self.runs) {
             t.push_str(&p);
         }
+        if let Some(c) = token_table(&self.runs) {
+            t.push_str(&c);
+        }
         t
     }
+}
+
+/// Continuous runs' token metrics (TTFT, TPOT and ITL in ms, goodput, tokens per step, KV
+/// and slot use, preemptions), one row per continuous run; `None` when there is none.
+pub fn token_table(runs: &[RunReport]) -> Option<String> {
+    let header = [
+        "continuous batching",
+        "ttft p50",
+        "ttft p99",
+        "tpot p50",
+        "tpot p99",
+        "itl p50",
+        "itl p99",
+        "goodput %",
+        "tok/step",
+        "kv %",
+        "slots %",
+        "preempt",
+    ];
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .filter_map(|r| {
+            let c = r.continuous.as_ref()?;
+            Some(vec![
+                r.label.clone(),
+                format!("{:.1}", c.ttft_ms.p50),
+                format!("{:.1}", c.ttft_ms.p99),
+                format!("{:.2}", c.tpot_ms.p50),
+                format!("{:.2}", c.tpot_ms.p99),
+                format!("{:.2}", c.itl_ms.p50),
+                format!("{:.2}", c.itl_ms.p99),
+                format!("{:.1}", c.goodput_fraction * 100.0),
+                format!("{:.1}", c.mean_tokens_per_step),
+                format!("{:.1}", c.kv_utilisation_mean * 100.0),
+                format!("{:.1}", c.slot_occupancy_mean * 100.0),
+                c.preemptions.to_string(),
+            ])
+        })
+        .collect();
+    (!rows.is_empty()).then(|| format_table(&header, &rows))
 }
 
 /// End-to-end latency per priority class, highest first (`critical p50`, `critical p99`,

@@ -270,3 +270,96 @@ fn waiting_requests_past_their_deadline_are_dropped_oldest_first() {
     assert_eq!(c.waiting(), 1);
     let _ = young;
 }
+
+#[test]
+fn a_failed_replica_frees_its_requests_and_ignores_the_late_step() {
+    let mut c = Continuous::new(ContinuousConfig {
+        replicas: 2,
+        ..cfg()
+    });
+    let a = c.admit(meta(4, 3, Priority::Normal)).unwrap();
+    // Only replica 0 may run: the request goes there.
+    let mut entries = vec![];
+    c.tick_replicas(&mut |r| r == 0, &mut |a| {
+        if let StepAction::Step { entries: e, .. } = a {
+            entries = e.to_vec();
+        }
+    });
+    assert_eq!(entries.len(), 1);
+    assert!(c.is_busy(0) && !c.is_busy(1));
+    let mut failed = vec![];
+    c.fail_replica(0, &mut |t| failed.push(t));
+    assert_eq!(failed, vec![a]);
+    assert_eq!(c.active_slots(0), 0);
+    assert!(c.is_busy(0), "the step is still out");
+    // The hung step returns at last: nothing finishes twice.
+    let mut done = vec![];
+    c.complete_step(0, &[EntryResult::Continue], &mut |t, _| done.push(t));
+    assert!(done.is_empty());
+    assert!(c.is_idle());
+}
+
+#[test]
+fn step_entries_carry_their_context_for_the_latency_model() {
+    let mut c = Continuous::new(cfg());
+    let _t = c.admit(meta(10, 3, Priority::Normal)).unwrap();
+    let (e, _) = tick(&mut c); // prefill 8 of 10 (chunk 8)
+    assert_eq!(e[0].context, 0);
+    let s = StepShape::of(&e);
+    assert_eq!(
+        (s.prefill_tokens, s.kv_read_tokens, s.attention_pairs),
+        (8, 4, 36)
+    );
+    finish_all(&mut c, &e);
+    let (e, _) = tick(&mut c); // the last 2 prompt tokens, then the first output token
+    assert_eq!(e[0].context, 8);
+    finish_all(&mut c, &e);
+    let (e, _) = tick(&mut c); // decode: prompt 10 + 1 generated
+    assert_eq!((e[0].work, e[0].context), (StepWork::Decode, 11));
+    let s = StepShape::of(&e);
+    assert_eq!(
+        (s.decode_tokens, s.kv_read_tokens, s.attention_pairs),
+        (1, 11, 12)
+    );
+}
+
+#[test]
+fn a_request_runs_only_on_the_replicas_of_its_group() {
+    let mut c = Continuous::with_groups(
+        ContinuousConfig {
+            replicas: 3,
+            ..cfg()
+        },
+        &[1, 2],
+    );
+    assert_eq!(c.groups(), 2);
+    assert_eq!((c.group_of(0), c.group_of(1), c.group_of(2)), (0, 1, 1));
+    // Six requests for group 1 (two replicas of 4 slots), none for group 0.
+    let tickets: Vec<Ticket> = (0..6)
+        .map(|_| c.admit_to(1, meta(4, 2, Priority::Normal)).unwrap())
+        .collect();
+    let mut replicas = vec![];
+    let mut in_step = vec![];
+    c.tick(&mut |a| {
+        if let StepAction::Step {
+            replica, entries, ..
+        } = a
+        {
+            replicas.push(replica);
+            in_step.extend(entries.iter().map(|e| e.ticket));
+        }
+    });
+    assert_eq!(replicas, [1, 2], "group 0's replica has nothing to run");
+    assert_eq!(in_step.len(), 6);
+    assert!(tickets.iter().all(|t| in_step.contains(t)));
+    // A waiting request of group 0 is cancelled from its own queue; group 1's stay.
+    let t = c.admit_to(0, meta(4, 2, Priority::Normal)).unwrap();
+    let late = c.admit_to(1, meta(4, 2, Priority::Normal)).unwrap();
+    assert_eq!(c.waiting(), 2);
+    assert!(c.cancel_waiting(t));
+    assert_eq!(c.waiting(), 1);
+    let mut expired = vec![];
+    c.expire_waiting(u64::MAX, 1, &mut |t| expired.push(t));
+    assert_eq!(expired, [late]);
+    assert_eq!(c.waiting(), 0);
+}

@@ -1,30 +1,57 @@
 //! Iteration-level (continuous) batching, the engine's [`Mode`] for it: drives
-//! [`Continuous`] instead of the request-level cores, on one backend.
+//! [`Continuous`] instead of the request-level cores, over one or more `sim` backends.
 //!
-//! What differs from request-level batching: admission is into the scheduler's slots (no
-//! routing: the io thread checked the model); every idle replica gets one step per turn
+//! What differs from request-level batching: a submission is routed to a backend at
+//! admission (the router's strategy over the backends serving its model; each backend's
+//! workers are its replicas, one replica group of the scheduler) and queued for that
+//! group's slots; there is no retry on another backend (a sim step fails only by fault
+//! injection, and a failed step fails its requests); every idle replica gets one step per turn
 //! (`tick`); a step's reply streams the sampled tokens to their submitters, then answers
 //! the requests that ended and frees their slots; a request waiting for a slot past the
 //! request deadline fails; a cancel drops a waiting request at once and an active one at
-//! its next step. The shared turn is in `engine/mod.rs`. Same rules: after start-up no
+//! its next step. A step out longer than the step timeout (`workers.batch_timeout`) fails
+//! every request of its replica with [`FailReason::BatchTimeout`] and counts against the
+//! replica's circuit breaker, as a failed step does; the late reply is then only taken
+//! back. A replica whose circuit is open runs no step and takes no request until its
+//! recovery time has passed (then one probe step). The shared turn is in `engine/mod.rs`. Same rules: after start-up no
 //! allocation, no lock (other than `try_lock` to publish), no blocking. Step buffers
 //! circulate engine -> worker -> engine; request payloads are moved or `Arc`-shared, never
 //! copied.
 
 use super::io::{move_latency_samples, move_samples, EngineIo};
-use super::routing::RouteState;
+use super::routing::{RouteState, Routing};
 use super::Mode;
+use crate::core::circuit::{CircuitBreaker, CircuitParams};
 use crate::core::continuous::{Continuous, ContinuousReject, EntryResult, StepAction};
 use crate::core::pool::WorkerStatus;
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Nanos, Reject, Ticket};
 use crate::exec::StepItem;
-use crate::runtime::messages::{RequestError, StepMsg, StepResult, Submission};
+use crate::router::{BackendId, Need, Via};
+use crate::runtime::messages::{
+    Outcome, RequestError, RouteRequest, StepMsg, StepResult, Submission,
+};
 use crate::runtime::snapshot::{ContinuousSnapshot, Snapshot, WorkerSnapshot};
 use crate::runtime::telemetry::TelemetryEvent;
 
 /// Token-timing samples buffered between publishes (each kind).
 const TOKEN_SAMPLES: usize = 16 * 1024;
+
+/// Answers pending slot `index` and takes its request off its backend's load: in continuous
+/// mode a backend's load as the router sees it (`pending_batches`, which `least_loaded`,
+/// `power_of_two` and the smart score read) is its requests waiting for or holding a slot.
+fn finish(
+    routing: &mut Routing,
+    io: &mut EngineIo<StepMsg>,
+    now: Nanos,
+    index: u32,
+    outcome: Outcome,
+) {
+    if let Some(d) = io.pending[index as usize].route.decision {
+        routing.router.registry_mut().batch_finished(d.backend);
+    }
+    io.finish(now, index, outcome);
+}
 
 /// Pushes a sample unless the buffer is full (then it is counted as dropped).
 fn push_sample(buf: &mut Vec<u64>, value: u64, dropped: &mut u64) {
@@ -38,7 +65,9 @@ fn push_sample(buf: &mut Vec<u64>, value: u64, dropped: &mut u64) {
 /// Continuous batching: the scheduler, its step buffers and the counters the request-level
 /// core would keep.
 pub struct IterationLevel {
+    /// Replica group `b` is backend `b` of `routing`'s router.
     sched: Continuous,
+    routing: Routing,
     /// One step buffer per replica while it is home (None while its step is out).
     step_bufs: Vec<Option<Vec<StepItem>>>,
     /// Scratch: the results of one step, in entry order.
@@ -53,6 +82,8 @@ pub struct IterationLevel {
     worker_errors: u64,
     cancelled: u64,
     expired: u64,
+    /// Requests failed because their step ran past the step timeout.
+    batch_timeouts: u64,
     rejected_full: u64,
     rejected_draining: u64,
     steps_per_replica: Vec<u64>,
@@ -60,6 +91,16 @@ pub struct IterationLevel {
     busy_total: Vec<Nanos>,
     /// A request still waiting for a slot this long fails (batching.request_timeout).
     request_timeout_ns: Nanos,
+    /// A step out this long fails its replica's requests (workers.batch_timeout).
+    step_timeout_ns: Nanos,
+    circuit: CircuitParams,
+    /// One breaker per replica.
+    circuits: Vec<CircuitBreaker>,
+    /// The replica's step timed out: its requests were failed; the reply is only taken back.
+    timed_out: Vec<bool>,
+    steps_failed: Vec<u64>,
+    /// Scratch: replicas that started a step in one tick.
+    started: Vec<usize>,
     /// Time-to-first-token and time-per-output-token samples since the last publish
     /// (capacity fixed at start; when full, samples are counted as dropped).
     new_ttft_ns: Vec<u64>,
@@ -68,12 +109,25 @@ pub struct IterationLevel {
 }
 
 impl IterationLevel {
-    /// Builds the mode over `sched` (one replica per engine worker); every buffer it will
-    /// use is allocated here.
-    pub fn new(sched: Continuous, request_timeout_ns: Nanos) -> IterationLevel {
+    /// Builds the mode over `sched` (one replica per engine worker; replica group `b` the
+    /// workers of backend `b` of `routing`'s router) with the request and step timeouts and
+    /// the circuit-breaker settings; every buffer it will use is allocated here.
+    pub fn new(
+        sched: Continuous,
+        routing: Routing,
+        request_timeout_ns: Nanos,
+        step_timeout_ns: Nanos,
+        circuit: CircuitParams,
+    ) -> IterationLevel {
         let replicas = sched.config().replicas;
         let slots = sched.config().max_slots;
+        assert_eq!(
+            sched.groups(),
+            routing.router.registry().len(),
+            "one replica group per backend"
+        );
         IterationLevel {
+            routing,
             step_bufs: (0..replicas)
                 .map(|_| Some(Vec::with_capacity(slots)))
                 .collect(),
@@ -84,6 +138,7 @@ impl IterationLevel {
             worker_errors: 0,
             cancelled: 0,
             expired: 0,
+            batch_timeouts: 0,
             rejected_full: 0,
             rejected_draining: 0,
             steps_per_replica: vec![0; replicas],
@@ -91,6 +146,12 @@ impl IterationLevel {
             busy_total: vec![0; replicas],
             sched,
             request_timeout_ns,
+            step_timeout_ns: step_timeout_ns.max(1),
+            circuit,
+            circuits: vec![CircuitBreaker::default(); replicas],
+            timed_out: vec![false; replicas],
+            steps_failed: vec![0; replicas],
+            started: Vec::with_capacity(replicas),
             new_ttft_ns: Vec::with_capacity(TOKEN_SAMPLES),
             new_tpot_ns: Vec::with_capacity(TOKEN_SAMPLES),
             output_tokens: 0,
@@ -99,6 +160,19 @@ impl IterationLevel {
 
     fn replicas(&self) -> usize {
         self.step_bufs.len()
+    }
+}
+
+impl IterationLevel {
+    /// Empties a step buffer and keeps it for the replica's next step.
+    fn return_buffer(&mut self, r: usize, mut items: Vec<StepItem>) {
+        for item in items.iter_mut() {
+            item.work = None;
+            item.token = None;
+            item.output = None;
+        }
+        items.clear();
+        self.step_bufs[r] = Some(items);
     }
 }
 
@@ -121,16 +195,51 @@ impl Mode for IterationLevel {
         self.sched.begin_drain();
     }
 
-    /// Admits into the scheduler (one backend only, config enforces it: the io thread
-    /// checked the model).
+    /// Routes the submission to a backend and queues it for that backend's replicas.
     #[inline]
     fn admit(&mut self, io: &mut EngineIo<StepMsg>, _now: Nanos, s: u16, sub: Submission) {
-        let sched = &mut self.sched;
+        let (sched, routing) = (&mut self.sched, &mut self.routing);
         let Submission {
-            meta, work, reply, ..
+            meta,
+            work,
+            reply,
+            route,
         } = sub;
-        match sched.admit(meta) {
-            Ok(ticket) => io.occupy(ticket.index, s, reply, work, meta, RouteState::NONE),
+        let route = route.unwrap_or(RouteRequest {
+            name: routing.default_name,
+            need: Need::default(),
+        });
+        let decision = match routing.router.route_name(route.name, &route.need) {
+            Ok(d) => d,
+            Err(e) => {
+                // Cold path (no backend serves it): the error message allocates.
+                drop(work);
+                io.send(s, reply, Err(RequestError::Route(e)), None);
+                return;
+            }
+        };
+        let b = decision.backend.index();
+        match sched.admit_to(b, meta) {
+            Ok(ticket) => {
+                let c = &mut routing.counters[b];
+                c.routed += 1;
+                routing
+                    .router
+                    .registry_mut()
+                    .batch_started(decision.backend);
+                match decision.via {
+                    Via::Direct => {}
+                    Via::Alias { .. } => c.via_alias += 1,
+                    Via::Fallback { .. } => c.via_fallback += 1,
+                }
+                let mut state = RouteState::NONE;
+                state.name = route.name;
+                state.need = route.need;
+                state.decision = Some(decision);
+                state.tried[0] = decision.backend;
+                state.tried_len = 1;
+                io.occupy(ticket.index, s, reply, work, meta, state)
+            }
             Err(reject) => {
                 let error = match reject {
                     ContinuousReject::QueueFull { .. } => {
@@ -160,7 +269,8 @@ impl Mode for IterationLevel {
             if self.sched.cancel_waiting(ticket) {
                 self.failed += 1;
                 self.cancelled += 1;
-                io.finish(now, index, Err(RequestError::Failed(FailReason::Cancelled)));
+                let outcome = Err(RequestError::Failed(FailReason::Cancelled));
+                finish(&mut self.routing, io, now, index, outcome);
             }
         }
     }
@@ -171,6 +281,24 @@ impl Mode for IterationLevel {
     fn on_reply(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos, r: usize, reply: StepResult) {
         let StepResult { mut items, result } = reply;
         self.busy_total[r] += now.saturating_sub(self.busy_since[r]);
+        if std::mem::take(&mut self.timed_out[r]) {
+            // Its requests were failed when it timed out; the slots are idle, so completing
+            // the step only marks the replica free.
+            self.results.clear();
+            self.results
+                .extend(items.iter().map(|_| EntryResult::Cancelled));
+            self.sched.complete_step(r, &self.results, &mut |_, _| {
+                unreachable!("a timed-out replica's slots were freed")
+            });
+            self.return_buffer(r, items);
+            return;
+        }
+        if result.is_ok() {
+            self.circuits[r].record_success();
+        } else {
+            self.circuits[r].record_failure(now, &self.circuit);
+            self.steps_failed[r] += 1;
+        }
         if result.is_ok() {
             // Tokens first: a request's Done must follow its last token.
             for item in items.iter_mut() {
@@ -245,104 +373,142 @@ impl Mode for IterationLevel {
                     }
                 }
             }
-            io.finish(now, ticket.index, outcome);
+            finish(&mut self.routing, io, now, ticket.index, outcome);
         }
-        for item in items.iter_mut() {
-            item.work = None;
-            item.token = None;
-            item.output = None;
-        }
-        items.clear();
-        self.step_bufs[r] = Some(items);
+        self.return_buffer(r, items);
     }
 
-    /// Fails requests that waited for a slot past the request deadline.
+    /// Fails the requests of steps out past the step timeout, and requests that waited for
+    /// a slot past the request deadline.
     fn expire(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
+        for r in 0..self.replicas() {
+            if !self.sched.is_busy(r)
+                || self.timed_out[r]
+                || now.saturating_sub(self.busy_since[r]) < self.step_timeout_ns
+            {
+                continue;
+            }
+            self.timed_out[r] = true;
+            self.steps_failed[r] += 1;
+            self.circuits[r].record_failure(now, &self.circuit);
+            let (failed, timeouts) = (&mut self.failed, &mut self.batch_timeouts);
+            let routing = &mut self.routing;
+            self.sched.fail_replica(r, &mut |t| {
+                *failed += 1;
+                *timeouts += 1;
+                io.pending[t.index as usize].first_token_ns = 0;
+                let outcome = Err(RequestError::Failed(FailReason::BatchTimeout));
+                finish(routing, io, now, t.index, outcome);
+            });
+        }
         if self.sched.waiting() == 0 {
             return;
         }
-        let failed = &mut self.failed;
-        let expired = &mut self.expired;
+        let (failed, expired, routing) = (&mut self.failed, &mut self.expired, &mut self.routing);
         self.sched
             .expire_waiting(now, self.request_timeout_ns, &mut |t| {
                 *failed += 1;
                 *expired += 1;
-                io.finish(
-                    now,
-                    t.index,
-                    Err(RequestError::Failed(FailReason::QueueTimeout)),
-                );
+                let outcome = Err(RequestError::Failed(FailReason::QueueTimeout));
+                finish(routing, io, now, t.index, outcome);
             });
     }
 
-    /// One tick: every replica without a step out gets its next step.
+    /// One tick: every replica without a step out whose circuit allows it gets its next
+    /// step. The next deadline is the earliest step timeout, or an open circuit's recovery
+    /// while requests wait.
     #[inline]
     fn poll(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) -> (bool, Option<Nanos>) {
         let bufs = &mut self.step_bufs;
         let steps = &mut self.steps_per_replica;
         let busy_since = &mut self.busy_since;
-        let worked = self.sched.tick(&mut |action| match action {
-            StepAction::Step {
-                replica,
-                entries,
-                decode_tokens,
-                prefill_tokens,
-            } => {
-                io.emit(
-                    now,
-                    TelemetryEvent::Tick {
-                        at_ns: now,
-                        replica: replica as u16,
-                        entries: entries.len() as u32,
-                        decode_tokens,
-                        prefill_tokens,
-                    },
-                );
-                let mut items = bufs[replica]
-                    .take()
-                    .expect("a replica without a step out has its buffer");
-                for e in entries {
-                    let work = if e.admitted {
-                        let slot = &mut io.pending[e.ticket.index as usize];
-                        if slot.dispatched_ns == 0 {
-                            // The first admission into a slot ends its queue wait (a
-                            // preempted request admitted again does not).
-                            slot.dispatched_ns = now.max(1);
-                        }
-                        // Arc-shared prompt: no allocation; the engine keeps its copy so a
-                        // preempted request can be sent again.
-                        slot.work.clone()
-                    } else {
-                        None
-                    };
-                    items.push(StepItem {
-                        entry: *e,
-                        work,
-                        token: None,
-                        token_offset: 0,
-                        result: EntryResult::Continue,
-                        output: None,
-                    });
+        let (circuits, params) = (&mut self.circuits, &self.circuit);
+        let started = &mut self.started;
+        started.clear();
+        let mut allow = |r: usize| circuits[r].can_execute(now, params);
+        let worked = self
+            .sched
+            .tick_replicas(&mut allow, &mut |action| match action {
+                StepAction::Step {
+                    replica,
+                    entries,
+                    decode_tokens,
+                    prefill_tokens,
+                } => {
+                    io.emit(
+                        now,
+                        TelemetryEvent::Tick {
+                            at_ns: now,
+                            replica: replica as u16,
+                            entries: entries.len() as u32,
+                            decode_tokens,
+                            prefill_tokens,
+                        },
+                    );
+                    let mut items = bufs[replica]
+                        .take()
+                        .expect("a replica without a step out has its buffer");
+                    for e in entries {
+                        let work = if e.admitted {
+                            let slot = &mut io.pending[e.ticket.index as usize];
+                            if slot.dispatched_ns == 0 {
+                                // The first admission into a slot ends its queue wait (a
+                                // preempted request admitted again does not).
+                                slot.dispatched_ns = now.max(1);
+                            }
+                            // Arc-shared prompt: no allocation; the engine keeps its copy so a
+                            // preempted request can be sent again.
+                            slot.work.clone()
+                        } else {
+                            None
+                        };
+                        items.push(StepItem {
+                            entry: *e,
+                            work,
+                            token: None,
+                            token_offset: 0,
+                            result: EntryResult::Continue,
+                            output: None,
+                        });
+                    }
+                    steps[replica] += 1;
+                    busy_since[replica] = now;
+                    started.push(replica);
+                    let link = &mut io.workers[replica];
+                    if link.jobs.push(StepMsg { items }).is_err() {
+                        unreachable!("one step out per replica fits its ring");
+                    }
+                    link.bell.ring();
                 }
-                steps[replica] += 1;
-                busy_since[replica] = now;
-                let link = &mut io.workers[replica];
-                if link.jobs.push(StepMsg { items }).is_err() {
-                    unreachable!("one step out per replica fits its ring");
-                }
-                link.bell.ring();
-            }
-            // The worker drops the slot's state when the slot is next admitted into.
-            StepAction::Preempted { .. } => {}
-        });
-        (worked, None)
+                // The worker drops the slot's state when the slot is next admitted into.
+                StepAction::Preempted { .. } => {}
+            });
+        for &r in &self.started {
+            self.circuits[r].on_dispatch();
+        }
+        let mut next: Option<Nanos> = None;
+        for r in 0..self.replicas() {
+            let due = if self.sched.is_busy(r) && !self.timed_out[r] {
+                Some(self.busy_since[r].saturating_add(self.step_timeout_ns))
+            } else if self.sched.waiting() > 0 {
+                self.circuits[r].reopens_at(&self.circuit)
+            } else {
+                None
+            };
+            next = match (next, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        (worked, next)
     }
 
     fn abort(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
-        let failed = &mut self.failed;
+        let (failed, routing) = (&mut self.failed, &mut self.routing);
         self.sched.abort_all(&mut |t| {
             *failed += 1;
-            io.finish(now, t.index, Err(RequestError::Failed(FailReason::Aborted)));
+            let outcome = Err(RequestError::Failed(FailReason::Aborted));
+            finish(routing, io, now, t.index, outcome);
         });
     }
 
@@ -371,6 +537,7 @@ impl Mode for IterationLevel {
         snap.stats.worker_errors = self.worker_errors;
         snap.stats.cancelled = self.cancelled;
         snap.stats.expired = self.expired;
+        snap.stats.batch_timeouts = self.batch_timeouts;
         snap.stats.aborted = if aborted { self.failed } else { 0 };
         snap.queued = self.sched.waiting();
         snap.live_requests = self.sched.waiting()
@@ -385,7 +552,7 @@ impl Mode for IterationLevel {
                 } else {
                     WorkerStatus::Idle
                 },
-                circuit: crate::core::circuit::CircuitState::Closed,
+                circuit: self.circuits[r].last_state(),
                 pending: u32::from(busy),
                 busy_ns: self.busy_total[r]
                     + if busy {
@@ -393,8 +560,8 @@ impl Mode for IterationLevel {
                     } else {
                         0
                     },
-                batches_ok: self.steps_per_replica[r],
-                batches_failed: 0,
+                batches_ok: self.steps_per_replica[r] - self.steps_failed[r],
+                batches_failed: self.steps_failed[r],
             };
         }
         snap.continuous = Some(ContinuousSnapshot {
@@ -415,5 +582,14 @@ impl Mode for IterationLevel {
         move_latency_samples(&mut io.new_latencies_ns, snap);
         snap.samples_dropped = io.samples_dropped;
         snap.draining = self.sched.is_draining();
+        let registry = self.routing.router.registry();
+        for (b, dst) in snap.backends.iter_mut().enumerate() {
+            let state = registry.state(BackendId::from_index(b));
+            let mut c = self.routing.counters[b];
+            c.healthy = state.healthy();
+            c.pending_batches = state.pending_batches();
+            c.latency_ema_ms = state.latency_ema_ms();
+            *dst = c;
+        }
     }
 }

@@ -11,7 +11,8 @@
 //! dispatched (the turn is generic over it, so the hot path has no virtual calls):
 //!
 //! - `request`: request-level batching: a core per backend and the router;
-//! - `continuous`: iteration-level batching: the slot scheduler on one backend.
+//! - `continuous`: iteration-level batching: the slot scheduler, one replica group per
+//!   (`sim`) backend, and the router (at admission).
 //!
 //! `io` is the I/O half both share (submitter links, the pending table, worker links,
 //! samples); `routing` the request-level routing state.

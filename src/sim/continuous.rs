@@ -1,0 +1,199 @@
+//! The discrete-event driver for continuous batching: the real [`Continuous`] scheduler in
+//! virtual time, the sibling of [`super::driver`] (which drives the request-level core).
+//!
+//! Two kinds of events: arrivals (the pre-generated, time-sorted slice, walked by index) and
+//! step completions (a min-heap with at most one entry per replica, ordered by (time,
+//! replica) so ties resolve the same way every run). At each instant the driver completes
+//! every step due (its sampled tokens are timed, finished requests leave their slots),
+//! admits every arrival due, fails waiting requests past the request timeout, and ticks the
+//! scheduler once: every idle replica with work starts a step, which completes after the
+//! latency model's [`LatencyModel::step_ms`] for the step's shape.
+//!
+//! Never here: a wall-clock read, a sleep, a thread, or an allocation inside the loop (the
+//! heap, the entry copies, the result buffer and every per-request table are sized from the
+//! scheduler's configuration before it starts). Closed-loop workloads are not driven here
+//! (the caller refuses them).
+
+use super::driver::RunOutput;
+use super::record::Recorder;
+use super::tokens::TokenRecord;
+use super::workload::SimRequest;
+use super::SimError;
+use crate::core::continuous::{
+    Continuous, ContinuousConfig, EntryResult, StepAction, StepEntry, StepShape,
+};
+use crate::core::{CoreStats, Nanos};
+use crate::exec::latency::LatencyModel;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// What one continuous run needs.
+#[derive(Clone, Debug)]
+pub struct ContinuousInput<'a> {
+    /// Sorted by `arrival_ns`.
+    pub requests: &'a [SimRequest],
+    pub sched: ContinuousConfig,
+    pub latency: &'a LatencyModel,
+    /// A request still waiting for a slot this long after its arrival fails.
+    pub request_timeout_ns: Nanos,
+    pub sla_ns: u64,
+    pub window_ns: u64,
+    /// Goodput targets: a completed request counts when its TTFT and TPOT meet both.
+    pub ttft_target_ns: u64,
+    pub tpot_target_ns: u64,
+}
+
+/// Service time in ms to whole ns (never negative).
+fn ms_to_ns(ms: f64) -> Nanos {
+    if ms > 0.0 {
+        (ms * 1e6).round().min(u64::MAX as f64) as Nanos
+    } else {
+        0
+    }
+}
+
+/// Runs `input.requests` through a fresh continuous scheduler until no event is left.
+pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
+    let ContinuousInput {
+        requests,
+        sched: cfg,
+        latency,
+        request_timeout_ns,
+        sla_ns,
+        window_ns,
+        ttft_target_ns,
+        tpot_target_ns,
+    } = input;
+    debug_assert!(requests
+        .windows(2)
+        .all(|w| w[0].arrival_ns <= w[1].arrival_ns));
+    let replicas = cfg.replicas;
+    let slots = cfg.max_slots;
+    let kv_capacity = cfg.kv_capacity_tokens;
+    let mut sched = Continuous::new(cfg);
+    let table_slots = sched.table_capacity();
+    let expected_ns = requests.last().map_or(0, |r| r.arrival_ns);
+    let mut rec = Recorder::new(slots, sla_ns, window_ns, expected_ns);
+    // Pool sizes, fixed before the loop:
+    let mut tokens = TokenRecord::new(
+        table_slots, // one token state per request-table slot
+        ttft_target_ns,
+        tpot_target_ns,
+        kv_capacity,
+        slots,
+        replicas,
+    );
+    let mut slot_req = vec![u32::MAX; table_slots]; // one per request-table slot
+    let mut done: BinaryHeap<Reverse<(Nanos, u32)>> = BinaryHeap::with_capacity(replicas + 1); // one per replica
+    let mut steps: Vec<Vec<StepEntry>> = (0..replicas).map(|_| Vec::with_capacity(slots)).collect(); // one step per replica
+    let results = vec![EntryResult::Continue; slots]; // one step's results
+    let mut started: Vec<(usize, Nanos)> = Vec::with_capacity(replicas); // steps of one tick
+    let mut busy_ns = vec![0 as Nanos; replicas];
+    let mut entries_total = 0u64; // sequences over all steps
+
+    let mut next_arrival = 0usize;
+    let mut now: Nanos = 0;
+    loop {
+        let t_arrival = requests.get(next_arrival).map(|r| r.arrival_ns);
+        let t_done = done.peek().map(|Reverse((t, _))| *t);
+        let Some(t) = [t_arrival, t_done].into_iter().flatten().min() else {
+            break;
+        };
+        debug_assert!(t >= now, "virtual time never goes back");
+        now = t;
+        rec.series.advance(now, sched.waiting());
+
+        while let Some(&Reverse((t, r))) = done.peek() {
+            if t != now {
+                break;
+            }
+            done.pop();
+            let r = r as usize;
+            let entries = &steps[r];
+            for e in entries.iter().filter(|e| e.samples()) {
+                tokens.on_token(e.ticket.index, e.generated, now);
+            }
+            let (rec, tokens, slot_req) = (&mut rec, &mut tokens, &slot_req);
+            sched.complete_step(r, &results[..entries.len()], &mut |ticket, _| {
+                tokens.on_finish(ticket.index, now);
+                rec.on_complete(now, &requests[slot_req[ticket.index as usize] as usize]);
+            });
+        }
+
+        while let Some(r) = requests.get(next_arrival).filter(|r| r.arrival_ns == now) {
+            let admitted = match sched.admit(r.meta()) {
+                Ok(ticket) => {
+                    slot_req[ticket.index as usize] = next_arrival as u32;
+                    tokens.on_admit(ticket.index, r.arrival_ns);
+                    true
+                }
+                Err(_) => false,
+            };
+            rec.on_offer(r, admitted);
+            next_arrival += 1;
+        }
+
+        if sched.waiting() > 0 {
+            let (rec, slot_req) = (&mut rec, &slot_req);
+            sched.expire_waiting(now, request_timeout_ns, &mut |ticket| {
+                rec.on_fail(now, &requests[slot_req[ticket.index as usize] as usize]);
+            });
+        }
+
+        started.clear();
+        {
+            let (rec, tokens, steps, started) = (&mut rec, &mut tokens, &mut steps, &mut started);
+            let entries_total = &mut entries_total;
+            sched.tick(&mut |action| match action {
+                StepAction::Step {
+                    replica, entries, ..
+                } => {
+                    let shape = StepShape::of(entries);
+                    let ns = ms_to_ns(latency.step_ms(&shape));
+                    for e in entries.iter().filter(|e| e.admitted) {
+                        if tokens.on_slot(e.ticket.index) {
+                            let r = &requests[slot_req[e.ticket.index as usize] as usize];
+                            rec.on_dispatched(now, r);
+                        }
+                    }
+                    rec.on_batch(now, entries.len());
+                    tokens.on_step(shape.decode_tokens, shape.prefill_tokens);
+                    *entries_total += entries.len() as u64;
+                    let buf = &mut steps[replica];
+                    buf.clear();
+                    buf.extend_from_slice(entries);
+                    done.push(Reverse((now.saturating_add(ns), replica as u32)));
+                    started.push((replica, ns));
+                }
+                StepAction::Preempted { .. } => tokens.preemptions += 1,
+            });
+        }
+        // KV and slots as the steps start (the tick borrowed the scheduler).
+        for &(r, ns) in &started {
+            tokens.on_occupancy(sched.kv_used(r), sched.active_slots(r), ns);
+            busy_ns[r] += ns;
+        }
+    }
+
+    let c = *sched.stats();
+    let stats = CoreStats {
+        admitted: c.admitted,
+        rejected_full: c.rejected_full,
+        completed: c.completed,
+        failed: rec.failed,
+        expired: rec.failed,
+        batches_formed: c.steps,
+        batched_requests: entries_total,
+        ..CoreStats::default()
+    };
+    let unfinished = sched.waiting() + (0..replicas).map(|r| sched.active_slots(r)).sum::<usize>();
+    rec.tokens = Some(Box::new(tokens));
+    Ok(RunOutput {
+        record: rec,
+        stats,
+        busy_ns,
+        end_ns: now,
+        unfinished: unfinished as u64,
+        memory_limit_hits: 0,
+    })
+}

@@ -1,0 +1,79 @@
+//! Continuous batching's step timeout, live: a step that hangs past `workers.batch_timeout`
+//! fails its requests with a clear error and counts against its replica's circuit breaker;
+//! once the hang ends and the circuit lets a probe through, the replica serves again.
+//! Bounded waits only; nothing here asserts a duration.
+
+use abe::core::circuit::CircuitState;
+use abe::core::{FailReason, Kind, Priority};
+use abe::exec::latency::LatencyModel;
+use abe::exec::sim::FaultSettings;
+use abe::exec::Work;
+use abe::runtime::{self, Request, RequestError, RuntimeConfig};
+use std::time::{Duration, Instant};
+
+fn completion(prompt: &str) -> Request {
+    Request {
+        priority: Priority::Normal,
+        work: Work {
+            kind: Kind::Completion,
+            prompt: prompt.into(),
+            max_tokens: 4,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_hung_step_fails_its_requests_opens_the_circuit_and_the_replica_recovers() {
+    let mut cfg = RuntimeConfig::default();
+    cfg.core.workers = 1;
+    cfg.sim.latency = LatencyModel::None;
+    cfg.pin = false;
+    cfg.core.batch_timeout_ns = 100_000_000; // 100 ms
+    cfg.core.request_timeout_ns = 60_000_000_000;
+    cfg.core.circuit.failure_threshold = 1;
+    cfg.core.circuit.recovery_ns = 200_000_000; // 200 ms
+    cfg.continuous = Some(abe::core::continuous::ContinuousConfig {
+        max_slots: 4,
+        ..Default::default()
+    });
+    let handle = runtime::start(cfg).unwrap();
+    // Every step hangs 400 ms: longer than the step timeout, short enough to end.
+    handle.set_faults(
+        0,
+        FaultSettings {
+            hang_rate: 1.0,
+            hang_ms: 400.0,
+            ..Default::default()
+        },
+    );
+    let hung = handle.submit(completion("hung"));
+    let outcome = hung
+        .wait_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the hung request got no answer"));
+    let err = outcome.unwrap_err();
+    assert_eq!(err, RequestError::Failed(FailReason::BatchTimeout));
+    assert!(err.to_string().contains("batch timeout"), "{err}");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let w = handle.snapshot().workers[0];
+        if w.batches_failed == 1 && w.circuit == CircuitState::Open {
+            break;
+        }
+        assert!(Instant::now() < until, "circuit never opened: {w:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The hang ends and faults are cleared: after the recovery time a probe step runs and
+    // the replica answers again.
+    handle.set_faults(0, FaultSettings::default());
+    let next = handle.submit(completion("next"));
+    let out = next
+        .wait_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the replica never recovered"));
+    assert!(out.is_ok(), "{out:?}");
+    let w = handle.snapshot().workers[0];
+    assert_eq!(w.batches_failed, 1, "{w:?}");
+    let report = handle.shutdown(Duration::from_secs(5));
+    assert!(report.clean, "{report:?}");
+}
