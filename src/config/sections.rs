@@ -64,7 +64,8 @@ pub struct ServerConfig {
     /// request's prompts times `n`).
     pub max_batch_inputs: usize,
     /// vLLM's `max_model_len`: prompt tokens + `max_tokens` above this are refused with
-    /// vLLM's 400 (0: no limit).
+    /// vLLM's 400. 0 (the default): the roofline preset's context length when the workers
+    /// run a `roofline` model (as `auto` does in continuous mode), else no limit.
     pub max_model_len: u32,
     /// Serve /admin/* endpoints.
     pub admin_enabled: bool,

@@ -42,8 +42,14 @@ impl Config {
     /// Checks every key and builds the settings of every part, once; the first problem is
     /// returned with its key, value and reason. An unknown `routing.strategy` is not a
     /// problem: it comes back as [`Settings::routing_warning`].
-    pub fn check(self) -> Result<Settings, ConfigError> {
+    pub fn check(mut self) -> Result<Settings, ConfigError> {
         let runtime = self.runtime_config()?;
+        if self.server.max_model_len == 0 {
+            // vLLM's default: the served model's context length.
+            if let LatencyModel::Roofline(r) = &runtime.sim.latency {
+                self.server.max_model_len = r.max_model_len();
+            }
+        }
         let backends = self.effective_backends();
         let (router, routing_warning) = self.check_routing(&backends)?;
         self.check_server()?;

@@ -634,3 +634,29 @@ fn roofline_live_takes_its_presets_and_sizes_the_kv_cache_in_continuous_mode() {
     assert!(e.contains("h100-sxm"), "{e}");
     assert_eq!(Roofline::DEFAULT.tp, Config::default().workers.tp);
 }
+
+#[test]
+fn max_model_len_defaults_to_the_roofline_presets_context_length() {
+    let len = |toml: &str| {
+        Config::from_toml(toml)
+            .unwrap()
+            .check()
+            .unwrap()
+            .config
+            .server
+            .max_model_len
+    };
+    // Request-level defaults run the linear model: no limit.
+    assert_eq!(len(""), 0);
+    // Continuous mode on defaults: Llama-3.1-8B's 131,072 tokens.
+    assert_eq!(len("[batching]\nmode = \"continuous\"\n"), 131_072);
+    assert_eq!(
+        len("[workers]\nlatency_model = \"roofline\"\nllm = \"qwen3-30b-a3b\"\n"),
+        40_960
+    );
+    // A set value wins.
+    assert_eq!(
+        len("[server]\nmax_model_len = 4096\n[batching]\nmode = \"continuous\"\n"),
+        4096
+    );
+}

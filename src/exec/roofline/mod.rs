@@ -115,6 +115,14 @@ impl Roofline {
         (free / self.llm.0.kv_bytes_per_token() as f64).floor() as u64
     }
 
+    /// vLLM's default `max_model_len` for this pair: the model's context length, no more
+    /// than one replica's KV cache holds (vLLM refuses to start when one sequence of that
+    /// length would not fit; abe serves the shorter limit).
+    pub fn max_model_len(&self) -> u32 {
+        let kv = u32::try_from(self.kv_capacity_tokens()).unwrap_or(u32::MAX);
+        self.llm.0.max_context.min(kv)
+    }
+
     /// Time of one step of this shape, ms (see the module doc for the terms).
     pub fn step_ms(&self, s: &StepShape) -> f64 {
         let tokens = u64::from(s.decode_tokens) + u64::from(s.prefill_tokens);

@@ -36,6 +36,9 @@ pub struct LlmSpec {
     pub experts_per_token: u32,
     /// Bytes per weight and per KV element: 2 (BF16, the published checkpoints' dtype).
     pub dtype_bytes: u32,
+    /// Longest context the model takes (`max_position_embeddings`): vLLM's default
+    /// `max_model_len`.
+    pub max_context: u32,
 }
 
 impl LlmSpec {
@@ -90,6 +93,8 @@ pub const LLAMA_3_1_8B: LlmSpec = LlmSpec {
     experts: 0,
     experts_per_token: 0,
     dtype_bytes: 2,
+    // config.json max_position_embeddings 131072.
+    max_context: 131072,
 };
 
 /// meta-llama/Llama-3.1-70B: config.json (80 layers, hidden 8192, 64 heads, 8 KV heads,
@@ -107,6 +112,8 @@ pub const LLAMA_3_1_70B: LlmSpec = LlmSpec {
     experts: 0,
     experts_per_token: 0,
     dtype_bytes: 2,
+    // config.json max_position_embeddings 131072.
+    max_context: 131072,
 };
 
 /// Qwen/Qwen2.5-7B: config.json (28 layers, hidden 3584, 28 heads, 4 KV heads, head_dim
@@ -124,6 +131,8 @@ pub const QWEN_2_5_7B: LlmSpec = LlmSpec {
     experts: 0,
     experts_per_token: 0,
     dtype_bytes: 2,
+    // config.json max_position_embeddings 131072 (the base model; -Instruct ships 32768).
+    max_context: 131072,
 };
 
 /// mistralai/Mistral-7B-v0.3: config.json (32 layers, hidden 4096, 32 heads, 8 KV heads,
@@ -141,6 +150,8 @@ pub const MISTRAL_7B: LlmSpec = LlmSpec {
     experts: 0,
     experts_per_token: 0,
     dtype_bytes: 2,
+    // config.json max_position_embeddings 32768.
+    max_context: 32768,
 };
 
 /// mistralai/Mixtral-8x7B-v0.1: config.json (32 layers, hidden 4096, 32 heads, 8 KV heads,
@@ -159,6 +170,8 @@ pub const MIXTRAL_8X7B: LlmSpec = LlmSpec {
     experts: 8,
     experts_per_token: 2,
     dtype_bytes: 2,
+    // config.json max_position_embeddings 32768.
+    max_context: 32768,
 };
 
 /// Qwen/Qwen3-30B-A3B: config.json (48 layers, hidden 2048, 32 heads, 4 KV heads, head_dim
@@ -177,6 +190,8 @@ pub const QWEN3_30B_A3B: LlmSpec = LlmSpec {
     experts: 128,
     experts_per_token: 8,
     dtype_bytes: 2,
+    // config.json max_position_embeddings 40960.
+    max_context: 40960,
 };
 
 /// Every model preset, in the order they are listed.
