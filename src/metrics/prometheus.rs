@@ -605,6 +605,9 @@ fn render_backends(snapshot: &Snapshot, out: &mut String) {
     }
 }
 
+/// One of the embed counters: name, help, and its value in the totals.
+type EmbedCounter = (&'static str, &'static str, fn(&EmbedTotals) -> u64);
+
 /// Each `embed` backend's forward passes: inputs, real and padded tokens (a batch pads to
 /// its longest input, so padded - real is computed and thrown away), truncated inputs and
 /// forward time. Nothing when no backend is `embed`.
@@ -614,7 +617,7 @@ pub fn render_embed(backends: &[(Box<str>, Arc<EmbedStats>)], out: &mut String) 
     }
     let totals: Vec<(&str, EmbedTotals)> =
         backends.iter().map(|(n, s)| (&**n, s.totals())).collect();
-    let counters: [(&str, &str, fn(&EmbedTotals) -> u64); 5] = [
+    let counters: [EmbedCounter; 5] = [
         (
             "abe_embed_forward_passes_total",
             "Forward passes of an embed backend (one per batch).",
