@@ -167,6 +167,9 @@ struct LoadgenArgs {
     /// Omit abe's request extensions (`priority`, `predicted_output_tokens`).
     #[arg(long)]
     no_extensions: bool,
+    /// Send POST /v1/embeddings (the prompt as `input`) instead of /v1/completions.
+    #[arg(long)]
+    embeddings: bool,
     /// Allow a target that is not a loopback address.
     #[arg(long)]
     allow_remote: bool,
@@ -289,6 +292,7 @@ fn loadgen(args: &LoadgenArgs) -> Result<(), String> {
         body: abe::loadgen::prompt::BodyOptions {
             model: args.model.clone(),
             abe_extensions: !args.no_extensions,
+            embeddings: args.embeddings,
         },
         allow_remote: args.allow_remote,
     };
