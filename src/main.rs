@@ -37,8 +37,8 @@ SLA attainment, batch sizes, utilisation and refusals.",
     /// Play a simulator workload open-loop against a live OpenAI-compatible server.
     #[command(
         long_about = "Sends the request sequence of a simulator scenario (same --scenario and \
---seed as `abe simulate`, so the same requests) to a live server's POST /v1/completions, each \
-at its scheduled time whatever the server does (open loop: no coordinated omission), over a \
+--seed as `abe simulate`, so the same requests) to a live server's POST /v1/completions (or \
+/v1/embeddings with --embeddings), each at its scheduled time whatever the server does (open loop: no coordinated omission), over a \
 fixed pool of keep-alive connections. Latency runs from the scheduled send time to the \
 response's last byte. Prints progress on stderr every second and the simulator's report \
 columns at the end. This sends real traffic to --url; only loopback targets are accepted \
