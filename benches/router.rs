@@ -90,6 +90,8 @@ fn router() -> Router {
                 },
                 base_url: (b % 2 == 1).then(|| format!("http://10.0.{}.{}:8000", b / 250, b % 250)),
                 api_key: None,
+                model_dir: None,
+                truncate: None,
                 priority: rng.gen_range(0..120),
                 max_concurrent_batches: 8,
                 prompt_array: None,

@@ -37,8 +37,8 @@ SLA attainment, batch sizes, utilisation and refusals.",
     /// Play a simulator workload open-loop against a live OpenAI-compatible server.
     #[command(
         long_about = "Sends the request sequence of a simulator scenario (same --scenario and \
---seed as `abe simulate`, so the same requests) to a live server's POST /v1/completions, each \
-at its scheduled time whatever the server does (open loop: no coordinated omission), over a \
+--seed as `abe simulate`, so the same requests) to a live server's POST /v1/completions (or \
+/v1/embeddings with --embeddings), each at its scheduled time whatever the server does (open loop: no coordinated omission), over a \
 fixed pool of keep-alive connections. Latency runs from the scheduled send time to the \
 response's last byte. Prints progress on stderr every second and the simulator's report \
 columns at the end. This sends real traffic to --url; only loopback targets are accepted \
@@ -176,6 +176,9 @@ struct LoadgenArgs {
     /// Omit abe's request extensions (`priority`, `predicted_output_tokens`).
     #[arg(long)]
     no_extensions: bool,
+    /// Send POST /v1/embeddings (the prompt as `input`) instead of /v1/completions.
+    #[arg(long)]
+    embeddings: bool,
     /// Allow a target that is not a loopback address.
     #[arg(long)]
     allow_remote: bool,
@@ -301,6 +304,7 @@ fn loadgen(args: &LoadgenArgs) -> Result<(), String> {
         body: abe::loadgen::prompt::BodyOptions {
             model: args.model.clone(),
             abe_extensions: !args.no_extensions,
+            embeddings: args.embeddings,
         },
         allow_remote: args.allow_remote,
     };

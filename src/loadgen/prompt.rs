@@ -1,5 +1,6 @@
 //! Request bytes for one workload request: a deterministic prompt of the requested length and
-//! the `POST /v1/completions` HTTP/1.1 request that carries it.
+//! the `POST /v1/completions` HTTP/1.1 request that carries it (or, with
+//! [`BodyOptions::embeddings`], the `POST /v1/embeddings` request with it as `input`).
 //!
 //! abe (like the simulator's `SimRequest::meta`) estimates prompt tokens as prompt bytes / 4,
 //! so a request of `n` prompt tokens gets exactly `4 n` bytes of text: three-letter words and
@@ -48,6 +49,20 @@ pub struct BodyOptions {
     /// Send abe's extensions: `priority` when not `normal`, and `predicted_output_tokens`
     /// (what the simulator tells the core). Off for servers that refuse unknown fields.
     pub abe_extensions: bool,
+    /// Send embeddings requests: the prompt as `input`, no `max_tokens` and no
+    /// `predicted_output_tokens` (the request's output length is ignored).
+    pub embeddings: bool,
+}
+
+impl BodyOptions {
+    /// The endpoint these bodies go to.
+    pub fn path(&self) -> &'static str {
+        if self.embeddings {
+            "/v1/embeddings"
+        } else {
+            "/v1/completions"
+        }
+    }
 }
 
 /// Writes the complete HTTP/1.1 request for `r` (request `index` of run `seed`) into `out`
@@ -71,15 +86,21 @@ pub fn write_request(
         let _ = serde_json::to_writer(&mut *body, m);
         body.push(b',');
     }
-    body.extend_from_slice(b"\"prompt\":\"");
-    push_prompt(body, r.prompt_tokens, seed, index);
-    // At least one token: servers refuse max_tokens = 0.
-    let _ = write!(body, "\",\"max_tokens\":{}", r.output_tokens.max(1));
+    if opts.embeddings {
+        body.extend_from_slice(b"\"input\":\"");
+        push_prompt(body, r.prompt_tokens, seed, index);
+        body.push(b'"');
+    } else {
+        body.extend_from_slice(b"\"prompt\":\"");
+        push_prompt(body, r.prompt_tokens, seed, index);
+        // At least one token: servers refuse max_tokens = 0.
+        let _ = write!(body, "\",\"max_tokens\":{}", r.output_tokens.max(1));
+    }
     if opts.abe_extensions {
         if r.priority != Priority::Normal {
             let _ = write!(body, ",\"priority\":\"{}\"", r.priority.as_str());
         }
-        if r.predicted_output_tokens > 0 {
+        if r.predicted_output_tokens > 0 && !opts.embeddings {
             let _ = write!(
                 body,
                 ",\"predicted_output_tokens\":{}",
@@ -162,6 +183,7 @@ mod tests {
         let opts = BodyOptions {
             model: Some("m\"x".into()),
             abe_extensions: true,
+            embeddings: false,
         };
         let r = req(5, 9, Priority::High);
         write_request(
@@ -190,6 +212,18 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert!(v.get("model").is_none() && v.get("priority").is_none());
         assert!(v.get("predicted_output_tokens").is_none());
+        let embed = BodyOptions {
+            embeddings: true,
+            ..opts
+        };
+        assert_eq!(embed.path(), "/v1/embeddings");
+        let r = req(5, 9, Priority::High);
+        write_request(&mut out, &mut body, embed.path(), "h", &embed, &r, 1, 0);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["input"].as_str().unwrap().len(), 20);
+        assert!(v.get("prompt").is_none() && v.get("max_tokens").is_none());
+        assert!(v.get("predicted_output_tokens").is_none());
+        assert_eq!(v["priority"], "high");
     }
 
     #[test]

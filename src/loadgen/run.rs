@@ -114,6 +114,7 @@ impl Default for LoadgenOptions {
             body: BodyOptions {
                 model: None,
                 abe_extensions: true,
+                embeddings: false,
             },
             allow_remote: false,
         }
@@ -545,7 +546,7 @@ fn drive(
     let requests = plan.requests();
     let n = requests.len();
     let threads = plan.threads(opts.connections);
-    let path = target.path("/v1/completions");
+    let path = target.path(opts.body.path());
     let shared = Shared {
         next: AtomicUsize::new(0),
         sent: AtomicU64::new(0),

@@ -18,8 +18,10 @@ use crate::core::stats::{WaitHistogram, WAIT_BUCKETS};
 use crate::core::strategy::auto::AutoSnapshot;
 use crate::core::strategy::StrategyKind;
 use crate::core::{FlushReason, Nanos};
+use crate::exec::embed::{EmbedStats, EmbedTotals};
 use crate::runtime::Snapshot;
 use hdrhistogram::Histogram;
+use std::sync::Arc;
 
 /// `Content-Type` of the rendered page.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -603,6 +605,65 @@ fn render_backends(snapshot: &Snapshot, out: &mut String) {
     }
 }
 
+/// One of the embed counters: name, help, and its value in the totals.
+type EmbedCounter = (&'static str, &'static str, fn(&EmbedTotals) -> u64);
+
+/// Each `embed` backend's forward passes: inputs, real and padded tokens (a batch pads to
+/// its longest input, so padded - real is computed and thrown away), truncated inputs and
+/// forward time. Nothing when no backend is `embed`.
+pub fn render_embed(backends: &[(Box<str>, Arc<EmbedStats>)], out: &mut String) {
+    if backends.is_empty() {
+        return;
+    }
+    let totals: Vec<(&str, EmbedTotals)> =
+        backends.iter().map(|(n, s)| (&**n, s.totals())).collect();
+    let counters: [EmbedCounter; 5] = [
+        (
+            "abe_embed_forward_passes_total",
+            "Forward passes of an embed backend (one per batch).",
+            |t| t.forward_passes,
+        ),
+        (
+            "abe_embed_inputs_total",
+            "Inputs embedded by an embed backend.",
+            |t| t.inputs,
+        ),
+        (
+            "abe_embed_tokens_total",
+            "Real tokens of embedded inputs (special tokens included, after truncation).",
+            |t| t.tokens_real,
+        ),
+        (
+            "abe_embed_padded_tokens_total",
+            "Token positions computed: inputs x longest input of the batch, per forward pass.",
+            |t| t.tokens_padded,
+        ),
+        (
+            "abe_embed_truncated_inputs_total",
+            "Inputs longer than the model's max_seq_length, cut to it.",
+            |t| t.inputs_truncated,
+        ),
+    ];
+    for (name, help, get) in counters {
+        family(out, name, MetricType::Counter, help);
+        for (n, t) in &totals {
+            sample(out, name, &[("backend", n)], get(t));
+        }
+    }
+    let name = "abe_embed_padding_ratio";
+    let help = "Share of computed token positions that were padding, since start (0 to 1).";
+    family(out, name, MetricType::Gauge, help);
+    for (n, t) in &totals {
+        sample(out, name, &[("backend", n)], t.padding_ratio());
+    }
+    let name = "abe_embed_forward_seconds_total";
+    let help = "Time spent in forward passes of an embed backend.";
+    family(out, name, MetricType::Counter, help);
+    for (n, t) in &totals {
+        sample(out, name, &[("backend", n)], ns_to_seconds(t.forward_ns));
+    }
+}
+
 /// One of `auto`'s per-backend gauges: name, help, and its value in a lane's snapshot.
 type AutoGauge = (&'static str, &'static str, fn(&AutoSnapshot) -> f64);
 
@@ -763,6 +824,26 @@ mod tests {
         assert!(
             page.lines().any(|l| l == line),
             "missing line {line:?} in\n{page}"
+        );
+    }
+
+    #[test]
+    fn embed_families_pass_the_exposition_check() {
+        let mut out = String::new();
+        render_embed(&[], &mut out);
+        assert_eq!(out, "", "nothing without embed backends");
+        let stats = Arc::new(EmbedStats::default());
+        stats.record(4, 30, 10, 1, 2_500_000);
+        render_embed(&[("minilm".into(), stats)], &mut out);
+        if let Err(e) = check(&out) {
+            panic!("invalid exposition: {e}\n{out}");
+        }
+        assert_line(&out, "abe_embed_tokens_total{backend=\"minilm\"} 30");
+        assert_line(&out, "abe_embed_padded_tokens_total{backend=\"minilm\"} 40");
+        assert_line(&out, "abe_embed_padding_ratio{backend=\"minilm\"} 0.25");
+        assert_line(
+            &out,
+            "abe_embed_truncated_inputs_total{backend=\"minilm\"} 1",
         );
     }
 

@@ -1,5 +1,5 @@
-//! The backend registry: every backend abe can route to (a local `sim` worker pool or a
-//! remote OpenAI-compatible `upstream`), the models each serves with their capabilities,
+//! The backend registry: every backend abe can route to (a local `sim` worker pool, a local
+//! `embed` model, or a remote OpenAI-compatible `upstream`), the models each serves with their capabilities,
 //! and each backend's live state (health, circuit, pending batches, latency EMA).
 //!
 //! Built once from the `[[backends]]` tables ([`BackendConfig`]) and validated with errors
@@ -72,6 +72,9 @@ pub enum BackendKindName {
     Sim,
     /// A remote OpenAI-compatible server (the `upstream` executor).
     Upstream,
+    /// A sentence-transformers model run on this machine's CPU (the `embed` executor; needs
+    /// abe built with `--features embed`).
+    Embed,
 }
 
 /// An API key. Its `Debug` and its serialised form are redacted (`"<redacted>"`), so
@@ -130,7 +133,7 @@ pub struct ModelConfig {
 pub struct BackendConfig {
     /// Unique name; appears in metrics and in the routing response header.
     pub name: String,
-    /// `sim` or `upstream`.
+    /// `sim`, `upstream` or `embed`.
     pub kind: BackendKindName,
     /// `upstream` only: where the OpenAI-compatible API lives (`http://host:port`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -138,6 +141,14 @@ pub struct BackendConfig {
     /// `upstream` only, optional: sent as `Authorization: Bearer <key>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<ApiKey>,
+    /// `embed` only: a sentence-transformers model directory (config.json,
+    /// model.safetensors, tokenizer.json, modules.json, 1_Pooling/config.json).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_dir: Option<String>,
+    /// `embed` only: an input longer than the model's max_seq_length is cut to it, as
+    /// sentence-transformers does (`true`, the default), or refused with a 400 (`false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncate: Option<bool>,
     /// Lower is preferred (0 is best; the smart score stops telling apart above 100).
     #[serde(default = "priority_default")]
     pub priority: u32,
@@ -169,6 +180,8 @@ impl BackendConfig {
             kind: BackendKindName::Sim,
             base_url: None,
             api_key: None,
+            model_dir: None,
+            truncate: None,
             priority: 0,
             max_concurrent_batches: MAX_CONCURRENT_BATCHES_DEFAULT,
             prompt_array: None,
@@ -195,6 +208,12 @@ pub enum BackendKind {
         /// Without a trailing `/`.
         base_url: String,
         api_key: Option<ApiKey>,
+    },
+    /// A sentence-transformers model on this machine.
+    Embed {
+        model_dir: std::path::PathBuf,
+        /// Inputs longer than the model's max_seq_length are cut (else refused).
+        truncate: bool,
     },
 }
 
@@ -546,7 +565,43 @@ fn validate_backend(i: usize, cfg: &BackendConfig) -> Result<Backend, RouterConf
             "must not be empty; give every backend a unique name".into(),
         ));
     }
+    if cfg.kind != BackendKindName::Embed && (cfg.model_dir.is_some() || cfg.truncate.is_some()) {
+        return Err(backend_err(
+            "model_dir",
+            "model_dir and truncate are for kind = \"embed\" only; remove them or set \
+             kind = \"embed\""
+                .into(),
+        ));
+    }
     let kind = match cfg.kind {
+        BackendKindName::Embed => {
+            if cfg.base_url.is_some() || cfg.api_key.is_some() {
+                return Err(backend_err(
+                    "base_url",
+                    "base_url and api_key are for kind = \"upstream\" only; remove them".into(),
+                ));
+            }
+            if !cfg!(feature = "embed") {
+                return Err(backend_err(
+                    "kind",
+                    "kind = \"embed\" needs abe built with the embed feature: \
+                     cargo build --release --features embed"
+                        .into(),
+                ));
+            }
+            let Some(dir) = cfg.model_dir.as_deref().filter(|d| !d.trim().is_empty()) else {
+                return Err(backend_err(
+                    "model_dir",
+                    "kind = \"embed\" needs model_dir, a sentence-transformers model \
+                     directory (see README: Embeddings on a real model)"
+                        .into(),
+                ));
+            };
+            BackendKind::Embed {
+                model_dir: dir.into(),
+                truncate: cfg.truncate.unwrap_or(true),
+            }
+        }
         BackendKindName::Sim => {
             if cfg.base_url.is_some() || cfg.api_key.is_some() {
                 return Err(backend_err(
@@ -650,6 +705,8 @@ pub(crate) fn sim_backend(
         kind: BackendKindName::Sim,
         base_url: None,
         api_key: None,
+        model_dir: None,
+        truncate: None,
         priority,
         max_concurrent_batches: MAX_CONCURRENT_BATCHES_DEFAULT,
         prompt_array: None,
@@ -764,6 +821,39 @@ mod tests {
 
     fn build_err(cfgs: &[BackendConfig]) -> String {
         Registry::build(cfgs).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn embed_backends_need_a_model_dir_and_keep_their_keys_to_themselves() {
+        let caps = Capabilities::default();
+        let mut e = sim("e", 0, &[("minilm", 512, caps)]);
+        e.kind = BackendKindName::Embed;
+        let err = build_err(&[e.clone()]);
+        if cfg!(feature = "embed") {
+            assert!(err.contains("'e'") && err.contains("model_dir"), "{err}");
+        } else {
+            assert!(err.contains("--features embed"), "{err}");
+        }
+        e.model_dir = Some("/models/minilm".into());
+        if cfg!(feature = "embed") {
+            let r = Registry::build(&[e.clone()]).unwrap();
+            assert_eq!(
+                r.backend(BackendId(0)).kind(),
+                &BackendKind::Embed {
+                    model_dir: "/models/minilm".into(),
+                    truncate: true
+                }
+            );
+        }
+        let mut s = sim("s", 0, &[("m", 10, caps)]);
+        s.truncate = Some(false);
+        let err = build_err(&[s]);
+        assert!(
+            err.contains("'s'") && err.contains("\"embed\" only"),
+            "{err}"
+        );
+        e.base_url = Some("http://x".into());
+        assert!(build_err(&[e]).contains("upstream"));
     }
 
     #[test]

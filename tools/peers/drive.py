@@ -5,7 +5,8 @@ connections that take the next due request).
 
 Servers (KIND=URL): abe (POST /v1/completions, 1-token prompt, max_tokens 1: b ms on the
 bench's linear model), bento (POST /infer {"x": [1]}), triton (KServe v2 infer on model
-"sleeper"). Loopback only. Prints one JSON line per point.
+"sleeper"), abe-embed (POST /v1/embeddings) and infinity (POST /embeddings): one sentence
+of 16 tokens, model all-MiniLM-L6-v2. Loopback only. Prints one JSON line per point.
 
 Usage:
   drive.py closed --server KIND=URL --clients N --duration S
@@ -29,6 +30,16 @@ BODIES = {
         json.dumps({"inputs": [{"name": "x", "shape": [1, 1], "datatype": "INT32", "data": [1]}]}),
     ),
 }
+# The sentence of benches/embed_forward.rs and tools/bench/embed_st.py: 16 tokens.
+EMBED_SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank"
+BODIES["abe-embed"] = (
+    "/v1/embeddings",
+    json.dumps({"model": "all-MiniLM-L6-v2", "input": EMBED_SENTENCE}),
+)
+BODIES["infinity"] = (
+    "/embeddings",
+    json.dumps({"model": "all-MiniLM-L6-v2", "input": [EMBED_SENTENCE]}),
+)
 TIMEOUT_S = 30.0
 
 
@@ -168,7 +179,7 @@ def open_loop(kind, url, rate, duration, connections, seed):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["closed", "open"])
-    p.add_argument("--server", required=True, help="KIND=URL, KIND in abe|bento|triton")
+    p.add_argument("--server", required=True, help="KIND=URL, KIND in " + "|".join(BODIES))
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--rate", type=float, default=100.0)
     p.add_argument("--duration", type=float, default=3.0)

@@ -1,0 +1,37 @@
+//! The `embed` executor: a sentence-transformers model (BERT family) run on this machine's
+//! CPU, one forward pass per batch the engine hands the worker.
+//!
+//! - [`model_dir`]: reads a model directory (config.json, model.safetensors,
+//!   tokenizer.json, modules.json, the pooling config) and names the file that is missing or
+//!   wrong; nothing else touches the file system.
+//! - [`pooling`]: how token vectors become one sentence vector (mean, CLS, max), and
+//!   normalisation, as the directory's pooling config and modules.json say.
+//! - [`model`]: the loaded encoder and tokenizer: tokenizes one input (truncating or
+//!   refusing past max_seq_length), runs a padded batch through the encoder.
+//! - [`executor`]: the [`Executor`](super::Executor) workers run: checks each request,
+//!   tokenizes, runs one forward pass over the batch, answers each item with its vector and
+//!   its real token count.
+//! - [`stats`]: padding waste and forward time, for `/metrics` (always compiled, so the
+//!   metrics code has one shape with or without the feature).
+//!
+//! Everything but `stats` needs the `embed` cargo feature (candle and tokenizers). What must
+//! never happen here: loading a model lazily on a request (a bad directory fails at start),
+//! or one bad input failing the batch it rides in.
+
+#[cfg(feature = "embed")]
+pub mod executor;
+#[cfg(feature = "embed")]
+pub mod model;
+#[cfg(feature = "embed")]
+pub mod model_dir;
+#[cfg(feature = "embed")]
+pub mod pooling;
+pub mod stats;
+
+#[cfg(feature = "embed")]
+pub use executor::EmbedExecutor;
+#[cfg(feature = "embed")]
+pub use model::EmbedModel;
+#[cfg(feature = "embed")]
+pub use model_dir::LoadError;
+pub use stats::{EmbedStats, EmbedTotals};
