@@ -21,10 +21,6 @@ ulimit -n 8192 2>/dev/null || true
 echo "== cargo test (workspace, all targets)"
 cargo test --workspace --all-targets
 
-echo "== embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"
-tools/fetch_minilm.sh >/dev/null
-cargo test --features embed --lib --test embed_model
-
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
   cargo test -p loom-tests --release
@@ -49,5 +45,10 @@ ABE_BATCHING_MODE=continuous DASHBOARD_MODE=continuous tools/with_server.sh tool
 echo "== chaos soak (bounded; RELIABILITY.md has the long runs)"
 python3 tools/chaos_soak.py --seconds 30 --mode request
 python3 tools/chaos_soak.py --seconds 30 --mode continuous
+
+# Last: the feature rebuilds abe's lib, and nothing after it needs the default build again.
+echo "== embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"
+tools/fetch_minilm.sh >/dev/null
+cargo test --features embed --lib --test embed_model
 
 echo "== all suites passed"
