@@ -105,6 +105,45 @@ impl ApiContext {
     }
 }
 
+/// What decoding a request for `/v1/completions`, `/v1/chat/completions` or
+/// `/v1/embeddings` reads: the config, the router and the default model, nothing of the
+/// runtime. Borrowed from an [`ApiContext`] by the server; built on its own by the
+/// coverage-guided fuzz targets (`fuzz/`), which decode bodies without starting one.
+pub struct Decoder<'a> {
+    pub config: &'a Config,
+    pub router: &'a Router,
+    /// The model a request without `model` gets ([`ApiContext::default_model_for`]).
+    pub default_model: &'a str,
+    /// Some backend is `upstream`: chat requests keep their JSON body to forward.
+    pub has_upstream: bool,
+}
+
+impl ApiContext {
+    /// The decoding part of this context.
+    pub fn decoder(&self) -> Decoder<'_> {
+        Decoder {
+            config: &self.config,
+            router: &self.router,
+            default_model: &self.default_model,
+            has_upstream: self.has_upstream,
+        }
+    }
+}
+
+impl Decoder<'_> {
+    /// Decodes a `POST` to one of the three generation endpoints (`head.path`; any other
+    /// path is taken for `/v1/embeddings`): a [`Job`] to submit, or the 4xx answer saying
+    /// what is wrong with the body. Never blocks, never touches the runtime.
+    pub fn decode(&self, head: &Head, body: &[u8]) -> Routed {
+        let routed = match head.path.as_str() {
+            "/v1/completions" => completions(self, head, body),
+            "/v1/chat/completions" => chat_completions(self, head, body),
+            _ => embeddings(self, head, body),
+        };
+        routed.unwrap_or_else(|r| r)
+    }
+}
+
 /// What a request turns into.
 pub enum Routed {
     /// Answer now.
@@ -230,12 +269,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                     "the server is shutting down and no longer accepts requests",
                 ));
             }
-            let routed = match path {
-                "/v1/completions" => completions(ctx, head, body),
-                "/v1/chat/completions" => chat_completions(ctx, head, body),
-                _ => embeddings(ctx, head, body),
-            };
-            routed.unwrap_or_else(|r| r)
+            ctx.decoder().decode(head, body)
         }
         "/v1/models" if is_get => Routed::Now(render::models(&ctx.router)),
         "/health" if is_get => {
@@ -364,8 +398,8 @@ fn metrics_history(ctx: &ApiContext, head: &Head) -> Response {
 }
 
 /// The model a request names, or the default.
-fn model_of<'a>(ctx: &'a ApiContext, model: Option<&'a str>) -> &'a str {
-    model.unwrap_or(&ctx.default_model)
+fn model_of<'a>(ctx: &'a Decoder<'_>, model: Option<&'a str>) -> &'a str {
+    model.unwrap_or(ctx.default_model)
 }
 
 /// `model` (see [`model_of`]) checked against the router: unknown models (404), empty names
@@ -373,7 +407,7 @@ fn model_of<'a>(ctx: &'a ApiContext, model: Option<&'a str>) -> &'a str {
 /// `needs` adds what the request asks for: its text (for the size estimate) and any
 /// capabilities.
 fn check_model<'a>(
-    ctx: &ApiContext,
+    ctx: &Decoder<'_>,
     model: &'a str,
     needs: impl FnOnce(&mut RequirementsBuilder<'a>),
 ) -> Result<RouteRequest, Routed> {
@@ -387,7 +421,7 @@ fn check_model<'a>(
 
 /// Where a text request of `head` comes from, for [`payload::text`].
 fn text_source<'a>(
-    ctx: &ApiContext,
+    ctx: &Decoder<'_>,
     head: &'a Head,
     max_tokens_field: &'a str,
     priority: Option<&'a str>,
@@ -401,7 +435,7 @@ fn text_source<'a>(
     }
 }
 
-fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
+fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
     let generation = b.generation();
     let source = text_source(ctx, head, "max_tokens", b.priority.as_deref());
@@ -479,7 +513,7 @@ fn completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Rou
 }
 
 /// vLLM's 400 when prompt + max_tokens exceed `server.max_model_len` (0: no limit).
-fn check_model_len(ctx: &ApiContext, prompt: &str, text: &payload::Text) -> Result<(), Routed> {
+fn check_model_len(ctx: &Decoder<'_>, prompt: &str, text: &payload::Text) -> Result<(), Routed> {
     let limit = ctx.config.server.max_model_len;
     if limit == 0 {
         return Ok(());
@@ -500,7 +534,7 @@ fn check_model_len(ctx: &ApiContext, prompt: &str, text: &payload::Text) -> Resu
     Ok(())
 }
 
-fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
+fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let mut b: ChatBody = wire::parse_body(body).map_err(bad)?;
     let mut generation = b.generation();
     let field = match b.max_completion_tokens {
@@ -570,7 +604,7 @@ fn chat_completions(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed
     }))
 }
 
-fn embeddings(ctx: &ApiContext, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
+fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let b: EmbeddingBody = wire::parse_body(body).map_err(bad)?;
     let base64 = match b.encoding_format.as_deref() {
         None | Some("float") => false,

@@ -2,12 +2,13 @@
 //! bytes from outside: HTTP heads and bodies, the TOML config and `ABE_*` overrides, the
 //! upstream SSE and JSON readers, the router's alias and fallback tables.
 //!
-//! Why not coverage-guided: cargo-fuzz needs a nightly compiler, and `cargo afl` needs its
-//! own crate built against an afl++ whose LLVM plugins match rustc's; neither is in this
-//! toolchain (RELIABILITY.md). What stands in for coverage is *outcome* feedback: a target
-//! returns a signature of what its input did (which error, which branch of the answer), and
-//! an input with a signature not seen before joins the corpus, so mutation keeps reaching
-//! into the parts of the grammar that reach new outcomes.
+//! Why this beside coverage guidance: cargo-fuzz needs a nightly compiler, so the
+//! coverage-guided targets live in `fuzz/`, a crate outside the workspace run by
+//! `tools/fuzz_coverage.sh` (RELIABILITY.md), while this fuzzer runs in the stable test
+//! command. What stands in for coverage here is *outcome* feedback: a target returns a
+//! signature of what its input did (which error, which branch of the answer), and an input
+//! with a signature not seen before joins the corpus, so mutation keeps reaching into the
+//! parts of the grammar that reach new outcomes. Both read the seeds of `fuzz/corpus/`.
 //!
 //! - [`mutate`]: byte-level and dictionary mutations of a corpus entry, from a seeded RNG.
 //! - [`campaign`]: the loop: seed corpus from files, a bounded number of executions, panics

@@ -6,10 +6,8 @@
 //! What must never happen: a panic on any bytes a backend sends, an event past
 //! `EVENT_BYTES_MAX`, or a reader whose events depend on how the body was split.
 
-use super::sse::{SseEvent, SseReader, EVENT_BYTES_MAX};
-use super::wire;
+use super::fuzzing::{json_outcomes, sse_events as events};
 use crate::fuzz::{seeds_from_dir, signature, Campaign};
-use std::io::BufReader;
 use std::path::Path;
 
 const SSE_DICTIONARY: &[&[u8]] = &[
@@ -60,35 +58,6 @@ fn corpus(name: &str) -> Vec<Vec<u8>> {
     )
 }
 
-/// Every event of `body` read through a buffer of `capacity` bytes, as text; an error ends
-/// the list with its kind.
-fn events(body: &[u8], capacity: usize) -> Vec<String> {
-    let mut reader = SseReader::new(BufReader::with_capacity(capacity, body));
-    let mut out = Vec::new();
-    // Each event consumes at least one byte, so the body's length bounds the loop.
-    for _ in 0..=body.len() + 1 {
-        match reader.next_event() {
-            Ok(SseEvent::Data(d)) => {
-                assert!(d.len() <= EVENT_BYTES_MAX);
-                out.push(format!("data {d}"));
-            }
-            Ok(SseEvent::Done) => {
-                out.push("done".into());
-                return out;
-            }
-            Ok(SseEvent::Eof) => return out,
-            Err(e) => {
-                out.push(format!("error {:?}", e.kind()));
-                return out;
-            }
-        }
-    }
-    panic!(
-        "the reader did not reach the end of a {}-byte body",
-        body.len()
-    );
-}
-
 #[test]
 fn sse_events_are_the_same_read_whole_or_byte_by_byte() {
     let report = Campaign::new(
@@ -116,27 +85,6 @@ fn json_answers_parse_or_say_why() {
         8192,
         5_000,
     )
-    .run(|input| {
-        let text = String::from_utf8_lossy(input);
-        // Where and why, without the quoted values and positions that make every error new.
-        let rule = |e: &str| -> String {
-            let head = e.split(['\'', '"']).next().unwrap_or("");
-            head.chars().filter(|c| !c.is_ascii_digit()).collect()
-        };
-        let outcomes = (
-            wire::parse_completions(&text)
-                .map(|r| r.choices.len())
-                .map_err(|e| rule(&e)),
-            wire::parse_chat(&text)
-                .map(|r| r.choices.len())
-                .map_err(|e| rule(&e)),
-            wire::parse_embeddings(&text)
-                .map(|_| ())
-                .map_err(|e| rule(&e)),
-            wire::parse_chunk(&text, false).is_ok(),
-            wire::parse_chunk(&text, true).is_ok(),
-        );
-        signature(format!("{outcomes:?}"))
-    });
+    .run(|input| signature(json_outcomes(&String::from_utf8_lossy(input))));
     eprintln!("{report}");
 }

@@ -9,6 +9,8 @@ mod client;
 mod executor;
 #[cfg(test)]
 mod fuzz;
+#[doc(hidden)]
+pub mod fuzzing;
 mod sse;
 mod wire;
 
