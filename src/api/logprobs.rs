@@ -158,7 +158,7 @@ pub fn write_chat<'a>(out: &mut Vec<u8>, pieces: impl Iterator<Item = (&'a str, 
 /// leading space) and their byte offsets.
 pub fn pieces(text: &str) -> Vec<(&str, usize)> {
     let base = text.as_ptr() as usize;
-    super::stream::token_pieces(text)
+    synth::token_pieces(text)
         .map(|p| (p, p.as_ptr() as usize - base))
         .collect()
 }

@@ -8,6 +8,7 @@
 //! token. Runs on io threads only.
 
 use super::json_out;
+use crate::exec::synth::token_pieces;
 use crate::exec::Output;
 
 /// Streaming options from the request.
@@ -42,26 +43,6 @@ impl ChoiceOptions {
 pub enum StreamKind {
     Completion,
     Chat,
-}
-
-/// Splits generated text into the pieces streamed as tokens: each word with the space
-/// before it (the synthetic model emits one word per token), so the pieces concatenate back
-/// to the text exactly.
-pub fn token_pieces(text: &str) -> impl Iterator<Item = &str> {
-    let mut rest = text;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let start = usize::from(rest.starts_with(' '));
-        let end = rest[start..]
-            .find(' ')
-            .map(|i| i + start)
-            .unwrap_or(rest.len());
-        let (piece, tail) = rest.split_at(end);
-        rest = tail;
-        Some(piece)
-    })
 }
 
 /// The longest chunk-size line: 16 hex digits and CRLF.
@@ -377,14 +358,6 @@ mod tests {
             finish_reason: FinishReason::Length,
             tool_calls: None,
         }
-    }
-
-    #[test]
-    fn token_pieces_concatenate_back_to_the_text() {
-        let pieces: Vec<&str> = token_pieces("the quick fox").collect();
-        assert_eq!(pieces, vec!["the", " quick", " fox"]);
-        assert_eq!(pieces.concat(), "the quick fox");
-        assert_eq!(token_pieces("").count(), 0);
     }
 
     /// The SSE payloads of a chunked body written by a `StreamWriter`.

@@ -59,9 +59,37 @@ pub fn embedding(key: u64, dimensions: usize) -> Vec<f32> {
     v
 }
 
+/// Splits generated text into the pieces streamed as tokens: each word with the space
+/// before it (the synthetic model emits one word per token), so the pieces concatenate back
+/// to the text exactly.
+pub fn token_pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let start = usize::from(rest.starts_with(' '));
+        let end = rest[start..]
+            .find(' ')
+            .map(|i| i + start)
+            .unwrap_or(rest.len());
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some(piece)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_pieces_concatenate_back_to_the_text() {
+        let pieces: Vec<&str> = token_pieces("the quick fox").collect();
+        assert_eq!(pieces, vec!["the", " quick", " fox"]);
+        assert_eq!(pieces.concat(), "the quick fox");
+        assert_eq!(token_pieces("").count(), 0);
+    }
 
     #[test]
     fn text_is_deterministic_has_one_word_per_token_and_seed_changes_it() {

@@ -5,14 +5,13 @@
 //! possible batch size); recording is O(1) and allocation-free, except the time series,
 //! which grows by one window per window of virtual time. Times are virtual ns.
 
+use super::latency_histogram::latency_histogram;
+pub use super::latency_histogram::LATENCY_MAX_NS;
 use super::series::TimeSeries;
 use super::tokens::TokenRecord;
 use super::workload::{Digest, SimRequest};
 use crate::core::Priority;
 use hdrhistogram::Histogram;
-
-/// Largest latency the histogram resolves, ns (30 days); larger values are clamped.
-pub const LATENCY_MAX_NS: u64 = 30 * 24 * 3600 * 1_000_000_000;
 
 /// Latency and counts of one priority class.
 #[derive(Clone, Debug)]
@@ -36,10 +35,6 @@ impl PriorityRecord {
             failed: 0,
         }
     }
-}
-
-fn latency_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1_000, LATENCY_MAX_NS, 3).expect("static histogram bounds are valid")
 }
 
 /// Measurements of one run.

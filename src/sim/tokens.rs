@@ -7,7 +7,7 @@
 //! the scheduler, histograms over a fixed range); recording is O(1) and allocation-free.
 //! Times are virtual ns; nothing here reads a clock.
 
-use super::record::LATENCY_MAX_NS;
+use super::latency_histogram::latency_histogram;
 use hdrhistogram::Histogram;
 
 /// Token timing of one request while it is in the scheduler.
@@ -24,11 +24,6 @@ pub struct TokenState {
     pub delivered: u32,
     /// It left the wait queue for a slot at least once (queue wait counted once).
     pub dispatched: bool,
-}
-
-/// A histogram of ns latencies, 3 significant digits, 1 µs to 30 days.
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1_000, LATENCY_MAX_NS, 3).expect("static histogram bounds are valid")
 }
 
 /// Token-level measurements of one continuous run.
@@ -76,11 +71,11 @@ impl TokenRecord {
         replicas: usize,
     ) -> Self {
         TokenRecord {
-            ttft_ns: histogram(),
+            ttft_ns: latency_histogram(),
             ttft_sum_ns: 0,
-            tpot_ns: histogram(),
+            tpot_ns: latency_histogram(),
             tpot_sum_ns: 0,
-            itl_ns: histogram(),
+            itl_ns: latency_histogram(),
             itl_sum_ns: 0,
             goodput_met: 0,
             ttft_target_ns,
