@@ -84,6 +84,8 @@ pub struct IterationLevel {
     expired: u64,
     /// Requests failed because their step ran past the step timeout.
     batch_timeouts: u64,
+    /// Requests failed by the shutdown deadline (abort).
+    aborted: u64,
     rejected_full: u64,
     rejected_draining: u64,
     steps_per_replica: Vec<u64>,
@@ -139,6 +141,7 @@ impl IterationLevel {
             cancelled: 0,
             expired: 0,
             batch_timeouts: 0,
+            aborted: 0,
             rejected_full: 0,
             rejected_draining: 0,
             steps_per_replica: vec![0; replicas],
@@ -396,7 +399,6 @@ impl Mode for IterationLevel {
             self.sched.fail_replica(r, &mut |t| {
                 *failed += 1;
                 *timeouts += 1;
-                io.pending[t.index as usize].first_token_ns = 0;
                 let outcome = Err(RequestError::Failed(FailReason::BatchTimeout));
                 finish(routing, io, now, t.index, outcome);
             });
@@ -504,9 +506,11 @@ impl Mode for IterationLevel {
     }
 
     fn abort(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
-        let (failed, routing) = (&mut self.failed, &mut self.routing);
+        let (failed, aborted) = (&mut self.failed, &mut self.aborted);
+        let routing = &mut self.routing;
         self.sched.abort_all(&mut |t| {
             *failed += 1;
+            *aborted += 1;
             let outcome = Err(RequestError::Failed(FailReason::Aborted));
             finish(routing, io, now, t.index, outcome);
         });
@@ -526,7 +530,7 @@ impl Mode for IterationLevel {
         io: &mut EngineIo<StepMsg>,
         snap: &mut Snapshot,
         now: Nanos,
-        aborted: bool,
+        _aborted: bool,
     ) {
         let c = *self.sched.stats();
         snap.stats.admitted = c.admitted;
@@ -538,7 +542,7 @@ impl Mode for IterationLevel {
         snap.stats.cancelled = self.cancelled;
         snap.stats.expired = self.expired;
         snap.stats.batch_timeouts = self.batch_timeouts;
-        snap.stats.aborted = if aborted { self.failed } else { 0 };
+        snap.stats.aborted = self.aborted;
         snap.queued = self.sched.waiting();
         snap.live_requests = self.sched.waiting()
             + (0..self.step_bufs.len())
