@@ -618,6 +618,8 @@ fn continuous_mode_fails_requests_that_wait_past_the_request_deadline() {
         first.wait().unwrap_err(),
         RequestError::Failed(FailReason::Aborted)
     );
+    // Six failures, one of them the abort: the earlier timeouts are not counted again.
+    assert_eq!((report.failed, report.aborted), (6, 1));
 }
 
 /// A request's latency counts from when its first bytes were read (`submit_received`), not
