@@ -5,8 +5,7 @@
 
 mod common;
 
-use abe::fuzz::{seeds_from_dir, signature, Campaign};
-use abe::http::parse::parse_head;
+use abe::fuzz::{invariants, seeds_from_dir, signature, Campaign};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::io::{Read, Write};
@@ -86,29 +85,7 @@ fn outcome(r: &Result<Option<abe::http::parse::Head>, abe::http::parse::HeadErro
 #[test]
 fn request_heads_parse_the_same_whatever_the_split() {
     let report = Campaign::new("http_head", seeds(), DICTIONARY, 2048, 5_000).run(|input| {
-        let whole = parse_head(input, HEADER_MAX, BODY_MAX);
-        if let Ok(Some(h)) = &whole {
-            assert!(h.head_len <= input.len() && h.head_len <= HEADER_MAX);
-            assert!(h.content_length <= BODY_MAX);
-        }
-        // A server sees every prefix of a head before the whole: each must be "not yet"
-        // (or, for a head that is refused, possibly refused already), never a different head.
-        let end = match &whole {
-            Ok(Some(h)) => h.head_len,
-            _ => input.len(),
-        };
-        // Every byte for short inputs; a stride beyond (httparse rescans from the start).
-        let stride = (end / 256).max(1);
-        for k in (0..end).step_by(stride) {
-            let prefix = parse_head(&input[..k], HEADER_MAX, BODY_MAX);
-            match (&whole, &prefix) {
-                (_, Ok(None)) => {}
-                (Ok(Some(_)), _) => panic!("prefix of {k} bytes read {prefix:?}; whole {whole:?}"),
-                (Err(_), Err(_)) => {}
-                (Ok(None), Err(e)) => panic!("prefix of {k} bytes refused ({e:?}), whole not yet"),
-                (_, Ok(Some(_))) => panic!("prefix of {k} bytes is a head; whole {whole:?}"),
-            }
-        }
+        let whole = invariants::http_head(input, HEADER_MAX, BODY_MAX);
         outcome(&whole)
     });
     eprintln!("{report}");

@@ -11,6 +11,7 @@
 //! parts of the grammar that reach new outcomes. Both read the seeds of `fuzz/corpus/`.
 //!
 //! - [`mutate`]: byte-level and dictionary mutations of a corpus entry, from a seeded RNG.
+//! - [`invariants`]: the properties both fuzzers check an input against.
 //! - [`campaign`]: the loop: seed corpus from files, a bounded number of executions, panics
 //!   caught and reported with the seed and iteration that replay them exactly.
 //!
@@ -19,6 +20,7 @@
 //! only its tests do).
 
 pub mod campaign;
+pub mod invariants;
 pub mod mutate;
 
 pub use campaign::{seeds_from_dir, signature, Campaign, Report};
