@@ -187,7 +187,11 @@ impl Core {
             latencies: LatencyWindow::new(cfg.latency_window),
             p99_refreshed_at_ns: 0,
             draining: false,
-            research: Research::new(cfg.research.clone()),
+            research: {
+                let mut r = Research::new(cfg.research.clone());
+                r.use_bins(cfg.strategy == StrategyKind::MultiBin);
+                r
+            },
             auto: Auto::default(),
             auto_hold_until: Nanos::MAX,
             auto_hold_started: Nanos::MAX,
@@ -269,9 +273,11 @@ impl Core {
         let to_bins = kind == StrategyKind::MultiBin;
         if was_bins && !to_bins {
             self.strategy = kind;
+            self.research.use_bins(false);
             self.move_bins_to_classes();
         } else if !was_bins && to_bins {
             self.strategy = kind;
+            self.research.use_bins(true);
             self.move_classes_to_bins();
         } else {
             self.strategy = kind;
