@@ -9,7 +9,7 @@
 //! finite and never names itself twice.
 
 use abe::config::Config;
-use abe::fuzz::{invariants, seeds_from_dir, signature, Campaign};
+use abe::fuzz::{seeds_from_dir, signature, Campaign};
 use abe::router::{RequirementsBuilder, Router};
 use std::path::Path;
 
@@ -68,11 +68,11 @@ fn stage(stage: u8, why: &str) -> (u64, String) {
 
 /// Loads and checks a config, checking what `abe config show` prints of it.
 fn load(input: &[u8]) -> Result<(Config, abe::config::Settings), (u64, String)> {
-    let (toml, env) = invariants::config_input(input);
+    let (toml, env) = abe::config::fuzzing::config_input(input);
     let mut cfg = Config::from_toml(&toml).map_err(|e| stage(1, &e))?;
     cfg.apply_env(env).map_err(|e| stage(2, &e.to_string()))?;
     let settings = cfg.clone().check().map_err(|e| stage(3, &e.to_string()))?;
-    invariants::config_show_round_trips(&cfg);
+    abe::config::fuzzing::config_show_round_trips(&cfg);
     Ok((cfg, settings))
 }
 

@@ -8,13 +8,12 @@
 #![no_main]
 
 use abe::config::Config;
-use abe::fuzz::invariants;
 use abe::router::{RequirementsBuilder, Router};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {
     let text = String::from_utf8_lossy(input);
-    let (toml, pairs) = invariants::config_input(input);
+    let (toml, pairs) = abe::config::fuzzing::config_input(input);
     let Ok(mut cfg) = Config::from_toml(&toml) else {
         return;
     };
@@ -24,7 +23,7 @@ fuzz_target!(|input: &[u8]| {
     let Ok(settings) = cfg.clone().check() else {
         return;
     };
-    invariants::config_show_round_trips(&cfg);
+    abe::config::fuzzing::config_show_round_trips(&cfg);
 
     let (mut router, _) = Router::build(&settings.backends, &cfg.routing, 7)
         .expect("a checked config builds its router");

@@ -24,6 +24,8 @@
 //! `settings`.
 
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod layering;
 mod millis;
 mod secret;

@@ -1,11 +1,11 @@
 //! The properties a fuzz input is checked against, shared by the stable campaigns
 //! (`tests/fuzz_*.rs`) and the coverage-guided targets (`fuzz/fuzz_targets/`), so both judge
 //! an input by the same rule. Each panics on a violation and returns what the campaign needs
-//! to sign the outcome.
+//! to sign the outcome. The config's own properties live beside it, in `config::fuzzing`
+//! (this module sits below the config in the house).
 //!
 //! What must never happen here: a check only one of the two fuzzers applies.
 
-use crate::config::Config;
 use crate::http::parse::{parse_head, Head, HeadError};
 
 /// `parse_head` on `input`, whole and at every prefix a server could see first: a prefix is
@@ -38,35 +38,4 @@ pub fn http_head(
         }
     }
     whole
-}
-
-/// A config input's TOML text and its `ABE_*` overrides: the lines after a `---ENV---` line,
-/// one `KEY=value` each (passed as pairs; no process environment is touched).
-pub fn config_input(input: &[u8]) -> (String, Vec<(String, String)>) {
-    let text = String::from_utf8_lossy(input);
-    let (toml, env) = text.split_once("---ENV---").unwrap_or((&text, ""));
-    let pairs = env
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
-        .collect();
-    (toml.to_string(), pairs)
-}
-
-/// What `abe config show` prints of a checked config: TOML that reads back and checks again,
-/// without the admin token.
-pub fn config_show_round_trips(cfg: &Config) {
-    let shown = cfg.to_toml();
-    let token = cfg.server.admin_token.expose();
-    // A token that is also a word of the TOML (a key, "true") cannot be told apart.
-    if token.len() >= 8 {
-        assert!(
-            !shown.contains(token),
-            "config show printed the admin token"
-        );
-    }
-    let back = Config::from_toml(&shown)
-        .unwrap_or_else(|e| panic!("config show is not TOML that reads back: {e}\n{shown}"));
-    back.validate()
-        .unwrap_or_else(|e| panic!("config show does not check again: {e}\n{shown}"));
 }
