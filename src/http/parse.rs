@@ -27,7 +27,7 @@ pub enum Method {
 }
 
 /// The paths abe serves, kept without allocating when a request names one of them.
-const KNOWN_PATHS: [&str; 12] = [
+const KNOWN_PATHS: [&str; 19] = [
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/embeddings",
@@ -40,6 +40,13 @@ const KNOWN_PATHS: [&str; 12] = [
     "/metrics/history",
     "/events",
     "/admin/faults",
+    "/tokenize",
+    "/detokenize",
+    "/",
+    "/dashboard",
+    "/dashboard/",
+    "/dashboard/dashboard.js",
+    "/dashboard/dashboard.css",
 ];
 
 /// A request path without its query string: one of [`KNOWN_PATHS`] (no allocation, the
@@ -318,6 +325,43 @@ fn obs_fold(buf: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_fixed_path_abe_serves_is_kept_without_a_copy() {
+        // The paths `api::route` and `dashboard::asset` answer; a new endpoint belongs here
+        // and in KNOWN_PATHS, or each of its requests allocates a copy of its path.
+        for path in [
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/embeddings",
+            "/v1/models",
+            "/health",
+            "/ready",
+            "/metrics",
+            "/metrics/json",
+            "/metrics/history",
+            "/tokenize",
+            "/detokenize",
+            "/events",
+            "/admin/strategy",
+            "/admin/faults",
+            "/",
+            "/dashboard",
+            "/dashboard/",
+            "/dashboard/dashboard.js",
+            "/dashboard/dashboard.css",
+        ] {
+            let p = RequestPath::new(path);
+            assert!(
+                matches!(p.0, std::borrow::Cow::Borrowed(_)),
+                "{path} is copied per request"
+            );
+            assert_eq!(p, path);
+        }
+        let other = RequestPath::new("/v1/unknown");
+        assert!(matches!(other.0, std::borrow::Cow::Owned(_)));
+        assert_eq!(other, "/v1/unknown");
+    }
+
     use super::*;
 
     fn parse(s: &str) -> Result<Option<Head>, HeadError> {
