@@ -7,7 +7,11 @@
 //! clock or blocks.
 
 use super::request::{Priority, RequestMeta, Ticket};
-use super::table::{Fifo, RequestTable};
+use super::table::{Fifo, RequestTable, NIL};
+
+/// Table tag of a request that was preempted: it has started, so the waiting timeout no
+/// longer applies to it (tags start at 0 on admission).
+const TAG_PREEMPTED: u32 = 1;
 
 /// Settings of the continuous scheduler.
 #[derive(Clone, Debug, PartialEq)]
@@ -523,7 +527,10 @@ impl Continuous {
     }
 
     /// Drops every waiting request that arrived more than `timeout_ns` before `now` (no slot
-    /// freed up in time), handing each to `out`. Oldest first; O(expired) per call.
+    /// freed up in time), handing each to `out`. Oldest first; O(expired + preempted) per
+    /// call. A preempted request is never dropped: it has started (its client may hold
+    /// streamed tokens), and the timeout is for waiting to start, as in vLLM, which has
+    /// none. Preempted requests sit at the front of their queue, the rest in arrival order.
     pub fn expire_waiting(
         &mut self,
         now: super::request::Nanos,
@@ -532,7 +539,13 @@ impl Continuous {
     ) {
         for g in 0..self.groups() {
             for p in 0..Priority::COUNT {
-                while let Some(index) = self.waiting[g][p].front() {
+                let mut at = self.waiting[g][p].front().unwrap_or(NIL);
+                while at != NIL {
+                    let index = at;
+                    at = self.table.next_in_fifo(index);
+                    if self.table.tag(index) == TAG_PREEMPTED {
+                        continue;
+                    }
                     if now.saturating_sub(self.table.meta(index).arrival_ns) < timeout_ns {
                         break;
                     }
@@ -691,6 +704,7 @@ impl Continuous {
             let ticket = self.replicas[r].free(victim);
             let p = self.table.meta(ticket.index).priority.index();
             let g = self.replica_group[r];
+            self.table.set_tag(ticket.index, TAG_PREEMPTED);
             self.waiting[g][p].push_front(&mut self.table, ticket.index);
             self.waiting_len += 1;
             self.group_waiting[g] += 1;

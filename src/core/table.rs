@@ -173,6 +173,13 @@ impl RequestTable {
     pub fn set_tag(&mut self, index: u32, tag: u32) {
         self.slots[index as usize].tag = tag;
     }
+
+    /// The slot after `index` in its FIFO (`NIL` at the tail). `index` must be queued.
+    pub fn next_in_fifo(&self, index: u32) -> u32 {
+        let s = &self.slots[index as usize];
+        debug_assert_eq!(s.state, SlotState::Queued);
+        s.next
+    }
 }
 
 /// A FIFO of table slots linked through the slots themselves. Copy-free, allocation-free.

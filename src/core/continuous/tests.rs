@@ -272,6 +272,60 @@ fn waiting_requests_past_their_deadline_are_dropped_oldest_first() {
 }
 
 #[test]
+fn a_preempted_request_has_started_so_the_waiting_timeout_never_drops_it() {
+    // As in the KV test above: the young request is preempted and re-queued at the front,
+    // with an arrival as old as a plain waiter's. Past the timeout, the plain waiter behind
+    // it is dropped; the preempted one (its client may hold streamed tokens) stays.
+    let mut c = Continuous::new(ContinuousConfig {
+        kv_capacity_tokens: 30,
+        max_slots: 2,
+        ..cfg()
+    });
+    let old = c.admit(meta(4, 16, Priority::Normal)).unwrap();
+    let (e, _) = tick(&mut c);
+    finish_all(&mut c, &e);
+    let young = c.admit(meta(4, 16, Priority::Normal)).unwrap();
+    let mut preempted = vec![];
+    for _ in 0..200 {
+        let (e, p) = tick(&mut c);
+        preempted.extend(p);
+        if !e.is_empty() {
+            finish_all(&mut c, &e);
+        }
+        if !preempted.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        preempted,
+        vec![young],
+        "the cache ran out and young gave way"
+    );
+    let waiter = c.admit(meta(4, 16, Priority::Normal)).unwrap();
+    assert_eq!(c.waiting(), 2, "young at the front, the waiter behind");
+    let mut expired = vec![];
+    c.expire_waiting(1_000_000, 1, &mut |t| expired.push(t));
+    assert_eq!(
+        expired,
+        vec![waiter],
+        "only the request that never started expires"
+    );
+    assert_eq!(c.waiting(), 1);
+    let mut done = vec![];
+    for _ in 0..400 {
+        if c.is_idle() {
+            break;
+        }
+        let (e, _) = tick(&mut c);
+        if !e.is_empty() {
+            done.extend(finish_all(&mut c, &e));
+        }
+    }
+    assert!(c.is_idle());
+    assert!(done.contains(&old) && done.contains(&young), "both finish");
+}
+
+#[test]
 fn a_failed_replica_frees_its_requests_and_ignores_the_late_step() {
     let mut c = Continuous::new(ContinuousConfig {
         replicas: 2,
