@@ -1,5 +1,5 @@
 //! The request fields a client built for vLLM sends, over real TCP on 127.0.0.1: `n`,
-//! `best_of`, `logprobs` / `top_logprobs` (whole and streamed), `echo`, `ignore_eos`,
+//! `best_of`, `logprobs` / `top_logprobs` (whole and streamed), `echo` (whole and streamed), `ignore_eos`,
 //! `min_tokens`, `max_model_len`'s 400, `/tokenize` and `/detokenize`.
 
 mod common;
@@ -78,10 +78,6 @@ fn n_choices_are_distinct_deterministic_and_counted_once_per_prompt() {
             r#"{"prompt":"x","logprobs":6}"#,
             "'logprobs' must be between 0 and 5",
         ),
-        (
-            r#"{"prompt":"x","echo":true,"stream":true}"#,
-            "'echo' cannot be combined",
-        ),
     ] {
         let (status, _, text) = post(&mut c, "/v1/completions", body);
         assert_eq!(status, 400, "{body}: {text}");
@@ -145,6 +141,53 @@ fn logprobs_are_well_formed_in_both_endpoints_and_in_streams() {
         assert_eq!(with_logprobs, 3, "one per token: {text}");
     }
     abe.shutdown();
+}
+
+#[test]
+fn a_streamed_echo_begins_each_choice_with_its_prompt() {
+    for mode in [BatchingMode::Request, BatchingMode::Continuous] {
+        let mut cfg = test_config();
+        cfg.batching.mode = mode;
+        let abe = start(cfg);
+        let mut c = Client::connect(abe.local_addr());
+        let (status, _, text) = post(
+            &mut c,
+            "/v1/completions",
+            r#"{"prompt":["ab","cde"],"n":2,"max_tokens":3,"logprobs":1,"echo":true,"stream":true}"#,
+        );
+        assert_eq!(status, 200, "{mode:?}: {text}");
+        let chunks: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        for index in 0..4u64 {
+            let mine: Vec<&serde_json::Value> = chunks
+                .iter()
+                .map(|v| &v["choices"][0])
+                .filter(|ch| ch["index"] == index)
+                .collect();
+            let prompt = if index < 2 { "ab" } else { "cde" };
+            assert_eq!(mine[0]["text"], prompt, "{mode:?} choice {index}: {text}");
+            assert!(mine[0]["logprobs"].is_null(), "the prompt has no logprobs");
+            let tokens: Vec<&&serde_json::Value> = mine
+                .iter()
+                .skip(1)
+                .filter(|ch| ch["logprobs"].is_object())
+                .collect();
+            assert_eq!(tokens.len(), 3, "{mode:?} choice {index}: {text}");
+            assert_eq!(
+                tokens[0]["logprobs"]["text_offset"][0],
+                prompt.len(),
+                "offsets count the echoed prompt, as in a whole answer"
+            );
+            let whole: String = mine.iter().filter_map(|ch| ch["text"].as_str()).collect();
+            assert!(whole.starts_with(prompt) && whole.len() > prompt.len());
+            assert_eq!(mine.last().unwrap()["finish_reason"], "length");
+        }
+        abe.shutdown();
+    }
 }
 
 #[test]

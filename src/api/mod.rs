@@ -454,12 +454,6 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         }
     };
     let echo = b.echo == Some(true);
-    if echo && text.stream.is_some() {
-        return Err(bad(wire::body_error(
-            "unsupported_value",
-            "'echo' cannot be combined with 'stream' here: ask for the whole answer",
-        )));
-    }
     let prompts =
         wire::inputs("prompt", b.prompt, ctx.config.server.max_batch_inputs).map_err(bad)?;
     let max_inputs = ctx.config.server.max_batch_inputs;

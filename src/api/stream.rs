@@ -87,6 +87,11 @@ struct PartState {
     sent_bytes: usize,
     /// Chat: the role delta went out.
     role_sent: bool,
+    /// Completions with `echo`: the prompt's chunk went out.
+    echo_sent: bool,
+    /// Bytes of the echoed prompt before this choice's text (log-probability offsets count
+    /// them, as in a whole answer).
+    echo_len: usize,
 }
 
 /// Writes one stream's events, token by token or all at the end, as HTTP/1.1 chunks.
@@ -100,6 +105,9 @@ pub struct StreamWriter {
     parts: Vec<PartState>,
     prompt_tokens: u64,
     completion_tokens: u64,
+    /// Completions with `echo`: the prompts, one per `n` choices; each choice's stream
+    /// begins with its prompt's chunk.
+    echo: Option<Vec<std::sync::Arc<str>>>,
     /// Anything (a token or a finish) was written.
     started: bool,
 }
@@ -136,8 +144,41 @@ impl StreamWriter {
             parts: vec![PartState::default(); parts],
             prompt_tokens: 0,
             completion_tokens: 0,
+            echo: None,
             started: false,
         }
+    }
+
+    /// Completions with `echo`: each choice's stream begins with its prompt (vLLM's
+    /// streamed echo), written just before the choice's first token or its finish.
+    pub fn with_echo(mut self, prompts: Option<Vec<std::sync::Arc<str>>>) -> StreamWriter {
+        if self.kind == StreamKind::Completion {
+            self.echo = prompts;
+        }
+        self
+    }
+
+    /// Writes choice `part`'s echoed prompt chunk, once, if there is one.
+    fn echo_part(&mut self, part: usize, out: &mut Vec<u8>) {
+        let Some(prompts) = self.echo.as_ref() else {
+            return;
+        };
+        if self.parts[part].echo_sent {
+            return;
+        }
+        self.parts[part].echo_sent = true;
+        let Some(prompt) = prompts.get(part / self.opts.choices.per_prompt()).cloned() else {
+            return;
+        };
+        self.parts[part].echo_len = prompt.len();
+        self.started = true;
+        self.chunk_event(out, |o| {
+            o.extend_from_slice(b"{\"finish_reason\":null,\"index\":");
+            json_out::uint(o, part as u64);
+            o.extend_from_slice(b",\"logprobs\":null,\"text\":");
+            json_out::string(o, &prompt);
+            o.push(b'}');
+        });
     }
 
     /// True once any event was written (after that, errors go in the stream).
@@ -156,8 +197,10 @@ impl StreamWriter {
     }
 
     fn piece(&mut self, part: usize, piece: &str, out: &mut Vec<u8>) {
+        self.echo_part(part, out);
         self.started = true;
         let offset = self.parts[part].sent_bytes;
+        let echo_len = self.parts[part].echo_len;
         let logprobs = self.opts.choices.logprobs.filter(|_| !piece.is_empty());
         match self.kind {
             StreamKind::Completion => self.chunk_event(out, |o| {
@@ -170,7 +213,7 @@ impl StreamWriter {
                         super::logprobs::write_completion(
                             o,
                             std::iter::once((piece, offset)),
-                            0,
+                            echo_len,
                             top,
                         );
                         o.extend_from_slice(b",\"text\":");
@@ -241,6 +284,7 @@ impl StreamWriter {
             self.prompt_tokens += u64::from(*prompt_tokens);
         }
         self.completion_tokens += u64::from(*completion_tokens);
+        self.echo_part(part, out);
         let sent = self.parts[part].sent_bytes.min(text.len());
         let rest = text.get(sent..).unwrap_or("");
         for piece in token_pieces(rest) {

@@ -532,6 +532,8 @@ impl IoThread {
     ) {
         let requests = std::mem::take(&mut job.requests);
         let parts = requests.len();
+        // A stream writes its echo itself; a whole answer renders it from the job.
+        let echo = job.stream.and_then(|_| job.echo.take());
         let stream = job.stream.map(|opts| {
             self.next_response_id += 1;
             let kind = match job.kind {
@@ -546,7 +548,8 @@ impl IoThread {
                     job.created_unix,
                     self.next_response_id,
                     parts,
-                ),
+                )
+                .with_echo(echo),
                 pending: Vec::new(),
                 head_written: false,
                 done: false,
