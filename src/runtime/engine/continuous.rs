@@ -502,6 +502,15 @@ impl Mode for IterationLevel {
                 (a, b) => a.or(b),
             };
         }
+        if self.sched.waiting() > 0 {
+            // A request waiting for a slot fails at its deadline (`expire`), not at the next
+            // wake-up.
+            let due = self.sched.next_expiry(self.request_timeout_ns);
+            next = match (next, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
         (worked, next)
     }
 

@@ -231,10 +231,21 @@ impl<M: Mode> Engine<M> {
         // Drained and finished, the engine waits only for the gate to empty: a submitter
         // leaving it rings, and the re-check before sleeping looks at the gate.
         let watch_gate = self.drain_deadline_ns.is_some() && finished;
+        if watch_gate && self.io.shared.gate.is_closed_and_empty() {
+            // A submitter registered while every place was held may have pushed before the
+            // gate closed; no place will free up for it now.
+            worked |= self.io.refuse_waiting_registrations();
+        }
         let exit = watch_gate && self.io.intake_drained();
         if exit {
             self.publish(now);
         }
+        // Not finished, the drain deadline is a deadline too: the abort happens at it, not
+        // at the next wake-up (up to `MAX_PARK` late).
+        let next = match self.drain_deadline_ns {
+            Some(d) if !self.aborted && !finished => Some(next.map_or(d, |n| n.min(d))),
+            _ => next,
+        };
         TurnResult {
             worked,
             next_deadline_ns: next,
