@@ -2,7 +2,7 @@
 //! ([`Engine::turn`](abe::runtime::engine::Engine::turn)) over its real rings, submitters,
 //! control queue, intake gate and pending table, built without threads by
 //! `abe::runtime::dst`, in both batching modes (request-level over 2-3 routed backends with
-//! retries and circuit breakers; continuous over 1-2 sim backends). One seeded scheduler
+//! retries and circuit breakers; continuous over 2-3 sim backends). One seeded scheduler
 //! plays everything around it, one step at a time:
 //!
 //! - clients submit (tagged, or a blocking caller's waiter; random priority, kind, length,
@@ -1165,7 +1165,11 @@ fn run_seeds<M: Play>(default_seeds: u64, steps: u64) -> (u64, Tally) {
         .unwrap_or(default_seeds);
     let started = std::time::Instant::now();
     let mut tally = Tally::default();
-    for seed in 0..seeds {
+    let regressions = REGRESSION_SEEDS
+        .iter()
+        .filter(|(mode, _)| *mode == M::NAME)
+        .map(|&(_, seed)| seed);
+    for seed in regressions.chain(0..seeds) {
         match std::panic::catch_unwind(|| run_seed::<M>(seed, steps)) {
             Ok(t) => tally.add(&t),
             Err(e) => {
@@ -1234,6 +1238,21 @@ fn assert_reached(seeds: u64, t: &Tally, continuous: bool) {
         assert!(n > 0, "no {what} in {seeds} seeds: {t:?}");
     }
 }
+
+/// Seeds that found bugs, run first whatever `DST_SEEDS` says (each also has a directed
+/// test below): a waiting registration's submissions lost at a drain (request 80,
+/// continuous 164); the drain deadline missing from the turn's deadline (0, both modes);
+/// waiting requests' deadlines missing from it (continuous 1); an open circuit's recovery
+/// missing from it while requests held its replica's slots (continuous 24182, the long
+/// run).
+const REGRESSION_SEEDS: &[(&str, u64)] = &[
+    ("request", 80),
+    ("continuous", 164),
+    ("request", 0),
+    ("continuous", 0),
+    ("continuous", 1),
+    ("continuous", 24182),
+];
 
 /// Seeds per batching mode in the test command (`DST_SEEDS` overrides): both modes run in
 /// parallel in well under 20 s in a debug build on the project's 2 vCPU.
@@ -1440,4 +1459,92 @@ fn a_continuous_engine_wakes_when_a_waiting_request_expires() {
         }
     });
     assert!(expired > 0, "waiting requests expired at their deadline");
+}
+
+/// Found by the long run's sleep check (continuous mode, seed 24182, before the fix): a step
+/// failed and opened its replica's circuit while another request held a slot of that
+/// replica outside the step (the step's token budget was spent); nothing was waiting, so
+/// the turn's deadline left out the circuit's recovery and the request stalled until the
+/// engine's next wake-up (up to `MAX_PARK` late).
+#[test]
+fn a_continuous_engine_wakes_when_a_circuit_over_active_slots_recovers() {
+    let backend = BackendConfig::default_sim("m", 100_000);
+    let (router, _) = Router::build(&[backend], &RoutingConfig::default(), 1).unwrap();
+    let name = router.lookup("m").unwrap();
+    let ccfg = ContinuousConfig {
+        replicas: 1,
+        max_slots: 2,
+        prefill_chunk: 8,
+        n_batch: 8,
+        max_queue: 4,
+        ..ContinuousConfig::default()
+    };
+    let circuit = CircuitParams {
+        failure_threshold: 1,
+        recovery_ns: 50 * MS,
+    };
+    let mode = IterationLevel::new(
+        Continuous::with_groups(ccfg, &[1]),
+        Routing::new(router, name, None),
+        10_000 * MS,
+        10_000 * MS,
+        circuit,
+    );
+    let mut sim = Sim::new(
+        mode,
+        DstConfig {
+            ring_capacity: 4,
+            max_submitters: 1,
+            jobs_per_worker: 1,
+            backends: 1,
+            strategy: StrategyKind::Fixed,
+            request_level: false,
+        },
+    );
+    let mut a = sim.submitter().unwrap();
+    let long = |id: u64| Request {
+        work: Work {
+            prompt: format!("{id}{}", " word".repeat(100)).into(),
+            max_tokens: 2,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    a.submit_at_ns(long(0), Reply::Tag(0), 0).unwrap();
+    a.submit_at_ns(long(1), Reply::Tag(1), 0).unwrap();
+    sim.turn(0);
+    // The step (one slot's prefill chunk: the budget) fails; the circuit opens.
+    let step = sim.workers[0].jobs.pop().expect("a step out");
+    assert_eq!(step.items.len(), 1, "the other slot is outside the step");
+    let mut exec = SimExecutor::new(
+        SimConfig {
+            latency: LatencyModel::None,
+            ..SimConfig::default()
+        },
+        Faults::new(FaultSettings::default()),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let mut rng = SmallRng::seed_from_u64(1);
+    IterationLevel::answer(
+        step,
+        &mut exec,
+        Answer::BatchError,
+        &mut sim.workers[0],
+        &mut rng,
+    );
+    let t = sim.turn(MS);
+    assert_eq!(
+        sim.state().pending_live,
+        1,
+        "one request still holds its slot"
+    );
+    assert!(
+        t.next_deadline_ns.is_some_and(|d| d <= 51 * MS),
+        "the engine must wake when the circuit lets a probe step run: {t:?}"
+    );
+    sim.turn(51 * MS);
+    assert!(
+        sim.workers[0].jobs.pop().is_some(),
+        "a probe step at the recovery"
+    );
 }
