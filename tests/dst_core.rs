@@ -14,8 +14,8 @@
 //!   worker has returned, nothing is left and admission is refused.
 //!
 //! A failure prints its seed; `DST_SEED=N` replays that seed alone, and `DST_SEEDS`
-//! runs more (RELIABILITY.md). What this does not cover yet: the engine thread's own loop,
-//! its rings and the io threads (their cross-thread protocols are the loom models').
+//! runs more (RELIABILITY.md). The engine thread's own loop, its rings and hand-offs are
+//! `tests/dst_engine.rs`'s; the io threads' cross-thread protocols are the loom models'.
 
 use abe::core::strategy::StrategyKind;
 use abe::core::{

@@ -560,6 +560,22 @@ impl Continuous {
         }
     }
 
+    /// When [`Continuous::expire_waiting`] with `timeout_ns` next fails a request: the
+    /// earliest deadline among the oldest waiting request of each queue (the ones it looks
+    /// at); `None` when nothing waits. O(groups x priorities).
+    pub fn next_expiry(&self, timeout_ns: super::request::Nanos) -> Option<super::request::Nanos> {
+        let mut next: Option<super::request::Nanos> = None;
+        for g in 0..self.groups() {
+            for p in 0..Priority::COUNT {
+                if let Some(index) = self.waiting[g][p].front() {
+                    let at = self.table.meta(index).arrival_ns.saturating_add(timeout_ns);
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+            }
+        }
+        next
+    }
+
     /// Fails everything: every waiting request and every active slot is freed and handed to
     /// `out` (shutdown deadline passed). Steps still out come back through
     /// `complete_step`, which then finds their slots idle and ignores them.

@@ -119,9 +119,42 @@ impl Submitter {
     ) -> Result<(), RequestError> {
         let clock = self.shared.clock;
         let now = clock.now();
-        let arrival_ns = received
-            .map_or(now, |at| clock.reading(at).min(now))
-            .max(self.last_arrival_ns);
+        let arrival_ns = received.map_or(now, |at| clock.reading(at).min(now));
+        self.submit_stamped(request, reply, arrival_ns)
+    }
+
+    /// Simulation (`runtime::dst`): submits `request` with reply target `reply`, arriving
+    /// at `arrival_ns` of the simulation's virtual clock instead of the runtime's. A tagged
+    /// submission counts against the in-flight limit as [`Submitter::submit`]'s does; a
+    /// waiter's does not, as `Handle::submit`'s does not.
+    #[doc(hidden)]
+    pub fn submit_at_ns(
+        &mut self,
+        request: Request,
+        reply: Reply,
+        arrival_ns: Nanos,
+    ) -> Result<(), RequestError> {
+        let tagged = reply.tag().is_some();
+        if tagged && self.in_flight >= self.max_in_flight {
+            self.shared.rejected_busy.fetch_add(1, Ordering::Relaxed);
+            return Err(RequestError::Busy);
+        }
+        self.submit_stamped(request, reply, arrival_ns)?;
+        if tagged {
+            self.in_flight += 1;
+        }
+        Ok(())
+    }
+
+    /// Submits through the gate, stamped arriving at `arrival_ns` (clamped to this
+    /// submitter's last arrival).
+    fn submit_stamped(
+        &mut self,
+        request: Request,
+        reply: Reply,
+        arrival_ns: Nanos,
+    ) -> Result<(), RequestError> {
+        let arrival_ns = arrival_ns.max(self.last_arrival_ns);
         self.last_arrival_ns = arrival_ns;
         // The submit half of the submit/drain handshake (`gate`, `intake::submit`): either
         // this submission sees the drain and refuses, or the engine waits for its push.

@@ -417,8 +417,8 @@ impl Mode for IterationLevel {
     }
 
     /// One tick: every replica without a step out whose circuit allows it gets its next
-    /// step. The next deadline is the earliest step timeout, or an open circuit's recovery
-    /// while requests wait.
+    /// step. The next deadline is the earliest step timeout, an open circuit's recovery
+    /// while requests wait or hold its replica's slots, or a waiting request's deadline.
     #[inline]
     fn poll(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) -> (bool, Option<Nanos>) {
         let bufs = &mut self.step_bufs;
@@ -492,11 +492,22 @@ impl Mode for IterationLevel {
         for r in 0..self.replicas() {
             let due = if self.sched.is_busy(r) && !self.timed_out[r] {
                 Some(self.busy_since[r].saturating_add(self.step_timeout_ns))
-            } else if self.sched.waiting() > 0 {
+            } else if self.sched.waiting() > 0 || self.sched.active_slots(r) > 0 {
+                // Its circuit's recovery lets a probe step run requests waiting for a slot,
+                // or those holding this replica's slots.
                 self.circuits[r].reopens_at(&self.circuit)
             } else {
                 None
             };
+            next = match (next, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        if self.sched.waiting() > 0 {
+            // A request waiting for a slot fails at its deadline (`expire`), not at the next
+            // wake-up.
+            let due = self.sched.next_expiry(self.request_timeout_ns);
             next = match (next, due) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

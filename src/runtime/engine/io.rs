@@ -8,13 +8,13 @@
 //! messages excepted), no lock (other than `try_lock` on the snapshot), no blocking.
 
 use super::routing::RouteState;
-use crate::core::{Nanos, Priority, RequestMeta, BUCKET_COUNT};
+use crate::core::{Nanos, Priority, Reject, RequestMeta, BUCKET_COUNT};
 use crate::exec::Work;
 use crate::router::Decision;
 use crate::runtime::clock::Clock;
 use crate::runtime::doorbell::Doorbell;
 use crate::runtime::intake::{self, IntakeRx};
-use crate::runtime::messages::{Event, Outcome, Reply, Submission, TaggedEvent};
+use crate::runtime::messages::{Event, Outcome, Reply, RequestError, Submission, TaggedEvent};
 use crate::runtime::ring::{Consumer, Producer};
 use crate::runtime::snapshot::{FinishedStats, Snapshot};
 use crate::runtime::telemetry::{TelemetryEvent, TelemetryTx};
@@ -329,6 +329,41 @@ impl<J: Job> EngineIo<J> {
             worked = true;
         }
         worked
+    }
+
+    /// Drained and done: refuses the registrations still waiting for a place (every place
+    /// was held, by submitters gone or not, with answers outstanding when they came).
+    /// Whatever they pushed before the gate closed is answered as a draining core answers
+    /// it, refused `ShuttingDown`, so the engine does not exit with it unanswered. Call only
+    /// once the gate is closed and empty (no push can follow). True if there were any.
+    pub(super) fn refuse_waiting_registrations(&mut self) -> bool {
+        let mut any = false;
+        while let Some(mut link) = self.shared.registrations.pop() {
+            any = true;
+            link.intake.take_ready();
+            while let Some(sub) = link.intake.pop(!0) {
+                let outcome = Err(RequestError::Rejected(Reject::ShuttingDown));
+                match sub.reply {
+                    Reply::Waiter(w) => w.complete(outcome),
+                    Reply::Tag(tag) => {
+                        let done = TaggedEvent {
+                            tag,
+                            event: Event::Done(outcome),
+                            route: None,
+                        };
+                        if link.completions.push(done).is_err() {
+                            unreachable!(
+                                "submitter in-flight limit equals its completion ring size"
+                            );
+                        }
+                    }
+                }
+            }
+            if let Some(wake) = &link.wake {
+                wake();
+            }
+        }
+        any
     }
 
     /// A registration is waiting and has a place to go.

@@ -1,14 +1,16 @@
 //! The engine thread: the only owner of the scheduler (and, request-level, the router) in
 //! the live runtime.
 //!
-//! Each turn ([`Engine::run`], written once for both batching modes) it reads the clock
-//! once, takes new submitters and control messages, drains the submitter rings (highest
-//! priority first, up to a budget), takes cancellations, drains worker replies, aborts what
-//! is left once a drain's deadline passed, lets the scheduler act (dispatch batches, or run
-//! a tick), wakes the submitters that got answers, publishes a snapshot every 50 ms, exits
-//! when a drain is done, and otherwise idles per policy until the earliest deadline or a
-//! doorbell. What differs between the modes is a [`Mode`], chosen at start and statically
-//! dispatched (the turn is generic over it, so the hot path has no virtual calls):
+//! Each turn ([`Engine::turn`], written once for both batching modes; [`Engine::run`]
+//! calls it with the clock's time, `runtime::dst` with a virtual one) takes new submitters
+//! and control messages, drains the submitter rings (highest priority first, up to a
+//! budget), takes cancellations, drains worker replies, aborts what is left once a drain's
+//! deadline passed, lets the scheduler act (dispatch batches, or run a tick), wakes the
+//! submitters that got answers, publishes a snapshot every 50 ms, and says whether the
+//! drain is done; `run` then exits, or idles per policy until the earliest deadline or a
+//! doorbell. The turn reads no clock: its `now` is the only time it sees. What differs
+//! between the modes is a [`Mode`], chosen at start and statically dispatched (the turn is
+//! generic over it, so the hot path has no virtual calls):
 //!
 //! - `request`: request-level batching: a core per backend and the router;
 //! - `continuous`: iteration-level batching: the slot scheduler, one replica group per
@@ -110,6 +112,21 @@ pub trait Mode {
     );
 }
 
+/// What one [`Engine::turn`] did, and what the engine waits for until the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TurnResult {
+    /// Something was taken or sent (the live loop stays busy).
+    pub worked: bool,
+    /// When the scheduler next needs a turn without being woken (a flush, a timeout).
+    pub next_deadline_ns: Option<Nanos>,
+    /// Drained and everything answered: the engine waits only for the intake gate to
+    /// empty (a submitter still between its gate check and its push).
+    pub watch_gate: bool,
+    /// Drained, everything answered, the gate empty and every intake ring read: the engine
+    /// is done (its last snapshot published); no further turn may follow.
+    pub exit: bool,
+}
+
 /// The engine: a batching mode and its I/O.
 pub struct Engine<M: Mode> {
     mode: M,
@@ -154,46 +171,23 @@ impl<M: Mode> Engine<M> {
         }
     }
 
-    /// Runs until drained (after a `Drain` control) and every job has come back.
+    /// Runs until drained (after a `Drain` control) and every job has come back: a
+    /// [`Engine::turn`] at the clock's time, then busy or idle per the idle policy until the
+    /// turn's deadline or a doorbell.
     pub fn run(mut self) {
         self.io.shared.engine_bell.bind_current();
         loop {
             let now = self.io.clock.now();
-            self.mode.begin_turn(now);
-            let mut worked = self.io.accept_submitters();
-            worked |= self.read_controls(now);
-            worked |= self.admit_submissions(now);
-            worked |= self.drain_cancels(now);
-            worked |= self.drain_replies(now);
-            self.mode.expire(&mut self.io, now);
-            if let Some(deadline) = self.drain_deadline_ns {
-                if now >= deadline && !self.aborted && !self.mode.is_idle() {
-                    self.mode.abort(&mut self.io, now);
-                    self.aborted = true;
-                    // Executors still running abandoned work may stop early now.
-                    self.stop.store(true, std::sync::atomic::Ordering::Release);
-                }
-            }
-            let (dispatched, next) = self.mode.poll(&mut self.io, now);
-            worked |= dispatched;
-            self.io.flush_wakes();
-            if now.saturating_sub(self.io.published_at_ns) >= SNAPSHOT_INTERVAL_NS {
-                self.publish(now);
-            }
-            // Done when drained; after an abort, do not wait for abandoned work.
-            let finished = self.mode.is_idle() || (self.aborted && self.mode.nothing_out());
-            // Drained and finished, the engine waits only for the gate to empty: a submitter
-            // leaving it rings, and the re-check before sleeping looks at the gate.
-            let watch_gate = self.drain_deadline_ns.is_some() && finished;
-            if watch_gate && self.io.intake_drained() {
-                self.publish(now);
+            let turn = self.turn(now);
+            if turn.exit {
                 return;
             }
-            if worked {
+            if turn.worked {
                 self.idler.busy();
             } else {
                 let io = &self.io;
-                let deadline = next.map(|n| io.clock.instant(n));
+                let deadline = turn.next_deadline_ns.map(|n| io.clock.instant(n));
+                let watch_gate = turn.watch_gate;
                 self.idler.idle(
                     io.clock.instant(now),
                     deadline,
@@ -202,6 +196,85 @@ impl<M: Mode> Engine<M> {
                 );
             }
         }
+    }
+
+    /// One turn at time `now` (the only time it reads): takes new submitters and control
+    /// messages, admits, takes cancellations and worker replies, aborts past a drain's
+    /// deadline, lets the scheduler act, wakes submitters, publishes when due. Never waits;
+    /// what to do until the next turn is the caller's (the live loop idles, a simulation
+    /// advances its virtual clock).
+    #[inline]
+    pub fn turn(&mut self, now: Nanos) -> TurnResult {
+        self.mode.begin_turn(now);
+        let mut worked = self.io.accept_submitters();
+        worked |= self.read_controls(now);
+        worked |= self.admit_submissions(now);
+        worked |= self.drain_cancels(now);
+        worked |= self.drain_replies(now);
+        self.mode.expire(&mut self.io, now);
+        if let Some(deadline) = self.drain_deadline_ns {
+            if now >= deadline && !self.aborted && !self.mode.is_idle() {
+                self.mode.abort(&mut self.io, now);
+                self.aborted = true;
+                // Executors still running abandoned work may stop early now.
+                self.stop.store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let (dispatched, next) = self.mode.poll(&mut self.io, now);
+        worked |= dispatched;
+        self.io.flush_wakes();
+        if now.saturating_sub(self.io.published_at_ns) >= SNAPSHOT_INTERVAL_NS {
+            self.publish(now);
+        }
+        // Done when drained; after an abort, do not wait for abandoned work.
+        let finished = self.mode.is_idle() || (self.aborted && self.mode.nothing_out());
+        // Drained and finished, the engine waits only for the gate to empty: a submitter
+        // leaving it rings, and the re-check before sleeping looks at the gate.
+        let watch_gate = self.drain_deadline_ns.is_some() && finished;
+        if watch_gate && self.io.shared.gate.is_closed_and_empty() {
+            // A submitter registered while every place was held may have pushed before the
+            // gate closed; no place will free up for it now.
+            worked |= self.io.refuse_waiting_registrations();
+        }
+        let exit = watch_gate && self.io.intake_drained();
+        if exit {
+            self.publish(now);
+        }
+        // Not finished, the drain deadline is a deadline too: the abort happens at it, not
+        // at the next wake-up (up to `MAX_PARK` late).
+        let next = match self.drain_deadline_ns {
+            Some(d) if !self.aborted && !finished => Some(next.map_or(d, |n| n.min(d))),
+            _ => next,
+        };
+        TurnResult {
+            worked,
+            next_deadline_ns: next,
+            watch_gate,
+            exit,
+        }
+    }
+
+    /// Pending-table slots holding a request not yet answered (simulation checks).
+    pub(crate) fn pending_live(&self) -> usize {
+        self.io.pending.iter().filter(|p| p.reply.is_some()).count()
+    }
+
+    /// Submissions taken from the intake rings and not yet answered, over every submitter
+    /// (simulation checks: equals [`Engine::pending_live`] between turns).
+    pub(crate) fn taken_unanswered(&self) -> usize {
+        self.io.submitters.iter().map(|s| s.live as usize).sum()
+    }
+
+    /// What the live loop's re-check before it sleeps sees after a turn that reported
+    /// `watch_gate` (simulation checks): anything for the engine to do now.
+    pub(crate) fn has_work(&self, watch_gate: bool) -> bool {
+        self.io.has_work() || (watch_gate && self.io.shared.gate.is_closed_and_empty())
+    }
+
+    /// Nothing admitted is left; nothing is out at a worker; the drain deadline passed and
+    /// what was left was aborted (simulation checks).
+    pub(crate) fn state(&self) -> (bool, bool, bool) {
+        (self.mode.is_idle(), self.mode.nothing_out(), self.aborted)
     }
 
     fn read_controls(&mut self, now: Nanos) -> bool {
@@ -249,7 +322,8 @@ impl<M: Mode> Engine<M> {
         worked
     }
 
-    fn publish(&mut self, now: Nanos) {
+    /// Publishes a snapshot now (the turn does it every [`SNAPSHOT_INTERVAL_NS`]).
+    pub(crate) fn publish(&mut self, now: Nanos) {
         self.io.published_at_ns = now;
         // A clone of the handle (no allocation), so the mode can take `io` mutably while
         // the snapshot is locked.
