@@ -561,13 +561,19 @@ impl Continuous {
     }
 
     /// When [`Continuous::expire_waiting`] with `timeout_ns` next fails a request: the
-    /// earliest deadline among the oldest waiting request of each queue (the ones it looks
-    /// at); `None` when nothing waits. O(groups x priorities).
+    /// earliest deadline among the oldest waiting request of each queue that was never
+    /// preempted (the ones it looks at); `None` when none waits. O(groups x priorities +
+    /// preempted).
     pub fn next_expiry(&self, timeout_ns: super::request::Nanos) -> Option<super::request::Nanos> {
         let mut next: Option<super::request::Nanos> = None;
         for g in 0..self.groups() {
             for p in 0..Priority::COUNT {
-                if let Some(index) = self.waiting[g][p].front() {
+                // Preempted requests (at the front) never expire: the first other one.
+                let mut index = self.waiting[g][p].front().unwrap_or(NIL);
+                while index != NIL && self.table.tag(index) == TAG_PREEMPTED {
+                    index = self.table.next_in_fifo(index);
+                }
+                if index != NIL {
                     let at = self.table.meta(index).arrival_ns.saturating_add(timeout_ns);
                     next = Some(next.map_or(at, |n| n.min(at)));
                 }

@@ -301,8 +301,20 @@ fn a_preempted_request_has_started_so_the_waiting_timeout_never_drops_it() {
         vec![young],
         "the cache ran out and young gave way"
     );
-    let waiter = c.admit(meta(4, 16, Priority::Normal)).unwrap();
+    assert_eq!(
+        c.next_expiry(1),
+        None,
+        "a preempted request alone sets no deadline (the engine would wake for nothing)"
+    );
+    let mut waiter_meta = meta(4, 16, Priority::Normal);
+    waiter_meta.arrival_ns = 7;
+    let waiter = c.admit(waiter_meta).unwrap();
     assert_eq!(c.waiting(), 2, "young at the front, the waiter behind");
+    assert_eq!(
+        c.next_expiry(1),
+        Some(8),
+        "the waiter's deadline, not young's"
+    );
     let mut expired = vec![];
     c.expire_waiting(1_000_000, 1, &mut |t| expired.push(t));
     assert_eq!(
