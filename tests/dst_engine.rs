@@ -93,6 +93,8 @@ struct Tally {
     clients_left: u64,
     clients_joined: u64,
     batch_timeouts: u64,
+    /// Continuous: KV-exhaustion preemptions (requests re-queued after they started).
+    preemptions: u64,
     quiet_turns: u64,
     turns: u64,
     steps: u64,
@@ -123,6 +125,7 @@ impl Tally {
             jobs_taken,
             answers_ok,
             batch_errors,
+            preemptions,
             item_errors,
             client_errors,
             late_answers,
@@ -1116,11 +1119,13 @@ impl<M: Play> World<M> {
             self.ids = ids;
         }
         // The counters match what the clients read.
-        let (st, live) = self
-            .sim
-            .with_snapshot(|snap| (snap.stats, snap.live_requests));
+        let (st, live, preemptions) = self.sim.with_snapshot(|snap| {
+            let preemptions = snap.continuous.as_ref().map_or(0, |c| c.stats.preemptions);
+            (snap.stats, snap.live_requests, preemptions)
+        });
         assert_eq!(live, 0);
         self.tally.batch_timeouts += st.batch_timeouts;
+        self.tally.preemptions += preemptions;
         if !self.orphaned {
             assert_eq!(
                 (st.admitted, st.completed, st.failed),
@@ -1229,6 +1234,9 @@ fn assert_reached(seeds: u64, t: &Tally, continuous: bool) {
         ("clients leaving", t.clients_left),
         ("stream tokens", t.tokens),
     ];
+    if continuous {
+        kinds.push(("preemptions", t.preemptions));
+    }
     if !continuous {
         kinds.push(("strategy switches", t.switches));
         kinds.push(("per-request errors", t.item_errors));
