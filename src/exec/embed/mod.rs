@@ -11,6 +11,8 @@
 //! - [`executor`]: the [`Executor`](super::Executor) workers run: checks each request,
 //!   tokenizes, runs one forward pass over the batch, answers each item with its vector and
 //!   its real token count.
+//! - [`threads`]: how many threads a forward pass runs on (small passes on one, big ones
+//!   on every core).
 //! - [`stats`]: padding waste and forward time, for `/metrics` (always compiled, so the
 //!   metrics code has one shape with or without the feature).
 //!
@@ -27,6 +29,8 @@ pub mod model_dir;
 #[cfg(feature = "embed")]
 pub mod pooling;
 pub mod stats;
+#[cfg(feature = "embed")]
+pub mod threads;
 
 #[cfg(feature = "embed")]
 pub use executor::EmbedExecutor;
@@ -35,3 +39,5 @@ pub use model::EmbedModel;
 #[cfg(feature = "embed")]
 pub use model_dir::LoadError;
 pub use stats::{EmbedStats, EmbedTotals};
+#[cfg(feature = "embed")]
+pub use threads::ComputeThreads;
