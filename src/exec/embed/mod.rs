@@ -6,6 +6,8 @@
 //!   wrong; nothing else touches the file system.
 //! - [`pooling`]: how token vectors become one sentence vector (mean, CLS, max), and
 //!   normalisation, as the directory's pooling config and modules.json say.
+//! - [`bert`]: the BERT encoder (candle-transformers' port, with [`gelu`]'s activation).
+//! - [`gelu`]: GELU-erf on every core (candle's runs on one).
 //! - [`model`]: the loaded encoder and tokenizer: tokenizes one input (truncating or
 //!   refusing past max_seq_length), runs a padded batch through the encoder.
 //! - [`executor`]: the [`Executor`](super::Executor) workers run: checks each request,
@@ -21,7 +23,11 @@
 //! or one bad input failing the batch it rides in.
 
 #[cfg(feature = "embed")]
+pub mod bert;
+#[cfg(feature = "embed")]
 pub mod executor;
+#[cfg(feature = "embed")]
+pub mod gelu;
 #[cfg(feature = "embed")]
 pub mod model;
 #[cfg(feature = "embed")]
