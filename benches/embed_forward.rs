@@ -2,11 +2,23 @@
 //! `embed`): one sentence of 16 tokens, batches of 1, 8 and 64 (the anchors), plus
 //! a batch of 8 where one input is 128 tokens (what padding to the longest costs).
 //!
+//! `16_tokens` runs on rayon's global pool (`RAYON_NUM_THREADS=1` for one thread);
+//! `16_tokens_served` as the executor runs it ([`ComputeThreads`]: passes under
+//! `SINGLE_THREAD_BELOW_TOKENS` on one thread). `two_workers_1_thread`: two passes of the
+//! batch at once, each in a pool of one thread (two single-threaded workers, the layout
+//! measured against one worker on both cores); criterion's time is for both, so per request
+//! is that / (2 x batch size).
+//!
+//! `gemm_1024x384x1536`: one matrix product of that shape (the biggest of a batch of 64),
+//! candle's gemm alone, beside tools/bench/embed_gemm.py (OpenBLAS, torch); its throughput
+//! is in FLOP.
+//!
 //! Criterion reports time per batch; per request is that / batch size. The model comes from
 //! tools/fetch_minilm.sh (or `ABE_EMBED_MODEL_DIR`); without it the bench says so and
 //! measures nothing. Run: `cargo bench --features embed --bench embed_forward`.
 
-use abe::exec::embed::EmbedModel;
+use abe::exec::embed::{ComputeThreads, EmbedModel};
+use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -40,7 +52,8 @@ fn forward(c: &mut Criterion) {
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
-    for batch in [1usize, 8, 64] {
+    let served = ComputeThreads::new("bench-served").expect("pool");
+    for batch in [1usize, 2, 4, 8, 64] {
         let inputs: Vec<&[u32]> = (0..batch).map(|_| ids.as_slice()).collect();
         g.throughput(Throughput::Elements(batch as u64));
         g.bench_with_input(
@@ -48,12 +61,56 @@ fn forward(c: &mut Criterion) {
             &inputs,
             |b, inputs| b.iter(|| black_box(model.embed(inputs).expect("forward"))),
         );
+        g.bench_with_input(
+            BenchmarkId::new("16_tokens_served", batch),
+            &inputs,
+            |b, inputs| {
+                b.iter(|| {
+                    black_box(served.run(batch * 16, || model.embed(inputs).expect("forward")))
+                })
+            },
+        );
     }
     let mut mixed: Vec<&[u32]> = (0..7).map(|_| ids.as_slice()).collect();
     mixed.push(&long);
     g.throughput(Throughput::Elements(8));
     g.bench_with_input(BenchmarkId::new("7x16_1x128", 8), &mixed, |b, inputs| {
         b.iter(|| black_box(model.embed(inputs).expect("forward")))
+    });
+    let single = || {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool")
+    };
+    let workers = [single(), single()];
+    for batch in [1usize, 4, 32] {
+        let inputs: Vec<&[u32]> = (0..batch).map(|_| ids.as_slice()).collect();
+        g.throughput(Throughput::Elements(2 * batch as u64));
+        g.bench_with_input(
+            BenchmarkId::new("two_workers_1_thread", batch),
+            &inputs,
+            |b, inputs| {
+                b.iter(|| {
+                    std::thread::scope(|s| {
+                        for w in &workers {
+                            let model = &model;
+                            s.spawn(move || {
+                                black_box(w.install(|| model.embed(inputs).expect("forward")))
+                            });
+                        }
+                    })
+                })
+            },
+        );
+    }
+    // The biggest matrix product of a batch of 64 x 16 tokens (the feed-forward layer's
+    // first half), alone: beside tools/bench/embed_gemm.py's OpenBLAS and torch figures.
+    let x = Tensor::randn(0f32, 1.0, (1024, 384), &Device::Cpu).expect("x");
+    let w = Tensor::randn(0f32, 1.0, (384, 1536), &Device::Cpu).expect("w");
+    g.throughput(Throughput::Elements(2 * 1024 * 384 * 1536));
+    g.bench_function("gemm_1024x384x1536", |b| {
+        b.iter(|| black_box(x.matmul(&w).expect("matmul")))
     });
     g.finish();
 }

@@ -261,7 +261,7 @@ fn lane_workers(
             model_dir,
             truncate,
         } => {
-            use crate::exec::embed::{EmbedExecutor, EmbedModel};
+            use crate::exec::embed::{ComputeThreads, EmbedExecutor, EmbedModel};
             let started = std::time::Instant::now();
             let model =
                 Arc::new(
@@ -281,17 +281,21 @@ fn lane_workers(
             let stats = Arc::new(EmbedStats::default());
             embed_stats.push((backend.name.as_str().into(), stats.clone()));
             let name: Arc<str> = backend.name.as_str().into();
+            let mut executors: Vec<Box<dyn Executor>> = Vec::with_capacity(n);
+            for w in 0..n {
+                let threads = ComputeThreads::new(&format!("abe-embed-{w}")).map_err(|why| {
+                    StartError::Config(format!("backend '{}': {why}", backend.name))
+                })?;
+                executors.push(Box::new(EmbedExecutor::new(
+                    model.clone(),
+                    name.clone(),
+                    *truncate,
+                    stats.clone(),
+                    threads,
+                )));
+            }
             Ok(LaneWorkers {
-                executors: (0..n)
-                    .map(|_| {
-                        Box::new(EmbedExecutor::new(
-                            model.clone(),
-                            name.clone(),
-                            *truncate,
-                            stats.clone(),
-                        )) as Box<dyn Executor>
-                    })
-                    .collect(),
+                executors,
                 faults: faults(),
             })
         }

@@ -8,6 +8,7 @@
 
 use super::model::EmbedModel;
 use super::stats::EmbedStats;
+use super::threads::ComputeThreads;
 use crate::core::Kind;
 use crate::exec::{BatchItem, ExecError, Executor, Output, TokenSink};
 use std::sync::Arc;
@@ -20,6 +21,8 @@ pub struct EmbedExecutor {
     /// Cut inputs past max_seq_length (else refuse them).
     truncate: bool,
     stats: Arc<EmbedStats>,
+    /// Small passes on one thread, big ones on every core.
+    threads: ComputeThreads,
     /// Per batch: (item index, token ids) of the items that run. Kept to reuse its capacity.
     runnable: Vec<(usize, Vec<u32>)>,
 }
@@ -30,12 +33,14 @@ impl EmbedExecutor {
         backend: Arc<str>,
         truncate: bool,
         stats: Arc<EmbedStats>,
+        threads: ComputeThreads,
     ) -> EmbedExecutor {
         EmbedExecutor {
             model,
             backend,
             truncate,
             stats,
+            threads,
             runnable: Vec::new(),
         }
     }
@@ -113,13 +118,17 @@ impl EmbedExecutor {
             return Ok(());
         }
         let inputs: Vec<&[u32]> = runnable.iter().map(|(_, ids)| ids.as_slice()).collect();
+        let longest = inputs.iter().map(|i| i.len()).max().unwrap_or(0);
+        let model = &self.model;
         let started = Instant::now();
-        let vectors = self.model.embed(&inputs).map_err(|e| {
-            ExecError::Backend(format!("backend '{}': forward pass: {e}", self.backend))
-        })?;
+        let vectors = self
+            .threads
+            .run(inputs.len() * longest, || model.embed(&inputs))
+            .map_err(|e| {
+                ExecError::Backend(format!("backend '{}': forward pass: {e}", self.backend))
+            })?;
         let forward_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let real: usize = inputs.iter().map(|i| i.len()).sum();
-        let longest = inputs.iter().map(|i| i.len()).max().unwrap_or(0);
         self.stats.record(
             inputs.len() as u64,
             real as u64,

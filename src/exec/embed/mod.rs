@@ -6,11 +6,15 @@
 //!   wrong; nothing else touches the file system.
 //! - [`pooling`]: how token vectors become one sentence vector (mean, CLS, max), and
 //!   normalisation, as the directory's pooling config and modules.json say.
+//! - [`bert`]: the BERT encoder (candle-transformers' port, with [`gelu`]'s activation).
+//! - [`gelu`]: GELU-erf on every core (candle's runs on one).
 //! - [`model`]: the loaded encoder and tokenizer: tokenizes one input (truncating or
 //!   refusing past max_seq_length), runs a padded batch through the encoder.
 //! - [`executor`]: the [`Executor`](super::Executor) workers run: checks each request,
 //!   tokenizes, runs one forward pass over the batch, answers each item with its vector and
 //!   its real token count.
+//! - [`threads`]: how many threads a forward pass runs on (small passes on one, big ones
+//!   on every core).
 //! - [`stats`]: padding waste and forward time, for `/metrics` (always compiled, so the
 //!   metrics code has one shape with or without the feature).
 //!
@@ -19,7 +23,11 @@
 //! or one bad input failing the batch it rides in.
 
 #[cfg(feature = "embed")]
+pub mod bert;
+#[cfg(feature = "embed")]
 pub mod executor;
+#[cfg(feature = "embed")]
+pub mod gelu;
 #[cfg(feature = "embed")]
 pub mod model;
 #[cfg(feature = "embed")]
@@ -27,6 +35,8 @@ pub mod model_dir;
 #[cfg(feature = "embed")]
 pub mod pooling;
 pub mod stats;
+#[cfg(feature = "embed")]
+pub mod threads;
 
 #[cfg(feature = "embed")]
 pub use executor::EmbedExecutor;
@@ -35,3 +45,5 @@ pub use model::EmbedModel;
 #[cfg(feature = "embed")]
 pub use model_dir::LoadError;
 pub use stats::{EmbedStats, EmbedTotals};
+#[cfg(feature = "embed")]
+pub use threads::ComputeThreads;

@@ -1,14 +1,15 @@
-//! A loaded sentence-transformers model: tokenizer, BERT encoder (candle, CPU), pooling.
+//! A loaded sentence-transformers model: tokenizer, BERT encoder (candle, CPU; [`super::bert`]),
+//! pooling.
 //!
 //! Shared read-only by every worker of an `embed` backend (`Arc<EmbedModel>`): a forward
 //! pass takes `&self`. Inputs are tokenized one by one (the worker checks each on its own,
 //! so one bad input never fails the others), then run together, padded to the longest.
 
+use super::bert::Bert;
 use super::model_dir::{LoadError, ModelDir};
 use super::pooling::{self, Pooling};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::BertModel;
 use std::path::Path;
 use tokenizers::{TruncationDirection, TruncationParams, TruncationStrategy};
 
@@ -23,7 +24,7 @@ pub struct Tokens {
 
 /// The encoder, its tokenizer and its pooling.
 pub struct EmbedModel {
-    bert: BertModel,
+    bert: Bert,
     tokenizer: tokenizers::Tokenizer,
     pooling: Pooling,
     normalize: bool,
@@ -50,7 +51,7 @@ impl EmbedModel {
         let device = Device::Cpu;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
             .map_err(|e| LoadError::new(&weights_path, format!("not safetensors: {e}")))?;
-        let encoder = BertModel::load(vb, &bert).map_err(|e| {
+        let encoder = Bert::load(vb, &bert).map_err(|e| {
             LoadError::new(
                 &weights_path,
                 format!("does not hold the BERT weights config.json describes: {e}"),
@@ -125,7 +126,7 @@ impl EmbedModel {
         let ids = Tensor::from_vec(ids, (rows, longest), &self.device)?;
         let mask = Tensor::from_vec(mask, (rows, longest), &self.device)?;
         let types = ids.zeros_like()?;
-        let hidden = self.bert.forward(&ids, &types, Some(&mask))?;
+        let hidden = self.bert.forward(&ids, &types, &mask)?;
         let mut pooled = self.pooling.apply(&hidden, &mask)?;
         if self.normalize {
             pooled = pooling::normalize(&pooled)?;
