@@ -168,6 +168,47 @@ fn continuous_round_robin_spreads_a_shared_model_over_its_backends() {
 }
 
 #[test]
+fn a_backend_whose_replicas_all_failed_takes_no_new_requests_until_its_probe() {
+    // m-shared is served by big (workers 1, 2) and spare (worker 3), round robin. spare's
+    // one replica fails every step: one failure opens its circuit for a minute. From then
+    // on the router must see spare as open and send everything to big; before, every other
+    // request went to spare and waited for a slot until its timeout.
+    let mut cfg = continuous_config("round_robin");
+    cfg.health.failure_threshold = 1;
+    cfg.health.recovery_timeout = abe::config::Millis(60_000);
+    cfg.batching.request_timeout = abe::config::Millis(3_000);
+    let abe = start(cfg);
+    abe.handle.set_faults(
+        3,
+        abe::exec::sim::FaultSettings {
+            error_rate: 1.0,
+            ..Default::default()
+        },
+    );
+    let mut c = Client::connect(abe.local_addr());
+    let mut failed = 0;
+    for _ in 0..4 {
+        if post_completion(&mut c, "m-shared", "hello").status != 200 {
+            failed += 1;
+            break;
+        }
+    }
+    assert_eq!(failed, 1, "spare's failing replica answered one request");
+    for i in 0..20 {
+        let r = post_completion(&mut c, "m-shared", "hello again");
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(
+            r.header("x-abe-route"),
+            Some("backend=big; model=m-shared; via=direct"),
+            "request {i}"
+        );
+    }
+    let j = metrics_when(&mut c, |j| j["backends"][2]["circuit"] == "open");
+    assert_eq!(j["backends"][2]["circuit"], "open", "{j}");
+    abe.shutdown();
+}
+
+#[test]
 fn an_upstream_backend_in_continuous_mode_is_refused_at_start_and_says_why() {
     let mut config = continuous_config("round_robin");
     let toml = r#"

@@ -1,6 +1,7 @@
 //! Continuous batching's step timeout, live: a step that hangs past `workers.batch_timeout`
 //! fails its requests with a clear error and counts against its replica's circuit breaker;
-//! once the hang ends and the circuit lets a probe through, the replica serves again.
+//! while the circuit is open the backend refuses new requests saying why; once the hang
+//! ends and the circuit lets a probe through, the replica serves again.
 //! Bounded waits only; nothing here asserts a duration.
 
 use abe::core::circuit::CircuitState;
@@ -64,14 +65,28 @@ fn a_hung_step_fails_its_requests_opens_the_circuit_and_the_replica_recovers() {
         assert!(Instant::now() < until, "circuit never opened: {w:?}");
         std::thread::sleep(Duration::from_millis(10));
     }
-    // The hang ends and faults are cleared: after the recovery time a probe step runs and
-    // the replica answers again.
+    // The hang ends and faults are cleared. While the only replica's circuit is open the
+    // backend is open to the router too: a request is refused at once, saying why, rather
+    // than waiting for a slot. After the recovery time a probe step runs and the replica
+    // answers again.
     handle.set_faults(0, FaultSettings::default());
-    let next = handle.submit(completion("next"));
-    let out = next
-        .wait_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("the replica never recovered"));
-    assert!(out.is_ok(), "{out:?}");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = handle
+            .submit(completion("next"))
+            .wait_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no answer"));
+        match out {
+            Ok(_) => break,
+            Err(RequestError::Route(e)) => {
+                let why = e.to_string();
+                assert!(why.contains("circuit"), "{why}");
+            }
+            Err(e) => panic!("the open circuit failed a request another way: {e:?}"),
+        }
+        assert!(Instant::now() < until, "the replica never recovered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let w = handle.snapshot().workers[0];
     assert_eq!(w.batches_failed, 1, "{w:?}");
     let report = handle.shutdown(Duration::from_secs(5));

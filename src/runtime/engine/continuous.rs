@@ -13,7 +13,9 @@
 //! every request of its replica with [`FailReason::BatchTimeout`] and counts against the
 //! replica's circuit breaker, as a failed step does; the late reply is then only taken
 //! back. A replica whose circuit is open runs no step and takes no request until its
-//! recovery time has passed (then one probe step). The shared turn is in `engine/mod.rs`. Same rules: after start-up no
+//! recovery time has passed (then one probe step); a backend whose replicas' circuits are
+//! all open is open to the router too (as in request-level mode), so new requests go to
+//! the model's other backends or its fallback until a probe is due. The shared turn is in `engine/mod.rs`. Same rules: after start-up no
 //! allocation, no lock (other than `try_lock` to publish), no blocking. Step buffers
 //! circulate engine -> worker -> engine; request payloads are moved or `Arc`-shared, never
 //! copied.
@@ -161,6 +163,20 @@ impl IterationLevel {
         }
     }
 
+    /// Backend `g`'s circuit as routing sees it, from its replicas' breakers (open when
+    /// every replica's is open and none is due a probe), so a backend whose replicas all
+    /// failed takes no new requests (a model's other backends, or its fallback, get them).
+    fn sync_circuit(&mut self, g: usize, now: Nanos) {
+        let (sched, circuits) = (&self.sched, &self.circuits);
+        let breakers = circuits
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| sched.group_of(*r) == g)
+            .map(|(_, c)| c);
+        self.routing
+            .sync_circuit_from(BackendId::from_index(g), breakers, &self.circuit, now);
+    }
+
     fn replicas(&self) -> usize {
         self.step_bufs.len()
     }
@@ -188,6 +204,17 @@ impl Mode for IterationLevel {
 
     fn workers(&self) -> usize {
         self.replicas()
+    }
+
+    /// Makes a backend whose circuit is due its probe routable before this turn's requests
+    /// are admitted (nothing else wakes the engine when a recovery time passes).
+    #[inline]
+    fn begin_turn(&mut self, now: Nanos) {
+        for g in 0..self.routing.circuit_due_ns.len() {
+            if now >= self.routing.circuit_due_ns[g] {
+                self.sync_circuit(g, now);
+            }
+        }
     }
 
     /// Strategies govern request-level batches; the API refuses the switch in continuous
@@ -302,6 +329,7 @@ impl Mode for IterationLevel {
             self.circuits[r].record_failure(now, &self.circuit);
             self.steps_failed[r] += 1;
         }
+        self.sync_circuit(self.sched.group_of(r), now);
         if result.is_ok() {
             // Tokens first: a request's Done must follow its last token.
             for item in items.iter_mut() {
@@ -394,6 +422,7 @@ impl Mode for IterationLevel {
             self.timed_out[r] = true;
             self.steps_failed[r] += 1;
             self.circuits[r].record_failure(now, &self.circuit);
+            self.sync_circuit(self.sched.group_of(r), now);
             let (failed, timeouts) = (&mut self.failed, &mut self.batch_timeouts);
             let routing = &mut self.routing;
             self.sched.fail_replica(r, &mut |t| {

@@ -4,7 +4,7 @@
 //!
 //! Only the engine thread touches it; nothing here may block or allocate per request.
 
-use crate::core::circuit::CircuitState;
+use crate::core::circuit::{CircuitBreaker, CircuitParams, CircuitState};
 use crate::core::{Core, Nanos};
 use crate::router::{BackendId, Decision, ModelId, NameId, Need, Router};
 use std::sync::Arc;
@@ -130,20 +130,33 @@ impl Routing {
     /// every worker's is open and none is due.
     pub(super) fn sync_circuit(&mut self, backend: BackendId, core: &Core, now: Nanos) {
         let params = core.config().circuit;
+        let breakers = core.workers().iter().map(|w| &w.circuit);
+        self.sync_circuit_from(backend, breakers, &params, now);
+    }
+
+    /// [`Routing::sync_circuit`] over any set of breakers: the workers of a request-level
+    /// lane, or the replicas of a continuous backend.
+    pub(super) fn sync_circuit_from<'a>(
+        &mut self,
+        backend: BackendId,
+        breakers: impl Iterator<Item = &'a CircuitBreaker>,
+        params: &CircuitParams,
+        now: Nanos,
+    ) {
         let mut state = CircuitState::Open;
         // Only while no worker's circuit is closed can time alone change the state (an open
         // one becomes due its probe); a closed one changes only when a batch completes,
         // which syncs again.
         let mut next_due = Nanos::MAX;
-        for w in core.workers() {
-            match w.circuit.last_state() {
+        for circuit in breakers {
+            match circuit.last_state() {
                 CircuitState::Closed => {
                     state = CircuitState::Closed;
                     next_due = Nanos::MAX;
                     break;
                 }
                 CircuitState::HalfOpen => state = CircuitState::HalfOpen,
-                CircuitState::Open => match w.circuit.reopens_at(&params) {
+                CircuitState::Open => match circuit.reopens_at(params) {
                     Some(t) if now >= t => state = CircuitState::HalfOpen,
                     Some(t) => next_due = next_due.min(t),
                     None => {}
