@@ -23,6 +23,10 @@
 //! or one bad input failing the batch it rides in.
 
 #[cfg(feature = "embed")]
+pub mod add_norm;
+#[cfg(feature = "embed")]
+pub mod attention;
+#[cfg(feature = "embed")]
 pub mod bert;
 #[cfg(feature = "embed")]
 pub mod executor;
