@@ -58,7 +58,7 @@ impl Embeddings {
 }
 
 struct Layer {
-    /// Query, key and value weights stacked: [3 x hidden, hidden].
+    /// Query, key and value weights side by side, transposed: [hidden, 3 x hidden].
     qkv: Tensor,
     /// Their biases, concatenated.
     qkv_bias: Vec<f32>,
@@ -73,7 +73,7 @@ struct Layer {
     head_size: usize,
 }
 
-/// A dense layer's weight ([out, in]) and bias.
+/// A dense layer's weight, as safetensors holds it ([out, in]), and bias.
 fn dense(vb: VarBuilder, inp: usize, out: usize) -> Result<(Tensor, Vec<f32>)> {
     let l = linear(inp, out, vb)?;
     let bias = match l.bias() {
@@ -81,6 +81,12 @@ fn dense(vb: VarBuilder, inp: usize, out: usize) -> Result<(Tensor, Vec<f32>)> {
         None => vec![0.0; out],
     };
     Ok((l.weight().clone(), bias))
+}
+
+/// `w` [out, in] as a contiguous [in, out], the layout of the measured GEMM
+/// (benches/embed_forward.rs, `gemm_1024x384x1536`), so `x.matmul(&w)` is `x W^T`.
+fn transposed(w: &Tensor) -> Result<Tensor> {
+    w.t()?.contiguous()
 }
 
 /// A dense layer's bias and the LayerNorm after its residual add.
@@ -110,14 +116,14 @@ impl Layer {
             dense(vb.pp("intermediate").pp("dense"), h, c.intermediate_size)?;
         let (out, ob) = dense(vb.pp("output").pp("dense"), c.intermediate_size, h)?;
         Ok(Layer {
-            qkv: Tensor::cat(&[&q, &k, &v], 0)?,
+            qkv: transposed(&Tensor::cat(&[&q, &k, &v], 0)?)?,
             qkv_bias: [qb, kb, vb_].concat(),
-            attention_out,
+            attention_out: transposed(&attention_out)?,
             attention_norm: add_norm(ab, att.pp("output").pp("LayerNorm"), h, c.layer_norm_eps)?,
-            intermediate,
+            intermediate: transposed(&intermediate)?,
             intermediate_bias,
             act: c.hidden_act,
-            out,
+            out: transposed(&out)?,
             out_norm: add_norm(ob, vb.pp("output").pp("LayerNorm"), h, c.layer_norm_eps)?,
             heads: c.num_attention_heads,
             head_size: h / c.num_attention_heads,
@@ -126,7 +132,7 @@ impl Layer {
 
     /// `xs` [batch x seq, hidden]; `mask` batch x seq of 1 (token) or 0 (padding).
     fn forward(&self, xs: &Tensor, batch: usize, seq: usize, mask: &[f32]) -> Result<Tensor> {
-        let qkv = xs.matmul(&self.qkv.t()?)?;
+        let qkv = xs.matmul(&self.qkv)?;
         let context = Attention {
             batch,
             seq,
@@ -138,8 +144,8 @@ impl Layer {
         .forward(&qkv)?;
         let attended = self
             .attention_norm
-            .forward(&context.matmul(&self.attention_out.t()?)?, xs)?;
-        let inner = attended.matmul(&self.intermediate.t()?)?;
+            .forward(&context.matmul(&self.attention_out)?, xs)?;
+        let inner = attended.matmul(&self.intermediate)?;
         let inner = match self.act {
             HiddenAct::Gelu => bias_gelu_erf(&inner, &self.intermediate_bias)?,
             HiddenAct::GeluApproximate => inner
@@ -155,8 +161,7 @@ impl Layer {
                 )?)?
                 .relu()?,
         };
-        self.out_norm
-            .forward(&inner.matmul(&self.out.t()?)?, &attended)
+        self.out_norm.forward(&inner.matmul(&self.out)?, &attended)
     }
 }
 
