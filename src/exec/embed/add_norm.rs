@@ -93,3 +93,35 @@ impl AddNorm {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn matches_candles_bias_add_residual_and_layer_norm() {
+        let (rows, hidden) = (37, 24);
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 2.0, (rows, hidden), &dev).unwrap();
+        let r = Tensor::randn(1f32, 1.0, (rows, hidden), &dev).unwrap();
+        let wave = |k: f32| {
+            (0..hidden)
+                .map(|i| (i as f32 * k).cos())
+                .collect::<Vec<f32>>()
+        };
+        let op = AddNorm {
+            bias: wave(0.3),
+            gamma: wave(0.7),
+            beta: wave(1.1),
+            eps: 1e-12,
+        };
+        let ours = op.forward(&x, &r).unwrap();
+        let t = |v: &[f32]| Tensor::new(v, &dev).unwrap();
+        let sum = (x.broadcast_add(&t(&op.bias)).unwrap() + &r).unwrap();
+        let theirs = candle_nn::ops::layer_norm(&sum, &t(&op.gamma), &t(&op.beta), 1e-12).unwrap();
+        let diff = (ours - theirs).unwrap().abs().unwrap().max_all().unwrap();
+        let diff = diff.to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-5, "add & norm off by {diff}");
+    }
+}

@@ -150,3 +150,69 @@ impl CustomOp1 for Attention<'_> {
         Ok((CpuStorage::F32(out), Shape::from((tokens, hidden))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, D};
+
+    /// Against candle's ops as candle-transformers' BERT runs them: split heads, scores
+    /// with the f32::MIN padding mask, softmax, times v, heads back side by side.
+    #[test]
+    fn matches_candles_masked_attention() {
+        let (batch, seq, heads, d) = (3, 5, 2, 8);
+        let hidden = heads * d;
+        let dev = Device::Cpu;
+        let qkv = Tensor::randn(0f32, 1.0, (batch * seq, 3 * hidden), &dev).unwrap();
+        let bias: Vec<f32> = (0..3 * hidden).map(|i| (i as f32 * 0.37).sin()).collect();
+        let lens = [5, 3, 1];
+        let mask: Vec<f32> = (0..batch * seq)
+            .map(|t| f32::from(u8::from(t % seq < lens[t / seq])))
+            .collect();
+        let ours = Attention {
+            batch,
+            seq,
+            heads,
+            head_size: d,
+            qkv_bias: &bias,
+            mask: &mask,
+        }
+        .forward(&qkv)
+        .unwrap();
+
+        let with_bias = qkv
+            .broadcast_add(&Tensor::new(bias.as_slice(), &dev).unwrap())
+            .unwrap();
+        let split = |i: usize| {
+            with_bias
+                .narrow(1, i * hidden, hidden)
+                .unwrap()
+                .reshape((batch, seq, heads, d))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .contiguous()
+                .unwrap()
+        };
+        let (q, k, v) = (split(0), split(1), split(2));
+        let m = Tensor::from_vec(mask.clone(), (batch, 1, 1, seq), &dev).unwrap();
+        let m = (m.ones_like().unwrap() - &m)
+            .unwrap()
+            .affine(f64::from(f32::MIN), 0.0)
+            .unwrap();
+        let scores = (q.matmul(&k.t().unwrap()).unwrap() / (d as f64).sqrt()).unwrap();
+        let probs = candle_nn::ops::softmax(&scores.broadcast_add(&m).unwrap(), D::Minus1).unwrap();
+        let theirs = probs
+            .matmul(&v)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((batch * seq, hidden))
+            .unwrap();
+        let diff = (ours - theirs).unwrap().abs().unwrap().max_all().unwrap();
+        let diff = diff.to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-5, "attention off by {diff}");
+    }
+}
