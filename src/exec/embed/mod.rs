@@ -33,6 +33,8 @@ pub mod executor;
 #[cfg(feature = "embed")]
 pub mod gelu;
 #[cfg(feature = "embed")]
+pub mod heap;
+#[cfg(feature = "embed")]
 pub mod model;
 #[cfg(feature = "embed")]
 pub mod model_dir;
