@@ -8,8 +8,9 @@
 //! attends per sequence and head), one GEMM for the attention output, then bias + residual +
 //! LayerNorm in one pass ([`super::add_norm`]), the intermediate GEMM with bias + GELU in one
 //! pass ([`super::gelu`]), the output GEMM and a second add & norm. The GEMMs are candle's
-//! (gemm). Measured at batch 64 x 16 tokens: 110 ms a pass against 146 ms with candle's ops
-//! (BENCHMARKS.md, "Kernel choice, and abe against Infinity again"). The vectors match
+//! (gemm), against weights transposed once at load to [in, out]. Measured at batch 64 x 16
+//! tokens, served: 99-104 ms a pass against 132-139 ms with candle's ops, 85-91 ms with
+//! [`super::heap`] (BENCHMARKS.md, "Kernel choice, and abe against Infinity again"). The vectors match
 //! sentence-transformers' as before (tests/embed_model.rs, cosine >= 0.99999).
 //!
 //! What must never happen here: an op that differs from the reference other than in float
