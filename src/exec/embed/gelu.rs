@@ -9,6 +9,9 @@
 //! below on [-10, 10]: erf within 1e-6 of libm's `erff` (4.2e-7 measured), GELU within
 //! 1e-6 x max(1, |x|) of candle's, far inside the 1e-5 cosine budget of tests/embed_model.rs.
 //!
+//! [`bias_gelu_erf`] adds the dense layer's bias in the same pass (bert.rs's intermediate
+//! layer), sparing candle's one-thread broadcast add and its buffer.
+//!
 //! What must never happen here: a result that differs from GELU-erf beyond float rounding
 //! (it would move every vector), or work on a non-contiguous tensor without a copy first.
 
@@ -41,10 +44,13 @@ fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
-/// The candle op: f32 in, f32 out, same shape.
-struct GeluErf;
+/// The candle op: f32 in, f32 out, same shape; `bias` (one value per column, or empty for
+/// none) is added first, as the dense layer before the activation would.
+struct GeluErf<'a> {
+    bias: &'a [f32],
+}
 
-impl CustomOp1 for GeluErf {
+impl CustomOp1 for GeluErf<'_> {
     fn name(&self) -> &'static str {
         "abe-gelu-erf"
     }
@@ -58,16 +64,39 @@ impl CustomOp1 for GeluErf {
         };
         let src = &all[start..end];
         let mut dst = vec![0f32; src.len()];
-        dst.par_chunks_mut(CHUNK)
-            .zip(src.par_chunks(CHUNK))
-            .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = gelu(s)));
+        if self.bias.is_empty() {
+            dst.par_chunks_mut(CHUNK)
+                .zip(src.par_chunks(CHUNK))
+                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = gelu(s)));
+        } else {
+            let width = self.bias.len();
+            if src.len() % width != 0 {
+                candle_core::bail!("abe-gelu-erf: {} values, rows of {width}", src.len());
+            }
+            let chunk = (CHUNK / width).max(1) * width;
+            dst.par_chunks_mut(chunk)
+                .zip(src.par_chunks(chunk))
+                .for_each(|(d, s)| {
+                    for (d, s) in d.chunks_exact_mut(width).zip(s.chunks_exact(width)) {
+                        for ((d, &s), &b) in d.iter_mut().zip(s).zip(self.bias) {
+                            *d = gelu(s + b);
+                        }
+                    }
+                });
+        }
         Ok((CpuStorage::F32(dst), layout.shape().clone()))
     }
 }
 
 /// GELU-erf of `xs` (f32), computed on the current rayon pool.
 pub fn gelu_erf(xs: &Tensor) -> Result<Tensor> {
-    xs.contiguous()?.apply_op1_no_bwd(&GeluErf)
+    xs.contiguous()?.apply_op1_no_bwd(&GeluErf { bias: &[] })
+}
+
+/// GELU-erf of `xs + bias` (`xs` f32 rows of `bias.len()`), in one pass on the current
+/// rayon pool: the dense layer's bias add fused into its activation.
+pub fn bias_gelu_erf(xs: &Tensor, bias: &[f32]) -> Result<Tensor> {
+    xs.contiguous()?.apply_op1_no_bwd(&GeluErf { bias })
 }
 
 #[cfg(test)]

@@ -23,11 +23,17 @@
 //! or one bad input failing the batch it rides in.
 
 #[cfg(feature = "embed")]
+pub mod add_norm;
+#[cfg(feature = "embed")]
+pub mod attention;
+#[cfg(feature = "embed")]
 pub mod bert;
 #[cfg(feature = "embed")]
 pub mod executor;
 #[cfg(feature = "embed")]
 pub mod gelu;
+#[cfg(feature = "embed")]
+pub mod heap;
 #[cfg(feature = "embed")]
 pub mod model;
 #[cfg(feature = "embed")]

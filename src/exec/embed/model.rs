@@ -48,6 +48,7 @@ impl EmbedModel {
             dimensions,
             ..
         } = ModelDir::read(dir)?;
+        super::heap::keep_big_buffers_on_the_heap();
         let device = Device::Cpu;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
             .map_err(|e| LoadError::new(&weights_path, format!("not safetensors: {e}")))?;
