@@ -5,6 +5,7 @@ use crate::api::ApiContext;
 use crate::config::{Config, ConfigError, Settings};
 use crate::exec::embed::EmbedStats;
 use crate::exec::health::{spawn_health_checker, HealthBoard};
+use crate::exec::latency::LatencyModel;
 use crate::exec::sim::Faults;
 use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
 use crate::exec::Executor;
@@ -63,6 +64,7 @@ impl Running {
         let Settings {
             runtime: runtime_cfg,
             backends,
+            sim_latency,
             router: engine_router,
             routing_warning,
             config,
@@ -94,9 +96,12 @@ impl Running {
                 .kind();
             lanes.push(lane_workers(
                 &runtime_cfg,
-                b,
-                backend,
-                kind,
+                Lane {
+                    index: b,
+                    backend,
+                    kind,
+                    sim_latency: &sim_latency[b],
+                },
                 client,
                 &stop,
                 &mut embed_stats,
@@ -230,18 +235,34 @@ fn upstream_client(
     }
 }
 
-/// Backend `index`'s worker threads: `max_concurrent_batches` executors of its kind. An
-/// `embed` backend loads its model here, once for all its workers (a bad model directory
-/// stops the start, naming the file), and adds its padding counters to `embed_stats`.
+/// What [`lane_workers`] builds one backend's workers from.
+struct Lane<'a> {
+    /// The backend's index in the router (its workers' seeds are offset by it).
+    index: usize,
+    backend: &'a BackendConfig,
+    kind: &'a BackendKind,
+    /// Its latency model if it is `sim` (`Settings::sim_latency`).
+    sim_latency: &'a LatencyModel,
+}
+
+/// Backend `index`'s worker threads: `max_concurrent_batches` executors of its kind. A
+/// `sim` backend's run `sim_latency` (its `[workers.backends.<name>]` model, or
+/// `[workers]`'). An `embed` backend loads its model here, once for all its workers (a bad
+/// model directory stops the start, naming the file), and adds its padding counters to
+/// `embed_stats`.
 fn lane_workers(
     cfg: &RuntimeConfig,
-    index: usize,
-    backend: &BackendConfig,
-    kind: &BackendKind,
+    lane: Lane<'_>,
     client: Option<UpstreamClient>,
     stop: &Arc<AtomicBool>,
     embed_stats: &mut Vec<(Box<str>, Arc<EmbedStats>)>,
 ) -> Result<LaneWorkers, RunError> {
+    let Lane {
+        index,
+        backend,
+        kind,
+        sim_latency,
+    } = lane;
     let n = backend.max_concurrent_batches.max(1) as usize;
     let faults = || (0..n).map(|_| Faults::new(cfg.faults)).collect();
     if let Some(client) = client {
@@ -310,7 +331,21 @@ fn lane_workers(
             .into())
         }
         BackendKind::Sim | BackendKind::Upstream { .. } => {
-            Ok(runtime::sim_lane(cfg, n, (index as u64) << 32, stop))
+            if sim_latency != &cfg.sim.latency {
+                tracing::info!(
+                    backend = %backend.name,
+                    latency = ?sim_latency,
+                    "sim backend with its own latency model ([workers.backends.{}])",
+                    backend.name
+                );
+            }
+            Ok(runtime::sim_lane(
+                cfg,
+                sim_latency,
+                n,
+                (index as u64) << 32,
+                stop,
+            ))
         }
     }
 }

@@ -166,7 +166,7 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
     let cfg = engine_config(1);
     let stop = Arc::new(AtomicBool::new(false));
     let lanes = (0..3)
-        .map(|l| runtime::sim_lane(&cfg, 1, l << 32, &stop))
+        .map(|l| runtime::sim_lane(&cfg, &cfg.sim.latency, 1, l << 32, &stop))
         .collect();
     let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
     let mut sub = handle.submitter(None).expect("submitter");

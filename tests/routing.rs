@@ -266,3 +266,69 @@ fn a_failing_backend_is_routed_around_and_nothing_is_lost() {
     assert_eq!(r.json()["error"]["code"], "no_healthy_backend");
     abe.shutdown();
 }
+
+/// Two sim backends of different speeds: `[workers.backends.slow]` gives `slow` its own
+/// latency model over `[workers]`' (zero latency in tests). Each batch on `slow` sleeps at
+/// least its 120 ms base, so its measured batch latency can be no lower; with one latency
+/// model for every sim backend it would be `[workers]`' ~0.
+#[test]
+fn a_sim_backend_with_its_own_latency_model_runs_at_that_speed() {
+    let mut c = test_config();
+    let toml = r#"
+        [workers.backends.slow]
+        latency_model = "linear"
+        base_latency_ms = 120.0
+        per_token_latency_ms = 0.0
+        latency_variance = 0.0
+
+        [[backends]]
+        name = "fast"
+        kind = "sim"
+        [[backends.models]]
+        name = "m-fast"
+        context_length = 4096
+
+        [[backends]]
+        name = "slow"
+        kind = "sim"
+        [[backends.models]]
+        name = "m-slow"
+        context_length = 4096
+    "#;
+    let file: Config = toml::from_str(toml).expect("test config parses");
+    c.backends = file.backends;
+    c.workers.backends = file.workers.backends;
+    let abe = start(c);
+    let mut client = Client::connect(abe.local_addr());
+    for model in ["m-fast", "m-slow", "m-fast", "m-slow"] {
+        let r = post_completion(&mut client, model, "hi");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let backend = model.trim_start_matches("m-");
+        assert_eq!(
+            r.header("x-abe-route"),
+            Some(format!("backend={backend}; model={model}; via=direct").as_str())
+        );
+    }
+    let ema = |page: &str, backend: &str| -> Option<f64> {
+        let key = format!("abe_backend_latency_ema_seconds{{backend=\"{backend}\"}} ");
+        page.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .map(|v| v.trim().parse().expect("a number"))
+    };
+    // Published every few ms; poll until both backends have a measurement.
+    let mut page = String::new();
+    for _ in 0..300 {
+        page = client.request("GET", "/metrics", None).text();
+        if ema(&page, "fast").is_some() && ema(&page, "slow").is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let slow = ema(&page, "slow").unwrap_or_else(|| panic!("no slow latency in {page}"));
+    assert!(
+        slow >= 0.120,
+        "slow's batches took {slow} s, under its 120 ms base"
+    );
+    assert!(ema(&page, "fast").is_some(), "{page}");
+    abe.shutdown();
+}

@@ -120,8 +120,8 @@ fn two_lanes_with(
     tweak(&mut cfg);
     let stop = Arc::new(AtomicBool::new(false));
     let lanes = vec![
-        runtime::sim_lane(&cfg, 1, 0, &stop),
-        runtime::sim_lane(&cfg, 1, 1 << 32, &stop),
+        runtime::sim_lane(&cfg, &cfg.sim.latency, 1, 0, &stop),
+        runtime::sim_lane(&cfg, &cfg.sim.latency, 1, 1 << 32, &stop),
     ];
     lanes[0].faults[0].set(a_faults);
     runtime::start_routed(cfg, routing, lanes, stop).unwrap()

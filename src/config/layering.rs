@@ -82,13 +82,15 @@ impl Config {
         &mut self,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<(), ConfigError> {
-        // The tree holds only what the environment may set. `[[backends]]` and the alias and
-        // fallback maps are file-only: they are left out of the tree (an `ABE_BACKENDS_*`
-        // variable gets a clear error, and no alias or model name can be mistaken for a
-        // key) and carried over untouched. Round-tripping them through the tree would also
+        // The tree holds only what the environment may set. `[[backends]]`,
+        // `[workers.backends.<name>]` and the alias and fallback maps are file-only: they
+        // are left out of the tree (an `ABE_BACKENDS_*` variable gets a clear error, and no
+        // backend, alias or model name can be mistaken for a key) and carried over
+        // untouched. Round-tripping them through the tree would also
         // replace every api_key with its redacted serialised form.
         let mut bare = self.clone();
         bare.backends.clear();
+        bare.workers.backends.clear();
         bare.routing.aliases.clear();
         bare.routing.fallbacks.clear();
         let mut tree = toml::Value::try_from(&bare).expect("config serialises to TOML");
@@ -135,6 +137,7 @@ impl Config {
                 updated.server.admin_token = std::mem::take(&mut self.server.admin_token);
             }
             updated.backends = std::mem::take(&mut self.backends);
+            updated.workers.backends = std::mem::take(&mut self.workers.backends);
             updated.routing.aliases = std::mem::take(&mut self.routing.aliases);
             updated.routing.fallbacks = std::mem::take(&mut self.routing.fallbacks);
             *self = updated;
@@ -173,6 +176,11 @@ fn file_only(path: &str) -> Option<&'static str> {
     let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}_"));
     if under("backends") {
         Some("[[backends]] tables can only be set in the config file (--config FILE)")
+    } else if under("workers_backends") {
+        Some(
+            "[workers.backends.<name>] tables can only be set in the config file \
+             (--config FILE)",
+        )
     } else if under("routing_aliases") || under("routing_fallbacks") {
         Some(
             "[routing.aliases] and [routing.fallbacks] can only be set in the config file \

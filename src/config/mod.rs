@@ -31,6 +31,7 @@ mod millis;
 mod secret;
 mod sections;
 mod settings;
+mod sim_backends;
 #[cfg(test)]
 mod tests;
 
@@ -40,3 +41,4 @@ pub use millis::Millis;
 pub use secret::Secret;
 pub use sections::*;
 pub use settings::Settings;
+pub use sim_backends::SimBackendLatency;

@@ -8,6 +8,7 @@
 
 use super::millis::Millis;
 use super::secret::Secret;
+use super::sim_backends::SimBackendLatency;
 use crate::core::balancer::BalancerKind;
 use crate::core::circuit::CircuitParams;
 use crate::core::continuous::ContinuousConfig;
@@ -23,6 +24,7 @@ use crate::router::{BackendConfig, RoutingConfig};
 use crate::runtime::idle::IdlePolicy;
 use crate::runtime::RuntimeConfig;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// `[server]`: the HTTP front end.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -264,6 +266,10 @@ pub struct WorkersConfig {
     /// Fault injection: probability a batch hangs for `fault_hang_ms`.
     pub fault_hang_rate: f64,
     pub fault_hang_ms: f64,
+    /// `[workers.backends.<name>]`: a `sim` backend's own latency keys over these
+    /// ([`SimBackendLatency`]); file-only.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub backends: BTreeMap<String, SimBackendLatency>,
 }
 
 impl Default for WorkersConfig {
@@ -311,6 +317,7 @@ impl Default for WorkersConfig {
             fault_added_latency_ms: faults.added_latency_ms,
             fault_hang_rate: faults.hang_rate,
             fault_hang_ms: faults.hang_ms,
+            backends: BTreeMap::new(),
         }
     }
 }

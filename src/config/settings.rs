@@ -8,7 +8,7 @@
 
 use super::error::{invalid, ConfigError};
 use super::millis::Millis;
-use super::sections::{Config, DEFAULT_SIM_CONTEXT_LENGTH, ROUTING_MAX_RETRIES_MAX};
+use super::sections::{Config, WorkersConfig, DEFAULT_SIM_CONTEXT_LENGTH, ROUTING_MAX_RETRIES_MAX};
 use crate::core::circuit::CircuitParams;
 use crate::core::settings::WORKERS_MAX;
 use crate::core::strategy::StrategyParams;
@@ -29,6 +29,10 @@ pub struct Settings {
     pub runtime: RuntimeConfig,
     /// What abe routes to: the `[[backends]]` tables, or the default sim backend.
     pub backends: Vec<BackendConfig>,
+    /// Each of `backends`' latency model if it is `sim` (index for index): its
+    /// `[workers.backends.<name>]` keys over `[workers]`', else `[workers]`' own
+    /// (`runtime.sim.latency`).
+    pub sim_latency: Vec<LatencyModel>,
     /// The router `backends` and `[routing]` describe, seeded with `workers.seed`.
     pub router: Router,
     /// Set when `routing.strategy` names no strategy (`smart` is used): to be logged.
@@ -51,11 +55,13 @@ impl Config {
             }
         }
         let backends = self.effective_backends();
+        let sim_latency = self.sim_latency(&backends, &runtime.sim.latency)?;
         let (router, routing_warning) = self.check_routing(&backends)?;
         self.check_server()?;
         Ok(Settings {
             runtime,
             backends,
+            sim_latency,
             router,
             routing_warning,
             config: self,
@@ -65,6 +71,73 @@ impl Config {
     /// [`check`](Self::check)s a copy, for `abe config check` and tests.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.clone().check().map(|_| ())
+    }
+
+    /// Each backend's latency model (see [`Settings::sim_latency`]). A
+    /// `[workers.backends.<name>]` table must name a `sim` backend; its merged keys are
+    /// judged as `[workers]`' are. In continuous batching every replica's KV cache is sized
+    /// from `[workers]`, so a table there may not set the model, GPU or tensor parallelism.
+    fn sim_latency(
+        &self,
+        backends: &[BackendConfig],
+        workers_latency: &LatencyModel,
+    ) -> Result<Vec<LatencyModel>, ConfigError> {
+        let mode = self.batching.mode;
+        for (name, table) in &self.workers.backends {
+            let key = format!("workers.backends.{name}");
+            let Some(backend) = backends.iter().find(|b| b.name == *name) else {
+                let names: Vec<&str> = backends
+                    .iter()
+                    .filter(|b| b.kind == BackendKindName::Sim)
+                    .map(|b| b.name.as_str())
+                    .collect();
+                return Err(invalid(
+                    &key,
+                    format!("\"{name}\""),
+                    format!(
+                        "names no backend; the sim backends are: {}",
+                        if names.is_empty() {
+                            "none".to_string()
+                        } else {
+                            names.join(", ")
+                        }
+                    ),
+                ));
+            };
+            if backend.kind != BackendKindName::Sim {
+                return Err(invalid(
+                    &key,
+                    format!("\"{name}\""),
+                    format!(
+                        "backend '{name}' is kind = \"{}\": only sim backends have a latency model",
+                        match backend.kind {
+                            BackendKindName::Sim => "sim",
+                            BackendKindName::Upstream => "upstream",
+                            BackendKindName::Embed => "embed",
+                        }
+                    ),
+                ));
+            }
+            if mode == BatchingMode::Continuous {
+                if let Some(kv) = table.kv_key() {
+                    return Err(invalid(
+                        &format!("{key}.{kv}"),
+                        "(set)",
+                        "continuous batching sizes every replica's KV cache from [workers]: \
+                         set llm, gpu and tp there (speeds, efficiencies and the other models' \
+                         keys may differ per backend)",
+                    ));
+                }
+            }
+            checked_latency(&key, &table.over(&self.workers), mode)?;
+        }
+        backends
+            .iter()
+            .map(|b| match self.workers.backends.get(&b.name) {
+                Some(table) => checked_latency("", &table.over(&self.workers), mode),
+                None => Ok(*workers_latency),
+            })
+            .collect()
     }
 
     /// Checks `[server]`.
@@ -256,28 +329,11 @@ impl Config {
             w.embedding_dimensions as usize,
             1,
         )?;
-        non_negative("workers.base_latency_ms", w.base_latency_ms)?;
-        non_negative("workers.per_token_latency_ms", w.per_token_latency_ms)?;
-        non_negative("workers.latency_variance", w.latency_variance)?;
-        non_negative("workers.prefill_ms_per_token", w.prefill_ms_per_token)?;
-        non_negative("workers.decode_beta_ms", w.decode_beta_ms)?;
-        non_negative("workers.decode_gamma", w.decode_gamma)?;
-        non_negative("workers.max_of_batch_base_ms", w.max_of_batch_base_ms)?;
-        non_negative(
-            "workers.max_of_batch_decode_ms_per_token",
-            w.max_of_batch_decode_ms_per_token,
-        )?;
-        non_negative("workers.affine_step_a_ms", w.affine_step_a_ms)?;
-        non_negative("workers.affine_step_c_ms", w.affine_step_c_ms)?;
+        let latency = checked_latency("workers", w, b.mode)?;
         probability("workers.fault_error_rate", w.fault_error_rate)?;
         probability("workers.fault_hang_rate", w.fault_hang_rate)?;
         non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
         non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
-        let latency = w.latency(b.mode);
-        if let LatencyModel::Roofline(r) = &latency {
-            r.check()
-                .map_err(|why| invalid("workers.latency_model", "\"roofline\"", why))?;
-        }
         let h = &self.health;
         at_least("health.failure_threshold", h.failure_threshold as usize, 1)?;
         positive_ms("health.check_interval", h.check_interval)?;
@@ -397,6 +453,39 @@ impl Config {
             max_queue: c.max_queue,
         }))
     }
+}
+
+/// `w`'s latency model for `mode`, its keys judged and named under `prefix`
+/// (`workers`, `workers.backends.<name>`).
+fn checked_latency(
+    prefix: &str,
+    w: &WorkersConfig,
+    mode: BatchingMode,
+) -> Result<LatencyModel, ConfigError> {
+    let key = |k: &str| format!("{prefix}.{k}");
+    for (k, v) in [
+        ("base_latency_ms", w.base_latency_ms),
+        ("per_token_latency_ms", w.per_token_latency_ms),
+        ("latency_variance", w.latency_variance),
+        ("prefill_ms_per_token", w.prefill_ms_per_token),
+        ("decode_beta_ms", w.decode_beta_ms),
+        ("decode_gamma", w.decode_gamma),
+        ("max_of_batch_base_ms", w.max_of_batch_base_ms),
+        (
+            "max_of_batch_decode_ms_per_token",
+            w.max_of_batch_decode_ms_per_token,
+        ),
+        ("affine_step_a_ms", w.affine_step_a_ms),
+        ("affine_step_c_ms", w.affine_step_c_ms),
+    ] {
+        non_negative(&key(k), v)?;
+    }
+    let latency = w.latency(mode);
+    if let LatencyModel::Roofline(r) = &latency {
+        r.check()
+            .map_err(|why| invalid(&key("latency_model"), "\"roofline\"", why))?;
+    }
+    Ok(latency)
 }
 
 fn at_least(key: &str, v: usize, min: usize) -> Result<(), ConfigError> {

@@ -660,3 +660,159 @@ fn max_model_len_defaults_to_the_roofline_presets_context_length() {
         4096
     );
 }
+
+const SLOW_AND_FAST: &str = r#"
+[workers]
+base_latency_ms = 5.0
+per_token_latency_ms = 0.1
+[workers.backends.slow]
+base_latency_ms = 40.0
+latency_variance = 0.0
+
+[[backends]]
+name = "fast"
+kind = "sim"
+[[backends.models]]
+name = "m"
+context_length = 4096
+
+[[backends]]
+name = "slow"
+kind = "sim"
+[[backends.models]]
+name = "m"
+context_length = 4096
+"#;
+
+#[test]
+fn a_sim_backend_takes_its_own_latency_keys_over_workers() {
+    let s = Config::from_toml(SLOW_AND_FAST).unwrap().check().unwrap();
+    let names: Vec<&str> = s.backends.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["fast", "slow"]);
+    let fast = LatencyModel::Linear {
+        base_ms: 5.0,
+        per_token_ms: 0.1,
+        variance: 0.1,
+    };
+    assert_eq!(s.runtime.sim.latency, fast);
+    // fast has no table: [workers]' model. slow: its keys over [workers]'.
+    assert_eq!(
+        s.sim_latency,
+        [
+            fast,
+            LatencyModel::Linear {
+                base_ms: 40.0,
+                per_token_ms: 0.1,
+                variance: 0.0,
+            }
+        ]
+    );
+    // Another model for one backend only.
+    let c = Config::from_toml(&format!(
+        "{}\n[workers.backends.fast]\nlatency_model = \"calibrated\"\ndecode_beta_ms = 2.0\n",
+        SLOW_AND_FAST
+    ))
+    .unwrap();
+    let s = c.check().unwrap();
+    let LatencyModel::Calibrated { beta_ms, .. } = s.sim_latency[0] else {
+        panic!("{:?}", s.sim_latency[0])
+    };
+    assert_eq!(beta_ms, 2.0);
+    assert!(matches!(s.sim_latency[1], LatencyModel::Linear { .. }));
+}
+
+#[test]
+fn a_backend_latency_table_must_name_a_sim_backend_and_hold_sane_values() {
+    let with = |extra: &str| Config::from_toml(&format!("{SLOW_AND_FAST}\n{extra}"));
+    let e = validate_err(&with("[workers.backends.slwo]\nbase_latency_ms = 1.0\n").unwrap());
+    assert!(
+        e.contains("workers.backends.slwo") && e.contains("the sim backends are: fast, slow"),
+        "{e}"
+    );
+    let e = validate_err(&with("[workers.backends.fast]\nbase_latency_ms = -1.0\n").unwrap());
+    assert!(
+        e.contains("workers.backends.fast.base_latency_ms") && e.contains(">= 0"),
+        "{e}"
+    );
+    // A key [workers] does not have is a parse error naming it.
+    let e = with("[workers.backends.fast]\nbase_latency = 1.0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("workers.backends.fast") && e.contains("base_latency"),
+        "{e}"
+    );
+    // Only sim backends simulate latency.
+    let mut c = two_backends();
+    c.workers.backends.insert(
+        c.backends[1].name.clone(),
+        SimBackendLatency {
+            base_latency_ms: Some(1.0),
+            ..SimBackendLatency::default()
+        },
+    );
+    let e = validate_err(&c);
+    assert!(
+        e.contains(&format!("workers.backends.{}", c.backends[1].name))
+            && e.contains("kind = \"upstream\"")
+            && e.contains("only sim backends"),
+        "{e}"
+    );
+    // A roofline that does not fit is refused under the backend's key.
+    let e = validate_err(
+        &with(
+            "[workers.backends.fast]\nlatency_model = \"roofline\"\nllm = \"llama-3.1-70b\"\n\
+             gpu = \"l4\"\n",
+        )
+        .unwrap(),
+    );
+    assert!(e.contains("workers.backends.fast.latency_model"), "{e}");
+}
+
+#[test]
+fn continuous_mode_keeps_the_kv_model_in_workers() {
+    let base = format!("{SLOW_AND_FAST}\n[batching]\nmode = \"continuous\"\n");
+    // Speeds may differ per backend in continuous mode...
+    let c = Config::from_toml(&format!(
+        "{base}[workers.backends.fast]\nflops_efficiency = 0.3\n"
+    ))
+    .unwrap();
+    let s = c.check().unwrap();
+    let (LatencyModel::Roofline(fast), LatencyModel::Roofline(slow)) =
+        (s.sim_latency[0], s.sim_latency[1])
+    else {
+        panic!("{:?}", s.sim_latency)
+    };
+    assert_eq!(fast.flops_efficiency, 0.3);
+    assert_ne!(slow.flops_efficiency, 0.3);
+    // ...but the GPU (and so the KV cache) may not.
+    let e = validate_err(
+        &Config::from_toml(&format!("{base}[workers.backends.fast]\ngpu = \"l40s\"\n")).unwrap(),
+    );
+    assert!(
+        e.contains("workers.backends.fast.gpu") && e.contains("KV cache from [workers]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn backend_latency_tables_are_file_only_and_shown() {
+    let mut c = Config::from_toml(SLOW_AND_FAST).unwrap();
+    let e = c
+        .apply_env(env(&[("ABE_WORKERS_BACKENDS_SLOW_BASE_LATENCY_MS", "1")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("config file"), "{e}");
+    // Other [workers] overrides keep the tables.
+    c.apply_env(env(&[("ABE_WORKERS_PER_TOKEN_LATENCY_MS", "0.2")]))
+        .unwrap();
+    assert_eq!(c.workers.per_token_latency_ms, 0.2);
+    assert_eq!(c.workers.backends["slow"].base_latency_ms, Some(40.0));
+    let shown = c.to_toml();
+    assert!(
+        shown.contains("[workers.backends.slow]") && shown.contains("base_latency_ms = 40.0"),
+        "{shown}"
+    );
+    // Printed back, it reads the same.
+    assert_eq!(Config::from_toml(&shown).unwrap(), c);
+}

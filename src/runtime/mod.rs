@@ -34,6 +34,7 @@ pub mod worker;
 use crate::core::continuous::ContinuousConfig;
 use crate::core::strategy::StrategyKind;
 use crate::core::{Core, CoreConfig};
+use crate::exec::latency::LatencyModel;
 use crate::exec::sim::{FaultSettings, Faults, SimConfig, SimExecutor};
 use clock::Clock;
 use crossbeam_queue::ArrayQueue;
@@ -136,14 +137,17 @@ pub enum StartError {
 /// Starts the engine and worker threads with `sim` executors.
 pub fn start(cfg: RuntimeConfig) -> Result<Handle, StartError> {
     let stop = Arc::new(AtomicBool::new(false));
-    let LaneWorkers { executors, faults } = sim_lane(&cfg, cfg.core.workers, 0, &stop);
+    let LaneWorkers { executors, faults } =
+        sim_lane(&cfg, &cfg.sim.latency, cfg.core.workers, 0, &stop);
     start_with_executors(cfg, executors, faults, stop)
 }
 
-/// `workers` `sim` executors with `cfg`'s latency model and faults, worker `i` seeded
+/// `workers` `sim` executors with `latency` (a backend's own model, or `cfg.sim.latency`)
+/// and `cfg`'s other sim settings and faults, worker `i` seeded
 /// `cfg.sim.seed + seed_offset + i`.
 pub fn sim_lane(
     cfg: &RuntimeConfig,
+    latency: &LatencyModel,
     workers: usize,
     seed_offset: u64,
     stop: &Arc<AtomicBool>,
@@ -159,6 +163,7 @@ pub fn sim_lane(
                     .seed
                     .wrapping_add(seed_offset)
                     .wrapping_add(i as u64),
+                latency: *latency,
                 ..cfg.sim.clone()
             };
             Box::new(SimExecutor::new(sim, f.clone(), stop.clone()))
