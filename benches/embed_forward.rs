@@ -1,6 +1,7 @@
 //! Criterion bench of the `embed` executor's forward pass on all-MiniLM-L6-v2 (feature
-//! `embed`): one sentence of 16 tokens, batches of 1, 8 and 64 (the anchors), plus
-//! a batch of 8 where one input is 128 tokens (what padding to the longest costs).
+//! `embed`): one sentence of 16 tokens, batches of 1, 8 and 64 (the anchors) and
+//! 2, 3, 4 (where one thread stops beating two: `threads.rs`), plus a batch of 8 where one
+//! input is 128 tokens (what padding to the longest costs).
 //!
 //! `16_tokens` runs on rayon's global pool (`RAYON_NUM_THREADS=1` for one thread);
 //! `16_tokens_served` as the executor runs it ([`ComputeThreads`]: passes under
@@ -53,7 +54,7 @@ fn forward(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
     let served = ComputeThreads::new("bench-served").expect("pool");
-    for batch in [1usize, 2, 4, 8, 64] {
+    for batch in [1usize, 2, 3, 4, 8, 64] {
         let inputs: Vec<&[u32]> = (0..batch).map(|_| ids.as_slice()).collect();
         g.throughput(Throughput::Elements(batch as u64));
         g.bench_with_input(

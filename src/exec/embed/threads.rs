@@ -1,25 +1,28 @@
 //! How many threads one forward pass runs on: small passes on one, the rest on all cores.
 //!
-//! candle's CPU kernels (gemm, softmax) split their work over the rayon pool they are
-//! called from. Called straight from a worker thread, that is rayon's global pool (one
-//! thread per core). With gemm's AVX-512 kernels (Cargo.toml, `gemm` x86-v4) a big pass
-//! gains from two cores (batch 8 of 16 tokens: 25-27 ms against 32-34 ms on one; batch 64:
-//! 142 ms against 213-227 ms), but a small one loses: gemm splits its tiny matrices across
-//! both, and one 16-token input takes 14.4-14.7 ms against 9.8-10.2 ms on one thread; at
-//! 2 x 16 tokens one thread still wins (13.4-13.6 ms against 13.7-16.9 ms), at 4 x 16 the
-//! two are level (20.0-20.6 against 18.4-25.8 ms). So a pass of fewer than
-//! [`SINGLE_THREAD_BELOW_TOKENS`] padded tokens runs inside a pool of one thread owned by
-//! the worker (every split runs in turn on that thread, and the other core is left to the
-//! io and engine threads). Measured 2026-11-24 on the 2-vCPU box (Xeon with AVX-512), load
-//! 1.1-3.3, with `cargo bench --profile release --features embed --bench embed_forward`
-//! and `RAYON_NUM_THREADS=1|2`: BENCHMARKS.md, "A real embedding model".
+//! candle's CPU kernels (gemm, softmax) and abe's own fused ops split their work over the
+//! rayon pool they are called from. Called straight from a worker thread, that is rayon's
+//! global pool (one thread per core). A big pass gains from two cores, but a small one
+//! loses: the splits of its tiny matrices cost more than the second core gives. So a pass
+//! of fewer than [`SINGLE_THREAD_BELOW_TOKENS`] padded tokens runs inside a pool of one
+//! thread owned by the worker (every split runs in turn on that thread, and the other core
+//! is left to the io and engine threads).
+//!
+//! Where the line is, with abe's fused encoder (2026-11-24, 21:19-21:27 UTC, the 2-vCPU
+//! Xeon with AVX-512, load 1.1-1.9; `cargo bench --profile release --features embed --bench
+//! embed_forward -- '16_tokens(_served)?/(1|2|3|4)$'`, criterion medians over three rounds,
+//! two threads against one, inputs of 16 tokens): 1 input 5.8-6.2 against 4.4-4.7 ms; 2
+//! inputs 7.7-8.4 against 7.1-7.8 ms; 3 inputs 9.5-9.8 against 9.2-9.6 ms; 4 inputs
+//! 10.0-11.2 against 11.4-12.3 ms. One thread wins up to 48 padded tokens, two from 64. (The
+//! line was 128 with candle's own ops, whose small passes split worse: BENCHMARKS.md, "A
+//! real embedding model".)
 //!
 //! What must never happen here: a pool built per batch (the thread starts once, with the
 //! worker's executor), or one pool shared by two workers (each pass would wait on the
 //! other's).
 
 /// Passes of fewer padded tokens (inputs x longest) than this run on one thread.
-pub const SINGLE_THREAD_BELOW_TOKENS: usize = 128;
+pub const SINGLE_THREAD_BELOW_TOKENS: usize = 64;
 
 /// Where one worker's forward passes run.
 pub struct ComputeThreads {
