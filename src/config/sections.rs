@@ -323,6 +323,39 @@ impl Default for WorkersConfig {
 }
 
 impl WorkersConfig {
+    /// These settings with a `[workers.backends.<name>]` table's keys set over them
+    /// (every other key, counts and faults included, stays as here).
+    pub fn with_backend_keys(&self, table: &SimBackendLatency) -> WorkersConfig {
+        let mut w = self.clone();
+        w.backends.clear();
+        macro_rules! set {
+            ($($key:ident),*) => {
+                $(if let Some(v) = table.$key {
+                    w.$key = v;
+                })*
+            };
+        }
+        set!(
+            latency_model,
+            base_latency_ms,
+            per_token_latency_ms,
+            latency_variance,
+            prefill_ms_per_token,
+            decode_beta_ms,
+            decode_gamma,
+            max_of_batch_base_ms,
+            max_of_batch_decode_ms_per_token,
+            affine_step_a_ms,
+            affine_step_c_ms,
+            llm,
+            gpu,
+            tp,
+            flops_efficiency,
+            bandwidth_efficiency
+        );
+        w
+    }
+
     /// The chosen latency model with its parameters from this section
     /// (`prefill_ms_per_token` is shared by the models that prefill per token); `auto`
     /// resolves by batching `mode`.

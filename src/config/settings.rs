@@ -129,12 +129,12 @@ impl Config {
                     ));
                 }
             }
-            checked_latency(&key, &table.over(&self.workers), mode)?;
+            checked_latency(&key, &self.workers.with_backend_keys(table), mode)?;
         }
         backends
             .iter()
             .map(|b| match self.workers.backends.get(&b.name) {
-                Some(table) => checked_latency("", &table.over(&self.workers), mode),
+                Some(table) => checked_latency("", &self.workers.with_backend_keys(table), mode),
                 None => Ok(*workers_latency),
             })
             .collect()

@@ -3,13 +3,12 @@
 //! Routing across `sim` backends of different speeds (a slow pool and a fast one, an A100
 //! replica group beside an H100 one) needs each backend to simulate its own hardware. Every
 //! key here is one of `[workers]`' latency keys and is optional: a key left out is
-//! `[workers]`' value. What lives here is the table's shape and the merge; `settings` judges
-//! the merged values with `[workers]`' rules, naming keys in full
-//! (`workers.backends.slow.base_latency_ms`).
+//! `[workers]`' value. What lives here is the table's shape; the merge is
+//! `WorkersConfig::with_backend_keys` (`sections`), and `settings` judges the merged values
+//! with `[workers]`' rules, naming keys in full (`workers.backends.slow.base_latency_ms`).
 //!
 //! What must never happen here: reading the environment or a file, or judging a value.
 
-use super::sections::WorkersConfig;
 use crate::exec::latency::LatencyKind;
 use crate::exec::roofline::presets::{Gpu, Llm};
 use serde::{Deserialize, Serialize};
@@ -53,39 +52,6 @@ pub struct SimBackendLatency {
 }
 
 impl SimBackendLatency {
-    /// `workers` with this table's keys set over it (every other key, counts and faults
-    /// included, is `workers`' own).
-    pub fn over(&self, workers: &WorkersConfig) -> WorkersConfig {
-        let mut w = workers.clone();
-        w.backends.clear();
-        macro_rules! set {
-            ($($key:ident),*) => {
-                $(if let Some(v) = self.$key {
-                    w.$key = v;
-                })*
-            };
-        }
-        set!(
-            latency_model,
-            base_latency_ms,
-            per_token_latency_ms,
-            latency_variance,
-            prefill_ms_per_token,
-            decode_beta_ms,
-            decode_gamma,
-            max_of_batch_base_ms,
-            max_of_batch_decode_ms_per_token,
-            affine_step_a_ms,
-            affine_step_c_ms,
-            llm,
-            gpu,
-            tp,
-            flops_efficiency,
-            bandwidth_efficiency
-        );
-        w
-    }
-
     /// The key that sets the KV-memory model (the model, GPU or tensor parallelism), if any.
     /// Continuous batching sizes every replica's KV cache from `[workers]`, so these are
     /// `[workers]`-only there.
