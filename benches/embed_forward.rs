@@ -1,7 +1,8 @@
 //! Criterion bench of the `embed` executor's forward pass on all-MiniLM-L6-v2 (feature
 //! `embed`): one sentence of 16 tokens, batches of 1, 8 and 64 (the anchors) and
 //! 2, 3, 4 (where one thread stops beating two: `threads.rs`), plus a batch of 8 where one
-//! input is 128 tokens (what padding to the longest costs).
+//! input is 128 tokens: as one pass (what padding to the longest costs) and split by length
+//! as the executor runs it (`7x16_1x128_split`).
 //!
 //! `16_tokens` runs on rayon's global pool (`RAYON_NUM_THREADS=1` for one thread);
 //! `16_tokens_served` as the executor runs it ([`ComputeThreads`]: passes under
@@ -18,6 +19,7 @@
 //! tools/fetch_minilm.sh (or `ABE_EMBED_MODEL_DIR`); without it the bench says so and
 //! measures nothing. Run: `cargo bench --features embed --bench embed_forward`.
 
+use abe::exec::embed::split::Plan;
 use abe::exec::embed::{ComputeThreads, EmbedModel};
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -78,6 +80,26 @@ fn forward(c: &mut Criterion) {
     g.bench_with_input(BenchmarkId::new("7x16_1x128", 8), &mixed, |b, inputs| {
         b.iter(|| black_box(model.embed(inputs).expect("forward")))
     });
+    // The same batch as the executor runs it: split by length (`split::Plan`), each pass
+    // on the threads its size gets.
+    let mut plan = Plan::default();
+    plan.make(&mixed.iter().map(|i| i.len()).collect::<Vec<_>>());
+    assert_eq!(plan.passes().count(), 2, "the long input runs alone");
+    g.bench_with_input(
+        BenchmarkId::new("7x16_1x128_split", 8),
+        &mixed,
+        |b, inputs| {
+            b.iter(|| {
+                for pass in plan.passes() {
+                    let rows: Vec<&[u32]> = pass.iter().map(|&i| inputs[i]).collect();
+                    let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+                    black_box(served.run(rows.len() * longest, || {
+                        model.embed(&rows).expect("forward")
+                    }));
+                }
+            })
+        },
+    );
     let single = || {
         rayon::ThreadPoolBuilder::new()
             .num_threads(1)

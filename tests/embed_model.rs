@@ -172,6 +172,44 @@ fn matches_sentence_transformers_alone_and_batched() {
     abe.shutdown();
 }
 
+/// One batch of mixed lengths (token buckets off, so the engine keeps the array in one
+/// batch): the worker runs it in passes split by length, the truncated 256-token input
+/// apart from the short ones, and every vector still matches and comes back in order.
+#[test]
+fn a_batch_of_mixed_lengths_runs_in_passes_split_by_length() {
+    let rows = reference();
+    let mut cfg = config(&model_dir(), None);
+    cfg.batching.token_bucketing_enabled = false;
+    let abe = common::start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    let inputs: Vec<&str> = rows.iter().map(|r| r.input.as_str()).collect();
+    let got = vectors(&embed(&mut c, json!({"model": MODEL, "input": inputs})));
+    assert_eq!(got.len(), rows.len());
+    for (g, row) in got.iter().zip(&rows) {
+        assert!(cosine(g, &row.embedding) >= COSINE_MIN, "{:?}", row.input);
+    }
+    let page = c.request("GET", "/metrics", None).text();
+    let batches: f64 = page
+        .lines()
+        .filter(|l| l.starts_with("abe_batches_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    let passes = metric(&mut c, "abe_embed_forward_passes_total");
+    let padded = metric(&mut c, "abe_embed_padded_tokens_total");
+    let longest = rows.iter().map(|r| r.tokens).max().unwrap();
+    let one_pass = (rows.len() as u64 * longest) as f64;
+    assert!(
+        passes >= 2.0 && passes > batches,
+        "{} inputs of mixed lengths in {batches} batch(es): {passes} passes",
+        rows.len()
+    );
+    assert!(
+        padded < one_pass,
+        "split by length: {padded} positions computed, one pass would be {one_pass}"
+    );
+    abe.shutdown();
+}
+
 #[test]
 fn array_inputs_split_by_the_token_budget_and_come_back_in_order() {
     let rows = reference();

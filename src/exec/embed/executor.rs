@@ -1,12 +1,15 @@
 //! The `embed` executor: what an `embed` backend's worker does with a batch.
 //!
 //! Each item is checked on its own (an embedding request, `dimensions` within the model's,
-//! an input that fits or may be cut); the items that pass run as one forward pass padded to
-//! the longest, and each gets its vector and its real token count (`usage.prompt_tokens`).
+//! an input that fits or may be cut); the items that pass run in forward passes, each padded
+//! to its longest: one pass, unless lengths differ enough that splitting by length
+//! ([`split`](super::split)) computes less. Each item gets its vector and its real token
+//! count (`usage.prompt_tokens`).
 //! An item that fails gets its own 400 error ([`ExecError::Invalid`]); only a fault of the
 //! forward pass itself fails the batch.
 
 use super::model::EmbedModel;
+use super::split::Plan;
 use super::stats::EmbedStats;
 use super::threads::ComputeThreads;
 use crate::core::Kind;
@@ -25,6 +28,9 @@ pub struct EmbedExecutor {
     threads: ComputeThreads,
     /// Per batch: (item index, token ids) of the items that run. Kept to reuse its capacity.
     runnable: Vec<(usize, Vec<u32>)>,
+    /// Per batch: the passes (by length), and the lengths they are planned from.
+    plan: Plan,
+    lens: Vec<usize>,
 }
 
 impl EmbedExecutor {
@@ -42,6 +48,8 @@ impl EmbedExecutor {
             stats,
             threads,
             runnable: Vec::new(),
+            plan: Plan::default(),
+            lens: Vec::new(),
         }
     }
 
@@ -107,9 +115,10 @@ impl Executor for EmbedExecutor {
 }
 
 impl EmbedExecutor {
-    /// One forward pass over `runnable`, answers written into `items`.
+    /// The forward passes over `runnable` (split by length), answers written into `items`.
+    /// A pass that fails fails the batch.
     fn run(
-        &self,
+        &mut self,
         items: &mut [BatchItem],
         runnable: &[(usize, Vec<u32>)],
         truncated: u64,
@@ -117,42 +126,49 @@ impl EmbedExecutor {
         if runnable.is_empty() {
             return Ok(());
         }
-        let inputs: Vec<&[u32]> = runnable.iter().map(|(_, ids)| ids.as_slice()).collect();
-        let longest = inputs.iter().map(|i| i.len()).max().unwrap_or(0);
-        let model = &self.model;
-        let started = Instant::now();
-        let vectors = self
-            .threads
-            .run(inputs.len() * longest, || model.embed(&inputs))
-            .map_err(|e| {
-                ExecError::Backend(format!("backend '{}': forward pass: {e}", self.backend))
-            })?;
-        let forward_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let real: usize = inputs.iter().map(|i| i.len()).sum();
-        self.stats.record(
-            inputs.len() as u64,
-            real as u64,
-            longest as u64,
-            truncated,
-            forward_ns,
-        );
-        debug_assert_eq!(vectors.len(), runnable.len());
-        for ((i, ids), mut vector) in runnable.iter().zip(vectors) {
-            let item = &mut items[*i];
-            let asked = item.work.dimensions as usize;
-            if asked > 0 && asked < vector.len() {
-                // OpenAI's `dimensions`: the first values, unit length again if the model's
-                // vectors are.
-                vector.truncate(asked);
-                if self.model.normalizes() {
-                    let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-                    vector.iter_mut().for_each(|v| *v /= norm);
+        self.lens.clear();
+        self.lens.extend(runnable.iter().map(|(_, ids)| ids.len()));
+        self.plan.make(&self.lens);
+        let mut truncated = truncated;
+        for pass in self.plan.passes() {
+            let inputs: Vec<&[u32]> = pass.iter().map(|&r| runnable[r].1.as_slice()).collect();
+            let longest = inputs.iter().map(|i| i.len()).max().unwrap_or(0);
+            let model = &self.model;
+            let started = Instant::now();
+            let vectors = self
+                .threads
+                .run(inputs.len() * longest, || model.embed(&inputs))
+                .map_err(|e| {
+                    ExecError::Backend(format!("backend '{}': forward pass: {e}", self.backend))
+                })?;
+            let forward_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let real: usize = inputs.iter().map(|i| i.len()).sum();
+            self.stats.record(
+                inputs.len() as u64,
+                real as u64,
+                longest as u64,
+                std::mem::take(&mut truncated),
+                forward_ns,
+            );
+            debug_assert_eq!(vectors.len(), pass.len());
+            for (&r, mut vector) in pass.iter().zip(vectors) {
+                let (i, ids) = &runnable[r];
+                let item = &mut items[*i];
+                let asked = item.work.dimensions as usize;
+                if asked > 0 && asked < vector.len() {
+                    // OpenAI's `dimensions`: the first values, unit length again if the
+                    // model's vectors are.
+                    vector.truncate(asked);
+                    if self.model.normalizes() {
+                        let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+                        vector.iter_mut().for_each(|v| *v /= norm);
+                    }
                 }
+                item.output = Some(Output::Embedding {
+                    vector,
+                    prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+                });
             }
-            item.output = Some(Output::Embedding {
-                vector,
-                prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
-            });
         }
         Ok(())
     }

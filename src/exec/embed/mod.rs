@@ -1,5 +1,5 @@
 //! The `embed` executor: a sentence-transformers model (BERT family) run on this machine's
-//! CPU, one forward pass per batch the engine hands the worker.
+//! CPU: the batches the engine hands the worker, run as forward passes split by length.
 //!
 //! - [`model_dir`]: reads a model directory (config.json, model.safetensors,
 //!   tokenizer.json, modules.json, the pooling config) and names the file that is missing or
@@ -10,15 +10,19 @@
 //! - [`gelu`]: GELU-erf on every core (candle's runs on one).
 //! - [`model`]: the loaded encoder and tokenizer: tokenizes one input (truncating or
 //!   refusing past max_seq_length), runs a padded batch through the encoder.
+//! - [`attention`], [`add_norm`]: the encoder's fused attention and bias + residual +
+//!   LayerNorm; [`heap`]: glibc thresholds that keep a pass's buffers on the heap.
 //! - [`executor`]: the [`Executor`](super::Executor) workers run: checks each request,
-//!   tokenizes, runs one forward pass over the batch, answers each item with its vector and
-//!   its real token count.
+//!   tokenizes, runs the batch's forward passes, answers each item with its vector and its
+//!   real token count.
+//! - [`split`]: which inputs share a pass (sorted by length, cut where padding would cost
+//!   more than another pass); no candle, so always compiled and tested.
 //! - [`threads`]: how many threads a forward pass runs on (small passes on one, big ones
 //!   on every core).
 //! - [`stats`]: padding waste and forward time, for `/metrics` (always compiled, so the
 //!   metrics code has one shape with or without the feature).
 //!
-//! Everything but `stats` needs the `embed` cargo feature (candle and tokenizers). What must
+//! Everything but `split` and `stats` needs the `embed` cargo feature (candle and tokenizers). What must
 //! never happen here: loading a model lazily on a request (a bad directory fails at start),
 //! or one bad input failing the batch it rides in.
 
@@ -40,6 +44,7 @@ pub mod model;
 pub mod model_dir;
 #[cfg(feature = "embed")]
 pub mod pooling;
+pub mod split;
 pub mod stats;
 #[cfg(feature = "embed")]
 pub mod threads;
