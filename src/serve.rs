@@ -72,6 +72,14 @@ impl Running {
         if let Some(w) = routing_warning {
             tracing::warn!("{w}");
         }
+        if sim_latency.len() != backends.len() {
+            return Err(StartError::Config(format!(
+                "settings hold {} latency models for {} backends (build them with Config::check)",
+                sim_latency.len(),
+                backends.len()
+            ))
+            .into());
+        }
         let io_router = Arc::new(engine_router.clone());
         // The default model must resolve (ApiContext picks one some backend serves).
         let default_name = io_router

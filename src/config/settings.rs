@@ -48,15 +48,28 @@ impl Config {
     /// problem: it comes back as [`Settings::routing_warning`].
     pub fn check(mut self) -> Result<Settings, ConfigError> {
         let runtime = self.runtime_config()?;
+        let backends = self.effective_backends();
+        let (router, routing_warning) = self.check_routing(&backends)?;
+        let sim_latency = self.sim_latency(&backends, &runtime)?;
         if self.server.max_model_len == 0 {
-            // vLLM's default: the served model's context length.
-            if let LatencyModel::Roofline(r) = &runtime.sim.latency {
-                self.server.max_model_len = r.max_model_len();
+            // vLLM's default: the served model's context length; with several roofline
+            // models (a sim backend's own), the shortest, so no backend is handed a request
+            // longer than its model takes.
+            let sim_models = backends
+                .iter()
+                .zip(&sim_latency)
+                .filter(|(b, _)| b.kind == BackendKindName::Sim)
+                .map(|(_, l)| l);
+            let mut rooflines = sim_models
+                .chain(std::iter::once(&runtime.sim.latency))
+                .filter_map(|l| match l {
+                    LatencyModel::Roofline(r) => Some(r.max_model_len()),
+                    _ => None,
+                });
+            if let Some(first) = rooflines.next() {
+                self.server.max_model_len = rooflines.fold(first, u32::min);
             }
         }
-        let backends = self.effective_backends();
-        let sim_latency = self.sim_latency(&backends, &runtime.sim.latency)?;
-        let (router, routing_warning) = self.check_routing(&backends)?;
         self.check_server()?;
         Ok(Settings {
             runtime,
@@ -75,12 +88,13 @@ impl Config {
 
     /// Each backend's latency model (see [`Settings::sim_latency`]). A
     /// `[workers.backends.<name>]` table must name a `sim` backend; its merged keys are
-    /// judged as `[workers]`' are. In continuous batching every replica's KV cache is sized
-    /// from `[workers]`, so a table there may not set the model, GPU or tensor parallelism.
+    /// judged as `[workers]`' are. In continuous batching every replica has one KV capacity
+    /// (`runtime.continuous`: `[workers]`' roofline's, else `[batching.dynamic]`'s), so a
+    /// table whose roofline would hold a different one is refused.
     fn sim_latency(
         &self,
         backends: &[BackendConfig],
-        workers_latency: &LatencyModel,
+        runtime: &RuntimeConfig,
     ) -> Result<Vec<LatencyModel>, ConfigError> {
         let mode = self.batching.mode;
         for (name, table) in &self.workers.backends {
@@ -95,11 +109,16 @@ impl Config {
                     &key,
                     format!("\"{name}\""),
                     format!(
-                        "names no backend; the sim backends are: {}",
+                        "names no backend; the sim backends are: {}{}",
                         if names.is_empty() {
                             "none".to_string()
                         } else {
                             names.join(", ")
+                        },
+                        if self.backends.is_empty() {
+                            " (with no [[backends]], abe runs one sim backend named \"sim\")"
+                        } else {
+                            ""
                         }
                     ),
                 ));
@@ -118,24 +137,36 @@ impl Config {
                     ),
                 ));
             }
-            if mode == BatchingMode::Continuous {
-                if let Some(kv) = table.kv_key() {
+            let latency = checked_latency(&key, &self.workers.with_backend_keys(table), mode)?;
+            if let (Some(c), LatencyModel::Roofline(r)) = (&runtime.continuous, &latency) {
+                let own = r.kv_capacity_tokens();
+                if own != c.kv_capacity_tokens {
+                    let from = match runtime.sim.latency {
+                        LatencyModel::Roofline(_) => "[workers]' roofline (its llm, gpu and tp)",
+                        _ => "[batching.dynamic]'s memory model",
+                    };
                     return Err(invalid(
-                        &format!("{key}.{kv}"),
-                        "(set)",
-                        "continuous batching sizes every replica's KV cache from [workers]: \
-                         set llm, gpu and tp there (speeds, efficiencies and the other models' \
-                         keys may differ per backend)",
+                        &format!("{key}.latency_model"),
+                        "\"roofline\"",
+                        format!(
+                            "this backend's roofline ({} on {} x{}) holds {own} tokens of KV \
+                             cache, but continuous batching gives every replica one capacity, \
+                             {} tokens from {from}; give it the same llm, gpu and tp as \
+                             [workers] (speeds and efficiencies may differ)",
+                            r.llm.as_str(),
+                            r.gpu.as_str(),
+                            r.tp,
+                            c.kv_capacity_tokens
+                        ),
                     ));
                 }
             }
-            checked_latency(&key, &self.workers.with_backend_keys(table), mode)?;
         }
         backends
             .iter()
             .map(|b| match self.workers.backends.get(&b.name) {
                 Some(table) => checked_latency("", &self.workers.with_backend_keys(table), mode),
-                None => Ok(*workers_latency),
+                None => Ok(runtime.sim.latency),
             })
             .collect()
     }

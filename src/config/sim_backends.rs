@@ -50,20 +50,3 @@ pub struct SimBackendLatency {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bandwidth_efficiency: Option<f64>,
 }
-
-impl SimBackendLatency {
-    /// The key that sets the KV-memory model (the model, GPU or tensor parallelism), if any.
-    /// Continuous batching sizes every replica's KV cache from `[workers]`, so these are
-    /// `[workers]`-only there.
-    pub fn kv_key(&self) -> Option<&'static str> {
-        if self.llm.is_some() {
-            Some("llm")
-        } else if self.gpu.is_some() {
-            Some("gpu")
-        } else if self.tp.is_some() {
-            Some("tp")
-        } else {
-            None
-        }
-    }
-}

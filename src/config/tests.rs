@@ -659,6 +659,30 @@ fn max_model_len_defaults_to_the_roofline_presets_context_length() {
         len("[server]\nmax_model_len = 4096\n[batching]\nmode = \"continuous\"\n"),
         4096
     );
+    // A sim backend's own roofline counts too: the shortest context of the models served.
+    let with_table = |workers: &str, table: &str| {
+        len(&format!(
+            "[workers]\n{workers}\n[workers.backends.sim]\n{table}\n"
+        ))
+    };
+    assert_eq!(
+        with_table("", "latency_model = \"roofline\"\nllm = \"mistral-7b\""),
+        32_768
+    );
+    assert_eq!(
+        with_table(
+            "latency_model = \"roofline\"\nllm = \"mistral-7b\"",
+            "llm = \"llama-3.1-8b\""
+        ),
+        32_768
+    );
+    assert_eq!(
+        with_table(
+            "latency_model = \"roofline\"\nllm = \"llama-3.1-8b\"",
+            "llm = \"mistral-7b\""
+        ),
+        32_768
+    );
 }
 
 const SLOW_AND_FAST: &str = r#"
@@ -729,6 +753,18 @@ fn a_backend_latency_table_must_name_a_sim_backend_and_hold_sane_values() {
         e.contains("workers.backends.slwo") && e.contains("the sim backends are: fast, slow"),
         "{e}"
     );
+    // With no [[backends]], the one sim backend is named "sim", and the error says so.
+    let e = validate_err(
+        &Config::from_toml("[workers.backends.local]\nbase_latency_ms = 1.0\n").unwrap(),
+    );
+    assert!(
+        e.contains("the sim backends are: sim") && e.contains("named \"sim\""),
+        "{e}"
+    );
+    Config::from_toml("[workers.backends.sim]\nbase_latency_ms = 1.0\n")
+        .unwrap()
+        .validate()
+        .unwrap();
     let e = validate_err(&with("[workers.backends.fast]\nbase_latency_ms = -1.0\n").unwrap());
     assert!(
         e.contains("workers.backends.fast.base_latency_ms") && e.contains(">= 0"),
@@ -770,7 +806,7 @@ fn a_backend_latency_table_must_name_a_sim_backend_and_hold_sane_values() {
 }
 
 #[test]
-fn continuous_mode_keeps_the_kv_model_in_workers() {
+fn continuous_mode_keeps_one_kv_capacity_for_every_replica() {
     let base = format!("{SLOW_AND_FAST}\n[batching]\nmode = \"continuous\"\n");
     // Speeds may differ per backend in continuous mode...
     let c = Config::from_toml(&format!(
@@ -785,12 +821,44 @@ fn continuous_mode_keeps_the_kv_model_in_workers() {
     };
     assert_eq!(fast.flops_efficiency, 0.3);
     assert_ne!(slow.flops_efficiency, 0.3);
-    // ...but the GPU (and so the KV cache) may not.
+    // ...and repeating [workers]' own GPU changes nothing...
+    let gpu = Config::default().workers.gpu.as_str();
+    Config::from_toml(&format!("{base}[workers.backends.fast]\ngpu = \"{gpu}\"\n"))
+        .unwrap()
+        .check()
+        .unwrap();
+    // ...but another GPU would hold another KV cache: refused, saying both sizes.
     let e = validate_err(
         &Config::from_toml(&format!("{base}[workers.backends.fast]\ngpu = \"l40s\"\n")).unwrap(),
     );
     assert!(
-        e.contains("workers.backends.fast.gpu") && e.contains("KV cache from [workers]"),
+        e.contains("workers.backends.fast.latency_model")
+            && e.contains("on l40s")
+            && e.contains("one capacity")
+            && e.contains("[workers]' roofline"),
+        "{e}"
+    );
+    // With [workers] on another model, the capacity is [batching.dynamic]'s: a backend's own
+    // roofline cannot match it.
+    let e = validate_err(
+        &Config::from_toml(&format!(
+            "{SLOW_AND_FAST}\n[batching]\nmode = \"continuous\"\n"
+        ))
+        .map(|mut c| {
+            c.workers.latency_model = crate::exec::latency::LatencyKind::Linear;
+            c.workers.backends.insert(
+                "fast".into(),
+                SimBackendLatency {
+                    latency_model: Some(crate::exec::latency::LatencyKind::Roofline),
+                    ..SimBackendLatency::default()
+                },
+            );
+            c
+        })
+        .unwrap(),
+    );
+    assert!(
+        e.contains("workers.backends.fast.latency_model") && e.contains("[batching.dynamic]"),
         "{e}"
     );
 }
