@@ -9,7 +9,7 @@ bench's linear model), bento (POST /infer {"x": [1]}), triton (KServe v2 infer o
 of 16 tokens, model all-MiniLM-L6-v2. Loopback only. Prints one JSON line per point.
 
 Usage:
-  drive.py closed --server KIND=URL --clients N --duration S
+  drive.py closed --server KIND=URL --clients N --duration S [--mixed]
   drive.py open --server KIND=URL --rate RPS --duration S [--connections C] [--seed K]
 """
 
@@ -40,17 +40,32 @@ BODIES["infinity"] = (
     "/embeddings",
     json.dumps({"model": "all-MiniLM-L6-v2", "input": [EMBED_SENTENCE]}),
 )
+# --mixed (embedding servers only): 1 request in 8 sends this instead, the sentence ten times
+# over (142 tokens), so batches mix lengths and padding matters.
+LONG_SENTENCE = " ".join([EMBED_SENTENCE] * 10)
+LONG_BODIES = {
+    "abe-embed": json.dumps({"model": "all-MiniLM-L6-v2", "input": LONG_SENTENCE}),
+    "infinity": json.dumps({"model": "all-MiniLM-L6-v2", "input": [LONG_SENTENCE]}),
+}
 TIMEOUT_S = 30.0
 
 
 class Conn:
-    def __init__(self, kind, url):
+    def __init__(self, kind, url, mixed=False, offset=0):
         u = urllib.parse.urlparse(url)
         if u.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise SystemExit(f"{url}: loopback only")
         self.host, self.port = u.hostname, u.port
         self.path, self.body = BODIES[kind]
         self.body = self.body.encode()
+        self.long = None
+        if mixed:
+            if kind not in LONG_BODIES:
+                raise SystemExit(f"--mixed is for {', '.join(LONG_BODIES)} only")
+            self.long = LONG_BODIES[kind].encode()
+        # Which of this connection's requests is long: every 8th, offset per connection so
+        # the long ones are spread over time.
+        self.sent = offset
         self.c = None
 
     def connect(self):
@@ -67,10 +82,14 @@ class Conn:
         for attempt in range(2):
             if self.c is None:
                 self.c = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
+            body = self.body
+            if self.long is not None and self.sent % 8 == 0:
+                body = self.long
             try:
-                self.c.request("POST", self.path, self.body, {"Content-Type": "application/json"})
+                self.c.request("POST", self.path, body, {"Content-Type": "application/json"})
                 r = self.c.getresponse()
                 r.read()
+                self.sent += 1
                 return 200 <= r.status < 300
             except (http.client.HTTPException, OSError):
                 self.c.close()
@@ -87,14 +106,14 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def closed(kind, url, clients, duration):
+def closed(kind, url, clients, duration, mixed=False):
     lat, errors, ends = [], [0], [0.0]
     lock = threading.Lock()
     ready = threading.Barrier(clients + 1)
     t0 = [0.0]
 
-    def client():
-        c = Conn(kind, url)
+    def client(k):
+        c = Conn(kind, url, mixed, k)
         c.connect()
         mine, last, bad = [], 0.0, 0
         ready.wait()
@@ -113,7 +132,7 @@ def closed(kind, url, clients, duration):
             errors[0] += bad
             ends[0] = max(ends[0], last)
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
     for t in threads:
         t.start()
     t0[0] = time.perf_counter()
@@ -185,13 +204,15 @@ def main():
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--connections", type=int, default=256)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--mixed", action="store_true",
+                   help="closed loops of abe-embed or infinity: 1 request in 8 is 142 tokens")
     a = p.parse_args()
     kind, url = a.server.split("=", 1)
     if a.mode == "closed":
-        out = closed(kind, url, a.clients, a.duration)
+        out = closed(kind, url, a.clients, a.duration, a.mixed)
     else:
         out = open_loop(kind, url, a.rate, a.duration, a.connections, a.seed)
-    out.update({"server": kind, "mode": a.mode})
+    out.update({"server": kind, "mode": a.mode + ("-mixed" if a.mixed else "")})
     print(json.dumps(out))
     sys.stdout.flush()
 

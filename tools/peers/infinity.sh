@@ -13,7 +13,8 @@
 #   infinity  `infinity_emb v2` with --engine torch --device cpu, batch size 64, from a
 #             venv at $VENV (created here if missing; torch without its CUDA packages).
 #
-# Not part of the test command. Usage: tools/peers/infinity.sh  (override VAR=value below)
+# Not part of the test command. Usage: tools/peers/infinity.sh  (override VAR=value below;
+# MIXED=1 for mixed lengths)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 CLIENTS="${CLIENTS:-1 8 64}"
@@ -23,6 +24,9 @@ WARMUP_S="${WARMUP_S:-2}"
 ABE_STRATEGY="${ABE_STRATEGY:-auto}"
 ABE_MAX_BATCH="${ABE_MAX_BATCH:-64}"
 VENV="${VENV:-$root/target/peers/infinity-venv}"
+# MIXED=1: 1 request in 8 is the sentence ten times over (142 tokens), so batches mix lengths.
+MIXED_FLAG=""
+[ "${MIXED:-0}" = 1 ] && MIXED_FLAG="--mixed"
 ABE_PORT="${ABE_PORT:-18461}"
 INF_PORT="${INF_PORT:-18462}"
 model="$("$root/tools/fetch_minilm.sh")"
@@ -80,8 +84,10 @@ drive="$root/tools/peers/drive.py"
 for round in $(seq 1 "$ROUNDS"); do
   for n in $CLIENTS; do
     for server in "abe-embed=http://127.0.0.1:$ABE_PORT" "infinity=http://127.0.0.1:$INF_PORT"; do
-      python3 "$drive" closed --server "$server" --clients "$n" --duration "$WARMUP_S" >/dev/null
-      line="$(python3 "$drive" closed --server "$server" --clients "$n" --duration "$DURATION_S")"
+      python3 "$drive" closed --server "$server" --clients "$n" --duration "$WARMUP_S" \
+        $MIXED_FLAG >/dev/null
+      line="$(python3 "$drive" closed --server "$server" --clients "$n" --duration "$DURATION_S" \
+        $MIXED_FLAG)"
       echo "{\"round\": $round, \"clients\": $n, \"load1\": $(cut -d' ' -f1 /proc/loadavg), ${line#\{}"
     done
   done
