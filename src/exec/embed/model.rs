@@ -3,7 +3,8 @@
 //!
 //! Shared read-only by every worker of an `embed` backend (`Arc<EmbedModel>`): a forward
 //! pass takes `&self`. Inputs are tokenized one by one (the worker checks each on its own,
-//! so one bad input never fails the others), then run together, padded to the longest.
+//! so one bad input never fails the others), then run together, padded to the longest (the
+//! executor decides which inputs share a pass: `split`).
 
 use super::bert::Bert;
 use super::model_dir::{LoadError, ModelDir};
