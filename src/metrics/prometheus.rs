@@ -620,7 +620,7 @@ pub fn render_embed(backends: &[(Box<str>, Arc<EmbedStats>)], out: &mut String) 
     let counters: [EmbedCounter; 5] = [
         (
             "abe_embed_forward_passes_total",
-            "Forward passes of an embed backend (one per batch).",
+            "Forward passes of an embed backend (one or more per batch: split by length).",
             |t| t.forward_passes,
         ),
         (
@@ -635,7 +635,7 @@ pub fn render_embed(backends: &[(Box<str>, Arc<EmbedStats>)], out: &mut String) 
         ),
         (
             "abe_embed_padded_tokens_total",
-            "Token positions computed: inputs x longest input of the batch, per forward pass.",
+            "Token positions computed: inputs x longest input of the pass, per forward pass.",
             |t| t.tokens_padded,
         ),
         (

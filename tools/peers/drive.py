@@ -89,8 +89,10 @@ class Conn:
                 self.c.request("POST", self.path, body, {"Content-Type": "application/json"})
                 r = self.c.getresponse()
                 r.read()
-                self.sent += 1
-                return 200 <= r.status < 300
+                ok = 200 <= r.status < 300
+                if ok:
+                    self.sent += 1
+                return ok
             except (http.client.HTTPException, OSError):
                 self.c.close()
                 self.c = None
@@ -208,6 +210,8 @@ def main():
                    help="closed loops of abe-embed or infinity: 1 request in 8 is 142 tokens")
     a = p.parse_args()
     kind, url = a.server.split("=", 1)
+    if a.mixed and a.mode != "closed":
+        raise SystemExit("--mixed is for closed loops only")
     if a.mode == "closed":
         out = closed(kind, url, a.clients, a.duration, a.mixed)
     else:

@@ -150,7 +150,16 @@ impl EmbedExecutor {
                 std::mem::take(&mut truncated),
                 forward_ns,
             );
-            debug_assert_eq!(vectors.len(), pass.len());
+            if vectors.len() != pass.len() {
+                // Every input must get its own vector: rather fail the batch than answer
+                // some requests with nothing or another's.
+                return Err(ExecError::Backend(format!(
+                    "backend '{}': a forward pass over {} inputs gave {} vectors",
+                    self.backend,
+                    pass.len(),
+                    vectors.len()
+                )));
+            }
             for (&r, mut vector) in pass.iter().zip(vectors) {
                 let (i, ids) = &runnable[r];
                 let item = &mut items[*i];

@@ -1,9 +1,10 @@
 //! What the `embed` executor's forward passes cost in padding: counters its workers add to
 //! and `/metrics` reads.
 //!
-//! A batch is padded to its longest input, so every forward pass computes
-//! `inputs x longest` token positions of which only the real tokens are wanted. The gap is
-//! the padding waste that length buckets and `max_batch_tokens` are there to keep small.
+//! A forward pass is padded to its longest input, so every pass computes `inputs x longest`
+//! token positions of which only the real tokens are wanted. The gap is the padding waste
+//! that length buckets, `max_batch_tokens` and the worker's split by length (`split`) are
+//! there to keep small.
 //! Plain relaxed atomic counters: each is a monotonic total read for display, no other
 //! memory depends on its value, and the worker never waits on a reader.
 
