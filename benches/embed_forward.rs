@@ -11,6 +11,9 @@
 //! measured against one worker on both cores); criterion's time is for both, so per request
 //! is that / (2 x batch size).
 //!
+//! `tokenize_64`: the HF tokenizer over 64 copies of the sentence, one thread, as the
+//! worker runs it before a batch's passes.
+//!
 //! `gemm_1024x384x1536`: one matrix product of that shape (the biggest of a batch of 64),
 //! candle's gemm alone, beside tools/bench/embed_gemm.py (OpenBLAS, torch); its throughput
 //! is in FLOP.
@@ -127,6 +130,15 @@ fn forward(c: &mut Criterion) {
             },
         );
     }
+    // Tokenizing a batch of 64 sentences, as the worker does before its passes (one thread).
+    g.throughput(Throughput::Elements(64));
+    g.bench_function("tokenize_64", |b| {
+        b.iter(|| {
+            for _ in 0..64 {
+                black_box(model.tokenize(black_box(SENTENCE)).expect("tokenizes"));
+            }
+        })
+    });
     // The biggest matrix product of a batch of 64 x 16 tokens (the feed-forward layer's
     // first half), alone: beside tools/bench/embed_gemm.py's OpenBLAS and torch figures.
     let x = Tensor::randn(0f32, 1.0, (1024, 384), &Device::Cpu).expect("x");
