@@ -97,6 +97,7 @@ impl Config {
         runtime: &RuntimeConfig,
     ) -> Result<Vec<LatencyModel>, ConfigError> {
         let mode = self.batching.mode;
+        let mut own: Vec<(&str, LatencyModel)> = Vec::with_capacity(self.workers.backends.len());
         for (name, table) in &self.workers.backends {
             let key = format!("workers.backends.{name}");
             let Some(backend) = backends.iter().find(|b| b.name == *name) else {
@@ -161,14 +162,16 @@ impl Config {
                     ));
                 }
             }
+            own.push((name, latency));
         }
-        backends
+        Ok(backends
             .iter()
-            .map(|b| match self.workers.backends.get(&b.name) {
-                Some(table) => checked_latency("", &self.workers.with_backend_keys(table), mode),
-                None => Ok(runtime.sim.latency),
+            .map(|b| {
+                own.iter()
+                    .find(|(name, _)| *name == b.name)
+                    .map_or(runtime.sim.latency, |&(_, latency)| latency)
             })
-            .collect()
+            .collect())
     }
 
     /// Checks `[server]`.
