@@ -398,6 +398,8 @@ impl Play for IterationLevel {
             n_batch: rng.gen_range(16..=1024),
             kv_capacity_tokens: rng.gen_range(64..=8192),
             max_queue: rng.gen_range(1..=16),
+            prefix_caching: rng.gen_bool(0.5),
+            block_tokens: rng.gen_range(1..=32),
         };
         let sched = Continuous::with_groups(ccfg, &lane_workers);
         let circuit = CircuitParams {

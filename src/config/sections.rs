@@ -199,6 +199,11 @@ pub struct ContinuousSection {
     /// Mean of the exponential distribution of a request's natural output length (it stops
     /// by itself, finish_reason "stop"), capped by max_tokens; 0: run to max_tokens.
     pub natural_length_mean_tokens: u32,
+    /// Keep finished prompts' KV blocks and start a prompt's prefill after its longest
+    /// cached prefix.
+    pub prefix_caching: bool,
+    /// Tokens per KV block (prefix caching shares whole blocks).
+    pub kv_block_tokens: u32,
 }
 
 impl Default for ContinuousSection {
@@ -210,6 +215,8 @@ impl Default for ContinuousSection {
             n_batch: c.n_batch,
             max_queue: c.max_queue,
             natural_length_mean_tokens: SimConfig::default().natural_length_mean_tokens,
+            prefix_caching: c.prefix_caching,
+            kv_block_tokens: c.block_tokens,
         }
     }
 }

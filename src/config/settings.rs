@@ -462,6 +462,14 @@ impl Config {
         at_least("continuous.prefill_chunk", c.prefill_chunk as usize, 1)?;
         at_least("continuous.n_batch", c.n_batch as usize, 1)?;
         at_least("continuous.max_queue", c.max_queue, 1)?;
+        at_least("continuous.kv_block_tokens", c.kv_block_tokens as usize, 1)?;
+        if c.kv_block_tokens > 4096 {
+            return Err(invalid(
+                "continuous.kv_block_tokens",
+                c.kv_block_tokens,
+                "must be at most 4096 tokens per block",
+            ));
+        }
         let d = &self.batching.dynamic;
         let kv = latency.kv_capacity_tokens().unwrap_or_else(|| {
             crate::core::continuous::kv_capacity_tokens(
@@ -485,6 +493,8 @@ impl Config {
             n_batch: c.n_batch,
             kv_capacity_tokens: kv,
             max_queue: c.max_queue,
+            prefix_caching: c.prefix_caching,
+            block_tokens: c.kv_block_tokens,
         }))
     }
 }

@@ -28,6 +28,12 @@ pub struct ContinuousConfig {
     pub kv_capacity_tokens: u64,
     /// Requests waiting for a slot, at most (`max_queue`); more are refused.
     pub max_queue: usize,
+    /// Keep the KV blocks of finished prompts and start a new prompt's prefill after its
+    /// longest cached prefix (`prefix_caching`, default on). Off: KV is counted in tokens
+    /// and nothing is shared, exactly as before prefix caching existed.
+    pub prefix_caching: bool,
+    /// Tokens per KV block when `prefix_caching` is on (`kv_block_tokens`, default 16).
+    pub block_tokens: u32,
 }
 
 impl Default for ContinuousConfig {
@@ -47,6 +53,8 @@ impl Default for ContinuousConfig {
                 m.safety_fraction,
             ),
             max_queue: 1024,
+            prefix_caching: true,
+            block_tokens: super::prefix::DEFAULT_BLOCK_TOKENS,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod circuit;
 pub mod continuous;
 pub mod names;
 pub mod pool;
+pub mod prefix;
 pub mod request;
 pub mod research;
 pub mod research_keys;

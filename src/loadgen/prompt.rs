@@ -157,6 +157,7 @@ mod tests {
             output_tokens: out,
             predicted_output_tokens: out,
             priority,
+            prefix: Default::default(),
         }
     }
 

@@ -57,6 +57,7 @@ mod tests {
             output_tokens: out,
             predicted_output_tokens: out,
             priority: Priority::Normal,
+            prefix: Default::default(),
         }
     }
 

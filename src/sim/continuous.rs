@@ -15,6 +15,7 @@
 //! (the caller refuses them).
 
 use super::driver::RunOutput;
+use super::prefix::PrefixArena;
 use super::record::Recorder;
 use super::tokens::TokenRecord;
 use super::workload::SimRequest;
@@ -32,6 +33,8 @@ use std::collections::BinaryHeap;
 pub struct ContinuousInput<'a> {
     /// Sorted by `arrival_ns`.
     pub requests: &'a [SimRequest],
+    /// The prompt-block names the requests' `prefix` spans point into.
+    pub prefix: &'a PrefixArena,
     pub sched: ContinuousConfig,
     pub latency: &'a LatencyModel,
     /// A request still waiting for a slot this long after its arrival fails.
@@ -56,6 +59,7 @@ fn ms_to_ns(ms: f64) -> Nanos {
 pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     let ContinuousInput {
         requests,
+        prefix: _prefix,
         sched: cfg,
         latency,
         request_timeout_ns,

@@ -19,6 +19,7 @@ pub mod help;
 pub mod latency_histogram;
 pub mod output;
 pub mod plot;
+pub mod prefix;
 pub mod priority;
 pub mod record;
 pub mod report;

@@ -9,6 +9,7 @@
 use super::binning::interleave_bins;
 use super::continuous::ContinuousInput;
 use super::driver::{self, RunInput, RunOutput};
+use super::prefix::PrefixArena;
 use super::report::{ParamValue, RunReport, SimReport, SweepAxis};
 use super::scenario::Scenario;
 use super::settings::EngineSettings;
@@ -184,6 +185,8 @@ pub fn simulate_scenario(
     // Request sequences: the scenario's, first, and one more per sweep point that changes
     // the workload (rate_scale, clients).
     let mut sequences = vec![scenario.workload.generate(requests, opts.seed)?];
+    // Per sequence, its requests' prompt-block names (empty: no prefix identity).
+    let mut arenas = vec![PrefixArena::default()];
     let base_closed = scenario.workload.arrivals.closed_loop()?;
     let mut jobs = Vec::new();
     for point in sweep::grid(&axes) {
@@ -196,6 +199,7 @@ pub fn simulate_scenario(
                     ..scenario.workload.clone()
                 };
                 sequences.push(w.generate(requests, opts.seed)?);
+                arenas.push(PrefixArena::default());
                 (sequences.len() - 1, w.arrivals.closed_loop()?)
             }
         };
@@ -254,6 +258,7 @@ pub fn simulate_scenario(
     let generated = &sequences[0];
     let input = RunContext {
         sequences: &sequences,
+        arenas: &arenas,
         latency: &latency,
         seed: opts.seed,
         sla_ns: ms_to_nanos(sla_ms),
@@ -296,6 +301,8 @@ pub fn simulate_scenario(
 struct RunContext<'a> {
     /// The request sequences the jobs index into.
     sequences: &'a [Vec<SimRequest>],
+    /// Per sequence, the prompt-block names its requests' `prefix` spans point into.
+    arenas: &'a [PrefixArena],
     latency: &'a LatencyModel,
     seed: u64,
     sla_ns: u64,
@@ -310,6 +317,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
     if let Some(sched) = &job.continuous {
         return super::continuous::run(ContinuousInput {
             requests: sequence,
+            prefix: &ctx.arenas[job.workload],
             sched: sched.clone(),
             latency: ctx.latency,
             request_timeout_ns: job.core.request_timeout_ns,

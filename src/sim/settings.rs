@@ -92,10 +92,21 @@ pub struct EngineSettings {
     /// memory, else the `[batching.dynamic]` memory model's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_capacity_tokens: Option<u64>,
+    /// Continuous: keep finished prompts' KV blocks and skip a new prompt's cached prefix
+    /// (default true; false: KV counted in tokens, nothing shared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_caching: Option<bool>,
+    /// Continuous: tokens per KV block with prefix caching (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_block_tokens: Option<u32>,
 }
 
 /// Most slots per replica a simulation accepts.
 pub const SLOTS_MAX: u64 = 4096;
+
+/// Most tokens per KV block (vLLM allows up to 256 on GPUs; abe takes more for coarse
+/// what-ifs, not past a 512-token trace block's worth times eight).
+pub const BLOCK_TOKENS_MAX: u64 = 4096;
 
 macro_rules! overlay_fields {
     ($base:expr, $top:expr, $($f:ident),*) => {
@@ -146,7 +157,9 @@ impl EngineSettings {
             max_slots,
             n_batch,
             prefill_chunk,
-            kv_capacity_tokens
+            kv_capacity_tokens,
+            prefix_caching,
+            kv_block_tokens
         )
     }
 
@@ -203,6 +216,12 @@ impl EngineSettings {
                 self.queue_capacity.unwrap_or(d.max_queue) as u64,
                 u64::from(u32::MAX) - 1,
             )? as usize,
+            prefix_caching: self.prefix_caching.unwrap_or(d.prefix_caching),
+            block_tokens: whole(
+                "kv_block_tokens",
+                u64::from(self.kv_block_tokens.unwrap_or(d.block_tokens)),
+                BLOCK_TOKENS_MAX,
+            )? as u32,
         };
         Ok(c)
     }

@@ -45,7 +45,7 @@ fn default_output() -> LengthDist {
     LengthDist::Fixed { value: 128.0 }
 }
 
-/// One simulated request: plain data, 24 bytes.
+/// One simulated request: plain data, 32 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SimRequest {
     pub arrival_ns: Nanos,
@@ -54,6 +54,9 @@ pub struct SimRequest {
     /// What the core is told the output length will be.
     pub predicted_output_tokens: u32,
     pub priority: Priority,
+    /// Its prompt's trace-block names in the sequence's [`super::prefix::PrefixArena`]
+    /// (empty: no prefix identity; nothing is shared with other requests).
+    pub prefix: super::prefix::PrefixSpan,
 }
 
 impl SimRequest {
@@ -127,6 +130,7 @@ impl Workload {
                     priority: row
                         .priority
                         .unwrap_or_else(|| PriorityMix::draw(&priorities, &mut r_pri)),
+                    prefix: Default::default(),
                 })
                 .collect());
         }
@@ -152,6 +156,7 @@ impl Workload {
                 output_tokens,
                 predicted_output_tokens: predict(output_tokens),
                 priority: PriorityMix::draw(&priorities, &mut r_pri),
+                prefix: Default::default(),
             });
         }
         Ok(out)

@@ -19,6 +19,8 @@ fn cfg() -> ContinuousConfig {
         n_batch: 16,
         kv_capacity_tokens: 10_000,
         max_queue: 8,
+        prefix_caching: false,
+        block_tokens: 16,
     }
 }
 
