@@ -482,7 +482,8 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
             r.text(&prompt);
         })?;
         check_model_len(ctx, &prompt, &text)?;
-        let work = text.work(prompt, None);
+        let mut work = text.work(prompt, None);
+        name_prompt_blocks(ctx, &mut work);
         if echo {
             echoed.push(work.prompt.clone());
         }
@@ -507,6 +508,22 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
 }
 
 /// vLLM's 400 when prompt + max_tokens exceed `server.max_model_len` (0: no limit).
+/// Names the prompt's full KV blocks when the scheduler caches prefixes (continuous batching
+/// with `continuous.prefix_caching`): done here, on the io thread, so the engine only looks
+/// names up. The rendered text is named (after the chat template), so a conversation sent
+/// again with its history finds its earlier turns.
+fn name_prompt_blocks(ctx: &Decoder<'_>, work: &mut crate::exec::Work) {
+    let c = &ctx.config.continuous;
+    if ctx.config.batching.mode != crate::core::BatchingMode::Continuous || !c.prefix_caching {
+        return;
+    }
+    let mut names = Vec::with_capacity(work.prompt.len() / (c.kv_block_tokens.max(1) as usize * 4));
+    crate::core::prefix::text_block_hashes(&work.prompt, c.kv_block_tokens, &mut names);
+    if !names.is_empty() {
+        work.prompt_blocks = Some(names.into());
+    }
+}
+
 fn check_model_len(ctx: &Decoder<'_>, prompt: &str, text: &payload::Text) -> Result<(), Routed> {
     let limit = ctx.config.server.max_model_len;
     if limit == 0 {
@@ -579,7 +596,8 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     };
     let prompt = chat::render_prompt(b.messages).map_err(bad)?;
     check_model_len(ctx, &prompt, &text)?;
-    let work = text.work(prompt, chat_body);
+    let mut work = text.work(prompt, chat_body);
+    name_prompt_blocks(ctx, &mut work);
     let requests = (0..text.n)
         .map(|j| Request {
             priority: text.priority,

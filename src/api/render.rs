@@ -105,6 +105,8 @@ where
     out.extend_from_slice(b",\"choices\":[");
     let mut prompt = 0u64;
     let mut completion = 0u64;
+    // Summed like prompt tokens (once per prompt); `None` when no output reports it.
+    let mut cached: Option<u64> = None;
     for (index, o) in outputs.enumerate() {
         let Output::Text {
             text,
@@ -112,12 +114,16 @@ where
             completion_tokens,
             finish_reason,
             tool_calls,
+            cached_tokens,
         } = o
         else {
             unreachable!("checked above: every output is text");
         };
         if index % per_prompt == 0 {
             prompt += u64::from(*prompt_tokens);
+            if let Some(c) = cached_tokens {
+                cached = Some(cached.unwrap_or(0) + u64::from(*c));
+            }
         }
         completion += u64::from(*completion_tokens);
         if index > 0 {
@@ -186,8 +192,18 @@ where
     json_out::uint(out, completion);
     out.extend_from_slice(b",\"total_tokens\":");
     json_out::uint(out, prompt + completion);
+    if let Some(c) = cached {
+        write_prompt_tokens_details(out, c);
+    }
     out.extend_from_slice(b"}}");
     Ok(())
+}
+
+/// `,"prompt_tokens_details":{"cached_tokens":N}` (OpenAI's field for prefix-cache hits).
+pub fn write_prompt_tokens_details(out: &mut Vec<u8>, cached_tokens: u64) {
+    out.extend_from_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
+    json_out::uint(out, cached_tokens);
+    out.push(b'}');
 }
 
 #[derive(Serialize)]
@@ -457,6 +473,7 @@ mod tests {
                 completion_tokens: 2,
                 finish_reason: FinishReason::Length,
                 tool_calls: None,
+                cached_tokens: None,
             },
             Output::Text {
                 text: "c".into(),
@@ -464,6 +481,7 @@ mod tests {
                 completion_tokens: 1,
                 finish_reason: FinishReason::Stop,
                 tool_calls: None,
+                cached_tokens: None,
             },
         ];
         let r = completion("m", 7, 1, &outs);
@@ -483,6 +501,7 @@ mod tests {
             completion_tokens: 9,
             finish_reason: FinishReason::Stop,
             tool_calls: None,
+            cached_tokens: None,
         }];
         let r = completion("m\"x", 1_700_000_000, 0xab, &outs);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
@@ -522,6 +541,7 @@ mod tests {
             completion_tokens: 1,
             finish_reason: FinishReason::Length,
             tool_calls: None,
+            cached_tokens: None,
         }];
         let r = completion("abe-sim", 7, 1, &plain);
         assert_eq!(

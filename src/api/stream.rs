@@ -105,6 +105,9 @@ pub struct StreamWriter {
     parts: Vec<PartState>,
     prompt_tokens: u64,
     completion_tokens: u64,
+    /// Prompt tokens found in the prefix cache, summed like `prompt_tokens` (`None`: no
+    /// output reported any, and the usage chunk leaves the field out).
+    cached_tokens: Option<u64>,
     /// Completions with `echo`: the prompts, one per `n` choices; each choice's stream
     /// begins with its prompt's chunk.
     echo: Option<Vec<std::sync::Arc<str>>>,
@@ -144,6 +147,7 @@ impl StreamWriter {
             parts: vec![PartState::default(); parts],
             prompt_tokens: 0,
             completion_tokens: 0,
+            cached_tokens: None,
             echo: None,
             started: false,
         }
@@ -275,6 +279,7 @@ impl StreamWriter {
             completion_tokens,
             finish_reason,
             tool_calls,
+            cached_tokens,
         } = output
         else {
             return;
@@ -282,6 +287,9 @@ impl StreamWriter {
         // A prompt's tokens count once, not once per choice (`n`).
         if part % self.opts.choices.per_prompt() == 0 {
             self.prompt_tokens += u64::from(*prompt_tokens);
+            if let Some(c) = cached_tokens {
+                self.cached_tokens = Some(self.cached_tokens.unwrap_or(0) + u64::from(*c));
+            }
         }
         self.completion_tokens += u64::from(*completion_tokens);
         self.echo_part(part, out);
@@ -346,6 +354,9 @@ impl StreamWriter {
                 json_out::uint(o, prompt);
                 o.extend_from_slice(b",\"total_tokens\":");
                 json_out::uint(o, prompt + completion);
+                if let Some(c) = self.cached_tokens {
+                    super::render::write_prompt_tokens_details(o, c);
+                }
                 o.extend_from_slice(b"}}");
             });
         }
@@ -401,6 +412,7 @@ mod tests {
             completion_tokens: text.split(' ').count() as u32,
             finish_reason: FinishReason::Length,
             tool_calls: None,
+            cached_tokens: None,
         }
     }
 

@@ -6,8 +6,12 @@
 //! work is proportional to the replica's slots; nothing here allocates after `new`, reads a
 //! clock or blocks.
 
+use super::prefix::{PrefixStats, PromptBlocks};
 use super::request::{Priority, RequestMeta, Ticket};
 use super::table::{Fifo, RequestTable, NIL};
+use blocks::BlockCache;
+
+mod blocks;
 
 /// Table tag of a request that was preempted: it has started, so the waiting timeout no
 /// longer applies to it (tags start at 0 on admission).
@@ -57,6 +61,12 @@ impl Default for ContinuousConfig {
             block_tokens: super::prefix::DEFAULT_BLOCK_TOKENS,
         }
     }
+}
+
+/// KV blocks per replica with prefix caching: whole blocks of the token capacity.
+fn kv_blocks(cfg: &ContinuousConfig) -> u32 {
+    let blocks = cfg.kv_capacity_tokens / u64::from(cfg.block_tokens.max(1));
+    u32::try_from(blocks).expect("KV cache over 4G blocks: raise kv_block_tokens")
 }
 
 /// A replica's KV capacity in tokens: `(m_max - m_model) / kv_per_token`, less `safety`.
@@ -171,6 +181,24 @@ struct Slot {
     /// Admission order on this replica (youngest = largest), for preemption.
     admitted_seq: u64,
     fresh: bool,
+    // Prefix caching only (all zero / NIL without it):
+    /// KV blocks held: the cached prefix's, then the ones this slot allocated.
+    held: u32,
+    /// Leading blocks found cached at admission (shared, held by reference).
+    hit_blocks: u32,
+    /// The last of those (`NIL`: none); the rest are reached through parent links.
+    last_hit: u32,
+    /// The last block this slot allocated (`NIL`: none); earlier ones by chain links.
+    tail: u32,
+    /// Full prompt blocks with a name ([`PromptBlocks::block_count`], capped by the prompt).
+    named: u32,
+    /// Leading blocks in the name index (hits, then blocks this slot computed and named).
+    /// Naming stops at the first block whose name another sequence indexed first.
+    registered: u32,
+    /// The block at position `registered` if allocated (`NIL` otherwise or once naming
+    /// stopped), and the one before it (`NIL` for none).
+    reg_block: u32,
+    reg_parent: u32,
 }
 
 const IDLE_SLOT: Slot = Slot {
@@ -185,6 +213,14 @@ const IDLE_SLOT: Slot = Slot {
     max_tokens: 0,
     admitted_seq: 0,
     fresh: false,
+    held: 0,
+    hit_blocks: 0,
+    last_hit: NIL,
+    tail: NIL,
+    named: 0,
+    registered: 0,
+    reg_block: NIL,
+    reg_parent: NIL,
 };
 
 struct Replica {
@@ -199,6 +235,10 @@ struct Replica {
     /// KV tokens in use. Invariant: `prefilled + generated` summed over active slots.
     /// Kept so a tick costs O(active slots), not O(max_slots), when few slots are busy.
     kv_used: u64,
+    /// The KV blocks, with prefix caching (`None`: KV is counted in tokens only).
+    cache: Option<BlockCache>,
+    /// Prefix-cache lookups on this replica (evictions are the cache's).
+    prefix: PrefixStats,
 }
 
 impl Replica {
@@ -208,6 +248,9 @@ impl Replica {
         debug_assert!(slot.phase != SlotPhase::Idle);
         self.active -= 1;
         self.kv_used -= u64::from(slot.prefilled) + u64::from(slot.generated);
+        if let Some(cache) = &mut self.cache {
+            release_blocks(cache, slot);
+        }
         let ticket = slot.ticket;
         *slot = IDLE_SLOT;
         ticket
@@ -221,6 +264,56 @@ impl Replica {
             .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
             .sum();
         live.count() == self.active && kv == self.kv_used
+    }
+}
+
+/// Drops every block `slot` holds, newest first, so a sequence's later blocks are evicted
+/// before its earlier ones (a cached parent is never evicted before its child): the blocks it
+/// allocated back along its chain, then its cached prefix back along parent links.
+fn release_blocks(cache: &mut BlockCache, slot: &Slot) {
+    let mut b = slot.tail;
+    for _ in slot.hit_blocks..slot.held {
+        let prev = cache.chain_prev(b);
+        cache.release(b);
+        b = prev;
+    }
+    debug_assert!(b == NIL, "chain longer than the blocks held");
+    let mut b = slot.last_hit;
+    for _ in 0..slot.hit_blocks {
+        let parent = cache.parent(b);
+        cache.release(b);
+        b = parent;
+    }
+    debug_assert!(b == NIL, "cached prefix longer than its hits");
+}
+
+/// Gives `s` the blocks its tokens now fill (after a step), then names the prompt blocks
+/// that are now full, in order, while each one's name is not indexed yet (another sequence
+/// that computed the same block first keeps the name; this one's copy stays blank, and so
+/// do its later blocks, so an indexed block's parent is always indexed).
+fn grow_blocks(cache: &mut BlockCache, s: &mut Slot, blocks: &impl PromptBlocks, bt: u32) {
+    let target = (s.prefilled + s.generated).div_ceil(bt);
+    while s.held < target {
+        let b = cache
+            .allocate(s.tail)
+            .expect("the step's KV blocks were checked before it ran (ensure_kv)");
+        if s.held == s.registered && s.registered < s.named {
+            s.reg_block = b;
+        }
+        s.tail = b;
+        s.held += 1;
+    }
+    let full = (s.prefilled / bt).min(s.named);
+    while s.registered < full && s.reg_block != NIL {
+        let name = blocks.block_hash(s.ticket, s.registered);
+        if !cache.register(s.reg_block, name, s.reg_parent) {
+            s.named = s.registered;
+            s.reg_block = NIL;
+            break;
+        }
+        s.reg_parent = s.reg_block;
+        s.reg_block = cache.chain_next(s.reg_block);
+        s.registered += 1;
     }
 }
 
@@ -296,6 +389,8 @@ impl Continuous {
                 admitted_seq: 0,
                 active: 0,
                 kv_used: 0,
+                cache: cfg.prefix_caching.then(|| BlockCache::new(kv_blocks(&cfg))),
+                prefix: PrefixStats::default(),
             })
             .collect();
         let table = RequestTable::new(capacity);
@@ -343,9 +438,41 @@ impl Continuous {
         self.replicas[replica].active
     }
 
-    /// KV tokens in use on `replica` (prompt prefilled + generated, over active slots).
+    /// KV tokens in use on `replica`: prompt prefilled + generated over active slots; with
+    /// prefix caching, the blocks running sequences hold (shared ones once) times their
+    /// size. Cached blocks no sequence holds are free: they are evicted when needed.
     pub fn kv_used(&self, replica: usize) -> u64 {
-        self.replicas[replica].kv_used
+        let rep = &self.replicas[replica];
+        match &rep.cache {
+            Some(c) => u64::from(c.used()) * u64::from(self.cfg.block_tokens),
+            None => rep.kv_used,
+        }
+    }
+
+    /// Prefix-cache counters of `replica` (all zero without prefix caching).
+    pub fn prefix_stats_of(&self, replica: usize) -> PrefixStats {
+        let rep = &self.replicas[replica];
+        PrefixStats {
+            evicted_blocks: rep.cache.as_ref().map_or(0, |c| c.evicted),
+            ..rep.prefix
+        }
+    }
+
+    /// Prefix-cache counters over every replica.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        let mut s = PrefixStats::default();
+        for r in 0..self.replicas.len() {
+            s.add(&self.prefix_stats_of(r));
+        }
+        s
+    }
+
+    /// KV blocks of `replica` with prefix caching (0 without).
+    pub fn kv_blocks(&self, replica: usize) -> u64 {
+        self.replicas[replica]
+            .cache
+            .as_ref()
+            .map_or(0, |c| u64::from(c.blocks()))
     }
 
     /// Stop admitting new requests; queued and active ones still run to completion.
@@ -386,11 +513,19 @@ impl Continuous {
             return Err(ContinuousReject::ShuttingDown);
         }
         let needed = u64::from(meta.tokens_estimated);
-        if needed > self.cfg.kv_capacity_tokens {
-            return Err(ContinuousReject::TooLarge {
-                needed,
-                capacity: self.cfg.kv_capacity_tokens,
-            });
+        let (too_large, capacity) = if self.cfg.prefix_caching {
+            // Whole blocks: a sequence's last block may be partly used.
+            let bt = u64::from(self.cfg.block_tokens.max(1));
+            let blocks = u64::from(kv_blocks(&self.cfg));
+            (needed.div_ceil(bt) > blocks, blocks * bt)
+        } else {
+            (
+                needed > self.cfg.kv_capacity_tokens,
+                self.cfg.kv_capacity_tokens,
+            )
+        };
+        if too_large {
+            return Err(ContinuousReject::TooLarge { needed, capacity });
         }
         if self.waiting_len >= self.cfg.max_queue {
             self.stats.rejected_full += 1;
@@ -437,15 +572,21 @@ impl Continuous {
 
     /// Runs a tick on every idle replica that has work: admit into free slots, then build
     /// and emit one step. Returns true if any step was emitted.
+    /// No prompt has named blocks here: nothing is found in or added to the prefix cache
+    /// (see [`Self::tick_replicas`]).
     pub fn tick(&mut self, out: &mut impl FnMut(StepAction<'_>)) -> bool {
-        self.tick_replicas(&mut |_| true, out)
+        self.tick_replicas(&super::prefix::NoPromptBlocks, &mut |_| true, out)
     }
 
     /// [`Self::tick`] on the idle replicas `allow` accepts (the driver's circuit breakers:
     /// a replica whose circuit is open takes no new requests and runs no step). `allow` is
-    /// asked only about idle replicas, once per tick.
+    /// asked only about idle replicas, once per tick. With prefix caching, a request taking a
+    /// slot starts after its longest cached prefix, named by `blocks`: its first step's
+    /// prefill `offset` is the tokens found cached (always at least one token is left to
+    /// compute, so the step has logits to sample).
     pub fn tick_replicas(
         &mut self,
+        blocks: &impl PromptBlocks,
         allow: &mut impl FnMut(usize) -> bool,
         out: &mut impl FnMut(StepAction<'_>),
     ) -> bool {
@@ -454,7 +595,7 @@ impl Continuous {
             if self.replicas[r].busy || !allow(r) {
                 continue;
             }
-            self.admit_into_slots(r);
+            self.admit_into_slots(r, blocks);
             self.ensure_kv(r, out);
             if self.build_step(r) {
                 let rep = &self.replicas[r];
@@ -475,14 +616,28 @@ impl Continuous {
         any
     }
 
-    /// The step on `replica` finished; `results[i]` answers `entries[i]` of that step.
-    /// Calls `finished(ticket, result)` for every request that left its slot.
+    /// [`Self::complete_step_with`] when no prompt has named blocks.
     pub fn complete_step(
         &mut self,
         replica: usize,
         results: &[EntryResult],
         finished: &mut impl FnMut(Ticket, EntryResult),
     ) {
+        self.complete_step_with(replica, &super::prefix::NoPromptBlocks, results, finished)
+    }
+
+    /// The step on `replica` finished; `results[i]` answers `entries[i]` of that step.
+    /// Calls `finished(ticket, result)` for every request that left its slot. With prefix
+    /// caching, the sequences' new tokens take KV blocks, and prompt blocks now full are
+    /// named (by `blocks`, as at admission) so later prompts find them.
+    pub fn complete_step_with(
+        &mut self,
+        replica: usize,
+        blocks: &impl PromptBlocks,
+        results: &[EntryResult],
+        finished: &mut impl FnMut(Ticket, EntryResult),
+    ) {
+        let block_tokens = self.cfg.block_tokens.max(1);
         let rep = &mut self.replicas[replica];
         assert!(
             rep.busy,
@@ -517,6 +672,9 @@ impl Continuous {
                 EntryResult::Finished | EntryResult::Cancelled => true,
             };
             rep.kv_used += u64::from(grown);
+            if let Some(cache) = &mut rep.cache {
+                grow_blocks(cache, slot, blocks, block_tokens);
+            }
             if done {
                 let ticket = rep.free(entry.slot as usize);
                 self.table.remove(ticket);
@@ -532,6 +690,8 @@ impl Continuous {
         }
         rep.entries.clear();
         debug_assert!(rep.counters_hold());
+        // The block table's invariants (`BlockCache::check`, O(blocks)) are checked by the
+        // tests after every step, not here: a debug simulation runs millions of steps.
     }
 
     /// Drops every waiting request that arrived more than `timeout_ns` before `now` (no slot
@@ -644,10 +804,13 @@ impl Continuous {
 
     /// Admits waiting requests (highest priority first, FIFO within) into free slots while
     /// their prompt + max_tokens fit in the replica's free KV.
-    fn admit_into_slots(&mut self, r: usize) {
+    fn admit_into_slots(&mut self, r: usize, blocks: &impl PromptBlocks) {
         let g = self.replica_group[r];
         if self.group_waiting[g] == 0 {
             return;
+        }
+        if self.replicas[r].cache.is_some() {
+            return self.admit_into_slots_cached(r, g, blocks);
         }
         let capacity = self.cfg.kv_capacity_tokens;
         let mut used = self.kv_used(r);
@@ -689,6 +852,7 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
+                    ..IDLE_SLOT
                 };
                 rep.active += 1;
                 used += need;
@@ -702,25 +866,32 @@ impl Continuous {
         let capacity = self.cfg.kv_capacity_tokens;
         loop {
             let rep = &self.replicas[r];
-            // Quick bound: every active slot grows by at most a chunk.
-            let most = rep.kv_used + rep.active as u64 * u64::from(self.cfg.prefill_chunk.max(1));
-            if most <= capacity {
-                return;
-            }
-            let used: u64 = rep
-                .slots
-                .iter()
-                .filter(|s| s.phase != SlotPhase::Idle)
-                .map(|s| {
-                    let grow = match s.phase {
-                        SlotPhase::Generating => 1,
-                        _ => (s.prompt_tokens - s.prefilled).min(self.cfg.prefill_chunk),
-                    };
-                    u64::from(s.prefilled) + u64::from(s.generated) + u64::from(grow)
-                })
-                .sum();
-            if used <= capacity {
-                return;
+            if let Some(cache) = &rep.cache {
+                if self.next_step_fits_blocks(rep, cache) {
+                    return;
+                }
+            } else {
+                // Quick bound: every active slot grows by at most a chunk.
+                let most =
+                    rep.kv_used + rep.active as u64 * u64::from(self.cfg.prefill_chunk.max(1));
+                if most <= capacity {
+                    return;
+                }
+                let used: u64 = rep
+                    .slots
+                    .iter()
+                    .filter(|s| s.phase != SlotPhase::Idle)
+                    .map(|s| {
+                        let grow = match s.phase {
+                            SlotPhase::Generating => 1,
+                            _ => (s.prompt_tokens - s.prefilled).min(self.cfg.prefill_chunk),
+                        };
+                        u64::from(s.prefilled) + u64::from(s.generated) + u64::from(grow)
+                    })
+                    .sum();
+                if used <= capacity {
+                    return;
+                }
             }
             let Some((victim, _)) = rep
                 .slots
@@ -744,6 +915,125 @@ impl Continuous {
                 slot: victim as u32,
                 ticket,
             });
+        }
+    }
+
+    /// With prefix caching: do the free blocks cover what the next step can add? Each
+    /// generating slot grows by a token, each prefilling one by at most a chunk (and its first
+    /// token when the chunk ends the prompt).
+    fn next_step_fits_blocks(&self, rep: &Replica, cache: &BlockCache) -> bool {
+        let bt = self.cfg.block_tokens.max(1);
+        let chunk = self.cfg.prefill_chunk.max(1);
+        let free = u64::from(cache.free());
+        // Quick bound: no slot can take more than this many new blocks in one step.
+        if free >= rep.active as u64 * u64::from(chunk.div_ceil(bt) + 1) {
+            return true;
+        }
+        let needed: u64 = rep
+            .slots
+            .iter()
+            .filter(|s| s.phase != SlotPhase::Idle)
+            .map(|s| {
+                let grow = match s.phase {
+                    SlotPhase::Generating => 1,
+                    _ => {
+                        let rest = s.prompt_tokens - s.prefilled;
+                        rest.min(chunk) + u32::from(rest <= chunk)
+                    }
+                };
+                let blocks = (s.prefilled + s.generated + grow).div_ceil(bt);
+                u64::from(blocks.saturating_sub(s.held))
+            })
+            .sum();
+        needed <= free
+    }
+
+    /// [`Self::admit_into_slots`] with prefix caching: a request is looked up before it is
+    /// placed; it needs free blocks for what its prompt and output add past its cached prefix,
+    /// plus the cached blocks it takes off the free queue.
+    fn admit_into_slots_cached(&mut self, r: usize, g: usize, blocks: &impl PromptBlocks) {
+        let bt = self.cfg.block_tokens.max(1);
+        // Blocks promised to the requests admitted in this call, not allocated yet.
+        let mut promised = 0u64;
+        let mut from = 0;
+        for p in Priority::HIGHEST_FIRST {
+            loop {
+                if self.replicas[r].active == self.cfg.max_slots {
+                    return;
+                }
+                let Some(free) = self.replicas[r].slots[from..]
+                    .iter()
+                    .position(|s| s.phase == SlotPhase::Idle)
+                    .map(|i| from + i)
+                else {
+                    return;
+                };
+                from = free;
+                let Some(index) = self.waiting[g][p.index()].front() else {
+                    break;
+                };
+                let meta = *self.table.meta(index);
+                let ticket = self.table.ticket_at(index);
+                let prompt = meta.tokens_estimated - meta.max_tokens;
+                let rep = &mut self.replicas[r];
+                let cache = rep.cache.as_mut().expect("prefix caching is on");
+                let named = blocks.block_count(ticket).min(prompt / bt);
+                // At least one prompt token is computed, so the step has logits to sample.
+                let hit_most = named.min(prompt.saturating_sub(1) / bt);
+                let (mut hits, mut last, mut free_hits) = (0u32, NIL, 0u64);
+                while hits < hit_most {
+                    let Some(b) = cache.lookup(blocks.block_hash(ticket, hits)) else {
+                        break;
+                    };
+                    free_hits += u64::from(cache.is_free(b));
+                    last = b;
+                    hits += 1;
+                }
+                let adds =
+                    u64::from(meta.tokens_estimated).div_ceil(u64::from(bt)) - u64::from(hits);
+                if u64::from(cache.used()) + free_hits + promised + adds > u64::from(cache.blocks())
+                {
+                    return; // FIFO: do not let a smaller request jump the head
+                }
+                promised += adds;
+                let mut b = last;
+                for _ in 0..hits {
+                    cache.hold(b);
+                    b = cache.parent(b);
+                }
+                debug_assert!(
+                    b == NIL,
+                    "a cached prefix's parent links end at its first block"
+                );
+                let cached = hits * bt;
+                rep.prefix.query_tokens += u64::from(prompt);
+                rep.prefix.hit_tokens += u64::from(cached);
+                rep.admitted_seq += 1;
+                rep.slots[free] = Slot {
+                    phase: SlotPhase::Prefilling,
+                    ticket,
+                    prompt_tokens: prompt,
+                    prefilled: cached,
+                    generated: 0,
+                    max_tokens: meta.max_tokens.max(1),
+                    admitted_seq: rep.admitted_seq,
+                    fresh: true,
+                    held: hits,
+                    hit_blocks: hits,
+                    last_hit: last,
+                    tail: NIL,
+                    named,
+                    registered: hits,
+                    reg_block: NIL,
+                    reg_parent: last,
+                };
+                rep.active += 1;
+                rep.kv_used += u64::from(cached);
+                self.waiting[g][p.index()].unlink(&mut self.table, index);
+                self.waiting_len -= 1;
+                self.group_waiting[g] -= 1;
+                self.table.set_dispatched(index);
+            }
         }
     }
 
@@ -851,3 +1141,6 @@ impl StepShape {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod prefix_tests;

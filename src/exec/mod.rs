@@ -52,6 +52,10 @@ pub enum Output {
         /// Chat answers from an upstream backend: the message's `tool_calls` array as the
         /// backend sent it (JSON text), relayed to the client as is. `None` otherwise.
         tool_calls: Option<Box<str>>,
+        /// Prompt tokens whose KV was found in the prefix cache (OpenAI's
+        /// `usage.prompt_tokens_details.cached_tokens`); `None` where no prefix cache
+        /// applies (request-level batching, prefix caching off), so the field is left out.
+        cached_tokens: Option<u32>,
     },
     Embedding {
         vector: Vec<f32>,

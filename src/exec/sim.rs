@@ -365,6 +365,7 @@ impl Executor for SimExecutor {
                 completion_tokens: state.generated,
                 finish_reason,
                 tool_calls: None,
+                cached_tokens: None,
             });
         }
         Ok(())
@@ -409,6 +410,7 @@ impl Executor for SimExecutor {
                         completion_tokens: tokens,
                         finish_reason,
                         tool_calls: None,
+                        cached_tokens: None,
                     }
                 }
                 Kind::Embedding => Output::Embedding {

@@ -48,6 +48,10 @@ pub struct Work {
     /// forward (messages, tools, response_format...) with `model` and `stream` replaced.
     /// `prompt` holds the same conversation rendered for the `sim` executor.
     pub chat_body: Option<Arc<str>>,
+    /// Continuous batching with prefix caching: the names of the prompt's full KV blocks
+    /// (`core::prefix::text_block_hashes`, computed on the io thread), which the scheduler
+    /// looks up and caches. `None` otherwise.
+    pub prompt_blocks: Option<Arc<[crate::core::prefix::BlockHash]>>,
 }
 
 /// A request's sampling settings, as the client gave them (validated by the API).

@@ -41,6 +41,7 @@ pub fn render(snapshot: &Snapshot, http: &HttpStats, now_unix_ms: u64) -> Value 
         "latency_by_priority": latency_by_priority(snapshot),
         "observed_p99_ms": snapshot.observed_p99_ns.map(ns_to_ms),
         "token_latency": token_latency(snapshot),
+        "prefix_cache": prefix_cache(snapshot),
         "queue_wait_mean_ms": stats.queue_wait.mean_ns() / NANOS_PER_MS_F64,
         "throughput_rps": throughput_rps(stats.completed, snapshot.at_ns),
         "batches_formed": stats.batches_formed,
@@ -68,6 +69,20 @@ fn token_latency(snapshot: &Snapshot) -> Value {
         })
     };
     json!({ "ttft": figures(&snapshot.ttft), "tpot": figures(&snapshot.tpot) })
+}
+
+/// Continuous batching with prefix caching: `{"query_tokens": n, "hit_tokens": n,
+/// "hit_rate": x, "evicted_blocks": n}` since start; `null` where no prefix cache runs.
+fn prefix_cache(snapshot: &Snapshot) -> Value {
+    match snapshot.continuous.as_ref().and_then(|c| c.prefix) {
+        None => Value::Null,
+        Some(p) => json!({
+            "query_tokens": p.query_tokens,
+            "hit_tokens": p.hit_tokens,
+            "hit_rate": p.hit_rate(),
+            "evicted_blocks": p.evicted_blocks,
+        }),
+    }
 }
 
 /// `{"critical": {"completed": n, "p50_ms": x, "p99_ms": x}, "high": {...}, ...}`, highest

@@ -127,6 +127,28 @@ fn render_continuous(snapshot: &Snapshot, out: &mut String) {
     for (name, help, value) in counters {
         single(out, name, MetricType::Counter, help, value);
     }
+    if let Some(p) = &c.prefix {
+        let counters = [
+            (
+                "abe_prefix_cache_query_tokens_total",
+                "Prefix caching: prompt tokens looked up as requests took slots.",
+                p.query_tokens,
+            ),
+            (
+                "abe_prefix_cache_hit_tokens_total",
+                "Prefix caching: prompt tokens found cached (their prefill was skipped).",
+                p.hit_tokens,
+            ),
+            (
+                "abe_prefix_cache_evicted_blocks_total",
+                "Prefix caching: cached KV blocks evicted to make room.",
+                p.evicted_blocks,
+            ),
+        ];
+        for (name, help, value) in counters {
+            single(out, name, MetricType::Counter, help, value);
+        }
+    }
     single(
         out,
         "abe_continuous_output_tokens_total",
@@ -1143,6 +1165,7 @@ mod tests {
             kv_used_tokens: 1234,
             kv_capacity_tokens: 76_800,
             output_tokens: 90,
+            prefix: None,
         });
         let _ = snap.ttft.record(25_000_000);
         let _ = snap.tpot.record(6_000_000);

@@ -99,12 +99,14 @@ pub const TPOT_BOUNDS_NS: [u64; 21] = [
 
 /// Every `vllm:*` family this module writes (the test of the Grafana dashboard fixture and
 /// the promtool script read it).
-pub const FAMILIES: [&str; 19] = [
+pub const FAMILIES: [&str; 21] = [
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
     "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc",
     "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
     "vllm:request_success_total",
@@ -173,6 +175,26 @@ pub fn render(snapshot: &Snapshot, model_name: &str, out: &mut String) {
         "vllm:num_preemptions_total",
         "Requests preempted (KV cache exhausted) and recomputed (continuous batching).",
         preemptions,
+    );
+    // vLLM counts both in tokens; 0 where no prefix cache runs (request-level batching).
+    let prefix = snapshot
+        .continuous
+        .as_ref()
+        .and_then(|c| c.prefix)
+        .unwrap_or_default();
+    counter(
+        out,
+        &m,
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache: prompt tokens looked up (continuous batching with prefix caching).",
+        prefix.query_tokens,
+    );
+    counter(
+        out,
+        &m,
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache: prompt tokens found cached.",
+        prefix.hit_tokens,
     );
     counter(
         out,
@@ -388,6 +410,7 @@ mod tests {
                 completion_tokens: 4 + i as u32,
                 finish_reason: reason,
                 tool_calls: None,
+                cached_tokens: None,
             };
             // Arrival at 1 ms, first token at 21 ms, answer at 51 ms.
             snap.finished

@@ -56,6 +56,8 @@ pub struct ContinuousSnapshot {
     pub kv_capacity_tokens: u64,
     /// Output tokens generated, over all completed requests.
     pub output_tokens: u64,
+    /// Prefix-cache counters over every replica (`None`: prefix caching off).
+    pub prefix: Option<crate::core::prefix::PrefixStats>,
 }
 
 /// Everything the engine publishes.

@@ -15,7 +15,7 @@
 //! (the caller refuses them).
 
 use super::driver::RunOutput;
-use super::prefix::PrefixArena;
+use super::prefix::{PrefixArena, SimPromptBlocks};
 use super::record::Recorder;
 use super::tokens::TokenRecord;
 use super::workload::SimRequest;
@@ -59,7 +59,7 @@ fn ms_to_ns(ms: f64) -> Nanos {
 pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     let ContinuousInput {
         requests,
-        prefix: _prefix,
+        prefix,
         sched: cfg,
         latency,
         request_timeout_ns,
@@ -74,6 +74,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     let replicas = cfg.replicas;
     let slots = cfg.max_slots;
     let kv_capacity = cfg.kv_capacity_tokens;
+    let (caching, block_tokens) = (cfg.prefix_caching, cfg.block_tokens);
     let mut sched = Continuous::new(cfg);
     let table_slots = sched.table_capacity();
     let expected_ns = requests.last().map_or(0, |r| r.arrival_ns);
@@ -117,8 +118,14 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             for e in entries.iter().filter(|e| e.samples()) {
                 tokens.on_token(e.ticket.index, e.generated, now);
             }
+            let names = SimPromptBlocks {
+                requests,
+                arena: prefix,
+                slot_req: &slot_req,
+                block_tokens,
+            };
             let (rec, tokens, slot_req) = (&mut rec, &mut tokens, &slot_req);
-            sched.complete_step(r, &results[..entries.len()], &mut |ticket, _| {
+            sched.complete_step_with(r, &names, &results[..entries.len()], &mut |ticket, _| {
                 tokens.on_finish(ticket.index, now);
                 rec.on_complete(now, &requests[slot_req[ticket.index as usize] as usize]);
             });
@@ -146,9 +153,15 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
 
         started.clear();
         {
+            let names = SimPromptBlocks {
+                requests,
+                arena: prefix,
+                slot_req: &slot_req,
+                block_tokens,
+            };
             let (rec, tokens, steps, started) = (&mut rec, &mut tokens, &mut steps, &mut started);
             let entries_total = &mut entries_total;
-            sched.tick(&mut |action| match action {
+            sched.tick_replicas(&names, &mut |_| true, &mut |action| match action {
                 StepAction::Step {
                     replica, entries, ..
                 } => {
@@ -191,6 +204,9 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         ..CoreStats::default()
     };
     let unfinished = sched.waiting() + (0..replicas).map(|r| sched.active_slots(r)).sum::<usize>();
+    if caching {
+        tokens.prefix = Some(sched.prefix_stats());
+    }
     rec.tokens = Some(Box::new(tokens));
     Ok(RunOutput {
         record: rec,

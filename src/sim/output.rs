@@ -84,6 +84,12 @@ pub fn priority_csv(report: &SimReport) -> String {
 /// `run`, `label`, one per sweep key, then TTFT, TPOT and ITL (mean, p50, p90, p99 ms),
 /// goodput, steps, tokens per step, preemptions, KV and slot use.
 pub fn continuous_csv(report: &SimReport) -> String {
+    // Prefix-cache columns when any run cached prefixes (empty cells for runs that did not).
+    let caching = report.runs.iter().any(|r| {
+        r.continuous
+            .as_ref()
+            .is_some_and(|c| c.prefix_cache.is_some())
+    });
     let mut out = String::from("run,label");
     for axis in &report.sweep {
         out.push(',');
@@ -96,8 +102,14 @@ pub fn continuous_csv(report: &SimReport) -> String {
     }
     out.push_str(
         ",goodput_rps,goodput_fraction,steps,mean_tokens_per_step,preemptions,\
-         kv_capacity_tokens,kv_utilisation_mean,kv_peak_tokens,slots_total,slot_occupancy_mean\n",
+         kv_capacity_tokens,kv_utilisation_mean,kv_peak_tokens,slots_total,slot_occupancy_mean",
     );
+    if caching {
+        out.push_str(
+            ",prefix_query_tokens,prefix_hit_tokens,prefix_hit_rate,prefix_evicted_blocks",
+        );
+    }
+    out.push('\n');
     for (i, run) in report.runs.iter().enumerate() {
         let Some(c) = &run.continuous else { continue };
         let _ = write!(out, "{i},{}", run.label);
@@ -107,7 +119,7 @@ pub fn continuous_csv(report: &SimReport) -> String {
         for s in [c.ttft_ms, c.tpot_ms, c.itl_ms] {
             let _ = write!(out, ",{},{},{},{}", s.mean, s.p50, s.p90, s.p99);
         }
-        let _ = writeln!(
+        let _ = write!(
             out,
             ",{},{},{},{},{},{},{},{},{},{}",
             c.goodput_rps,
@@ -121,6 +133,19 @@ pub fn continuous_csv(report: &SimReport) -> String {
             c.slots_total,
             c.slot_occupancy_mean
         );
+        if caching {
+            match c.prefix_cache {
+                Some(p) => {
+                    let _ = write!(
+                        out,
+                        ",{},{},{},{}",
+                        p.query_tokens, p.hit_tokens, p.hit_rate, p.evicted_blocks
+                    );
+                }
+                None => out.push_str(",,,,"),
+            }
+        }
+        out.push('\n');
     }
     out
 }

@@ -131,6 +131,23 @@ pub struct ContinuousMetrics {
     pub slots_total: u64,
     /// Time-averaged active slots over all slots, over the makespan.
     pub slot_occupancy_mean: f64,
+    /// Prefix caching's lookups (absent when it is off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCacheMetrics>,
+}
+
+/// What prefix caching found over a run, in prompt tokens (vLLM's units).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PrefixCacheMetrics {
+    /// Prompt tokens looked up as requests took slots (a preempted request is looked up
+    /// again when it comes back).
+    pub query_tokens: u64,
+    /// Of those, tokens found cached: their prefill was skipped.
+    pub hit_tokens: u64,
+    /// `hit_tokens / query_tokens`.
+    pub hit_rate: f64,
+    /// Cached blocks evicted to make room.
+    pub evicted_blocks: u64,
 }
 
 /// Percentiles and mean of a ns histogram, ms (zeros when empty).
@@ -186,6 +203,12 @@ impl ContinuousMetrics {
             kv_peak_tokens: t.kv_peak_tokens,
             slots_total: t.slots_per_replica * t.replicas,
             slot_occupancy_mean: share(t.slot_ns, t.slots_per_replica * t.replicas),
+            prefix_cache: t.prefix.map(|p| PrefixCacheMetrics {
+                query_tokens: p.query_tokens,
+                hit_tokens: p.hit_tokens,
+                hit_rate: p.hit_rate(),
+                evicted_blocks: p.evicted_blocks,
+            }),
         }
     }
 }

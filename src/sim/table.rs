@@ -128,7 +128,13 @@ impl SimReport {
 /// Continuous runs' token metrics (TTFT, TPOT and ITL in ms, goodput, tokens per step, KV
 /// and slot use, preemptions), one row per continuous run; `None` when there is none.
 pub fn token_table(runs: &[RunReport]) -> Option<String> {
-    let header = [
+    // The prefix cache's hit rate, when any run cached prefixes.
+    let caching = runs.iter().any(|r| {
+        r.continuous
+            .as_ref()
+            .is_some_and(|c| c.prefix_cache.is_some())
+    });
+    let mut header = vec![
         "continuous batching",
         "ttft p50",
         "ttft p99",
@@ -142,11 +148,14 @@ pub fn token_table(runs: &[RunReport]) -> Option<String> {
         "slots %",
         "preempt",
     ];
+    if caching {
+        header.push("hit %");
+    }
     let rows: Vec<Vec<String>> = runs
         .iter()
         .filter_map(|r| {
             let c = r.continuous.as_ref()?;
-            Some(vec![
+            let mut row = vec![
                 r.label.clone(),
                 format!("{:.1}", c.ttft_ms.p50),
                 format!("{:.1}", c.ttft_ms.p99),
@@ -159,7 +168,14 @@ pub fn token_table(runs: &[RunReport]) -> Option<String> {
                 format!("{:.1}", c.kv_utilisation_mean * 100.0),
                 format!("{:.1}", c.slot_occupancy_mean * 100.0),
                 c.preemptions.to_string(),
-            ])
+            ];
+            if caching {
+                row.push(c.prefix_cache.map_or_else(
+                    || "off".to_string(),
+                    |p| format!("{:.1}", p.hit_rate * 100.0),
+                ));
+            }
+            Some(row)
         })
         .collect();
     (!rows.is_empty()).then(|| format_table(&header, &rows))

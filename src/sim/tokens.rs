@@ -56,6 +56,8 @@ pub struct TokenRecord {
     pub kv_capacity_tokens: u64,
     pub slots_per_replica: u64,
     pub replicas: u64,
+    /// Prefix-cache counters at the end of the run (`None`: prefix caching off).
+    pub prefix: Option<crate::core::prefix::PrefixStats>,
     /// Indexed by the scheduler's request-table slot (`Ticket::index`).
     pub state: Vec<TokenState>,
 }
@@ -90,6 +92,7 @@ impl TokenRecord {
             kv_capacity_tokens,
             slots_per_replica: slots_per_replica as u64,
             replicas: replicas as u64,
+            prefix: None,
             state: vec![TokenState::default(); table_slots],
         }
     }

@@ -348,11 +348,15 @@ fn a_failed_replica_frees_its_requests_and_ignores_the_late_step() {
     let a = c.admit(meta(4, 3, Priority::Normal)).unwrap();
     // Only replica 0 may run: the request goes there.
     let mut entries = vec![];
-    c.tick_replicas(&mut |r| r == 0, &mut |a| {
-        if let StepAction::Step { entries: e, .. } = a {
-            entries = e.to_vec();
-        }
-    });
+    c.tick_replicas(
+        &crate::core::prefix::NoPromptBlocks,
+        &mut |r| r == 0,
+        &mut |a| {
+            if let StepAction::Step { entries: e, .. } = a {
+                entries = e.to_vec();
+            }
+        },
+    );
     assert_eq!(entries.len(), 1);
     assert!(c.is_busy(0) && !c.is_busy(1));
     let mut failed = vec![];

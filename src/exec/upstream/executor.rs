@@ -420,6 +420,7 @@ impl JobContext<'_> {
             completion_tokens: usage.completion_tokens.unwrap_or(pieces),
             finish_reason: finish.unwrap_or(FinishReason::Stop),
             tool_calls: None,
+            cached_tokens: None,
         })
     }
 }
@@ -464,6 +465,7 @@ fn split_text(call: &Call<'_>, job: &BackendRequest, parsed: TextResponse) -> Ve
                     completion_tokens: completion[k],
                     finish_reason: c.finish_reason,
                     tool_calls: c.tool_calls,
+                    cached_tokens: None,
                 })
                 .ok_or_else(|| call.protocol(format_args!("no choice for prompt {k}")));
             (item.index, output)

@@ -24,8 +24,9 @@ use super::io::{move_latency_samples, move_samples, EngineIo};
 use super::routing::{RouteState, Routing};
 use super::Mode;
 use crate::core::circuit::{CircuitBreaker, CircuitParams};
-use crate::core::continuous::{Continuous, ContinuousReject, EntryResult, StepAction};
+use crate::core::continuous::{Continuous, ContinuousReject, EntryResult, StepAction, StepWork};
 use crate::core::pool::WorkerStatus;
+use crate::core::prefix::{BlockHash, PromptBlocks, ROOT};
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Nanos, Reject, Ticket};
 use crate::exec::StepItem;
@@ -35,6 +36,25 @@ use crate::runtime::messages::{
 };
 use crate::runtime::snapshot::{ContinuousSnapshot, Snapshot, WorkerSnapshot};
 use crate::runtime::telemetry::TelemetryEvent;
+use std::sync::Arc;
+
+/// The prompt-block names of the engine's requests, by table index, for the scheduler's
+/// prefix cache.
+struct EngineNames<'a>(&'a [Option<Arc<[BlockHash]>>]);
+
+impl PromptBlocks for EngineNames<'_> {
+    fn block_count(&self, t: Ticket) -> u32 {
+        self.0[t.index as usize]
+            .as_ref()
+            .map_or(0, |names| names.len() as u32)
+    }
+
+    fn block_hash(&self, t: Ticket, i: u32) -> BlockHash {
+        self.0[t.index as usize]
+            .as_ref()
+            .map_or(ROOT, |names| names[i as usize])
+    }
+}
 
 /// Token-timing samples buffered between publishes (each kind).
 const TOKEN_SAMPLES: usize = 16 * 1024;
@@ -110,6 +130,11 @@ pub struct IterationLevel {
     new_ttft_ns: Vec<u64>,
     new_tpot_ns: Vec<u64>,
     output_tokens: u64,
+    /// Per request-table index, its prompt's block names (the `Arc` of its `Work`, shared;
+    /// replaced when the index is next admitted).
+    names: Vec<Option<Arc<[BlockHash]>>>,
+    /// Per request-table index, the prompt tokens found cached when it last took a slot.
+    cached_tokens: Vec<u32>,
 }
 
 impl IterationLevel {
@@ -149,7 +174,6 @@ impl IterationLevel {
             steps_per_replica: vec![0; replicas],
             busy_since: vec![0; replicas],
             busy_total: vec![0; replicas],
-            sched,
             request_timeout_ns,
             step_timeout_ns: step_timeout_ns.max(1),
             circuit,
@@ -160,6 +184,9 @@ impl IterationLevel {
             new_ttft_ns: Vec::with_capacity(TOKEN_SAMPLES),
             new_tpot_ns: Vec::with_capacity(TOKEN_SAMPLES),
             output_tokens: 0,
+            names: vec![None; sched.table_capacity()],
+            cached_tokens: vec![0; sched.table_capacity()],
+            sched,
         }
     }
 
@@ -251,6 +278,8 @@ impl Mode for IterationLevel {
         let b = decision.backend.index();
         match sched.admit_to(b, meta) {
             Ok(ticket) => {
+                // An Arc clone (no allocation); the name table's previous entry is dropped.
+                self.names[ticket.index as usize] = work.prompt_blocks.clone();
                 let c = &mut routing.counters[b];
                 c.routed += 1;
                 routing
@@ -317,9 +346,11 @@ impl Mode for IterationLevel {
             self.results.clear();
             self.results
                 .extend(items.iter().map(|_| EntryResult::Cancelled));
-            self.sched.complete_step(r, &self.results, &mut |_, _| {
-                unreachable!("a timed-out replica's slots were freed")
-            });
+            let names = EngineNames(&self.names);
+            self.sched
+                .complete_step_with(r, &names, &self.results, &mut |_, _| {
+                    unreachable!("a timed-out replica's slots were freed")
+                });
             self.return_buffer(r, items);
             return;
         }
@@ -365,8 +396,10 @@ impl Mode for IterationLevel {
         }
         self.ended.clear();
         let ended = &mut self.ended;
+        let names = EngineNames(&self.names);
         self.sched
-            .complete_step(r, &self.results, &mut |t, res| ended.push((t, res)));
+            .complete_step_with(r, &names, &self.results, &mut |t, res| ended.push((t, res)));
+        let caching = self.sched.config().prefix_caching;
         for i in 0..self.ended.len() {
             let (ticket, _) = self.ended[i];
             // Read, not taken: `io.finish` reads it too (for the prefill / decode split);
@@ -377,7 +410,14 @@ impl Mode for IterationLevel {
                 items.iter_mut().find(|it| it.entry.ticket == ticket),
             ) {
                 (Ok(()), Some(item)) => match item.output.take() {
-                    Some(out) => Ok(out),
+                    Some(mut out) => {
+                        if let crate::exec::Output::Text { cached_tokens, .. } = &mut out {
+                            if caching {
+                                *cached_tokens = Some(self.cached_tokens[ticket.index as usize]);
+                            }
+                        }
+                        Ok(out)
+                    }
                     None => Err(RequestError::Failed(FailReason::Cancelled)),
                 },
                 (Err(e), _) => Err(RequestError::Worker(e.to_string())),
@@ -456,10 +496,12 @@ impl Mode for IterationLevel {
         let (circuits, params) = (&mut self.circuits, &self.circuit);
         let started = &mut self.started;
         started.clear();
+        let names = EngineNames(&self.names);
+        let cached_tokens = &mut self.cached_tokens;
         let mut allow = |r: usize| circuits[r].can_execute(now, params);
         let worked = self
             .sched
-            .tick_replicas(&mut allow, &mut |action| match action {
+            .tick_replicas(&names, &mut allow, &mut |action| match action {
                 StepAction::Step {
                     replica,
                     entries,
@@ -480,6 +522,10 @@ impl Mode for IterationLevel {
                         .take()
                         .expect("a replica without a step out has its buffer");
                     for e in entries {
+                        if let (true, StepWork::Prefill { offset, .. }) = (e.admitted, e.work) {
+                            // A fresh slot's prefill starts after its cached prefix.
+                            cached_tokens[e.ticket.index as usize] = offset;
+                        }
                         let work = if e.admitted {
                             let slot = &mut io.pending[e.ticket.index as usize];
                             if slot.dispatched_ns == 0 {
@@ -620,6 +666,11 @@ impl Mode for IterationLevel {
             kv_capacity_tokens: self.sched.config().kv_capacity_tokens
                 * self.step_bufs.len() as u64,
             output_tokens: self.output_tokens,
+            prefix: self
+                .sched
+                .config()
+                .prefix_caching
+                .then(|| self.sched.prefix_stats()),
         });
         move_samples(&mut self.new_ttft_ns, &mut snap.ttft);
         move_samples(&mut self.new_tpot_ns, &mut snap.tpot);
