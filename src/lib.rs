@@ -11,6 +11,7 @@ pub mod config;
 pub mod core;
 pub mod dashboard;
 pub mod exec;
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzz;
 pub mod http;
 pub mod loadgen;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # abe's whole test suite: the README's test command.
-#   1. cargo test --workspace --all-targets (unit, integration over loopback, benches once)
+#   1. cargo test --workspace --all-targets --features testing (unit, integration over
+#      loopback, benches once; `testing` turns on the fuzz campaigns and the engine's
+#      deterministic simulation, test-only code kept out of the default build)
 #   2. loom models of the cross-thread protocols (RUSTFLAGS="--cfg loom")
 #   3. the OpenAI Python SDK against a live `abe serve`
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
@@ -18,8 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ulimit -n 8192 2>/dev/null || true
 
-echo "== cargo test (workspace, all targets)"
-cargo test --workspace --all-targets
+echo "== cargo test (workspace, all targets, feature testing)"
+cargo test --workspace --all-targets --features testing
 
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \

@@ -2,8 +2,8 @@
 //! and the coverage-guided target (`fuzz/fuzz_targets/config_toml.rs`): how an input splits
 //! into TOML and `ABE_*` overrides, and what `abe config show` must print of a checked config.
 //!
-//! Only fuzzers call this; what must never happen here: anything the server reads at run
-//! time.
+//! Only fuzzers call this (it is built with the `testing` feature only); what must never
+//! happen here: anything the server reads at run time.
 
 use super::Config;
 

@@ -24,7 +24,7 @@
 //! `settings`.
 
 mod error;
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod fuzzing;
 mod layering;
 mod millis;

@@ -17,7 +17,7 @@
 //!
 //! What must never happen here: a source of randomness other than the seed (a failure must
 //! replay), or anything the server needs at run time (nothing in `abe` calls this module;
-//! only its tests do).
+//! only its tests do, and it is built with the `testing` feature or under `cfg(test)` only).
 
 pub mod campaign;
 pub mod invariants;

@@ -5,7 +5,7 @@
 //! the workers (take jobs, answer them, or hang) and the clock, and turns the engine at
 //! virtual times ([`Engine::turn`] reads no clock), checking invariants between steps.
 //!
-//! The live runtime never uses this module. Nothing here spawns a thread or sleeps, and
+//! The live runtime never uses this module (it is built with the `testing` feature only). Nothing here spawns a thread or sleeps, and
 //! nothing the simulation drives reads a clock: every time is the caller's virtual `now`
 //! (the turn's, and arrivals through `Submitter::submit_at_ns`), so a seed replays exactly.
 //! The `Clock` built here only serves `Submitter::submit`, which a simulation must not call.

@@ -9,14 +9,14 @@
 //! Where things live: `engine/` (the engine thread: its turn, and what each batching mode
 //! does in it), `worker` (worker threads), `submitter`, `gate` and `intake` (the way in and
 //! the submit/drain handshake), `ring` and `doorbell` (SPSC rings, waking a parked thread),
-//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`; `dst` builds the
-//! engine without threads for the deterministic simulation. Every
+//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`; `dst` (feature
+//! `testing`) builds the engine without threads for the deterministic simulation. Every
 //! cross-thread atomic comes from `sync`, the std/loom switch, so `loom-tests/` checks the
 //! real protocols.
 
 pub mod clock;
 pub mod doorbell;
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod dst;
 pub mod engine;
 pub mod gate;

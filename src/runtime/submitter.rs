@@ -127,7 +127,7 @@ impl Submitter {
     /// at `arrival_ns` of the simulation's virtual clock instead of the runtime's. A tagged
     /// submission counts against the in-flight limit as [`Submitter::submit`]'s does; a
     /// waiter's does not, as `Handle::submit`'s does not.
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn submit_at_ns(
         &mut self,
         request: Request,

@@ -3,8 +3,9 @@
 //! targets (`fuzz/fuzz_targets/`, a crate of its own, which can only reach `pub` items).
 //! The readers themselves stay private to `upstream`; this is the whole surface they get.
 //!
-//! What must never happen here: anything the executor calls (this is for fuzzing only), or
-//! a result that depends on anything but the input.
+//! Built with the `testing` feature or under `cfg(test)` only. What must never happen here:
+//! anything the executor calls (this is for fuzzing only), or a result that depends on
+//! anything but the input.
 
 use super::sse::{SseEvent, SseReader, EVENT_BYTES_MAX};
 use super::wire;

@@ -9,7 +9,7 @@ mod client;
 mod executor;
 #[cfg(test)]
 mod fuzz;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod fuzzing;
 mod sse;
 mod wire;

@@ -255,24 +255,28 @@ impl<M: Mode> Engine<M> {
     }
 
     /// Pending-table slots holding a request not yet answered (simulation checks).
+    #[cfg(feature = "testing")]
     pub(crate) fn pending_live(&self) -> usize {
         self.io.pending.iter().filter(|p| p.reply.is_some()).count()
     }
 
     /// Submissions taken from the intake rings and not yet answered, over every submitter
     /// (simulation checks: equals [`Engine::pending_live`] between turns).
+    #[cfg(feature = "testing")]
     pub(crate) fn taken_unanswered(&self) -> usize {
         self.io.submitters.iter().map(|s| s.live as usize).sum()
     }
 
     /// What the live loop's re-check before it sleeps sees after a turn that reported
     /// `watch_gate` (simulation checks): anything for the engine to do now.
+    #[cfg(feature = "testing")]
     pub(crate) fn has_work(&self, watch_gate: bool) -> bool {
         self.io.has_work() || (watch_gate && self.io.shared.gate.is_closed_and_empty())
     }
 
     /// Nothing admitted is left; nothing is out at a worker; the drain deadline passed and
     /// what was left was aborted (simulation checks).
+    #[cfg(feature = "testing")]
     pub(crate) fn state(&self) -> (bool, bool, bool) {
         (self.mode.is_idle(), self.mode.nothing_out(), self.aborted)
     }
