@@ -88,7 +88,7 @@ struct SimulateArgs {
     /// Seed for the workload, the latency noise and the core.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Requests to simulate (default: the scenario's).
+    /// Requests to simulate (default: the scenario's; a trace's first N rows, default all).
     #[arg(long)]
     requests: Option<u64>,
     /// Latency model: none, linear, calibrated, max_of_batch, affine_step, roofline (default: the scenario's).
