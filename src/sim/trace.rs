@@ -727,6 +727,70 @@ mod tests {
         assert!(!t.has_hash_ids());
     }
 
+    /// A reader that makes up a trace one line at a time: the file never exists as a whole.
+    struct MadeUp {
+        lines: u32,
+        next: u32,
+        pending: Vec<u8>,
+        at: usize,
+    }
+
+    impl Read for MadeUp {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            if self.at == self.pending.len() {
+                if self.next > self.lines {
+                    return Ok(0);
+                }
+                self.pending.clear();
+                if self.next == 0 {
+                    self.pending
+                        .extend_from_slice(b"TIMESTAMP,ContextTokens,GeneratedTokens\n");
+                } else {
+                    let t = u64::from(self.next);
+                    let line = format!(
+                        "2023-11-16 {:02}:{:02}:{:02}.{:07},{},{}\n",
+                        t / 3600 % 24,
+                        t / 60 % 60,
+                        t % 60,
+                        t % 10_000_000,
+                        t % 4000,
+                        t % 500
+                    );
+                    self.pending.extend_from_slice(line.as_bytes());
+                }
+                self.next += 1;
+                self.at = 0;
+            }
+            let n = out.len().min(self.pending.len() - self.at);
+            out[..n].copy_from_slice(&self.pending[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_million_line_trace_streams() {
+        let lines = 1_000_000;
+        let src = MadeUp {
+            lines,
+            next: 0,
+            pending: Vec::new(),
+            at: 0,
+        };
+        let t = read(
+            Path::new("big.csv"),
+            BufReader::with_capacity(8 * 1024, src),
+            TraceFormat::Csv,
+        )
+        .unwrap();
+        assert_eq!(t.rows.len(), lines as usize);
+        assert_eq!(t.rows[0].arrival_ms, 0.0);
+        assert!(t
+            .rows
+            .windows(2)
+            .all(|w| w[0].arrival_ms <= w[1].arrival_ms));
+    }
+
     #[test]
     fn a_line_over_one_mib_is_refused_without_reading_it_whole() {
         let ok = "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n";
