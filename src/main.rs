@@ -70,16 +70,25 @@ struct ServeArgs {
 
 #[derive(Args, Debug)]
 struct SimulateArgs {
-    /// Built-in scenario name or path of a scenario TOML file.
-    #[arg(long, default_value = "steady_state")]
-    scenario: String,
+    /// Built-in scenario name or path of a scenario TOML file (default: steady_state; with
+    /// --trace, a replay base on Llama-3.1-8B / H100).
+    #[arg(long)]
+    scenario: Option<String>,
+    /// Replay a trace file (abe's CSV/JSONL, an Azure LLM CSV or a Mooncake JSONL): its
+    /// arrivals and request shapes replace the scenario's.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Play the workload this many times faster (rates times it; a trace's timestamps
+    /// divided by it).
+    #[arg(long, value_name = "K")]
+    rate_scale: Option<f64>,
     /// Comma-separated strategies to compare (default: all).
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
     /// Seed for the workload, the latency noise and the core.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Requests to simulate (default: the scenario's).
+    /// Requests to simulate (default: the scenario's; a trace's first N rows, default all).
     #[arg(long)]
     requests: Option<u64>,
     /// Latency model: none, linear, calibrated, max_of_batch, affine_step, roofline (default: the scenario's).
@@ -131,9 +140,15 @@ struct LoadgenArgs {
     /// Base URL of the target server (plain http; loopback unless --allow-remote).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// Built-in scenario name or path of a scenario TOML file (as for `abe simulate`).
-    #[arg(long, default_value = "steady_state")]
-    scenario: String,
+    /// Built-in scenario name or path of a scenario TOML file (as for `abe simulate`;
+    /// default: steady_state, with --trace the same replay base as `abe simulate --trace`).
+    #[arg(long)]
+    scenario: Option<String>,
+    /// Replay a trace file (as `abe simulate --trace`): its arrivals and shapes, and prompt
+    /// text derived from its hash_ids (equal ids, equal text), so the server's prefix cache
+    /// sees the trace's reuse.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Seed of the workload (same seed, same requests as `abe simulate`).
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -248,11 +263,19 @@ fn serve(args: &ServeArgs) -> Result<(), String> {
 }
 
 fn simulate(args: &SimulateArgs) -> Result<(), String> {
+    let scenario = match (&args.scenario, &args.trace) {
+        (Some(s), _) => s.clone(),
+        // An empty name: the trace's replay base.
+        (None, Some(_)) => String::new(),
+        (None, None) => "steady_state".into(),
+    };
     let opts = abe::sim::SimulateOptions {
-        scenario: args.scenario.clone(),
+        scenario,
         strategies: args.strategies.clone(),
         seed: args.seed,
         requests: args.requests,
+        trace: args.trace.clone(),
+        rate_scale: args.rate_scale,
         latency_model: args.latency_model.clone(),
         latency_params: args.latency_params.clone(),
         engine: abe::sim::settings::EngineSettings {
@@ -286,7 +309,12 @@ fn simulate(args: &SimulateArgs) -> Result<(), String> {
 fn loadgen(args: &LoadgenArgs) -> Result<(), String> {
     let opts = abe::loadgen::LoadgenOptions {
         url: args.url.clone(),
-        scenario: args.scenario.clone(),
+        scenario: match (&args.scenario, &args.trace) {
+            (Some(s), _) => s.clone(),
+            (None, Some(_)) => String::new(),
+            (None, None) => "steady_state".into(),
+        },
+        trace: args.trace.clone(),
         seed: args.seed,
         requests: args.requests,
         duration_s: args.duration,

@@ -346,3 +346,35 @@ fn a_closed_loop_for_a_duration_stops_sending_and_answers_what_it_sent() {
     let rps = v["runs"][0]["throughput_rps"].as_f64().unwrap();
     assert!(rps <= 4.0 / 0.006 + 1e-6, "{rps}");
 }
+
+/// `--trace` replays a Mooncake slice: prompts built from its hash_ids (up to ~160 KB each)
+/// are all answered, and the sequence is the simulator's for the same trace and count.
+#[test]
+fn a_trace_is_replayed_with_prompts_from_its_hash_ids() {
+    let trace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/mooncake_fast25_synthetic_200.jsonl");
+    let server = start(test_config());
+    // The first 40 rows span ~12 s of trace time; x40: ~0.3 s.
+    let o = LoadgenOptions {
+        scenario: String::new(),
+        trace: Some(trace.clone()),
+        ..opts(url(&server), 40, 40.0)
+    };
+    let report = loadgen::run(&o, &mut quiet).expect("the run completes");
+    server.shutdown();
+    let run = report.run();
+    assert_eq!(
+        run.completed, 40,
+        "errors: {:?}",
+        report.live.errors_by_status
+    );
+    let sim = simulate(&SimulateOptions {
+        scenario: String::new(),
+        trace: Some(trace),
+        strategies: vec!["fixed".into()],
+        requests: Some(40),
+        ..SimulateOptions::default()
+    })
+    .unwrap();
+    assert_eq!(report.request_digest, sim.request_digest);
+}

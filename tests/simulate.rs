@@ -169,6 +169,7 @@ fn saturated_puts_everything_at_zero_and_replay_reads_the_trace() {
     let w = workload(Arrivals::Replay {
         path: trace,
         format: None,
+        rate_scale: 1.0,
     });
     let r = w.generate(10, 3).unwrap();
     assert_eq!(

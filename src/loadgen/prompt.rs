@@ -6,11 +6,17 @@
 //! so a request of `n` prompt tokens gets exactly `4 n` bytes of text: three-letter words and
 //! a space, drawn from a hash of (seed, request index, word index). Same inputs, same bytes;
 //! different requests get different text (so no server can answer from a prefix cache what it
-//! would have to compute). Only `a-z` and spaces: nothing in a prompt needs JSON escaping.
+//! would have to compute). A request replayed from a trace with `hash_ids` (`abe loadgen
+//! --trace`) instead gets, per 512-token trace block, 2048 bytes derived from the block id
+//! alone ([`push_trace_prompt`]): equal ids give equal text, so a live server's prefix cache
+//! sees exactly the reuse the trace has. Only `a-z` and spaces: nothing in a prompt needs
+//! JSON escaping.
 //! Everything is written into caller-owned buffers; nothing here allocates once they are
 //! warm, reads a clock or does I/O.
 
+use crate::core::prefix::TOKEN_BYTES;
 use crate::core::Priority;
+use crate::sim::prefix::MOONCAKE_BLOCK_TOKENS;
 use crate::sim::workload::SimRequest;
 use std::io::Write as _;
 
@@ -31,14 +37,54 @@ pub fn push_prompt(out: &mut Vec<u8>, tokens: u32, seed: u64, index: u64) {
     let words = tokens.max(EMPTY_PROMPT_WORDS);
     let base = mix(seed ^ mix(index));
     for w in 0..u64::from(words) {
-        let h = mix(base ^ w);
-        out.extend_from_slice(&[
-            b'a' + (h % 26) as u8,
-            b'a' + ((h >> 8) % 26) as u8,
-            b'a' + ((h >> 16) % 26) as u8,
-            b' ',
-        ]);
+        push_word(out, mix(base ^ w));
     }
+}
+
+/// Bytes of text per trace block id: 512 tokens of 4 bytes.
+pub const TRACE_BLOCK_BYTES: usize = MOONCAKE_BLOCK_TOKENS as usize * TOKEN_BYTES;
+
+/// Appends one 4-byte word (three letters and a space) from hash `h`.
+fn push_word(out: &mut Vec<u8>, h: u64) {
+    out.extend_from_slice(&[
+        b'a' + (h % 26) as u8,
+        b'a' + ((h >> 8) % 26) as u8,
+        b'a' + ((h >> 16) % 26) as u8,
+        b' ',
+    ]);
+}
+
+/// Appends `4 x max(tokens, 1)` bytes of prompt text for a trace request whose prompt blocks
+/// have ids `ids` (512 tokens each, the last one cut at the prompt's end): block `k`'s text
+/// depends on `ids[k]` only. Tokens past the last id get request `index`'s own text, as
+/// [`push_prompt`] writes it from there.
+pub fn push_trace_prompt(out: &mut Vec<u8>, tokens: u32, ids: &[u64], seed: u64, index: u64) {
+    const BLOCK_WORDS: u64 = (TRACE_BLOCK_BYTES / TOKEN_BYTES) as u64;
+    let words = u64::from(tokens.max(EMPTY_PROMPT_WORDS));
+    let mut w = 0u64;
+    for &id in ids {
+        let base = mix(id ^ 0x7261_6365_5f62_6c6b); // "race_blk": apart from push_prompt's
+        for j in 0..BLOCK_WORDS.min(words - w) {
+            push_word(out, mix(base ^ j));
+        }
+        w += BLOCK_WORDS.min(words - w);
+        if w == words {
+            return;
+        }
+    }
+    let base = mix(seed ^ mix(index));
+    for j in w..words {
+        push_word(out, mix(base ^ j));
+    }
+}
+
+/// Request `r`'s block ids: its prefix span in `trace_ids` (the run's
+/// `Generated::trace_ids`); empty when it has none.
+pub fn request_ids<'a>(trace_ids: &'a [u64], r: &SimRequest) -> &'a [u64] {
+    let start = r.prefix.start as usize;
+    trace_ids
+        .get(start..start + r.prefix.len as usize)
+        .unwrap_or_default()
 }
 
 /// How the JSON body is shaped.
@@ -65,8 +111,18 @@ impl BodyOptions {
     }
 }
 
-/// Writes the complete HTTP/1.1 request for `r` (request `index` of run `seed`) into `out`
-/// (cleared first), using `body` as scratch for the JSON.
+/// The prompt text of `r`: from its trace block `ids` if it has any, else its own.
+fn push_request_prompt(out: &mut Vec<u8>, r: &SimRequest, ids: &[u64], seed: u64, index: u64) {
+    if ids.is_empty() {
+        push_prompt(out, r.prompt_tokens, seed, index);
+    } else {
+        push_trace_prompt(out, r.prompt_tokens, ids, seed, index);
+    }
+}
+
+/// Writes the complete HTTP/1.1 request for `r` (request `index` of run `seed`, its trace
+/// block ids `ids`, empty if none) into `out` (cleared first), using `body` as scratch for
+/// the JSON.
 #[allow(clippy::too_many_arguments)]
 pub fn write_request(
     out: &mut Vec<u8>,
@@ -75,6 +131,7 @@ pub fn write_request(
     host: &str,
     opts: &BodyOptions,
     r: &SimRequest,
+    ids: &[u64],
     seed: u64,
     index: u64,
 ) {
@@ -88,11 +145,11 @@ pub fn write_request(
     }
     if opts.embeddings {
         body.extend_from_slice(b"\"input\":\"");
-        push_prompt(body, r.prompt_tokens, seed, index);
+        push_request_prompt(body, r, ids, seed, index);
         body.push(b'"');
     } else {
         body.extend_from_slice(b"\"prompt\":\"");
-        push_prompt(body, r.prompt_tokens, seed, index);
+        push_request_prompt(body, r, ids, seed, index);
         // At least one token: servers refuse max_tokens = 0.
         let _ = write!(body, "\",\"max_tokens\":{}", r.output_tokens.max(1));
     }
@@ -194,6 +251,7 @@ mod tests {
             "h:1",
             &opts,
             &r,
+            &[],
             1,
             0,
         );
@@ -209,7 +267,7 @@ mod tests {
         assert_eq!(v["predicted_output_tokens"], 9);
         let plain = BodyOptions::default();
         let r = req(5, 9, Priority::Normal);
-        write_request(&mut out, &mut body, "/p", "h", &plain, &r, 1, 0);
+        write_request(&mut out, &mut body, "/p", "h", &plain, &r, &[], 1, 0);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert!(v.get("model").is_none() && v.get("priority").is_none());
         assert!(v.get("predicted_output_tokens").is_none());
@@ -219,12 +277,58 @@ mod tests {
         };
         assert_eq!(embed.path(), "/v1/embeddings");
         let r = req(5, 9, Priority::High);
-        write_request(&mut out, &mut body, embed.path(), "h", &embed, &r, 1, 0);
+        write_request(
+            &mut out,
+            &mut body,
+            embed.path(),
+            "h",
+            &embed,
+            &r,
+            &[],
+            1,
+            0,
+        );
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["input"].as_str().unwrap().len(), 20);
         assert!(v.get("prompt").is_none() && v.get("max_tokens").is_none());
         assert!(v.get("predicted_output_tokens").is_none());
         assert_eq!(v["priority"], "high");
+    }
+
+    #[test]
+    fn equal_trace_ids_give_equal_text_and_equal_live_block_names() {
+        use crate::core::prefix::text_block_hashes;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        // Same first two blocks, then another; prompts cut inside their third block.
+        push_trace_prompt(&mut a, 1100, &[5, 6, 7], 1, 0);
+        push_trace_prompt(&mut b, 1300, &[5, 6, 8], 2, 9);
+        assert_eq!((a.len(), b.len()), (4400, 5200));
+        assert!(a.iter().all(|c| c.is_ascii_lowercase() || *c == b' '));
+        assert_eq!(a[..2 * TRACE_BLOCK_BYTES], b[..2 * TRACE_BLOCK_BYTES]);
+        assert_ne!(a[2 * TRACE_BLOCK_BYTES..], b[2 * TRACE_BLOCK_BYTES..4400]);
+        let (mut ha, mut hb) = (Vec::new(), Vec::new());
+        text_block_hashes(std::str::from_utf8(&a).unwrap(), 16, &mut ha);
+        text_block_hashes(std::str::from_utf8(&b).unwrap(), 16, &mut hb);
+        let shared = ha.iter().zip(&hb).take_while(|(x, y)| x == y).count();
+        assert_eq!(shared, 64, "two 512-token blocks are 64 KV blocks of 16");
+        // A block's text depends on its id only, not on the request or the seed.
+        let mut c = Vec::new();
+        push_trace_prompt(&mut c, 512, &[6], 3, 3);
+        assert_eq!(c[..], a[TRACE_BLOCK_BYTES..2 * TRACE_BLOCK_BYTES]);
+        // Tokens past the ids: the request's own text.
+        let mut d = Vec::new();
+        push_trace_prompt(&mut d, 600, &[6], 3, 3);
+        assert_eq!(d.len(), 2400);
+        assert_eq!(d[..TRACE_BLOCK_BYTES], c[..]);
+        let r = SimRequest {
+            prefix: crate::sim::prefix::PrefixSpan { start: 1, len: 2 },
+            ..req(5, 1, Priority::Normal)
+        };
+        assert_eq!(request_ids(&[1, 2, 3, 4], &r), &[2, 3]);
+        assert_eq!(
+            request_ids(&[1, 2, 3, 4], &req(5, 1, Priority::Normal)),
+            &[] as &[u64]
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::sim::driver::RunOutput;
 use crate::sim::record::{Recorder, LATENCY_MAX_NS};
 use crate::sim::report::RunReport;
 use crate::sim::scenario::Scenario;
-use crate::sim::workload::{Digest, SimRequest};
+use crate::sim::workload::{Digest, Generated, SimRequest};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -64,8 +64,11 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 pub struct LoadgenOptions {
     /// Base URL of the target, `http://host:port[/prefix]`.
     pub url: String,
-    /// Built-in scenario name or scenario file (as for `abe simulate`).
+    /// Built-in scenario name or scenario file (as for `abe simulate`); with `trace` and
+    /// this empty, the replay base ([`Scenario::replay`]).
     pub scenario: String,
+    /// Replays this trace file (its arrivals and shapes; prompts from its `hash_ids`).
+    pub trace: Option<std::path::PathBuf>,
     pub seed: u64,
     /// Requests to send (default: the scenario's).
     pub requests: Option<u64>,
@@ -100,6 +103,7 @@ impl Default for LoadgenOptions {
         LoadgenOptions {
             url: "http://127.0.0.1:8080".into(),
             scenario: "steady_state".into(),
+            trace: None,
             seed: 7,
             requests: None,
             duration_s: None,
@@ -239,7 +243,11 @@ pub fn run(
     opts: &LoadgenOptions,
     on_progress: &mut dyn FnMut(&Progress),
 ) -> Result<LiveReport, LoadgenError> {
-    let scenario = Scenario::resolve(&opts.scenario)?;
+    let scenario = match &opts.trace {
+        Some(path) if opts.scenario.is_empty() => Scenario::replay(path),
+        Some(path) => Scenario::resolve(&opts.scenario)?.with_trace(path),
+        None => Scenario::resolve(&opts.scenario)?,
+    };
     run_scenario(&scenario, opts, on_progress)
 }
 
@@ -286,7 +294,8 @@ pub fn run_scenario(
         Some(lp) => {
             closed_requests = closed_requests_for(scenario, opts)?;
             Plan::Closed {
-                requests: &closed_requests,
+                requests: &closed_requests.requests,
+                trace_ids: &closed_requests.trace_ids,
                 lp,
                 duration_ns: opts.duration_s.map(|d| (d * 1e9) as u64),
             }
@@ -436,7 +445,7 @@ fn closed_loop(
 fn closed_requests_for(
     scenario: &Scenario,
     opts: &LoadgenOptions,
-) -> Result<Vec<SimRequest>, LoadgenError> {
+) -> Result<Generated, LoadgenError> {
     if let Some(d) = opts.duration_s {
         if !(d.is_finite() && d > 0.0) {
             return Err(LoadgenError::invalid(
@@ -452,7 +461,7 @@ fn closed_requests_for(
             format!("{count} must be in 1..{}", u32::MAX),
         ));
     }
-    Ok(scenario.workload.generate(count, opts.seed)?)
+    Ok(scenario.workload.generate_with_prefix(count, opts.seed)?)
 }
 
 /// What the connection threads play.
@@ -463,6 +472,8 @@ enum Plan<'a> {
     /// until `requests` are used up or `duration_ns` has passed.
     Closed {
         requests: &'a [SimRequest],
+        /// The block ids the requests' prefix spans index.
+        trace_ids: &'a [u64],
         lp: ClosedLoop,
         duration_ns: Option<u64>,
     },
@@ -593,6 +604,7 @@ fn drive(
                         ),
                         Plan::Closed {
                             requests,
+                            trace_ids,
                             lp,
                             duration_ns,
                         } => {
@@ -602,8 +614,8 @@ fn drive(
                                 end: duration_ns.map(|d| start + Duration::from_nanos(d)),
                             };
                             client_loop(
-                                &mut conn, shared, requests, target, path, opts, start, &client,
-                                &tx,
+                                &mut conn, shared, requests, trace_ids, target, path, opts, start,
+                                &client, &tx,
                             )
                         }
                     }
@@ -718,6 +730,7 @@ fn connection_loop(
             &target.host_header,
             &opts.body,
             r,
+            prompt::request_ids(&schedule.trace_ids, r),
             opts.seed,
             i as u64,
         );
@@ -762,6 +775,7 @@ fn client_loop(
     conn: &mut ClientConn,
     shared: &Shared,
     requests: &[SimRequest],
+    trace_ids: &[u64],
     target: &Target,
     path: &str,
     opts: &LoadgenOptions,
@@ -795,6 +809,7 @@ fn client_loop(
             &target.host_header,
             &opts.body,
             r,
+            prompt::request_ids(trace_ids, r),
             opts.seed,
             i as u64,
         );

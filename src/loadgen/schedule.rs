@@ -21,6 +21,8 @@ pub struct Schedule {
     pub send_at_ns: Vec<u64>,
     /// Fingerprint of `requests` (the simulator's `request_digest` for this count).
     pub digest: Digest,
+    /// A replayed trace's block ids, which the requests' `prefix` spans index (empty: none).
+    pub trace_ids: Vec<u64>,
 }
 
 impl Schedule {
@@ -55,7 +57,8 @@ impl Schedule {
                 format!("{count} must be in 1..{}", u32::MAX),
             ));
         }
-        let mut generated = scenario.workload.generate(count, seed)?;
+        let g = scenario.workload.generate_with_prefix(count, seed)?;
+        let mut generated = g.requests;
         let scale = |ns: u64| (ns as f64 / rate_scale).round().min(u64::MAX as f64) as u64;
         let mut send_at_ns: Vec<u64> = generated.iter().map(|r| scale(r.arrival_ns)).collect();
         if let Some(d) = duration_s {
@@ -75,6 +78,7 @@ impl Schedule {
             digest: Digest::of(&generated),
             requests: generated,
             send_at_ns,
+            trace_ids: g.trace_ids,
         })
     }
 

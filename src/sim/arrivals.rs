@@ -63,17 +63,28 @@ pub enum Arrivals {
         #[serde(default = "half")]
         think_jitter: f64,
     },
-    /// Arrivals and shapes from a trace file (`arrival_ms, prompt_tokens, output_tokens[,
-    /// priority]`); a relative path is resolved against the scenario file's folder.
+    /// Arrivals and shapes from a trace file (abe's rows, an Azure or a Mooncake trace; see
+    /// [`super::trace`]); a relative path is resolved against the scenario file's folder.
+    /// `rate_scale` plays the trace that many times faster (arrival times divided by it).
     Replay {
         path: PathBuf,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         format: Option<TraceFormat>,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        rate_scale: f64,
     },
 }
 
 fn half() -> f64 {
     0.5
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn is_one(v: &f64) -> bool {
+    *v == 1.0
 }
 
 /// A validated closed loop (see [`Arrivals::Closed`]).
@@ -251,9 +262,9 @@ impl Arrivals {
     }
 
     /// This process with every arrival rate multiplied by `k` (the `rate_scale` sweep key):
-    /// rates of `constant`, `poisson`, `ramp` and `spike`, and burst starts of `bursty`.
-    /// `saturated`, `closed` and `replay` have no rate to scale (sweep `clients` for a
-    /// closed loop).
+    /// rates of `constant`, `poisson`, `ramp` and `spike`, burst starts of `bursty`, and a
+    /// `replay` trace's time axis (timestamps divided by `k`). `saturated` and `closed` have
+    /// no rate to scale (sweep `clients` for a closed loop).
     pub fn scaled(&self, k: f64) -> Result<Arrivals, SimError> {
         let k = positive("rate_scale", k)?;
         let mut a = self.clone();
@@ -267,11 +278,12 @@ impl Arrivals {
             }
             Arrivals::Spike { base_rps, .. } => *base_rps *= k,
             Arrivals::Bursty { bursts_per_s, .. } => *bursts_per_s *= k,
-            Arrivals::Saturated | Arrivals::Closed { .. } | Arrivals::Replay { .. } => {
+            // A trace's time axis compressed k times: every rate in it times k.
+            Arrivals::Replay { rate_scale, .. } => *rate_scale *= k,
+            Arrivals::Saturated | Arrivals::Closed { .. } => {
                 return Err(SimError::invalid(
                     "--sweep",
-                    "rate_scale needs a rate: `saturated`, `replay` and `closed` arrivals \
-                     have none \
+                    "rate_scale needs a rate: `saturated` and `closed` arrivals have none \
                      (sweep clients for a closed loop)",
                 ))
             }

@@ -35,9 +35,25 @@ WORKLOAD: ARRIVALS (workload.arrivals.process)
                                             burst starts Poisson at bursts_per_s (from the
                                             seed), each burst_size requests gap_ms apart;
                                             mean rate bursts_per_s x burst_size
-  replay      path, format ("csv"|"jsonl"; default from the extension)
-              trace rows: arrival_ms, prompt_tokens, output_tokens, priority (optional);
-              CSV needs a header; a relative path is relative to the scenario file
+  replay      path, format ("csv"|"jsonl"; default from the extension), rate_scale
+              (default 1: the trace plays k times faster, timestamps divided by k);
+              a relative path is relative to the scenario file; formats under TRACES
+
+TRACES (replay, --trace FILE; told apart by the CSV header or the JSONL fields)
+  abe         CSV with a header or JSONL: arrival_ms, prompt_tokens, output_tokens,
+              priority (optional); JSONL rows may carry hash_ids (as Mooncake's)
+  Azure       CSV TIMESTAMP,ContextTokens,GeneratedTokens (the Azure LLM inference traces):
+              wall-clock timestamps (2023-11-16 18:15:46.6805900), arrival = timestamp
+              minus the earliest
+  Mooncake    JSONL timestamp (ms), input_length, output_length, hash_ids (ids of the
+              prompt's 512-token blocks, equal ids = equal prefix): the conversation,
+              tool/agent and synthetic traces; hash_ids name the KV blocks prefix caching
+              shares (a 512-token block is 32 of 16 tokens)
+  Rows are sorted by arrival; --requests N takes the first N; lines over 1 MiB, missing or
+  mistyped fields, bad timestamps and empty files are errors naming the file and line.
+  abe simulate --trace FILE replays FILE without a scenario file (base: one Llama-3.1-8B
+  on an H100 roofline, request-level unless --mode continuous; with --scenario, that
+  scenario's engine and latency model); --rate-scale K compresses its time.
 
 WORKLOAD: LENGTHS (workload.prompt_tokens / workload.output_tokens, key dist)
   fixed        value
@@ -103,7 +119,8 @@ SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
   bins, oracle_bins, max_batch_size, min_batch_size, workers, max_wait_ms, min_wait_ms,
   queue_capacity, dispatch_when_idle (0 or 1)
   rate_scale   multiplies every arrival rate (constant, poisson, ramp, spike; bursty's
-               bursts_per_s): latency against load in one command
+               bursts_per_s; a replay's timestamps are divided by it): latency against
+               load in one command (--rate-scale K: one value)
   clients      a closed loop's client count
   mode         request,continuous (or 0,1): both modes on the identical requests
 
@@ -130,6 +147,7 @@ EXAMPLE
   abe simulate --scenario scenarios/chat_8b_h100.toml --strategies auto --sweep mode=request,continuous
   abe simulate --scenario medium_load --mode continuous --latency-model roofline \
       --latency llm=llama-3.1-70b --latency gpu=h200 --latency tp=2
+  abe simulate --trace synthetic_trace.jsonl --mode continuous --requests 500 --rate-scale 2
 "#;
 
 #[cfg(test)]
@@ -163,6 +181,11 @@ mod tests {
             "spike_duration_s",
             "path",
             "format",
+            "rate_scale",
+            "TIMESTAMP,ContextTokens,GeneratedTokens",
+            "hash_ids",
+            "input_length",
+            "--trace",
             // lengths
             "fixed",
             "uniform",

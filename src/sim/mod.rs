@@ -23,6 +23,7 @@ pub mod prefix;
 pub mod priority;
 pub mod record;
 pub mod report;
+pub mod reuse;
 pub mod run;
 pub mod scenario;
 pub mod series;

@@ -9,7 +9,6 @@
 use super::binning::interleave_bins;
 use super::continuous::ContinuousInput;
 use super::driver::{self, RunInput, RunOutput};
-use super::prefix::PrefixArena;
 use super::report::{ParamValue, RunReport, SimReport, SweepAxis};
 use super::scenario::Scenario;
 use super::settings::EngineSettings;
@@ -21,6 +20,7 @@ use crate::core::request::ms_to_nanos;
 use crate::core::strategy::StrategyKind;
 use crate::core::{BatchingMode, CoreConfig};
 use crate::exec::latency::{LatencyKind, LatencyModel, NAME_KEYS, PARAM_KEYS};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -32,8 +32,14 @@ pub struct SimulateOptions {
     /// Strategy names; empty means every strategy.
     pub strategies: Vec<String>,
     pub seed: u64,
-    /// Overrides the scenario's request count.
+    /// Overrides the scenario's request count (a replayed trace: its first N rows).
     pub requests: Option<u64>,
+    /// Replays this trace file: the scenario's arrivals and request shapes come from it. With
+    /// `scenario` empty, the base is [`Scenario::replay`]'s.
+    pub trace: Option<PathBuf>,
+    /// Plays the workload this many times faster: every arrival rate times it (a trace's
+    /// timestamps divided by it), as the `rate_scale` sweep key.
+    pub rate_scale: Option<f64>,
     /// Replaces the scenario's latency model (with that model's defaults).
     pub latency_model: Option<String>,
     /// `key=value` overrides of the latency model's parameters.
@@ -60,6 +66,8 @@ impl Default for SimulateOptions {
             strategies: Vec::new(),
             seed: 7,
             requests: None,
+            trace: None,
+            rate_scale: None,
             latency_model: None,
             latency_params: Vec::new(),
             engine: EngineSettings::default(),
@@ -129,9 +137,20 @@ fn latency_model(
         .map_err(|why| SimError::invalid("latency model", why))
 }
 
-/// Resolves `opts.scenario` and runs it.
+/// Resolves `opts.scenario` (with `opts.trace` replayed in it, `opts.rate_scale` applied)
+/// and runs it.
 pub fn simulate(opts: &SimulateOptions) -> Result<SimReport, SimError> {
-    let scenario = Scenario::resolve(&opts.scenario)?;
+    let mut scenario = match &opts.trace {
+        Some(path) if opts.scenario.is_empty() => Scenario::replay(path),
+        Some(path) => Scenario::resolve(&opts.scenario)?.with_trace(path),
+        None => Scenario::resolve(&opts.scenario)?,
+    };
+    if let Some(k) = opts.rate_scale {
+        scenario.workload.arrivals = scenario.workload.arrivals.scaled(k).map_err(|e| match e {
+            SimError::Invalid { why, .. } => SimError::invalid("--rate-scale", why),
+            e => e,
+        })?;
+    }
     simulate_scenario(&scenario, opts)
 }
 
@@ -184,9 +203,12 @@ pub fn simulate_scenario(
 
     // Request sequences: the scenario's, first, and one more per sweep point that changes
     // the workload (rate_scale, clients).
-    let mut sequences = vec![scenario.workload.generate(requests, opts.seed)?];
+    let base = scenario
+        .workload
+        .generate_with_prefix(requests, opts.seed)?;
+    let mut sequences = vec![base.requests];
     // Per sequence, its requests' prompt-block names (empty: no prefix identity).
-    let mut arenas = vec![PrefixArena::default()];
+    let mut arenas = vec![base.arena];
     let base_closed = scenario.workload.arrivals.closed_loop()?;
     let mut jobs = Vec::new();
     for point in sweep::grid(&axes) {
@@ -198,8 +220,9 @@ pub fn simulate_scenario(
                     arrivals,
                     ..scenario.workload.clone()
                 };
-                sequences.push(w.generate(requests, opts.seed)?);
-                arenas.push(PrefixArena::default());
+                let g = w.generate_with_prefix(requests, opts.seed)?;
+                sequences.push(g.requests);
+                arenas.push(g.arena);
                 (sequences.len() - 1, w.arrivals.closed_loop()?)
             }
         };
@@ -302,7 +325,7 @@ struct RunContext<'a> {
     /// The request sequences the jobs index into.
     sequences: &'a [Vec<SimRequest>],
     /// Per sequence, the prompt-block names its requests' `prefix` spans point into.
-    arenas: &'a [PrefixArena],
+    arenas: &'a [super::prefix::PrefixArena],
     latency: &'a LatencyModel,
     seed: u64,
     sla_ns: u64,

@@ -346,7 +346,35 @@ fn closed_loop() -> Scenario {
     }
 }
 
+/// Name of the scenario `abe simulate --trace FILE` runs when no `--scenario` is given.
+pub const TRACE_SCENARIO: &str = "trace";
+
 impl Scenario {
+    /// The base `abe simulate --trace FILE` replays `path` with: every row of the trace
+    /// (`--requests` takes the first N), arrivals `replay`, and `chat_8b_h100`'s engine and
+    /// latency model (Llama-3.1-8B on an H100 roofline, one replica) without its batching
+    /// mode (`--mode continuous` for iteration-level batching).
+    pub fn replay(path: &Path) -> Scenario {
+        let mut s = builtin("chat_8b_h100").expect("chat_8b_h100 is built in");
+        s.name = TRACE_SCENARIO.into();
+        s.description = format!("Replay of {}.", path.display());
+        // Every row: the largest count `abe simulate` accepts.
+        s.requests = u64::from(u32::MAX) - 1;
+        s.engine.mode = None;
+        s.with_trace(path)
+    }
+
+    /// This scenario with its arrivals and request shapes replayed from the trace at `path`
+    /// (engine, latency model and targets kept).
+    pub fn with_trace(mut self, path: &Path) -> Scenario {
+        self.workload.arrivals = Arrivals::Replay {
+            path: path.to_path_buf(),
+            format: None,
+            rate_scale: 1.0,
+        };
+        self
+    }
+
     /// Parses a scenario from TOML text; `origin` names the source in errors and its folder
     /// anchors a relative replay path.
     pub fn from_toml(origin: &Path, text: &str) -> Result<Scenario, SimError> {

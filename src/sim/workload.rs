@@ -8,6 +8,7 @@
 
 use super::arrivals::{secs_to_ns, ArrivalClock, Arrivals};
 use super::dist::LengthDist;
+use super::prefix::{PrefixArena, PrefixSpan};
 use super::priority::PriorityMix;
 use super::trace;
 use super::SimError;
@@ -89,9 +90,27 @@ fn stream(seed: u64, s: Stream) -> SmallRng {
     SmallRng::seed_from_u64(seed ^ (s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
+/// A generated request sequence with its prompts' block names.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Generated {
+    pub requests: Vec<SimRequest>,
+    /// The block names the requests' `prefix` spans point into (empty unless the workload
+    /// replays a trace with `hash_ids`).
+    pub arena: PrefixArena,
+    /// The trace's block ids, parallel to `arena.chains` (a span indexes both): what
+    /// `abe loadgen` derives prompt text from.
+    pub trace_ids: Vec<u64>,
+}
+
 impl Workload {
     /// The first `requests` requests of this workload for `seed` (fewer for a shorter trace).
     pub fn generate(&self, requests: u64, seed: u64) -> Result<Vec<SimRequest>, SimError> {
+        Ok(self.generate_with_prefix(requests, seed)?.requests)
+    }
+
+    /// [`Workload::generate`], with the block names of a replayed trace's `hash_ids` (each
+    /// request's `prefix` span set, the arena filled); other workloads have none.
+    pub fn generate_with_prefix(&self, requests: u64, seed: u64) -> Result<Generated, SimError> {
         let prompt = self.prompt_tokens.sampler("workload.prompt_tokens")?;
         let output = self.output_tokens.sampler("workload.output_tokens")?;
         let priorities = self.priority.cumulative()?;
@@ -117,22 +136,45 @@ impl Workload {
         };
         let n = usize::try_from(requests)
             .map_err(|_| SimError::invalid("requests", "too many for this machine"))?;
-        if let Arrivals::Replay { path, format } = &self.arrivals {
-            let rows = trace::load(path, *format)?;
-            return Ok(rows
-                .iter()
-                .take(n)
-                .map(|row| SimRequest {
-                    arrival_ns: secs_to_ns(row.arrival_ms / 1e3),
+        if let Arrivals::Replay {
+            path,
+            format,
+            rate_scale,
+        } = &self.arrivals
+        {
+            let k = *rate_scale;
+            if !(k.is_finite() && k > 0.0) {
+                return Err(SimError::invalid(
+                    "workload.arrivals.rate_scale",
+                    format!("{k} must be a finite number > 0"),
+                ));
+            }
+            let trace = trace::load(path, *format)?;
+            let mut g = Generated::default();
+            if trace.has_hash_ids() {
+                g.arena = PrefixArena::new(trace.block_tokens);
+            }
+            for row in trace.rows.iter().take(n) {
+                let ids = trace.ids(row);
+                let prefix = if ids.is_empty() {
+                    PrefixSpan::default()
+                } else {
+                    g.trace_ids.extend_from_slice(ids);
+                    g.arena.push(ids)
+                };
+                g.requests.push(SimRequest {
+                    // x / 1.0 == x exactly: an unscaled trace keeps its arrival times.
+                    arrival_ns: secs_to_ns(row.arrival_ms / k / 1e3),
                     prompt_tokens: row.prompt_tokens,
                     output_tokens: row.output_tokens,
                     predicted_output_tokens: predict(row.output_tokens),
                     priority: row
                         .priority
                         .unwrap_or_else(|| PriorityMix::draw(&priorities, &mut r_pri)),
-                    prefix: Default::default(),
-                })
-                .collect());
+                    prefix,
+                });
+            }
+            return Ok(g);
         }
         let mut clock = self
             .arrivals
@@ -159,7 +201,10 @@ impl Workload {
                 prefix: Default::default(),
             });
         }
-        Ok(out)
+        Ok(Generated {
+            requests: out,
+            ..Generated::default()
+        })
     }
 }
 
@@ -181,13 +226,20 @@ impl Digest {
         }
     }
 
-    /// Folds one request in.
+    /// Folds one request in. Its prefix span only when it has one, so a sequence without
+    /// prefix identity keeps the digest it had before prefixes existed; the span's place in
+    /// the arena fingerprints the sequence's block structure, not the ids' values (the same
+    /// trace file gives the same ids).
     pub fn push(&mut self, r: &SimRequest) {
         self.bytes(&r.arrival_ns.to_le_bytes());
         self.bytes(&r.prompt_tokens.to_le_bytes());
         self.bytes(&r.output_tokens.to_le_bytes());
         self.bytes(&r.predicted_output_tokens.to_le_bytes());
         self.bytes(&[r.priority.index() as u8]);
+        if r.prefix.len > 0 {
+            self.bytes(&r.prefix.start.to_le_bytes());
+            self.bytes(&r.prefix.len.to_le_bytes());
+        }
     }
 
     /// The digest of a whole sequence.

@@ -1,0 +1,200 @@
+//! Replaying the public trace formats: `abe simulate --trace` on slices of the Azure LLM
+//! 2023 and Mooncake FAST'25 traces (tests/fixtures, attribution in its README), in both
+//! batching modes; `rate_scale` and `--requests` on a trace; the scenario route; the ideal
+//! prefix reuse of the Mooncake slice against an independent count.
+
+use abe::sim::arrivals::Arrivals;
+use abe::sim::reuse::ideal_prefix_reuse;
+use abe::sim::scenario::Scenario;
+use abe::sim::workload::Digest;
+use abe::sim::{simulate, simulate_scenario, SimulateOptions};
+use std::path::{Path, PathBuf};
+
+const AZURE: &str = "tests/fixtures/azure_llm_2023_conv_200.csv";
+const MOONCAKE: &str = "tests/fixtures/mooncake_fast25_synthetic_200.jsonl";
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("abe-trace-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn simulate_trace_runs_both_public_formats_in_both_modes() {
+    let exe = env!("CARGO_BIN_EXE_abe");
+    let dir = scratch_dir("cli");
+    for (name, rel) in [("azure", AZURE), ("mooncake", MOONCAKE)] {
+        for mode in ["request", "continuous"] {
+            let json = dir.join(format!("{name}-{mode}.json"));
+            let out = std::process::Command::new(exe)
+                .args(["simulate", "--trace"])
+                .arg(fixture(rel))
+                .args(["--mode", mode, "--strategies", "fixed", "--requests", "120"])
+                .args(["--rate-scale", "4", "--json"])
+                .arg(&json)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{name} {mode}: {stderr}");
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            let run = if mode == "request" {
+                "fixed"
+            } else {
+                "continuous"
+            };
+            assert!(stdout.contains(run), "{name} {mode}: {stdout}");
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            assert_eq!(v["scenario"], "trace");
+            assert_eq!(v["requests"], 120, "--requests takes the first 120 rows");
+            let runs = v["runs"].as_array().unwrap();
+            assert_eq!(runs.len(), 1);
+            assert_eq!(runs[0]["strategy"], run, "{name} {mode}");
+            assert_eq!(runs[0]["request_digest"], v["request_digest"]);
+        }
+    }
+    // A bad trace is an error naming the file and line, not a panic.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 1, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": \"x\"}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["simulate", "--trace"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bad.jsonl:2: 'hash_ids' must be a list of integers"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rate_scale_divides_a_traces_timestamps_and_requests_takes_its_first_rows() {
+    let path = fixture(MOONCAKE);
+    let s = Scenario::replay(&path);
+    let full = s.workload.generate_with_prefix(1_000, 1).unwrap();
+    assert_eq!(full.requests.len(), 200, "the slice has 200 rows");
+    let last = full.requests.last().unwrap();
+    assert_eq!(
+        last.arrival_ns, 58_501_000_000,
+        "Mooncake timestamps are ms"
+    );
+    let fast = s.workload.arrivals.scaled(4.0).unwrap();
+    let w = abe::sim::workload::Workload {
+        arrivals: fast,
+        ..s.workload.clone()
+    };
+    let quick = w.generate_with_prefix(50, 1).unwrap();
+    assert_eq!(quick.requests.len(), 50);
+    for (a, b) in full.requests.iter().zip(&quick.requests) {
+        assert_eq!(a.arrival_ns / 4, b.arrival_ns);
+        assert_eq!(
+            (a.prompt_tokens, a.output_tokens),
+            (b.prompt_tokens, b.output_tokens)
+        );
+        assert_eq!(a.prefix, b.prefix);
+    }
+    assert!(full.requests.iter().all(|r| r.prefix.len > 0));
+    assert_eq!(
+        full.arena.chains.len(),
+        full.trace_ids.len(),
+        "ids and names are parallel"
+    );
+
+    // The digest folds prefixes in only when there are some.
+    let bare: Vec<_> = full
+        .requests
+        .iter()
+        .map(|r| abe::sim::workload::SimRequest {
+            prefix: Default::default(),
+            ..*r
+        })
+        .collect();
+    assert_ne!(Digest::of(&full.requests), Digest::of(&bare));
+    let az = Scenario::replay(&fixture(AZURE))
+        .workload
+        .generate_with_prefix(1_000, 1)
+        .unwrap();
+    assert_eq!(az.requests.len(), 200);
+    assert!(az.trace_ids.is_empty() && az.arena.chains.is_empty());
+    assert!(az.requests.iter().all(|r| r.prefix.len == 0));
+    // Azure: arrival = wall-clock minus the first row's (18:15:46.6805900 to 18:16:47.9441270).
+    assert_eq!(az.requests[0].arrival_ns, 0);
+    assert_eq!(az.requests[199].arrival_ns, 61_263_537_000);
+}
+
+#[test]
+fn the_scenario_route_replays_any_format_with_its_rate_scale() {
+    let dir = scratch_dir("scenario");
+    for rel in [AZURE, MOONCAKE] {
+        let file = dir.join("s.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "name = \"replay_test\"\nrequests = 80\n[workload.arrivals]\nprocess = \"replay\"\n\
+                 path = \"{}\"\nrate_scale = 2.0\n[engine]\nworkers = 1\n",
+                fixture(rel).display()
+            ),
+        )
+        .unwrap();
+        let s = Scenario::load(&file).unwrap();
+        assert!(matches!(
+            s.workload.arrivals,
+            Arrivals::Replay { rate_scale, .. } if rate_scale == 2.0
+        ));
+        let report = simulate_scenario(
+            &s,
+            &SimulateOptions {
+                strategies: vec!["fixed".into()],
+                sweep: vec!["rate_scale=1,2".into()],
+                ..SimulateOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(report.requests, 80);
+        assert_eq!(report.runs.len(), 2, "one run per rate_scale point");
+    }
+    // --trace with --scenario keeps the scenario's settings.
+    let report = simulate(&SimulateOptions {
+        scenario: "steady_state".into(),
+        trace: Some(fixture(AZURE)),
+        strategies: vec!["fixed".into()],
+        requests: Some(30),
+        ..SimulateOptions::default()
+    })
+    .unwrap();
+    assert_eq!(report.scenario, "steady_state");
+    assert_eq!(report.requests, 30);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The ideal reuse of the Mooncake slice, against a count made outside abe (Python over the
+/// raw hash_ids: a 512-token block hits when the same id prefix was seen before, at most
+/// `(input_length - 1) / 512` blocks, full blocks only): 164,352 of 2,663,480 prompt tokens.
+#[test]
+fn ideal_reuse_of_the_mooncake_slice_matches_an_independent_count() {
+    let g = Scenario::replay(&fixture(MOONCAKE))
+        .workload
+        .generate_with_prefix(1_000, 1)
+        .unwrap();
+    let s = ideal_prefix_reuse(&g.requests, &g.arena, 512);
+    assert_eq!((s.query_tokens, s.hit_tokens), (2_663_480, 164_352));
+    let fine = ideal_prefix_reuse(&g.requests, &g.arena, 16);
+    assert_eq!(fine.query_tokens, s.query_tokens);
+    assert!(
+        fine.hit_tokens >= s.hit_tokens,
+        "16-token blocks hit at least what 512-token blocks do"
+    );
+}
