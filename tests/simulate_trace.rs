@@ -198,3 +198,41 @@ fn ideal_reuse_of_the_mooncake_slice_matches_an_independent_count() {
         "16-token blocks hit at least what 512-token blocks do"
     );
 }
+
+/// The simulator's prefix cache against the ideal: one replica whose KV cache holds the
+/// whole slice (nothing is ever evicted) and arrivals slowed 1,000x (each request has
+/// finished prefilling before the next arrives, as the ideal assumes). The hit rate the run
+/// reports must be the ideal one exactly; with caching off nothing hits and nothing else of
+/// the run changes shape.
+#[test]
+fn the_simulated_prefix_cache_hits_what_an_unbounded_cache_would() {
+    let mut s = Scenario::replay(&fixture(MOONCAKE));
+    s.engine.mode = Some(abe::core::BatchingMode::Continuous);
+    s.engine.workers = Some(1);
+    s.engine.kv_capacity_tokens = Some(4_000_000); // the slice has 2.66 M prompt tokens
+    let g = s.workload.generate_with_prefix(1_000, 1).unwrap();
+    let ideal = ideal_prefix_reuse(&g.requests, &g.arena, 16);
+    assert!(ideal.hit_tokens > 0);
+    let opts = SimulateOptions {
+        sweep: vec!["rate_scale=0.001".into()],
+        ..SimulateOptions::default()
+    };
+    let report = simulate_scenario(&s, &opts).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    let p = &json["runs"][0]["continuous"]["prefix_cache"];
+    assert_eq!(p["query_tokens"], ideal.query_tokens, "{p}");
+    assert_eq!(p["hit_tokens"], ideal.hit_tokens, "{p}");
+    assert_eq!(p["evicted_blocks"], 0);
+
+    s.engine.prefix_caching = Some(false);
+    let off = simulate_scenario(&s, &opts).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&off.to_json()).unwrap();
+    assert!(json["runs"][0]["continuous"].get("prefix_cache").is_none());
+    let on_prefill = report.runs[0].continuous.as_ref().unwrap().prefill_tokens;
+    let off_prefill = off.runs[0].continuous.as_ref().unwrap().prefill_tokens;
+    assert_eq!(
+        off_prefill - on_prefill,
+        ideal.hit_tokens,
+        "a hit is prefill skipped, token for token"
+    );
+}

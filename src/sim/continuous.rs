@@ -15,7 +15,7 @@
 //! (the caller refuses them).
 
 use super::driver::RunOutput;
-use super::prefix::{PrefixArena, SimPromptBlocks};
+use super::prefix::PrefixArena;
 use super::record::Recorder;
 use super::tokens::TokenRecord;
 use super::workload::SimRequest;
@@ -23,7 +23,8 @@ use super::SimError;
 use crate::core::continuous::{
     Continuous, ContinuousConfig, EntryResult, StepAction, StepEntry, StepShape,
 };
-use crate::core::{CoreStats, Nanos};
+use crate::core::prefix::{BlockHash, PromptBlocks};
+use crate::core::{CoreStats, Nanos, Ticket};
 use crate::exec::latency::LatencyModel;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -44,6 +45,40 @@ pub struct ContinuousInput<'a> {
     /// Goodput targets: a completed request counts when its TTFT and TPOT meet both.
     pub ttft_target_ns: u64,
     pub tpot_target_ns: u64,
+}
+
+/// The [`PromptBlocks`] of a running simulation: the request behind each ticket (the
+/// driver's table-slot map) and its sequence's arena.
+struct SimPromptBlocks<'a> {
+    requests: &'a [SimRequest],
+    arena: &'a PrefixArena,
+    /// Per request-table slot, the index of its request in `requests` (`u32::MAX`: none).
+    slot_req: &'a [u32],
+    block_tokens: u32,
+}
+
+impl SimPromptBlocks<'_> {
+    fn request(&self, ticket: Ticket) -> Option<&SimRequest> {
+        let i = *self.slot_req.get(ticket.index as usize)?;
+        self.requests.get(i as usize)
+    }
+}
+
+impl PromptBlocks for SimPromptBlocks<'_> {
+    fn block_count(&self, ticket: Ticket) -> u32 {
+        match self.request(ticket) {
+            Some(r) if r.prefix.len > 0 => {
+                self.arena
+                    .block_count(r.prefix, r.prompt_tokens, self.block_tokens)
+            }
+            _ => 0,
+        }
+    }
+
+    fn block_hash(&self, ticket: Ticket, i: u32) -> BlockHash {
+        let r = self.request(ticket).expect("block_hash of a live ticket");
+        self.arena.block_hash(r.prefix, self.block_tokens, i)
+    }
 }
 
 /// Service time in ms to whole ns (never negative).

@@ -2,16 +2,14 @@
 //! one per 512-token trace block) turned into the names of the scheduler's KV blocks.
 //!
 //! A [`PrefixArena`] holds, per trace block of every request of one sequence, the chained
-//! name of the prompt up to the end of that trace block; a [`SimRequest`] points at its run
-//! of them with a [`PrefixSpan`]. KV block `i` of `block_tokens` tokens is named from the
+//! name of the prompt up to the end of that trace block; a simulated request points at its run
+//! of them with a [`PrefixSpan`] (`SimRequest::prefix`). KV block `i` of `block_tokens` tokens is named from the
 //! chain at the trace block holding its last token and its position `i`, so equal trace ids
 //! give equal names and nothing else does, and a name costs O(1) to compute: no per-block
 //! table, whatever the trace's length. Nothing here reads a clock or allocates after the
 //! arena is built.
 
-use super::workload::SimRequest;
-use crate::core::prefix::{chain, BlockHash, PromptBlocks, ROOT};
-use crate::core::Ticket;
+use crate::core::prefix::{chain, BlockHash, ROOT};
 
 /// Tokens per block of the published Mooncake traces' `hash_ids`.
 pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;
@@ -78,40 +76,6 @@ impl PrefixArena {
             self.chains[(span.start + trace_block) as usize],
             u64::from(i),
         )
-    }
-}
-
-/// The [`PromptBlocks`] of a running simulation: the request behind each ticket (the
-/// driver's table-slot map) and its sequence's arena.
-pub struct SimPromptBlocks<'a> {
-    pub requests: &'a [SimRequest],
-    pub arena: &'a PrefixArena,
-    /// Per request-table slot, the index of its request in `requests` (`u32::MAX`: none).
-    pub slot_req: &'a [u32],
-    pub block_tokens: u32,
-}
-
-impl SimPromptBlocks<'_> {
-    fn request(&self, ticket: Ticket) -> Option<&SimRequest> {
-        let i = *self.slot_req.get(ticket.index as usize)?;
-        self.requests.get(i as usize)
-    }
-}
-
-impl PromptBlocks for SimPromptBlocks<'_> {
-    fn block_count(&self, ticket: Ticket) -> u32 {
-        match self.request(ticket) {
-            Some(r) if r.prefix.len > 0 => {
-                self.arena
-                    .block_count(r.prefix, r.prompt_tokens, self.block_tokens)
-            }
-            _ => 0,
-        }
-    }
-
-    fn block_hash(&self, ticket: Ticket, i: u32) -> BlockHash {
-        let r = self.request(ticket).expect("block_hash of a live ticket");
-        self.arena.block_hash(r.prefix, self.block_tokens, i)
     }
 }
 

@@ -285,7 +285,8 @@ impl BlockCache {
         self.free_len -= 1;
     }
 
-    /// Recomputes the invariants in the module doc (debug checks and tests; O(blocks)).
+    /// Recomputes the invariants in the module doc (tests; O(blocks)).
+    #[cfg(test)]
     pub fn check(&self) -> bool {
         let n = self.blocks() as usize;
         let mut queued = 0u32;
