@@ -1006,8 +1006,12 @@ impl Continuous {
                     "a cached prefix's parent links end at its first block"
                 );
                 let cached = hits * bt;
-                rep.prefix.query_tokens += u64::from(prompt);
-                rep.prefix.hit_tokens += u64::from(cached);
+                // A preempted request coming back finds its own blocks: not counted, as vLLM
+                // keeps such lookups out of `prefix_cache_queries` / `hits`.
+                if self.table.tag(index) != TAG_PREEMPTED {
+                    rep.prefix.query_tokens += u64::from(prompt);
+                    rep.prefix.hit_tokens += u64::from(cached);
+                }
                 rep.admitted_seq += 1;
                 rep.slots[free] = Slot {
                     phase: SlotPhase::Prefilling,

@@ -91,7 +91,10 @@ ENGINE ([engine]; absent keys keep the core defaults; --workers/--max-batch-size
                       prefill_chunk (512), kv_capacity_tokens (per replica; default from the
                       roofline model's GPU memory, else the [batching.dynamic] memory
                       model), queue_capacity (requests waiting for a slot, 1024),
-                      request_timeout_ms (a request waiting for a slot longer fails)
+                      request_timeout_ms (a request waiting for a slot longer fails),
+                      prefix_caching (true: finished prompts' KV blocks stay cached and a
+                      prompt starts after its longest cached prefix; a trace's hash_ids
+                      name the blocks), kv_block_tokens (16)
   ttft_target_ms = 500, tpot_target_ms = 50 (top-level keys; --ttft-target-ms,
                       --tpot-target-ms): goodput counts the requests meeting both
 
@@ -123,6 +126,7 @@ SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
                load in one command (--rate-scale K: one value)
   clients      a closed loop's client count
   mode         request,continuous (or 0,1): both modes on the identical requests
+  prefix_caching  0,1: continuous batching without and with prefix caching, same requests
 
 OUTPUTS
   table on stdout; --json FILE (deterministic: same seed and inputs, same bytes);
@@ -240,6 +244,8 @@ mod tests {
             "n_batch",
             "prefill_chunk",
             "kv_capacity_tokens",
+            "prefix_caching",
+            "kv_block_tokens",
             "ttft_target_ms",
             "tpot_target_ms",
         ];

@@ -29,11 +29,13 @@ pub enum SweepKey {
     Clients,
     /// 0 (`request`) or 1 (`continuous`): the batching mode, on the same requests.
     Mode,
+    /// 0 or 1: continuous batching's prefix caching off or on, on the same requests.
+    PrefixCaching,
 }
 
 impl SweepKey {
     /// Every key, as listed in help and errors.
-    pub const ALL: [SweepKey; 12] = [
+    pub const ALL: [SweepKey; 13] = [
         SweepKey::Bins,
         SweepKey::OracleBins,
         SweepKey::MaxBatchSize,
@@ -46,6 +48,7 @@ impl SweepKey {
         SweepKey::RateScale,
         SweepKey::Clients,
         SweepKey::Mode,
+        SweepKey::PrefixCaching,
     ];
 
     /// Name on the command line and in reports.
@@ -63,6 +66,7 @@ impl SweepKey {
             SweepKey::RateScale => "rate_scale",
             SweepKey::Clients => "clients",
             SweepKey::Mode => "mode",
+            SweepKey::PrefixCaching => "prefix_caching",
         }
     }
 
@@ -75,7 +79,9 @@ impl SweepKey {
     fn check(self, x: f64) -> Option<&'static str> {
         let whole = x.is_finite() && x.fract() == 0.0;
         match self {
-            SweepKey::DispatchWhenIdle => (!(x == 0.0 || x == 1.0)).then_some("0 or 1"),
+            SweepKey::DispatchWhenIdle | SweepKey::PrefixCaching => {
+                (!(x == 0.0 || x == 1.0)).then_some("0 or 1")
+            }
             SweepKey::Mode => {
                 (!(x == 0.0 || x == 1.0)).then_some("request or continuous (or 0 or 1)")
             }
@@ -185,6 +191,7 @@ pub fn apply(base: &EngineSettings, point: &[(SweepKey, f64)]) -> EngineSettings
             SweepKey::QueueCapacity => s.queue_capacity = Some(v as usize),
             SweepKey::DispatchWhenIdle => s.dispatch_when_idle = Some(v != 0.0),
             SweepKey::Mode => s.mode = Some(mode_of(v)),
+            SweepKey::PrefixCaching => s.prefix_caching = Some(v != 0.0),
             SweepKey::RateScale | SweepKey::Clients => {}
         }
     }
