@@ -21,7 +21,7 @@ import time
 import urllib.request
 
 REQUEST_CHARTS = ["throughput", "latency", "priority", "queue", "batch", "flush", "workers", "tokens"]
-CONTINUOUS_CHARTS = ["throughput", "latency", "tokens", "slots", "ttft"]
+CONTINUOUS_CHARTS = ["throughput", "latency", "tokens", "slots", "ttft", "prefix"]
 
 
 class Cdp:

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Drive a running abe with the official OpenAI Python SDK: models, completions,
-embeddings (float and the SDK's default base64), and an error.
+embeddings (float and the SDK's default base64), and an error. In continuous batching
+(ABE_BATCHING_MODE=continuous, as tools/test.sh starts the server) with prefix caching on
+(the default; ABE_CONTINUOUS_PREFIX_CACHING=false turns it off), a repeated prompt's
+usage.prompt_tokens_details.cached_tokens parses through the SDK and is > 0; otherwise the
+field is absent.
 
-Usage: tools/openai_sdk_check.py http://127.0.0.1:PORT
+Usage: [ABE_BATCHING_MODE=continuous] tools/openai_sdk_check.py http://127.0.0.1:PORT
 Exits non-zero with a message on the first thing that is not as a client expects.
 """
 import math
+import os
 import sys
 
 import openai
@@ -17,6 +22,34 @@ def check(cond, what):
         print(f"FAIL: {what}", file=sys.stderr)
         sys.exit(1)
     print(f"ok: {what}")
+
+
+def check_prefix_cache(client):
+    """A repeated ~2,000-byte prompt (500 tokens) hits the prefix cache in continuous
+    batching: whole 16-token blocks, all but the one holding the last token."""
+    continuous = os.environ.get("ABE_BATCHING_MODE", "request") == "continuous"
+    caching = os.environ.get("ABE_CONTINUOUS_PREFIX_CACHING", "true").lower() != "false"
+    prompt = "".join(f"Line {i}: the river carries stones past the mill. " for i in range(60))[:2000]
+    first = client.completions.create(model="abe-sim", prompt=prompt, max_tokens=2)
+    again = client.completions.create(model="abe-sim", prompt=prompt, max_tokens=2)
+    details = again.usage.prompt_tokens_details
+    if not (continuous and caching):
+        check(details is None, "no prefix cache: usage.prompt_tokens_details absent")
+        return
+    check(first.usage.prompt_tokens_details is not None
+          and first.usage.prompt_tokens_details.cached_tokens == 0,
+          "prefix cache: a new prompt has cached_tokens 0")
+    cached = details.cached_tokens if details is not None else None
+    check(isinstance(cached, int) and 0 < cached < again.usage.prompt_tokens and cached % 16 == 0,
+          f"prefix cache: a repeated prompt's cached_tokens parses and is > 0 ({cached} "
+          f"of {again.usage.prompt_tokens})")
+    usage = None
+    for chunk in client.completions.create(model="abe-sim", prompt=prompt, max_tokens=2,
+                                           stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+    streamed = usage.prompt_tokens_details.cached_tokens if usage and usage.prompt_tokens_details else None
+    check(streamed == cached, f"prefix cache: the streamed usage chunk says so too ({streamed})")
 
 
 def main():
@@ -69,6 +102,8 @@ def main():
         if ch.choices
     )
     check(len(streamed.split()) == 3, "completion stream: three tokens")
+
+    check_prefix_cache(client)
 
     # The SDK asks for base64 by default and decodes it to floats.
     e = client.embeddings.create(model="abe-sim", input=["hello", "world"])

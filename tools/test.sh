@@ -37,8 +37,9 @@ echo "== curl -N streaming against abe serve (both batching modes)"
 tools/with_server.sh tools/curl_stream_check.sh
 ABE_BATCHING_MODE=continuous tools/with_server.sh tools/curl_stream_check.sh
 
-echo "== promtool check metrics against abe serve"
+echo "== promtool check metrics against abe serve (both batching modes)"
 tools/with_server.sh tools/promtool_check.sh
+ABE_BATCHING_MODE=continuous tools/with_server.sh tools/promtool_check.sh
 
 echo "== /dashboard in headless Chromium against abe serve under load (both batching modes)"
 tools/with_server.sh tools/dashboard_check.sh

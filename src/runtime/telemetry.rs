@@ -59,6 +59,9 @@ pub enum TelemetryEvent {
         /// 0: it never left the queue (timed out, cancelled or refused there).
         queue_wait_ns: Nanos,
         completion_tokens: u32,
+        /// Prompt tokens found in the prefix cache (`usage.prompt_tokens_details
+        /// .cached_tokens`); `None` where no prefix cache runs or the request failed.
+        cached_tokens: Option<u32>,
     },
 }
 
@@ -152,6 +155,7 @@ mod tests {
             ttft_ns: 0,
             queue_wait_ns: 0,
             completion_tokens: 1,
+            cached_tokens: None,
         }
     }
 

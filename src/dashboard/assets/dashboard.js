@@ -148,6 +148,16 @@ function render(h) {
       series(cont.filter((s) => s.continuous.tpot_ms.count > 0), "TPOT p50", (s) => s.continuous.tpot_ms.p50),
     ]);
   }
+  // Prefix caching (continuous batching, on by default): the share of looked-up prompt
+  // tokens found cached, per second; a second with no admission has no rate (a gap).
+  const caching = !!(last.continuous && last.continuous.prefix_cache);
+  for (const el of document.querySelectorAll(".prefix")) el.classList.toggle("hidden", !caching);
+  if (caching) {
+    const withP = cont.filter((s) => s.continuous.prefix_cache);
+    drawChart($("chart-prefix"), [
+      series(withP, "hit rate", (s) => s.continuous.prefix_cache.hit_rate),
+    ], { max: 1, unit: "%" });
+  }
   fillTable("workers-table", last.workers.map((w, i) => [
     "worker-" + i, cls(w.status, w.status === "unhealthy" ? "bad" : "ok"),
     cls(w.circuit, w.circuit === "closed" ? "ok" : w.circuit === "open" ? "bad" : "warn"),
@@ -257,7 +267,7 @@ function listenEvents() {
     const t = (d.at_ms / 1000).toFixed(3) + "s ";
     if (kind === "batch") li.textContent = t + `batch  size ${d.size}  tokens ${d.tokens}  flush ${d.reason} (${d.strategy})  worker ${d.worker}`;
     else if (kind === "tick") li.textContent = t + `tick   replica ${d.replica}  entries ${d.entries}  decode ${d.decode_tokens}  prefill ${d.prefill_tokens}`;
-    else li.textContent = t + `req    ${d.priority}  ${d.outcome}  ${d.latency_ms.toFixed(1)} ms` + (d.queue_wait_ms != null ? `  queued ${d.queue_wait_ms.toFixed(1)} ms` : "") + (d.ttft_ms != null ? `  ttft ${d.ttft_ms.toFixed(1)} ms` : "") + `  ${d.completion_tokens} tok`;
+    else li.textContent = t + `req    ${d.priority}  ${d.outcome}  ${d.latency_ms.toFixed(1)} ms` + (d.queue_wait_ms != null ? `  queued ${d.queue_wait_ms.toFixed(1)} ms` : "") + (d.ttft_ms != null ? `  ttft ${d.ttft_ms.toFixed(1)} ms` : "") + `  ${d.completion_tokens} tok` + (d.cached_tokens != null ? `  cached ${d.cached_tokens}` : "");
     log.prepend(li);
     while (log.children.length > 60) log.lastChild.remove();
   };

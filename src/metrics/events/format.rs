@@ -71,9 +71,9 @@ pub fn render_event(event: &TelemetryEvent, out: &mut Vec<u8>) {
             ttft_ns,
             queue_wait_ns,
             completion_tokens,
-        } => sse(
-            "request",
-            &json!({
+            cached_tokens,
+        } => {
+            let mut v = json!({
                 "at_ms": ms(at_ns),
                 "priority": priority.as_str(),
                 "outcome": if ok { "completed" } else { "failed" },
@@ -81,9 +81,14 @@ pub fn render_event(event: &TelemetryEvent, out: &mut Vec<u8>) {
                 "queue_wait_ms": (queue_wait_ns > 0).then(|| ms(queue_wait_ns)),
                 "ttft_ms": (ttft_ns > 0).then(|| ms(ttft_ns)),
                 "completion_tokens": completion_tokens,
-            }),
-            out,
-        ),
+            });
+            // Only where a prefix cache runs (continuous batching with prefix caching), as
+            // in the answer's usage.
+            if let Some(cached) = cached_tokens {
+                v["cached_tokens"] = json!(cached);
+            }
+            sse("request", &v, out)
+        }
     }
 }
 

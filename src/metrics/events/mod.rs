@@ -273,12 +273,30 @@ mod tests {
                 ttft_ns: 0,
                 queue_wait_ns: 0,
                 completion_tokens: 0,
+                cached_tokens: None,
             },
             &mut out,
         );
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("\"outcome\":\"failed\""), "{text}");
         assert!(text.contains("\"ttft_ms\":null"), "{text}");
+        assert!(!text.contains("cached_tokens"), "unknown: absent: {text}");
+        let mut out = Vec::new();
+        render_event(
+            &TelemetryEvent::Request {
+                at_ns: 0,
+                priority: Priority::Normal,
+                ok: true,
+                latency_ns: 2_000_000,
+                ttft_ns: 1_000_000,
+                queue_wait_ns: 500_000,
+                completion_tokens: 3,
+                cached_tokens: Some(32),
+            },
+            &mut out,
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("\"cached_tokens\":32"), "{text}");
     }
 
     #[test]

@@ -190,6 +190,46 @@ mod tests {
     }
 
     #[test]
+    fn a_continuous_second_holds_the_prefix_cache_tokens_it_looked_up_and_hit() {
+        use crate::core::prefix::PrefixStats;
+        use crate::runtime::snapshot::ContinuousSnapshot;
+        let (mut prev, mut cur) = pair();
+        let stats = |query_tokens, hit_tokens| PrefixStats {
+            query_tokens,
+            hit_tokens,
+            evicted_blocks: 0,
+        };
+        prev.continuous = Some(ContinuousSnapshot {
+            prefix: Some(stats(1_000, 200)),
+            ..ContinuousSnapshot::default()
+        });
+        cur.continuous = Some(ContinuousSnapshot {
+            prefix: Some(stats(1_500, 600)),
+            ..ContinuousSnapshot::default()
+        });
+        let s = Second::between(&prev, &cur, 0);
+        let p = s.continuous.unwrap().prefix_cache.unwrap();
+        assert_eq!(
+            (p.query_tokens, p.hit_tokens),
+            (500, 400),
+            "deltas, not totals"
+        );
+        assert_eq!(p.hit_rate, Some(0.8));
+        // A quiet second has no hit rate (a gap in the chart), not 0 %.
+        let s = Second::between(&cur, &cur, 0);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["continuous"]["prefix_cache"]["query_tokens"], 0);
+        assert!(
+            json["continuous"]["prefix_cache"]["hit_rate"].is_null(),
+            "{json}"
+        );
+        // Prefix caching off: no prefix_cache at all.
+        cur.continuous.as_mut().unwrap().prefix = None;
+        let s = Second::between(&prev, &cur, 0);
+        assert_eq!(s.continuous.unwrap().prefix_cache, None);
+    }
+
+    #[test]
     fn the_ring_keeps_only_its_retention_and_windows_average_over_it() {
         let (prev, cur) = pair();
         let history = History::new(10);

@@ -1,11 +1,12 @@
 //! One second of history: what changed between two published snapshots, reduced to the
 //! figures the dashboard plots (rates by outcome, latency quantiles overall and per
 //! priority, queue depth per class, batch sizes, flush reasons, workers, backends,
-//! continuous-mode slots / KV / TTFT / TPOT, tokens).
+//! continuous-mode slots / KV / TTFT / TPOT / prefix-cache hits, tokens).
 //!
 //! A pure function of two snapshots and the wall clock passed in: no clock reads, no shared
 //! state. Runs on the history thread, never on the engine thread; it may allocate.
 
+use crate::core::prefix::PrefixStats;
 use crate::core::request::{class_index, Priority, BUCKET_LABELS};
 use crate::core::FlushReason;
 use crate::metrics::derived::{request_outcomes, utilization_ratio, OUTCOME_COUNT};
@@ -82,6 +83,34 @@ pub struct ContinuousSecond {
     pub preemptions: u64,
     pub ttft_ms: Quantiles,
     pub tpot_ms: Quantiles,
+    /// `None` (JSON `null`) where prefix caching is off.
+    pub prefix_cache: Option<PrefixSecond>,
+}
+
+/// The prefix cache over the interval, in vLLM's units (tokens).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PrefixSecond {
+    /// Prompt tokens looked up at slot admission in the interval.
+    pub query_tokens: u64,
+    /// Of those, tokens found cached.
+    pub hit_tokens: u64,
+    /// `hit_tokens / query_tokens`; `None` (JSON `null`) when nothing was looked up, so a
+    /// quiet second is a gap in the dashboard's chart, not a 0 % hit rate.
+    pub hit_rate: Option<f64>,
+}
+
+impl PrefixSecond {
+    /// What `cur` (cumulative since start) gained over `prev`.
+    fn between(prev: &PrefixStats, cur: &PrefixStats) -> PrefixSecond {
+        let query_tokens = cur.query_tokens.saturating_sub(prev.query_tokens);
+        let hit_tokens = cur.hit_tokens.saturating_sub(prev.hit_tokens);
+        debug_assert!(hit_tokens <= query_tokens, "every hit token was looked up");
+        PrefixSecond {
+            query_tokens,
+            hit_tokens,
+            hit_rate: (query_tokens > 0).then(|| hit_tokens as f64 / query_tokens as f64),
+        }
+    }
 }
 
 /// Batch sizes formed in the interval.
@@ -206,6 +235,9 @@ impl Second {
                 preemptions: c.stats.preemptions.saturating_sub(p.stats.preemptions),
                 ttft_ms: Quantiles::between(&prev.ttft, &cur.ttft, 1e6),
                 tpot_ms: Quantiles::between(&prev.tpot, &cur.tpot, 1e6),
+                prefix_cache: c
+                    .prefix
+                    .map(|now| PrefixSecond::between(&p.prefix.unwrap_or_default(), &now)),
             }
         });
         let (pf, cf) = (&prev.finished, &cur.finished);

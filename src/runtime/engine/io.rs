@@ -407,11 +407,13 @@ impl<J: Job> EngineIo<J> {
         let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
         let (meta, first_token_ns, dispatched_ns) =
             (slot.meta, slot.first_token_ns, slot.dispatched_ns);
-        let completion_tokens = match &outcome {
+        let (completion_tokens, cached_tokens) = match &outcome {
             Ok(crate::exec::Output::Text {
-                completion_tokens, ..
-            }) => *completion_tokens,
-            _ => 0,
+                completion_tokens,
+                cached_tokens,
+                ..
+            }) => (*completion_tokens, *cached_tokens),
+            _ => (0, None),
         };
         self.emit(
             now,
@@ -431,6 +433,7 @@ impl<J: Job> EngineIo<J> {
                     0
                 },
                 completion_tokens,
+                cached_tokens,
             },
         );
         match &outcome {
