@@ -82,6 +82,11 @@ fn drive_routed(
 ) {
     let mut sent = 0u64;
     let mut done = 0u64;
+    // Prompts with full blocks carry their names (made here, on the submitting thread, as
+    // the io thread does), so a continuous engine with prefix caching looks them up.
+    let mut names = Vec::new();
+    abe::core::prefix::text_block_hashes(prompt, 16, &mut names);
+    let names: Option<std::sync::Arc<[u64]>> = (!names.is_empty()).then(|| names.into());
     while done < n {
         while sent < n && sub.in_flight() < window {
             let req = Request {
@@ -97,6 +102,7 @@ fn drive_routed(
                     max_tokens: 4,
                     // Streaming: in continuous mode the engine also sends token events.
                     stream: true,
+                    prompt_blocks: names.clone(),
                     ..Default::default()
                 },
             };
@@ -198,10 +204,14 @@ fn engine_thread_allocates_nothing_in_continuous_mode() {
     });
     let handle = runtime::start(cfg).expect("runtime starts");
     let mut sub = handle.submitter(None).expect("submitter");
-    drive(&mut sub, 5_000, 128, "warm up the engine");
+    // A prompt of four full blocks and a bit: prefix caching looks up, holds and names
+    // blocks on every admission.
+    let prompt = "steady state ".repeat(21);
+    drive(&mut sub, 5_000, 128, &prompt);
     let before = COUNTED.load(Ordering::Relaxed);
-    drive(&mut sub, 30_000, 128, "steady state");
+    drive(&mut sub, 30_000, 128, &prompt);
     let after = COUNTED.load(Ordering::Relaxed);
+    let snap = handle.snapshot();
     let report = handle.shutdown(std::time::Duration::from_secs(10));
     assert!(report.clean);
     assert_eq!(
@@ -210,6 +220,11 @@ fn engine_thread_allocates_nothing_in_continuous_mode() {
         "engine thread allocated {} times over 30,000 continuous requests",
         after - before
     );
+    let prefix = snap
+        .continuous
+        .and_then(|c| c.prefix)
+        .expect("prefix caching is on");
+    assert!(prefix.hit_tokens > 0, "the shared prompt hit: {prefix:?}");
 }
 
 /// Drives a bare core running `strategy` through 1,000 warm-up requests, then 100,000
@@ -290,11 +305,38 @@ fn core_allocates_nothing_over_100k_requests_under_every_strategy() {
 #[test]
 fn continuous_ticks_allocate_nothing_in_steady_state() {
     use abe::core::continuous::{Continuous, ContinuousConfig, EntryResult, StepAction};
+    use abe::core::prefix::{chain, BlockHash, PromptBlocks, ROOT};
+    /// Prompts of 6 blocks: the first 3 shared by all, the next 3 by few
+    /// (one of 1,024 by ticket), so admissions hit, miss and name blocks, and the small KV
+    /// cache below evicts.
+    struct Names;
+    impl PromptBlocks for Names {
+        fn block_count(&self, _: abe::core::Ticket) -> u32 {
+            6
+        }
+        fn block_hash(&self, t: abe::core::Ticket, i: u32) -> BlockHash {
+            let mut h = ROOT;
+            for j in 0..=i {
+                h = chain(
+                    h,
+                    if j < 3 {
+                        u64::from(j)
+                    } else {
+                        (u64::from(t.index) * 31 + u64::from(t.generation)) % 1024 << 8
+                            | u64::from(j)
+                    },
+                );
+            }
+            h
+        }
+    }
+    let names = Names;
     let mut sched = Continuous::new(ContinuousConfig {
         max_slots: 16,
         prefill_chunk: 64,
         n_batch: 256,
         max_queue: 1024,
+        kv_capacity_tokens: 4_000,
         ..ContinuousConfig::default()
     });
     let mut results = [EntryResult::Continue; 16];
@@ -307,7 +349,7 @@ fn continuous_ticks_allocate_nothing_in_steady_state() {
                 sched.admit(m).expect("room in the queue");
             }
             let mut entries = 0;
-            sched.tick(&mut |a| {
+            sched.tick_replicas(&names, &mut |_| true, &mut |a| {
                 if let StepAction::Step { entries: e, .. } = a {
                     entries = e.len();
                 }
@@ -320,7 +362,7 @@ fn continuous_ticks_allocate_nothing_in_steady_state() {
                     EntryResult::Continue
                 };
             }
-            sched.complete_step(0, &results[..entries], &mut |_, _| {});
+            sched.complete_step_with(0, &names, &results[..entries], &mut |_, _| {});
         }
     };
     run(&mut sched, 1000);
@@ -336,5 +378,10 @@ fn continuous_ticks_allocate_nothing_in_steady_state() {
         after - before
     );
     assert!(sched.stats().completed > 10_000, "requests flowed through");
+    let p = sched.prefix_stats();
+    assert!(
+        p.hit_tokens > 0 && p.evicted_blocks > 0,
+        "caching paths ran: {p:?}"
+    );
     assert!(sched.stats().prefill_tokens > 0 && sched.stats().decode_tokens > 0);
 }
