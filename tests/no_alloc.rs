@@ -322,7 +322,7 @@ fn continuous_ticks_allocate_nothing_in_steady_state() {
                     if j < 3 {
                         u64::from(j)
                     } else {
-                        (u64::from(t.index) * 31 + u64::from(t.generation)) % 1024 << 8
+                        ((u64::from(t.index) * 31 + u64::from(t.generation)) % 1024) << 8
                             | u64::from(j)
                     },
                 );
