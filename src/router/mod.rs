@@ -9,6 +9,7 @@
 //! - [`resolve`]: aliases and fallback chains (single level, checked at build).
 //! - [`requirements`]: what a request needs (model, estimated tokens, vision, tools, JSON).
 //! - [`strategy`]: the smart score and the six strategies.
+//! - [`prefix_index`]: the approximate, bounded, LRU prefix index kept per backend.
 //! - [`select`]: the decision flow ([`Router::route`]).
 //! - [`error`]: config errors and per-request errors with their HTTP status.
 //!
@@ -29,6 +30,7 @@
 
 pub mod capabilities;
 pub mod error;
+pub mod prefix_index;
 pub mod registry;
 pub mod requirements;
 pub mod resolve;
@@ -45,6 +47,7 @@ pub use error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
 };
+pub use prefix_index::PrefixIndex;
 pub use registry::{
     ApiKey, Backend, BackendConfig, BackendId, BackendKind, BackendKindName, BackendState,
     ModelConfig, ModelId, Offer, Registry,
