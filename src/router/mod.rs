@@ -8,7 +8,10 @@
 //! - [`registry`]: backends, their models and capabilities, live state per backend.
 //! - [`resolve`]: aliases and fallback chains (single level, checked at build).
 //! - [`requirements`]: what a request needs (model, estimated tokens, vision, tools, JSON).
-//! - [`strategy`]: the smart score and the six strategies.
+//! - [`strategy`]: the smart score and the strategies.
+//! - [`affinity`]: what a request would rather have (prompt block names, a session key):
+//!   `prefix_aware`'s balance rule and thresholds, `session`'s rendezvous hashing, the
+//!   [`CacheView`] an exact cache answers through.
 //! - [`prefix_index`]: the approximate, bounded, LRU prefix index kept per backend.
 //! - [`select`]: the decision flow ([`Router::route`]).
 //! - [`error`]: config errors and per-request errors with their HTTP status.
@@ -28,6 +31,7 @@
 //! backend and the response header are the caller's; they feed state in through
 //! [`Registry`]'s methods and read decisions out.
 
+pub mod affinity;
 pub mod capabilities;
 pub mod error;
 pub mod prefix_index;
@@ -42,6 +46,7 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
+pub use affinity::{Affinity, CacheView, PrefixConfig};
 pub use capabilities::Capabilities;
 pub use error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
