@@ -78,7 +78,7 @@ pub const BALANCE_ABS_THRESHOLD_DEFAULT: u32 = 64;
 pub const BALANCE_REL_THRESHOLD_PCT_DEFAULT: u32 = 150;
 /// `max_tracked_blocks` default, per backend: 32,768 blocks of 16 tokens = 512 Ki tokens,
 /// about one H100's KV cache for Llama-3.1-8B (80 GB less 16 GB of weights, at 128 KiB of
-/// K and V a token: ~490 Ki tokens). 768 KiB of index a backend.
+/// K and V a token: ~490 Ki tokens). 1.25 MiB of index a backend.
 pub const MAX_TRACKED_BLOCKS_DEFAULT: u32 = 32_768;
 
 /// The `[routing.prefix]` table: `prefix_aware`'s thresholds and the approximate index's
@@ -95,7 +95,7 @@ pub struct PrefixConfig {
     /// ... and more than this percentage of its load (>= 100).
     pub balance_rel_threshold_pct: u32,
     /// Block names tracked per backend whose cache the router cannot ask
-    /// (1..=16,777,216); 24 bytes each at a power of two, at most 32.
+    /// (1..=16,777,216); 40 bytes each at a power of two, at most 64.
     pub max_tracked_blocks: u32,
 }
 
@@ -139,7 +139,7 @@ impl PrefixConfig {
             return bad(
                 "max_tracked_blocks",
                 self.max_tracked_blocks,
-                "must be in 1..=16777216 (blocks tracked per backend, 24 to 32 bytes each)",
+                "must be in 1..=16777216 (blocks tracked per backend, 40 to 64 bytes each)",
             );
         }
         Ok(())

@@ -10,9 +10,10 @@
 //! flat set enough, because a name stands for its whole prefix.
 //!
 //! Memory is fixed at construction: `capacity` slots of 16 bytes (name, LRU links) and a
-//! hash table of `u32` slot numbers with a power-of-two length of at least twice the capacity
-//! (load factor <= 1/2): 24 bytes a tracked block when the capacity is a power of two, never
-//! more than 32 ([`PrefixIndex::bytes`] says exactly). When full, inserting a new name
+//! hash table of 12-byte entries (the name again, so a probe reads one place, and the slot
+//! number) with a power-of-two length of at least twice the capacity (load factor <= 1/2):
+//! 40 bytes a tracked block when the capacity is a power of two, never more than 64
+//! ([`PrefixIndex::bytes`] says exactly). When full, inserting a new name
 //! evicts the least recently inserted or touched one, reusing its slot. Nothing here
 //! allocates after [`PrefixIndex::new`].
 //!
@@ -22,8 +23,11 @@
 //! always more recent than it and LRU eviction takes descendants first: if block `i` of a
 //! prompt is tracked, so are blocks `0..i` (up to 64-bit hash collisions, which can only
 //! make a match look one run longer or shorter). That makes "is block `i` tracked"
-//! monotone along a prompt, and the longest match is found by binary search: about
-//! `log2(n)` probes for `n` names instead of `n`.
+//! monotone along a prompt, and the longest match is found by binary search: block 0 first
+//! (most prompts miss there), then about `log2(n)` probes for `n` names instead of `n`.
+//! [`PrefixSearch`] runs that search one probe at a time, so a router can advance the
+//! searches of all its candidates in lockstep: their probes are independent loads the CPU
+//! overlaps, instead of one chain of dependent cache misses per backend.
 //!
 //! # How far it drifts from the backend's real cache
 //!
@@ -40,7 +44,7 @@ use crate::core::prefix::BlockHash;
 const NIL: u32 = u32::MAX;
 
 /// Largest `max_tracked_blocks` per backend: slot numbers are `u32` below [`NIL`], and
-/// 2^24 blocks (16 M; 256 M tokens at 16 a block) take 384 MiB, already more than any
+/// 2^24 blocks (16 M; 256 M tokens at 16 a block) take 640 MiB, already more than any
 /// backend's KV holds.
 pub const MAX_TRACKED_BLOCKS_MAX: u32 = 1 << 24;
 
@@ -54,13 +58,38 @@ struct Slot {
     older: u32,
 }
 
+/// One table entry: a tracked name and its slot, or `slot == NIL` when empty. The name is
+/// split in two `u32` halves so an entry takes 12 bytes, not 16.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    name_lo: u32,
+    name_hi: u32,
+    slot: u32,
+}
+
+impl Entry {
+    const EMPTY: Entry = Entry {
+        name_lo: 0,
+        name_hi: 0,
+        slot: NIL,
+    };
+
+    #[inline]
+    fn name(self) -> BlockHash {
+        u64::from(self.name_hi) << 32 | u64::from(self.name_lo)
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 12);
+const _: () = assert!(std::mem::size_of::<Slot>() == 16);
+
 /// One backend's approximate prefix index; see the module doc.
 #[derive(Clone, Debug)]
 pub struct PrefixIndex {
-    /// Open addressing with linear probing: a slot number, or [`NIL`] when empty. Length a
-    /// power of two, at least `2 * slots.len()`; deletions shift back (no tombstones), so a
-    /// probe ends at the first empty entry.
-    table: Box<[u32]>,
+    /// Open addressing with linear probing: a name and its slot, or [`Entry::EMPTY`].
+    /// Length a power of two, at least `2 * slots.len()`; deletions shift back (no
+    /// tombstones), so a probe ends at the first empty entry.
+    table: Box<[Entry]>,
     /// `64 - log2(table.len())`: the home of a name is the top bits of its Fibonacci hash.
     shift: u32,
     /// Every slot, allocated at construction. `slots[..len]` are tracked, each exactly once
@@ -83,7 +112,7 @@ impl PrefixIndex {
         );
         let table_len = (2 * capacity as usize).next_power_of_two();
         PrefixIndex {
-            table: vec![NIL; table_len].into_boxed_slice(),
+            table: vec![Entry::EMPTY; table_len].into_boxed_slice(),
             shift: 64 - table_len.trailing_zeros(),
             slots: vec![
                 Slot {
@@ -121,7 +150,7 @@ impl PrefixIndex {
 
     /// Forgets every block (the backend restarted, or its cache was dropped).
     pub fn clear(&mut self) {
-        self.table.fill(NIL);
+        self.table.fill(Entry::EMPTY);
         self.len = 0;
         self.newest = NIL;
         self.oldest = NIL;
@@ -137,24 +166,9 @@ impl PrefixIndex {
     /// `blocks[k]` is not (by the prefix-closed invariant, a binary search).
     #[inline]
     pub fn cached_prefix_blocks(&self, blocks: &[BlockHash]) -> u32 {
-        let n = blocks.len();
-        if n == 0 || self.len == 0 || !self.contains(blocks[0]) {
-            return 0;
-        }
-        if self.contains(blocks[n - 1]) {
-            return n as u32;
-        }
-        // blocks[lo] is tracked, blocks[hi] is not.
-        let (mut lo, mut hi) = (0, n - 1);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if self.contains(blocks[mid]) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        (lo + 1) as u32
+        let mut search = PrefixSearch::new(blocks);
+        while !search.step(self, blocks) {}
+        search.found()
     }
 
     /// Records that a prompt with these block names was sent to the backend: each name
@@ -212,7 +226,7 @@ impl PrefixIndex {
     /// The slot tracking `name`.
     #[inline]
     fn find(&self, name: BlockHash) -> Option<u32> {
-        self.find_entry(name).map(|at| self.table[at])
+        self.find_entry(name).map(|at| self.table[at].slot)
     }
 
     /// The table entry holding `name`'s slot.
@@ -221,11 +235,11 @@ impl PrefixIndex {
         let mask = self.mask();
         let mut at = self.home(name);
         loop {
-            let s = self.table[at];
-            if s == NIL {
+            let e = self.table[at];
+            if e.slot == NIL {
                 return None;
             }
-            if self.slots[s as usize].name == name {
+            if e.name() == name {
                 return Some(at);
             }
             at = (at + 1) & mask;
@@ -235,31 +249,36 @@ impl PrefixIndex {
     /// Puts slot `s` (whose name is not in the table) at its name's first empty entry.
     fn table_insert(&mut self, s: u32) {
         let mask = self.mask();
-        let mut at = self.home(self.slots[s as usize].name);
-        while self.table[at] != NIL {
+        let name = self.slots[s as usize].name;
+        let mut at = self.home(name);
+        while self.table[at].slot != NIL {
             at = (at + 1) & mask;
         }
-        self.table[at] = s;
+        self.table[at] = Entry {
+            name_lo: name as u32,
+            name_hi: (name >> 32) as u32,
+            slot: s,
+        };
     }
 
     /// Empties entry `hole` and shifts back the entries after it whose probe sequence
     /// passes through it, so every tracked name stays reachable from its home.
     fn table_remove(&mut self, mut hole: usize) {
         let mask = self.mask();
-        self.table[hole] = NIL;
+        self.table[hole] = Entry::EMPTY;
         let mut at = hole;
         loop {
             at = (at + 1) & mask;
-            let s = self.table[at];
-            if s == NIL {
+            let e = self.table[at];
+            if e.slot == NIL {
                 return;
             }
-            let home = self.home(self.slots[s as usize].name);
+            let home = self.home(e.name());
             // The entry may fill the hole when the hole lies on its probe path (home..=at,
             // cyclically): its distance from home is at least the hole's distance from it.
             if (at.wrapping_sub(home) & mask) >= (at.wrapping_sub(hole) & mask) {
-                self.table[hole] = s;
-                self.table[at] = NIL;
+                self.table[hole] = e;
+                self.table[at] = Entry::EMPTY;
                 hole = at;
             }
         }
@@ -294,13 +313,16 @@ impl PrefixIndex {
     /// Checks every invariant (tests).
     #[cfg(test)]
     pub(crate) fn check(&self) {
-        let live = self.table.iter().filter(|&&s| s != NIL).count();
+        let live = self.table.iter().filter(|e| e.slot != NIL).count();
         assert_eq!(
             live, self.len as usize,
             "each tracked slot once in the table"
         );
         for s in 0..self.len {
             assert_eq!(self.find(self.slots[s as usize].name), Some(s));
+        }
+        for e in self.table.iter().filter(|e| e.slot != NIL) {
+            assert_eq!(e.name(), self.slots[e.slot as usize].name);
         }
         let (mut n, mut s, mut prev) = (0, self.newest, NIL);
         while s != NIL {
@@ -313,6 +335,72 @@ impl PrefixIndex {
         }
         assert_eq!(n, self.len, "the recency list holds every tracked slot");
         assert_eq!(self.oldest, prev);
+    }
+}
+
+/// A longest-prefix search in one [`PrefixIndex`], one probe a [`step`](Self::step): block 0
+/// first, then bisection (the prefix-closed invariant makes "tracked" monotone). Plain data
+/// the caller keeps between steps, so many indexes can be searched in lockstep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixSearch {
+    /// Leading blocks known tracked.
+    known: u32,
+    /// The first block known untracked, or the prompt's length; `known <= limit`.
+    limit: u32,
+}
+
+impl PrefixSearch {
+    /// A search over `blocks` (saturating at `u32::MAX` blocks).
+    pub fn new(blocks: &[BlockHash]) -> PrefixSearch {
+        PrefixSearch {
+            known: 0,
+            limit: u32::try_from(blocks.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// A search already answered (`found` leading blocks), for a backend answered elsewhere.
+    pub fn answered(found: u32) -> PrefixSearch {
+        PrefixSearch {
+            known: found,
+            limit: found,
+        }
+    }
+
+    /// Whether the answer is known.
+    #[inline]
+    pub fn done(&self) -> bool {
+        self.known == self.limit
+    }
+
+    /// Leading blocks found tracked (the answer once [`done`](Self::done)).
+    #[inline]
+    pub fn found(&self) -> u32 {
+        self.known
+    }
+
+    /// One probe of `ix` (the same `blocks` as at [`new`](Self::new)); returns whether the
+    /// search is done.
+    #[inline]
+    pub fn step(&mut self, ix: &PrefixIndex, blocks: &[BlockHash]) -> bool {
+        debug_assert!(self.known <= self.limit && self.limit as usize <= blocks.len());
+        if self.done() {
+            return true;
+        }
+        if ix.is_empty() {
+            self.limit = self.known;
+            return true;
+        }
+        let mid = if self.known == 0 {
+            0
+        } else {
+            self.known + (self.limit - self.known) / 2
+        };
+        if ix.contains(blocks[mid as usize]) {
+            self.known = mid + 1;
+        } else {
+            self.limit = mid;
+        }
+        self.done()
     }
 }
 
@@ -359,13 +447,13 @@ mod tests {
         let ix = PrefixIndex::new(32_768);
         assert_eq!(
             ix.bytes(),
-            32_768 * 24,
-            "24 bytes a block at a power of two"
+            32_768 * 40,
+            "40 bytes a block at a power of two"
         );
         let ix = PrefixIndex::new(6_250);
         assert!(
-            ix.bytes() <= 6_250 * 32,
-            "never more than 32: {}",
+            ix.bytes() <= 6_250 * 64,
+            "never more than 64: {}",
             ix.bytes()
         );
     }

@@ -17,7 +17,7 @@ use super::error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
 };
-use super::prefix_index::PrefixIndex;
+use super::prefix_index::{PrefixIndex, PrefixSearch};
 use super::registry::{BackendConfig, BackendId, ModelId, Registry};
 use super::requirements::Requirements;
 use super::resolve::{NameId, Resolver, Routable};
@@ -131,6 +131,8 @@ pub struct Router {
     /// Beside `matched`: whether an exact [`CacheView`](super::affinity::CacheView) said so (then nothing is recorded
     /// in the approximate index); same fixed capacity.
     matched_exact: Vec<bool>,
+    /// Beside `scratch`: each candidate's longest-prefix search; same fixed capacity.
+    searches: Vec<PrefixSearch>,
     prefix: PrefixConfig,
     /// One approximate prefix index per backend, by `BackendId`, of
     /// `prefix.max_tracked_blocks` each: empty until the strategy is `prefix_aware`.
@@ -154,6 +156,7 @@ impl Clone for Router {
             scratch: Vec::with_capacity(self.scratch.capacity()),
             matched: Vec::with_capacity(self.matched.capacity()),
             matched_exact: Vec::with_capacity(self.matched_exact.capacity()),
+            searches: Vec::with_capacity(self.searches.capacity()),
             prefix: self.prefix,
             indexes: self.indexes.clone(),
             backend_keys: self.backend_keys.clone(),
@@ -189,6 +192,7 @@ impl Router {
             scratch: Vec::with_capacity(registry.offers_per_model_max()),
             matched: Vec::with_capacity(registry.offers_per_model_max()),
             matched_exact: Vec::with_capacity(registry.offers_per_model_max()),
+            searches: Vec::with_capacity(registry.offers_per_model_max()),
             prefix: routing.prefix,
             indexes: Vec::new(),
             backend_keys: registry
@@ -381,21 +385,34 @@ impl Router {
         // Saturates for a prompt past u32::MAX blocks (2^36 tokens; requests are bounded by
         // config far below that).
         let prompt_blocks = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
-        self.matched.clear();
+        self.searches.clear();
         self.matched_exact.clear();
-        let capacity = self.matched.capacity();
+        let capacity = self.searches.capacity();
         for c in &self.scratch {
             let exact = affinity
                 .exact
                 .and_then(|v| v.cached_prefix_blocks(c.backend, blocks));
-            let n = match exact {
-                Some(n) => n.min(prompt_blocks),
-                None => self.indexes[c.backend.index()].cached_prefix_blocks(blocks),
-            };
-            debug_assert!(self.matched.len() < capacity, "matched sized at build");
-            self.matched.push(n);
+            debug_assert!(self.searches.len() < capacity, "searches sized at build");
+            self.searches.push(match exact {
+                Some(n) => PrefixSearch::answered(n.min(prompt_blocks)),
+                None => PrefixSearch::new(blocks),
+            });
             self.matched_exact.push(exact.is_some());
         }
+        // The approximate indexes' searches in lockstep: one probe of each per round, so the
+        // probes of a round are independent loads (about 8 rounds for 128 blocks).
+        let mut searching = true;
+        while searching {
+            searching = false;
+            for (search, c) in self.searches.iter_mut().zip(&self.scratch) {
+                if !search.done() {
+                    searching |= !search.step(&self.indexes[c.backend.index()], blocks);
+                }
+            }
+        }
+        self.matched.clear();
+        self.matched
+            .extend(self.searches.iter().map(PrefixSearch::found));
         let i = pick_prefix(&self.scratch, &self.matched, prompt_blocks, &self.prefix);
         let backend = self.scratch[i].backend;
         if !self.matched_exact[i] {

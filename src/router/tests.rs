@@ -1273,7 +1273,7 @@ fn prefix_indexes_are_allocated_with_the_strategy_and_their_size_is_stated() {
     r.set_strategy(Strategy::PrefixAware);
     assert_eq!(
         r.prefix_index_bytes(),
-        3 * 32_768 * 24,
+        3 * 32_768 * 40,
         "three backends at the default bound"
     );
 }
