@@ -48,6 +48,9 @@ const NIL: u32 = u32::MAX;
 /// backend's KV holds.
 pub const MAX_TRACKED_BLOCKS_MAX: u32 = 1 << 24;
 
+/// Names looked up ahead of touching them, per chunk of an insert (a stack buffer).
+const INSERT_CHUNK: usize = 32;
+
 /// One tracked block: its name and its place in the recency list.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
@@ -175,12 +178,41 @@ impl PrefixIndex {
     /// becomes the most recent, the first name most recent of all (see the module doc), and
     /// the least recent names are evicted past the capacity. A prompt longer than the
     /// capacity leaves its first `capacity` names.
+    ///
+    /// In chunks of [`INSERT_CHUNK`] names, last chunk first: every name of a chunk is looked
+    /// up first (independent loads the CPU overlaps, the slot read too), then the chunk is
+    /// touched from its last name to its first. A slot found in the first pass may have
+    /// been evicted and reused by the second before its turn; its name says so, and the
+    /// name is then looked up again.
     pub fn insert_prompt(&mut self, blocks: &[BlockHash]) {
-        let kept = blocks.len().min(self.slots.len());
-        for &name in blocks[..kept].iter().rev() {
-            self.touch(name);
+        let kept = &blocks[..blocks.len().min(self.slots.len())];
+        let mut found = [NIL; INSERT_CHUNK];
+        let mut end = kept.len();
+        while end > 0 {
+            let start = end.saturating_sub(INSERT_CHUNK);
+            let chunk = &kept[start..end];
+            // Pass 1: look every name up; reading each found slot's link brings it into cache.
+            let mut touched_links = 0u32;
+            for (f, &name) in found.iter_mut().zip(chunk) {
+                *f = self.find(name).unwrap_or(NIL);
+                if *f != NIL {
+                    touched_links ^= self.slots[*f as usize].newer;
+                }
+            }
+            std::hint::black_box(touched_links);
+            // Pass 2: touch from the last to the first.
+            for (&s, &name) in found[..chunk.len()].iter().zip(chunk).rev() {
+                if s != NIL && self.slots[s as usize].name == name {
+                    debug_assert!(s < self.len);
+                    self.unlink(s);
+                    self.link_newest(s);
+                } else {
+                    self.touch(name);
+                }
+            }
+            end = start;
         }
-        debug_assert!(kept == 0 || self.newest_name() == Some(blocks[0]));
+        debug_assert!(kept.is_empty() || self.newest_name() == Some(blocks[0]));
     }
 
     /// The most recently touched name.

@@ -350,8 +350,8 @@ proptest! {
     /// bound, and its binary-searched match equals the linear walk over the reference.
     #[test]
     fn prefix_index_is_an_lru_set_and_its_match_is_the_longest_prefix(
-        capacity in 1u32..48,
-        ops in prop::collection::vec((0u64..4, 0usize..12, 0usize..24), 1..60),
+        capacity in 1u32..100,
+        ops in prop::collection::vec((0u64..4, 0usize..40, 0usize..80), 1..40),
     ) {
         let mut ix = PrefixIndex::new(capacity);
         let mut lru = VecDeque::new();
