@@ -171,8 +171,9 @@ pub trait CacheView {
     fn cached_prefix_blocks(&self, backend: BackendId, blocks: &[BlockHash]) -> Option<u32>;
 }
 
-/// The approximate indexes answer for every backend: the default view.
-impl CacheView for [PrefixIndex] {
+/// The approximate indexes, one per backend by `BackendId`, answer for every backend: the
+/// default view.
+impl CacheView for Vec<PrefixIndex> {
     fn cached_prefix_blocks(&self, backend: BackendId, blocks: &[BlockHash]) -> Option<u32> {
         self.get(backend.index())
             .map(|ix| ix.cached_prefix_blocks(blocks))
@@ -294,6 +295,13 @@ pub fn backend_key(name: &str) -> u64 {
         h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
     }
     mix(h)
+}
+
+/// A session key from the client's session id (the `X-Session-Id` header, else the OpenAI
+/// `user` field), for [`Affinity::session`]: the same hash as [`backend_key`], so any
+/// router hashing the same id agrees. Runs on io threads; allocates nothing.
+pub fn session_key(id: &str) -> u64 {
+    backend_key(id)
 }
 
 /// splitmix64's finaliser.
