@@ -49,6 +49,13 @@ pub enum RouterConfigError {
     /// Any other problem with one alias.
     #[error("routing.aliases: '{alias}': {why}")]
     Alias { alias: String, why: String },
+    /// A `[routing.prefix]` key out of range.
+    #[error("routing.prefix.{key} = {value}: {why}")]
+    Prefix {
+        key: &'static str,
+        value: u64,
+        why: &'static str,
+    },
     /// A problem with one fallback chain.
     #[error("routing.fallbacks: '{model}': {why}")]
     Fallback { model: String, why: String },

@@ -8,7 +8,11 @@
 //! - [`registry`]: backends, their models and capabilities, live state per backend.
 //! - [`resolve`]: aliases and fallback chains (single level, checked at build).
 //! - [`requirements`]: what a request needs (model, estimated tokens, vision, tools, JSON).
-//! - [`strategy`]: the smart score and the six strategies.
+//! - [`strategy`]: the smart score and the strategies.
+//! - [`affinity`]: what a request would rather have (prompt block names, a session key):
+//!   `prefix_aware`'s balance rule and thresholds, `session`'s rendezvous hashing, the
+//!   [`CacheView`] an exact cache answers through.
+//! - [`prefix_index`]: the approximate, bounded, LRU prefix index kept per backend.
 //! - [`select`]: the decision flow ([`Router::route`]).
 //! - [`error`]: config errors and per-request errors with their HTTP status.
 //!
@@ -27,8 +31,10 @@
 //! backend and the response header are the caller's; they feed state in through
 //! [`Registry`]'s methods and read decisions out.
 
+pub mod affinity;
 pub mod capabilities;
 pub mod error;
+pub mod prefix_index;
 pub mod registry;
 pub mod requirements;
 pub mod resolve;
@@ -40,11 +46,13 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
+pub use affinity::{Affinity, CacheView, PrefixConfig};
 pub use capabilities::Capabilities;
 pub use error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
 };
+pub use prefix_index::PrefixIndex;
 pub use registry::{
     ApiKey, Backend, BackendConfig, BackendId, BackendKind, BackendKindName, BackendState,
     ModelConfig, ModelId, Offer, Registry,

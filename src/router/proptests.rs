@@ -307,3 +307,138 @@ proptest! {
         }
     }
 }
+
+// ---- prefix_aware's index and rule, session's hashing -------------------------------------
+
+use super::affinity::{backend_key, pick_prefix, pick_session, PrefixConfig};
+use super::prefix_index::PrefixIndex;
+use crate::core::prefix::{chain, BlockHash, ROOT};
+use std::collections::VecDeque;
+
+/// A prompt from a small tree of shared prefixes: `family` picks the first blocks' content,
+/// `branch` where it diverges, `len` its length in blocks.
+fn family_prompt(family: u64, branch: usize, len: usize) -> Vec<BlockHash> {
+    let mut parent = ROOT;
+    (0..len)
+        .map(|i| {
+            let content = if i < branch {
+                family
+            } else {
+                family * 1000 + i as u64
+            };
+            parent = chain(parent, content * 64 + i as u64);
+            parent
+        })
+        .collect()
+}
+
+/// The reference: an LRU list of names, most recent first, touched as the index touches.
+fn reference_insert(lru: &mut VecDeque<BlockHash>, capacity: usize, blocks: &[BlockHash]) {
+    for &h in blocks[..blocks.len().min(capacity)].iter().rev() {
+        if let Some(at) = lru.iter().position(|&x| x == h) {
+            lru.remove(at);
+        }
+        lru.push_front(h);
+        lru.truncate(capacity);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The index tracks exactly the reference LRU's names at every step, stays within its
+    /// bound, and its binary-searched match equals the linear walk over the reference.
+    #[test]
+    fn prefix_index_is_an_lru_set_and_its_match_is_the_longest_prefix(
+        capacity in 1u32..100,
+        ops in prop::collection::vec((0u64..4, 0usize..40, 0usize..80), 1..40),
+    ) {
+        let mut ix = PrefixIndex::new(capacity);
+        let mut lru = VecDeque::new();
+        for &(family, branch, len) in &ops {
+            let p = family_prompt(family, branch, len);
+            ix.insert_prompt(&p);
+            reference_insert(&mut lru, capacity as usize, &p);
+            ix.check();
+            prop_assert_eq!(ix.len() as usize, lru.len());
+            prop_assert!(ix.len() <= capacity);
+            for &h in &lru {
+                prop_assert!(ix.contains(h));
+            }
+            for &(f, b, l) in &ops {
+                let q = family_prompt(f, b, l);
+                let walk = q.iter().take_while(|&&h| lru.contains(&h)).count() as u32;
+                prop_assert_eq!(ix.cached_prefix_blocks(&q), walk);
+                // Prefix-closed: nothing tracked after the first untracked block.
+                prop_assert!(q[walk as usize..].iter().all(|h| !lru.contains(h)));
+            }
+        }
+    }
+
+    /// `prefix_aware` picks either the least loaded candidate or a longest match whose
+    /// backend passes the balance rule, and the longest match whenever it covers enough and
+    /// passes.
+    #[test]
+    fn prefix_rule_is_longest_match_within_the_balance_bounds(
+        loads in prop::collection::vec(0u32..300, 1..16),
+        matched_seed in prop::collection::vec(0u32..=128, 16),
+        prompt in 1u32..=128,
+        threshold in 0u32..=100,
+        abs in 0u32..100,
+        rel in 100u32..300,
+    ) {
+        let cfg = PrefixConfig {
+            cache_threshold_pct: threshold,
+            balance_abs_threshold: abs,
+            balance_rel_threshold_pct: rel,
+            ..PrefixConfig::default()
+        };
+        let c: Vec<Candidate> = loads.iter().enumerate().map(|(i, &l)| Candidate {
+            backend: BackendId(i as u32), priority: 0, pending_batches: l, latency_ms: 0,
+        }).collect();
+        let m: Vec<u32> = matched_seed[..c.len()].iter().map(|&x| x.min(prompt)).collect();
+        let i = pick_prefix(&c, &m, prompt, &cfg);
+        // The rule written declaratively: the first least loaded candidate; the first of
+        // the least loaded among the longest matches; the latter when its match is enough
+        // and it is not overloaded against the former.
+        let load = |j: usize| c[j].pending_batches;
+        let least = (0..c.len()).min_by_key(|&j| (load(j), j)).unwrap();
+        let longest = *m.iter().max().unwrap();
+        let best = (0..c.len()).filter(|&j| m[j] == longest)
+            .min_by_key(|&j| (load(j), j)).unwrap();
+        let expected = if cfg.enough(longest, prompt) && !cfg.overloaded(load(best), load(least)) {
+            best
+        } else {
+            least
+        };
+        prop_assert_eq!(i, expected);
+        // Never a candidate overloaded against the least loaded one.
+        prop_assert!(i == least || !cfg.overloaded(load(i), load(least)));
+    }
+
+    /// Rendezvous hashing: removing any set of backends moves only the keys that were on
+    /// them, and adding them back restores every key.
+    #[test]
+    fn session_moves_only_the_keys_of_removed_backends(
+        n in 2usize..12,
+        removed_mask in any::<u16>(),
+        keys in prop::collection::vec(any::<u64>(), 1..64),
+    ) {
+        let backend_keys: Vec<u64> = (0..n).map(|i| backend_key(&format!("gpu-{i}"))).collect();
+        let all: Vec<Candidate> = (0..n as u32).map(|i| Candidate {
+            backend: BackendId(i), priority: 0, pending_batches: i, latency_ms: 0,
+        }).collect();
+        let kept: Vec<Candidate> = all.iter().copied()
+            .filter(|c| removed_mask & (1 << c.backend.0) == 0).collect();
+        prop_assume!(!kept.is_empty());
+        for &k in &keys {
+            let home = all[pick_session(&all, Some(k), &backend_keys)].backend;
+            let now = kept[pick_session(&kept, Some(k), &backend_keys)].backend;
+            if removed_mask & (1 << home.0) == 0 {
+                prop_assert_eq!(now, home);
+            } else {
+                prop_assert_ne!(now, home);
+            }
+        }
+    }
+}

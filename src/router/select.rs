@@ -4,15 +4,20 @@
 //!
 //! [`Router`] owns the registry, the resolver, the strategy, one round-robin cursor per
 //! model, a seeded RNG and a scratch buffer of candidates sized at build for the model with
-//! the most backends. A decision ([`Router::route`]) takes `&mut self`: it reuses that
+//! the most backends; for `prefix_aware`, one approximate prefix index per backend (fixed
+//! capacity, allocated when the strategy is chosen) and a scratch of matches beside the
+//! candidates. A request's affinity (prompt block names, session key, an exact cache view)
+//! comes in by reference with the decision ([`Router::route_name_with`]). A decision ([`Router::route`]) takes `&mut self`: it reuses that
 //! scratch, so it needs no lock and allocates nothing; only a failed decision allocates, to
 //! build its error message. Nothing here may read a clock, do I/O, call out, or allocate on
 //! the success path (`benches/router.rs` counts allocations to hold it to that).
 
+use super::affinity::{pick_prefix, pick_session, Affinity, PrefixConfig};
 use super::error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
 };
+use super::prefix_index::{PrefixIndex, PrefixSearch};
 use super::registry::{BackendConfig, BackendId, ModelId, Registry};
 use super::requirements::Requirements;
 use super::resolve::{NameId, Resolver, Routable};
@@ -30,8 +35,8 @@ pub const MAX_RETRIES_DEFAULT: u32 = 2;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RoutingConfig {
-    /// `smart`, `round_robin`, `least_loaded`, `power_of_two`, `priority_only` or `random`;
-    /// anything else means `smart` with a warning.
+    /// `smart`, `round_robin`, `least_loaded`, `power_of_two`, `priority_only`, `random`,
+    /// `prefix_aware` or `session`; anything else means `smart` with a warning.
     pub strategy: String,
     /// `[routing.weights]`, for `smart`; must sum to 100.
     pub weights: Weights,
@@ -41,6 +46,8 @@ pub struct RoutingConfig {
     pub fallbacks: BTreeMap<String, Vec<String>>,
     /// How many other backends a failed batch is retried on (read by the executor).
     pub max_retries: u32,
+    /// `[routing.prefix]`: `prefix_aware`'s thresholds and its index's bound.
+    pub prefix: PrefixConfig,
 }
 
 impl Default for RoutingConfig {
@@ -51,6 +58,7 @@ impl Default for RoutingConfig {
             aliases: BTreeMap::new(),
             fallbacks: BTreeMap::new(),
             max_retries: MAX_RETRIES_DEFAULT,
+            prefix: PrefixConfig::default(),
         }
     }
 }
@@ -117,6 +125,20 @@ pub struct Router {
     /// filtering; capacity `registry.offers_per_model_max()`, fixed at build, and never
     /// exceeded (a model has at most that many offers), so pushing never reallocates.
     scratch: Vec<Candidate>,
+    /// `prefix_aware`: how many leading blocks of the prompt each candidate in `scratch`
+    /// holds; same fixed capacity, cleared at each such decision.
+    matched: Vec<u32>,
+    /// Beside `matched`: whether an exact [`CacheView`](super::affinity::CacheView) said so (then nothing is recorded
+    /// in the approximate index); same fixed capacity.
+    matched_exact: Vec<bool>,
+    /// Beside `scratch`: each candidate's longest-prefix search; same fixed capacity.
+    searches: Vec<PrefixSearch>,
+    prefix: PrefixConfig,
+    /// One approximate prefix index per backend, by `BackendId`, of
+    /// `prefix.max_tracked_blocks` each: empty until the strategy is `prefix_aware`.
+    indexes: Vec<PrefixIndex>,
+    /// `session`: each backend's rendezvous key (a hash of its name), by `BackendId`.
+    backend_keys: Vec<u64>,
 }
 
 /// A router in the same state, with its own scratch buffer of the same fixed capacity (a
@@ -132,6 +154,12 @@ impl Clone for Router {
             cursors: self.cursors.clone(),
             rng: self.rng.clone(),
             scratch: Vec::with_capacity(self.scratch.capacity()),
+            matched: Vec::with_capacity(self.matched.capacity()),
+            matched_exact: Vec::with_capacity(self.matched_exact.capacity()),
+            searches: Vec::with_capacity(self.searches.capacity()),
+            prefix: self.prefix,
+            indexes: self.indexes.clone(),
+            backend_keys: self.backend_keys.clone(),
         }
     }
 }
@@ -156,11 +184,21 @@ impl Router {
         seed: u64,
     ) -> Result<(Router, Option<UnknownStrategy>), RouterConfigError> {
         routing.weights.validate()?;
+        routing.prefix.validate()?;
         let (strategy, warning) = Strategy::from_name(&routing.strategy);
         let resolver = Resolver::build(&registry, &routing.aliases, &routing.fallbacks)?;
-        let router = Router {
+        let mut router = Router {
             cursors: vec![0; registry.model_count()],
             scratch: Vec::with_capacity(registry.offers_per_model_max()),
+            matched: Vec::with_capacity(registry.offers_per_model_max()),
+            matched_exact: Vec::with_capacity(registry.offers_per_model_max()),
+            searches: Vec::with_capacity(registry.offers_per_model_max()),
+            prefix: routing.prefix,
+            indexes: Vec::new(),
+            backend_keys: registry
+                .backends()
+                .map(|(_, b)| super::affinity::backend_key(b.name()))
+                .collect(),
             resolver,
             strategy,
             weights: routing.weights,
@@ -168,6 +206,7 @@ impl Router {
             rng: SmallRng::seed_from_u64(seed),
             registry,
         };
+        router.set_strategy(strategy);
         Ok((router, warning))
     }
 
@@ -177,8 +216,17 @@ impl Router {
     /// round-robin cursor and RNG: the engine thread owns the router and calls this with no
     /// lock and no allocation (errors excepted).
     pub fn route(&mut self, req: &Requirements<'_>) -> Result<Decision, RouteError> {
+        self.route_with(req, &Affinity::NONE)
+    }
+
+    /// As [`route`](Self::route), with the request's affinity (`prefix_aware`, `session`).
+    pub fn route_with(
+        &mut self,
+        req: &Requirements<'_>,
+        affinity: &Affinity<'_>,
+    ) -> Result<Decision, RouteError> {
         let name = self.lookup(req.model)?;
-        self.route_name(name, &Need::of(req))
+        self.route_name_with(name, &Need::of(req), affinity)
     }
 
     /// The name a request's model resolves to, or the 400 (empty) / 404 (unknown) error.
@@ -223,9 +271,22 @@ impl Router {
     /// Routes a request whose model name was resolved already ([`lookup`](Self::lookup) or
     /// [`precheck`](Self::precheck)). No allocation unless it fails.
     pub fn route_name(&mut self, name: NameId, need: &Need) -> Result<Decision, RouteError> {
+        self.route_name_with(name, need, &Affinity::NONE)
+    }
+
+    /// As [`route_name`](Self::route_name), with the request's affinity: its prompt's block
+    /// names and an exact cache view for `prefix_aware`, its session key for `session`
+    /// (other strategies ignore it). Under `prefix_aware`, the chosen backend's approximate
+    /// index records the names unless the exact view answered for it.
+    pub fn route_name_with(
+        &mut self,
+        name: NameId,
+        need: &Need,
+        affinity: &Affinity<'_>,
+    ) -> Result<Decision, RouteError> {
         let req = &need.requirements();
         if let Some(model) = self.resolver.served(name) {
-            if let Some(backend) = self.pick_excluding(model, req, &[]) {
+            if let Some(backend) = self.pick_excluding_with(model, req, &[], affinity) {
                 return Ok(Decision {
                     backend,
                     model,
@@ -238,7 +299,7 @@ impl Router {
             .alias_of(name)
             .and_then(|t| self.resolver.served(t))
         {
-            if let Some(backend) = self.pick_excluding(model, req, &[]) {
+            if let Some(backend) = self.pick_excluding_with(model, req, &[], affinity) {
                 return Ok(Decision {
                     backend,
                     model,
@@ -250,7 +311,7 @@ impl Router {
         for i in 0..chain_len {
             let fallback = self.resolver.chain_for(name)[i];
             if let Some(model) = self.resolver.served(fallback) {
-                if let Some(backend) = self.pick_excluding(model, req, &[]) {
+                if let Some(backend) = self.pick_excluding_with(model, req, &[], affinity) {
                     return Ok(Decision {
                         backend,
                         model,
@@ -277,18 +338,87 @@ impl Router {
         req: &Requirements<'_>,
         exclude: &[BackendId],
     ) -> Option<BackendId> {
+        self.pick_excluding_with(model, req, exclude, &Affinity::NONE)
+    }
+
+    /// As [`pick_excluding`](Self::pick_excluding), with the request's affinity (see
+    /// [`route_name_with`](Self::route_name_with)).
+    pub fn pick_excluding_with(
+        &mut self,
+        model: ModelId,
+        req: &Requirements<'_>,
+        exclude: &[BackendId],
+        affinity: &Affinity<'_>,
+    ) -> Option<BackendId> {
         self.fill_candidates(model, req, exclude);
         if self.scratch.is_empty() {
             return None;
         }
-        let i = pick(
-            self.strategy,
-            &self.scratch,
-            &self.weights,
-            &mut self.cursors[model.index()],
-            &mut self.rng,
-        );
+        let i = match self.strategy {
+            Strategy::PrefixAware if !affinity.blocks.is_empty() => {
+                return Some(self.pick_prefix_aware(affinity));
+            }
+            Strategy::Session => pick_session(&self.scratch, affinity.session, &self.backend_keys),
+            s => pick(
+                s,
+                &self.scratch,
+                &self.weights,
+                &mut self.cursors[model.index()],
+                &mut self.rng,
+            ),
+        };
         Some(self.scratch[i].backend)
+    }
+
+    /// `prefix_aware` over the candidates in the scratch buffer (non-empty), for a prompt
+    /// with block names: asks each candidate's match (the exact view first, else the
+    /// approximate index), picks, and records the names in the chosen backend's index
+    /// unless the exact view answered for it.
+    fn pick_prefix_aware(&mut self, affinity: &Affinity<'_>) -> BackendId {
+        let blocks = affinity.blocks;
+        debug_assert!(!self.scratch.is_empty() && !blocks.is_empty());
+        debug_assert_eq!(
+            self.indexes.len(),
+            self.registry.len(),
+            "allocated with the strategy"
+        );
+        // Saturates for a prompt past u32::MAX blocks (2^36 tokens; requests are bounded by
+        // config far below that).
+        let prompt_blocks = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
+        self.searches.clear();
+        self.matched_exact.clear();
+        let capacity = self.searches.capacity();
+        for c in &self.scratch {
+            let exact = affinity
+                .exact
+                .and_then(|v| v.cached_prefix_blocks(c.backend, blocks));
+            debug_assert!(self.searches.len() < capacity, "searches sized at build");
+            self.searches.push(match exact {
+                Some(n) => PrefixSearch::answered(n.min(prompt_blocks)),
+                None => PrefixSearch::new(blocks),
+            });
+            self.matched_exact.push(exact.is_some());
+        }
+        // The approximate indexes' searches in lockstep: one probe of each per round, so the
+        // probes of a round are independent loads (about 8 rounds for 128 blocks).
+        let mut searching = true;
+        while searching {
+            searching = false;
+            for (search, c) in self.searches.iter_mut().zip(&self.scratch) {
+                if !search.done() {
+                    searching |= !search.step(&self.indexes[c.backend.index()], blocks);
+                }
+            }
+        }
+        self.matched.clear();
+        self.matched
+            .extend(self.searches.iter().map(PrefixSearch::found));
+        let i = pick_prefix(&self.scratch, &self.matched, prompt_blocks, &self.prefix);
+        let backend = self.scratch[i].backend;
+        if !self.matched_exact[i] {
+            self.indexes[backend.index()].insert_prompt(blocks);
+        }
+        backend
     }
 
     /// Writes the eligible candidates of `model` into the scratch buffer.
@@ -508,9 +638,40 @@ impl Router {
         self.strategy
     }
 
-    /// Switches strategy at run time; cursors and RNG carry on.
+    /// Switches strategy at run time; cursors and RNG carry on. Switching to
+    /// `prefix_aware` the first time allocates its approximate indexes
+    /// (`routing.prefix.max_tracked_blocks` per backend), empty.
     pub fn set_strategy(&mut self, strategy: Strategy) {
         self.strategy = strategy;
+        if strategy == Strategy::PrefixAware && self.indexes.is_empty() {
+            self.indexes = (0..self.registry.len())
+                .map(|_| PrefixIndex::new(self.prefix.max_tracked_blocks))
+                .collect();
+        }
+    }
+
+    /// `[routing.prefix]` as checked at build.
+    pub fn prefix_config(&self) -> &PrefixConfig {
+        &self.prefix
+    }
+
+    /// The approximate prefix index of `backend` (`None` until the strategy has been
+    /// `prefix_aware`).
+    pub fn prefix_index(&self, backend: BackendId) -> Option<&PrefixIndex> {
+        self.indexes.get(backend.index())
+    }
+
+    /// Forgets what the approximate index of `backend` recorded: call it when the backend
+    /// restarted or dropped its cache (a health check seeing it come back).
+    pub fn forget_cached(&mut self, backend: BackendId) {
+        if let Some(ix) = self.indexes.get_mut(backend.index()) {
+            ix.clear();
+        }
+    }
+
+    /// Bytes the approximate prefix indexes hold (fixed once allocated).
+    pub fn prefix_index_bytes(&self) -> usize {
+        self.indexes.iter().map(PrefixIndex::bytes).sum()
     }
 
     pub fn weights(&self) -> Weights {

@@ -1,6 +1,8 @@
 //! Routing strategies: how one backend is picked among the candidates that passed every
 //! filter. `smart` (weighted score of priority, load and latency), `round_robin`,
-//! `least_loaded`, `power_of_two`, `priority_only`, `random`.
+//! `least_loaded`, `power_of_two`, `priority_only`, `random`; and the two that read a
+//! request's affinity, `prefix_aware` and `session`, decided in [`super::affinity`] (without
+//! an affinity, [`pick`] routes them as `least_loaded`).
 //!
 //! A strategy is a pure function of a candidate slice, a cursor and an RNG passed in: it
 //! reads no clock, takes no lock and never allocates. Ties always go to the candidate
@@ -31,17 +33,25 @@ pub enum Strategy {
     PriorityOnly,
     /// Uniformly random.
     Random,
+    /// The longest cached prefix of the prompt, unless that backend is overloaded against
+    /// the least loaded one; else least loaded ([`super::affinity::pick_prefix`]).
+    PrefixAware,
+    /// Rendezvous hashing on the session key; without one, least loaded
+    /// ([`super::affinity::pick_session`]).
+    Session,
 }
 
 impl Strategy {
     /// Every strategy.
-    pub const ALL: [Strategy; 6] = [
+    pub const ALL: [Strategy; 8] = [
         Strategy::Smart,
         Strategy::RoundRobin,
         Strategy::LeastLoaded,
         Strategy::PowerOfTwo,
         Strategy::PriorityOnly,
         Strategy::Random,
+        Strategy::PrefixAware,
+        Strategy::Session,
     ];
 
     /// Config name.
@@ -53,6 +63,8 @@ impl Strategy {
             Strategy::PowerOfTwo => "power_of_two",
             Strategy::PriorityOnly => "priority_only",
             Strategy::Random => "random",
+            Strategy::PrefixAware => "prefix_aware",
+            Strategy::Session => "session",
         }
     }
 
@@ -91,7 +103,8 @@ impl fmt::Display for UnknownStrategy {
         write!(
             f,
             "routing.strategy = \"{}\" is not a strategy; using \"smart\" (valid: smart, \
-             round_robin, least_loaded, power_of_two, priority_only, random)",
+             round_robin, least_loaded, power_of_two, priority_only, random, prefix_aware, \
+             session)",
             self.given
         )
     }
@@ -163,7 +176,9 @@ pub fn score(c: &Candidate, weights: &Weights) -> u32 {
 /// Picks one of `candidates` (non-empty) and returns its index.
 ///
 /// `cursor` is the round-robin position of the model being routed (advanced only by
-/// `RoundRobin`); `rng` is used only by `PowerOfTwo` and `Random`.
+/// `RoundRobin`); `rng` is used only by `PowerOfTwo` and `Random`. `PrefixAware` and
+/// `Session` are picked here only without an affinity (no block names, no session key):
+/// as `LeastLoaded`.
 #[inline]
 pub fn pick(
     strategy: Strategy,
@@ -187,7 +202,9 @@ pub fn pick(
             *cursor = cursor.wrapping_add(1);
             i
         }
-        Strategy::LeastLoaded => first_max_by_key(candidates, |c| u32::MAX - c.pending_batches),
+        Strategy::LeastLoaded | Strategy::PrefixAware | Strategy::Session => {
+            first_max_by_key(candidates, |c| u32::MAX - c.pending_batches)
+        }
         Strategy::PriorityOnly => first_max_by_key(candidates, |c| u32::MAX - c.priority),
         Strategy::PowerOfTwo => {
             let a = rng.gen_range(0..n);

@@ -1152,3 +1152,216 @@ fn precheck_judges_static_errors_whatever_the_live_state() {
             .unwrap()
     );
 }
+
+// ---- issue 24: prefix_aware and session --------------------------------------------------
+
+/// The chained names of a prompt whose blocks hold `contents`.
+fn names(contents: impl IntoIterator<Item = u64>) -> Vec<crate::core::prefix::BlockHash> {
+    let mut parent = crate::core::prefix::ROOT;
+    contents
+        .into_iter()
+        .map(|c| {
+            parent = crate::core::prefix::chain(parent, c);
+            parent
+        })
+        .collect()
+}
+
+fn routed_with(r: &mut Router, affinity: &Affinity<'_>) -> String {
+    let d = r
+        .route_with(&Requirements::text("m", 1), affinity)
+        .unwrap_or_else(|e| panic!("routes: {e}"));
+    r.registry().backend(d.backend).name().to_string()
+}
+
+#[test]
+fn prefix_aware_follows_the_prompt_it_sent_and_spreads_new_ones_by_load() {
+    let mut r = router(&three_backends(), &routing("prefix_aware"));
+    assert_eq!(r.strategy(), Strategy::PrefixAware);
+    let (a, b, c) = (id(&r, "A"), id(&r, "B"), id(&r, "C"));
+    // A conversation's first turn: nothing matches, least loaded (A, the first on a tie).
+    let turn1 = names(0..40);
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&turn1)), "A");
+    r.registry_mut().batch_started(a);
+    // Another conversation: nothing matches, least loaded is now B.
+    let other = names(1000..1040);
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&other)), "B");
+    r.registry_mut().batch_started(b);
+    // Turn 2 extends turn 1: back to A though A and B are busier than C.
+    let turn2 = names(0..64);
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&turn2)), "A");
+    assert_eq!(
+        r.prefix_index(a).unwrap().cached_prefix_blocks(&turn2),
+        64,
+        "recorded after the decision"
+    );
+    assert_eq!(r.prefix_index(c).unwrap().len(), 0);
+    // A is overloaded against C (> 64 in flight and > 150 %): least loaded instead.
+    for _ in 0..70 {
+        r.registry_mut().batch_started(a);
+    }
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&turn2)), "C");
+    // No names: least loaded, and nothing is recorded.
+    let before: u32 = [a, b, c]
+        .iter()
+        .map(|&x| r.prefix_index(x).unwrap().len())
+        .sum();
+    assert_eq!(routed_with(&mut r, &Affinity::NONE), "C");
+    let after: u32 = [a, b, c]
+        .iter()
+        .map(|&x| r.prefix_index(x).unwrap().len())
+        .sum();
+    assert_eq!(before, after);
+}
+
+#[test]
+fn prefix_aware_asks_the_exact_view_first_and_records_only_what_it_guessed() {
+    /// Says backend B holds 50 blocks of anything, knows nothing of the others.
+    struct OnlyB(BackendId);
+    impl CacheView for OnlyB {
+        fn cached_prefix_blocks(
+            &self,
+            backend: BackendId,
+            blocks: &[crate::core::prefix::BlockHash],
+        ) -> Option<u32> {
+            (backend == self.0).then_some(50.min(blocks.len() as u32))
+        }
+    }
+    let mut r = router(&three_backends(), &routing("prefix_aware"));
+    let b = id(&r, "B");
+    let view = OnlyB(b);
+    let p = names(0..64);
+    let aff = Affinity {
+        blocks: &p,
+        session: None,
+        exact: Some(&view),
+    };
+    assert_eq!(routed_with(&mut r, &aff), "B");
+    assert_eq!(
+        r.prefix_index(b).unwrap().len(),
+        0,
+        "exact: nothing guessed"
+    );
+    // Without the view B's index knows nothing: least loaded (A), recorded there.
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&p)), "A");
+    let a = id(&r, "A");
+    assert_eq!(r.prefix_index(a).unwrap().cached_prefix_blocks(&p), 64);
+    // The index is forgotten on a restart.
+    r.forget_cached(a);
+    assert!(r.prefix_index(a).unwrap().is_empty());
+}
+
+#[test]
+fn prefix_aware_skips_an_unhealthy_backend_holding_the_prefix() {
+    let mut r = router(&three_backends(), &routing("prefix_aware"));
+    let p = names(0..64);
+    let first = routed_with(&mut r, &Affinity::prefix(&p));
+    let held = id(&r, &first);
+    r.registry_mut().set_healthy(held, false);
+    let second = routed_with(&mut r, &Affinity::prefix(&p));
+    assert_ne!(second, first);
+    r.registry_mut().set_healthy(held, true);
+    // Both now hold it; the first listed of equal matches and loads.
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&p)), "A");
+}
+
+#[test]
+fn prefix_indexes_are_allocated_with_the_strategy_and_their_size_is_stated() {
+    let mut r = three("least_loaded");
+    assert!(r.prefix_index(BackendId::FIRST).is_none());
+    assert_eq!(r.prefix_index_bytes(), 0);
+    r.set_strategy(Strategy::PrefixAware);
+    assert_eq!(
+        r.prefix_index_bytes(),
+        3 * 32_768 * 40,
+        "three backends at the default bound"
+    );
+}
+
+#[test]
+fn session_keeps_a_session_on_one_backend_and_moves_only_a_leaving_backends() {
+    let mut r = router(&three_backends(), &routing("session"));
+    let mut homes = Vec::new();
+    for key in 0..300u64 {
+        let k = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        homes.push(routed_with(&mut r, &Affinity::session(k)));
+        // Load does not move a session.
+        let home = id(&r, homes.last().unwrap());
+        r.registry_mut().batch_started(home);
+        assert_eq!(
+            &routed_with(&mut r, &Affinity::session(k)),
+            homes.last().unwrap()
+        );
+    }
+    for n in ["A", "B", "C"] {
+        let count = homes.iter().filter(|h| *h == n).count();
+        assert!((60..140).contains(&count), "{n}: {count} of 300");
+    }
+    let b = id(&r, "B");
+    r.registry_mut().set_healthy(b, false);
+    for (key, home) in homes.iter().enumerate() {
+        let k = (key as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let now = routed_with(&mut r, &Affinity::session(k));
+        if home == "B" {
+            assert_ne!(now, "B");
+        } else {
+            assert_eq!(&now, home, "only B's sessions move");
+        }
+    }
+    r.registry_mut().set_healthy(b, true);
+    for (key, home) in homes.iter().enumerate() {
+        let k = (key as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        assert_eq!(
+            &routed_with(&mut r, &Affinity::session(k)),
+            home,
+            "they come back"
+        );
+    }
+    // No key: least loaded.
+    let least = ["A", "B", "C"]
+        .into_iter()
+        .min_by_key(|n| r.registry().state(id(&r, n)).pending_batches())
+        .unwrap();
+    assert_eq!(routed_with(&mut r, &Affinity::NONE), least);
+}
+
+#[test]
+fn an_affinity_does_not_change_the_other_strategies() {
+    let p = names(0..64);
+    let with = Affinity {
+        blocks: &p,
+        session: Some(7),
+        exact: None,
+    };
+    for s in Strategy::ALL {
+        if matches!(s, Strategy::PrefixAware | Strategy::Session) {
+            continue;
+        }
+        let (mut plain, mut aff) = (three(s.as_str()), three(s.as_str()));
+        for i in 0..50 {
+            let x = chosen(&mut plain, &Requirements::text("m", 1));
+            assert_eq!(routed_with(&mut aff, &with), x, "{s} at {i}");
+            let b = id(&plain, &x);
+            plain.registry_mut().batch_started(b);
+            aff.registry_mut().batch_started(b);
+        }
+    }
+}
+
+#[test]
+fn a_bad_prefix_table_is_a_config_error() {
+    let cfg = RoutingConfig {
+        prefix: PrefixConfig {
+            balance_rel_threshold_pct: 50,
+            ..PrefixConfig::default()
+        },
+        ..routing("prefix_aware")
+    };
+    let e = Router::build(&three_backends(), &cfg, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("routing.prefix.balance_rel_threshold_pct = 50"),
+        "{e}"
+    );
+}

@@ -30,7 +30,7 @@ use crate::core::prefix::{BlockHash, PromptBlocks, ROOT};
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Nanos, Reject, Ticket};
 use crate::exec::StepItem;
-use crate::router::{BackendId, Need, Via};
+use crate::router::{Affinity, BackendId, Need, Via};
 use crate::runtime::messages::{
     Outcome, RequestError, RouteRequest, StepMsg, StepResult, Submission,
 };
@@ -266,7 +266,13 @@ impl Mode for IterationLevel {
             name: routing.default_name,
             need: Need::default(),
         });
-        let decision = match routing.router.route_name(route.name, &route.need) {
+        let decision = match routing.router.route_name_with(
+            route.name,
+            &route.need,
+            // No prompt block names or session key reach the engine yet (issue 24):
+            // prefix_aware and session route by load until they do.
+            &Affinity::NONE,
+        ) {
             Ok(d) => d,
             Err(e) => {
                 // Cold path (no backend serves it): the error message allocates.

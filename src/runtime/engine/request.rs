@@ -15,7 +15,7 @@ use super::Mode;
 use crate::core::strategy::StrategyKind;
 use crate::core::{Action, BatchOutcome, Completion, Core, FailReason, Nanos, Reject, CLASS_COUNT};
 use crate::exec::{BatchItem, ExecError, Work};
-use crate::router::{BackendId, Decision, Need, Via};
+use crate::router::{Affinity, BackendId, Decision, Need, Via};
 use crate::runtime::messages::{
     BatchEvent, BatchMsg, RequestError, ResultMsg, RouteRequest, Submission,
 };
@@ -390,7 +390,13 @@ impl Mode for RequestLevel {
             name: routing.default_name,
             need: Need::default(),
         });
-        let mut decision = match routing.router.route_name(route.name, &route.need) {
+        let mut decision = match routing.router.route_name_with(
+            route.name,
+            &route.need,
+            // No prompt block names or session key reach the engine yet (issue 24):
+            // prefix_aware and session route by load until they do.
+            &Affinity::NONE,
+        ) {
             Ok(d) => d,
             Err(e) => {
                 // Cold path (no backend can take it now): the error message allocates.
