@@ -6,7 +6,7 @@
 //! work is proportional to the replica's slots; nothing here allocates after `new`, reads a
 //! clock or blocks.
 
-use super::prefix::{PrefixStats, PromptBlocks};
+use super::prefix::{BlockHash, PrefixStats, PromptBlocks};
 use super::request::{Priority, RequestMeta, Ticket};
 use super::table::{Fifo, RequestTable, NIL};
 use blocks::BlockCache;
@@ -465,6 +465,28 @@ impl Continuous {
             s.add(&self.prefix_stats_of(r));
         }
         s
+    }
+
+    /// How many leading names of `names` are cached on `replica` now (held by a running
+    /// sequence or free but still named); 0 without prefix caching. O(hits); no side effect
+    /// (the router asks this of every candidate, nothing is held or refreshed).
+    pub fn cached_prefix_blocks(&self, replica: usize, names: &[BlockHash]) -> u32 {
+        let Some(cache) = &self.replicas[replica].cache else {
+            return 0;
+        };
+        names
+            .iter()
+            .take_while(|&&name| cache.lookup(name).is_some())
+            .count() as u32
+    }
+
+    /// [`Self::cached_prefix_blocks`], the most over the replicas of `group`.
+    pub fn group_cached_prefix_blocks(&self, group: usize, names: &[BlockHash]) -> u32 {
+        (0..self.replicas.len())
+            .filter(|&r| self.replica_group[r] == group)
+            .map(|r| self.cached_prefix_blocks(r, names))
+            .max()
+            .unwrap_or(0)
     }
 
     /// KV blocks of `replica` with prefix caching (0 without).

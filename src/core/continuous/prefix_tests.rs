@@ -100,6 +100,10 @@ fn a_repeated_prompt_starts_after_its_cached_blocks_and_always_computes_a_token(
     // A different first block shares nothing, even with an equal second one.
     let f = admit(&mut c, &mut n, 10, 3, &[7, 2]);
     assert_eq!(run(&mut c, &n)[&f], 0);
+    assert_eq!(c.cached_prefix_blocks(0, &names(&[1, 2, 3])), 2);
+    assert_eq!(c.cached_prefix_blocks(0, &names(&[1, 9])), 2);
+    assert_eq!(c.cached_prefix_blocks(0, &names(&[3])), 0);
+    assert_eq!(c.group_cached_prefix_blocks(0, &names(&[7, 2])), 2);
     let s = c.prefix_stats();
     assert_eq!(s.query_tokens, 10 + 10 + 8 + 10 + 10);
     assert_eq!(s.hit_tokens, 8 + 4 + 4);
