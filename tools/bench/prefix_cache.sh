@@ -60,5 +60,20 @@ for r in d["runs"]:
           f'hit {100 * (c.get("prefix_cache") or {}).get("hit_rate", 0):5.1f} %')
 PY
 
+echo "== 4b. the same load with a 16 M-token KV cache (the trace's working set fits: what a"
+echo "       CPU/SSD KV tier would give), caching off against on"
+sed "s/^kv_capacity_tokens = .*/kv_capacity_tokens = 16000000/; s/^rate_scale = .*/rate_scale = 0.2/" \
+  /tmp/abe-prefix-unbounded.toml > /tmp/abe-prefix-16m.toml
+"$ABE" simulate --scenario /tmp/abe-prefix-16m.toml --sweep prefix_caching=0,1 \
+  --json /tmp/abe-prefix-16m.json | tail -3
+python3 - <<'PY'
+import json
+d = json.load(open("/tmp/abe-prefix-16m.json"))
+for r in d["runs"]:
+    c = r["continuous"]
+    print(f'{r["label"]:32s} ttft mean {c["ttft_ms"]["mean"]:9.1f} ms  p99 {c["ttft_ms"]["p99"]:9.1f} ms  '
+          f'prefill tokens {c["prefill_tokens"]:>10}  hit {100 * (c.get("prefix_cache") or {}).get("hit_rate", 0):5.1f} %')
+PY
+
 echo "== 5. simulator speed: the whole trace, caching on"
 /usr/bin/time -f "wall %e s, max RSS %M KB" "$ABE" simulate --trace "$TRACE" --mode continuous >/dev/null
