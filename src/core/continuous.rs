@@ -199,6 +199,9 @@ struct Slot {
     /// stopped), and the one before it (`NIL` for none).
     reg_block: u32,
     reg_parent: u32,
+    /// Tokens that still fit in the blocks held: `held x block_tokens - (prefilled +
+    /// generated)`, so a step that fits costs no division.
+    room: u32,
 }
 
 const IDLE_SLOT: Slot = Slot {
@@ -221,6 +224,7 @@ const IDLE_SLOT: Slot = Slot {
     registered: 0,
     reg_block: NIL,
     reg_parent: NIL,
+    room: 0,
 };
 
 struct Replica {
@@ -291,17 +295,35 @@ fn release_blocks(cache: &mut BlockCache, slot: &Slot) {
 /// that are now full, in order, while each one's name is not indexed yet (another sequence
 /// that computed the same block first keeps the name; this one's copy stays blank, and so
 /// do its later blocks, so an indexed block's parent is always indexed).
-fn grow_blocks(cache: &mut BlockCache, s: &mut Slot, blocks: &impl PromptBlocks, bt: u32) {
-    let target = (s.prefilled + s.generated).div_ceil(bt);
-    while s.held < target {
-        let b = cache
-            .allocate(s.tail)
-            .expect("the step's KV blocks were checked before it ran (ensure_kv)");
-        if s.held == s.registered && s.registered < s.named {
-            s.reg_block = b;
+///
+/// `grown` is the tokens the step added; `prefilled` says it prefilled (only then can a
+/// prompt block have filled up). A decode step that fits the last block costs a compare.
+fn grow_blocks(
+    cache: &mut BlockCache,
+    s: &mut Slot,
+    blocks: &impl PromptBlocks,
+    bt: u32,
+    grown: u32,
+    prefilled: bool,
+) {
+    if grown > s.room {
+        let need = (grown - s.room).div_ceil(bt);
+        for _ in 0..need {
+            let b = cache
+                .allocate(s.tail)
+                .expect("the step's KV blocks were checked before it ran (ensure_kv)");
+            if s.held == s.registered && s.registered < s.named {
+                s.reg_block = b;
+            }
+            s.tail = b;
+            s.held += 1;
         }
-        s.tail = b;
-        s.held += 1;
+        s.room += need * bt;
+    }
+    s.room -= grown;
+    debug_assert_eq!(s.room, s.held * bt - (s.prefilled + s.generated));
+    if !prefilled {
+        return;
     }
     let full = (s.prefilled / bt).min(s.named);
     while s.registered < full && s.reg_block != NIL {
@@ -695,7 +717,8 @@ impl Continuous {
             };
             rep.kv_used += u64::from(grown);
             if let Some(cache) = &mut rep.cache {
-                grow_blocks(cache, slot, blocks, block_tokens);
+                let prefilled = matches!(entry.work, StepWork::Prefill { .. });
+                grow_blocks(cache, slot, blocks, block_tokens, grown, prefilled);
             }
             if done {
                 let ticket = rep.free(entry.slot as usize);
@@ -1052,6 +1075,7 @@ impl Continuous {
                     registered: hits,
                     reg_block: NIL,
                     reg_parent: last,
+                    room: 0,
                 };
                 rep.active += 1;
                 rep.kv_used += u64::from(cached);
