@@ -181,24 +181,6 @@ struct Slot {
     /// Admission order on this replica (youngest = largest), for preemption.
     admitted_seq: u64,
     fresh: bool,
-    // Prefix caching only (all zero / NIL without it):
-    /// KV blocks held: the cached prefix's, then the ones this slot allocated.
-    held: u32,
-    /// Leading blocks found cached at admission (shared, held by reference).
-    hit_blocks: u32,
-    /// The last of those (`NIL`: none); the rest are reached through parent links.
-    last_hit: u32,
-    /// The last block this slot allocated (`NIL`: none); earlier ones by chain links.
-    tail: u32,
-    /// Full prompt blocks with a name ([`PromptBlocks::block_count`], capped by the prompt).
-    named: u32,
-    /// Leading blocks in the name index (hits, then blocks this slot computed and named).
-    /// Naming stops at the first block whose name another sequence indexed first.
-    registered: u32,
-    /// The block at position `registered` if allocated (`NIL` otherwise or once naming
-    /// stopped), and the one before it (`NIL` for none).
-    reg_block: u32,
-    reg_parent: u32,
     /// Tokens that still fit in the blocks held: `held x block_tokens - (prefilled +
     /// generated)`, so a step that fits costs no division.
     room: u32,
@@ -216,6 +198,34 @@ const IDLE_SLOT: Slot = Slot {
     max_tokens: 0,
     admitted_seq: 0,
     fresh: false,
+    room: 0,
+};
+
+/// A slot's KV blocks with prefix caching (all zero / `NIL` without it). Kept apart from
+/// [`Slot`], which every step reads: these are touched only when a sequence takes a new
+/// block, names one, or leaves.
+#[derive(Clone, Copy, Debug)]
+struct SlotBlocks {
+    /// KV blocks held: the cached prefix's, then the ones this slot allocated.
+    held: u32,
+    /// Leading blocks found cached at admission (shared, held by reference).
+    hit_blocks: u32,
+    /// The last of those (`NIL`: none); the rest are reached through parent links.
+    last_hit: u32,
+    /// The last block this slot allocated (`NIL`: none); earlier ones by chain links.
+    tail: u32,
+    /// Full prompt blocks with a name ([`PromptBlocks::block_count`], capped by the prompt).
+    named: u32,
+    /// Leading blocks in the name index (hits, then blocks this slot computed and named).
+    /// Naming stops at the first block whose name another sequence indexed first.
+    registered: u32,
+    /// The block at position `registered` if allocated (`NIL` otherwise or once naming
+    /// stopped), and the one before it (`NIL` for none).
+    reg_block: u32,
+    reg_parent: u32,
+}
+
+const NO_BLOCKS: SlotBlocks = SlotBlocks {
     held: 0,
     hit_blocks: 0,
     last_hit: NIL,
@@ -224,11 +234,12 @@ const IDLE_SLOT: Slot = Slot {
     registered: 0,
     reg_block: NIL,
     reg_parent: NIL,
-    room: 0,
 };
 
 struct Replica {
     slots: Vec<Slot>,
+    /// Per slot, its KV blocks (prefix caching only).
+    slot_blocks: Vec<SlotBlocks>,
     /// A step is running; no tick until it completes.
     busy: bool,
     /// Entries of the step in flight (capacity `max_slots`).
@@ -253,7 +264,8 @@ impl Replica {
         self.active -= 1;
         self.kv_used -= u64::from(slot.prefilled) + u64::from(slot.generated);
         if let Some(cache) = &mut self.cache {
-            release_blocks(cache, slot);
+            release_blocks(cache, &self.slot_blocks[s]);
+            self.slot_blocks[s] = NO_BLOCKS;
         }
         let ticket = slot.ticket;
         *slot = IDLE_SLOT;
@@ -274,7 +286,7 @@ impl Replica {
 /// Drops every block `slot` holds, newest first, so a sequence's later blocks are evicted
 /// before its earlier ones (a cached parent is never evicted before its child): the blocks it
 /// allocated back along its chain, then its cached prefix back along parent links.
-fn release_blocks(cache: &mut BlockCache, slot: &Slot) {
+fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
     let mut b = slot.tail;
     for _ in slot.hit_blocks..slot.held {
         let prev = cache.chain_prev(b);
@@ -300,14 +312,15 @@ fn release_blocks(cache: &mut BlockCache, slot: &Slot) {
 /// prompt block have filled up). A decode step that fits the last block costs a compare.
 fn grow_blocks(
     cache: &mut BlockCache,
-    s: &mut Slot,
+    slot: &mut Slot,
+    s: &mut SlotBlocks,
     blocks: &impl PromptBlocks,
     bt: u32,
     grown: u32,
     prefilled: bool,
 ) {
-    if grown > s.room {
-        let need = (grown - s.room).div_ceil(bt);
+    if grown > slot.room {
+        let need = (grown - slot.room).div_ceil(bt);
         for _ in 0..need {
             let b = cache
                 .allocate(s.tail)
@@ -318,16 +331,16 @@ fn grow_blocks(
             s.tail = b;
             s.held += 1;
         }
-        s.room += need * bt;
+        slot.room += need * bt;
     }
-    s.room -= grown;
-    debug_assert_eq!(s.room, s.held * bt - (s.prefilled + s.generated));
+    slot.room -= grown;
+    debug_assert_eq!(slot.room, s.held * bt - (slot.prefilled + slot.generated));
     if !prefilled {
         return;
     }
-    let full = (s.prefilled / bt).min(s.named);
+    let full = (slot.prefilled / bt).min(s.named);
     while s.registered < full && s.reg_block != NIL {
-        let name = blocks.block_hash(s.ticket, s.registered);
+        let name = blocks.block_hash(slot.ticket, s.registered);
         if !cache.register(s.reg_block, name, s.reg_parent) {
             s.named = s.registered;
             s.reg_block = NIL;
@@ -406,6 +419,7 @@ impl Continuous {
         let replicas = (0..cfg.replicas)
             .map(|_| Replica {
                 slots: vec![IDLE_SLOT; cfg.max_slots],
+                slot_blocks: vec![NO_BLOCKS; cfg.max_slots],
                 busy: false,
                 entries: Vec::with_capacity(cfg.max_slots),
                 admitted_seq: 0,
@@ -718,7 +732,8 @@ impl Continuous {
             rep.kv_used += u64::from(grown);
             if let Some(cache) = &mut rep.cache {
                 let prefilled = matches!(entry.work, StepWork::Prefill { .. });
-                grow_blocks(cache, slot, blocks, block_tokens, grown, prefilled);
+                let sb = &mut rep.slot_blocks[entry.slot as usize];
+                grow_blocks(cache, slot, sb, blocks, block_tokens, grown, prefilled);
             }
             if done {
                 let ticket = rep.free(entry.slot as usize);
@@ -986,8 +1001,11 @@ impl Continuous {
                         rest.min(chunk) + u32::from(rest <= chunk)
                     }
                 };
-                let blocks = (s.prefilled + s.generated + grow).div_ceil(bt);
-                u64::from(blocks.saturating_sub(s.held))
+                if grow > s.room {
+                    u64::from((grow - s.room).div_ceil(bt))
+                } else {
+                    0
+                }
             })
             .sum();
         needed <= free
@@ -1067,6 +1085,9 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
+                    room: 0, // the cached blocks are full
+                };
+                rep.slot_blocks[free] = SlotBlocks {
                     held: hits,
                     hit_blocks: hits,
                     last_hit: last,
@@ -1075,7 +1096,6 @@ impl Continuous {
                     registered: hits,
                     reg_block: NIL,
                     reg_parent: last,
-                    room: 0,
                 };
                 rep.active += 1;
                 rep.kv_used += u64::from(cached);
