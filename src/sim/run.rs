@@ -16,6 +16,7 @@ use super::sweep;
 use super::workload::{Digest, SimRequest};
 use super::SimError;
 use crate::core::continuous::ContinuousConfig;
+use crate::core::prefix::PrefixStats;
 use crate::core::request::ms_to_nanos;
 use crate::core::strategy::StrategyKind;
 use crate::core::{BatchingMode, CoreConfig};
@@ -88,6 +89,8 @@ struct Job {
     /// Continuous batching: the scheduler's settings (`core` then only gives the request
     /// timeout).
     continuous: Option<ContinuousConfig>,
+    /// Continuous: the router in front of the replicas (`None`: one central queue).
+    routing: Option<super::cluster::ClusterRouting>,
     params: Vec<ParamValue>,
     core: CoreConfig,
     /// Oracle pre-binning into this many bins (1: feed requests in arrival order).
@@ -194,7 +197,10 @@ pub fn simulate_scenario(
             format!("{} must be at least 1", opts.window_ms),
         ));
     }
-    let engine = scenario.engine.overlay(&opts.engine);
+    let mut engine = scenario.engine.overlay(&opts.engine);
+    if engine.routing.is_none() {
+        engine.routing = scenario.routing.map(|r| r.strategy);
+    }
     let axes = opts
         .sweep
         .iter()
@@ -245,6 +251,7 @@ pub fn simulate_scenario(
             jobs.push(Job {
                 name: "continuous",
                 continuous: Some(settings.continuous_config(&latency)?),
+                routing: settings.routing,
                 params: point
                     .iter()
                     .map(|&(k, v)| ParamValue {
@@ -259,10 +266,18 @@ pub fn simulate_scenario(
             });
             continue;
         }
+        if settings.routing.is_some() {
+            return Err(SimError::invalid(
+                "routing",
+                "a routing strategy puts continuous replicas behind a router: it needs \
+                 `--mode continuous`",
+            ));
+        }
         for &strategy in &strategies {
             jobs.push(Job {
                 name: strategy.as_str(),
                 continuous: None,
+                routing: None,
                 params: point
                     .iter()
                     .map(|&(k, v)| ParamValue {
@@ -338,7 +353,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
     let binned;
     let sequence = &ctx.sequences[job.workload][..];
     if let Some(sched) = &job.continuous {
-        return super::continuous::run(ContinuousInput {
+        let input = ContinuousInput {
             requests: sequence,
             prefix: &ctx.arenas[job.workload],
             sched: sched.clone(),
@@ -348,7 +363,14 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
             window_ns: ctx.window_ns,
             ttft_target_ns: ctx.ttft_target_ns,
             tpot_target_ns: ctx.tpot_target_ns,
-        });
+            routing: job.routing,
+            seed: ctx.seed,
+        };
+        let mut out = super::continuous::run(input.clone())?;
+        if let Some(cluster) = &mut out.cluster {
+            cluster.reference = reference(&input);
+        }
+        return Ok(out);
     }
     let requests = if job.presort_bins > 1 {
         binned = interleave_bins(sequence, job.presort_bins, job.core.max_batch_size);
@@ -365,6 +387,29 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
         window_ns: ctx.window_ns,
         closed: job.closed,
     })
+}
+
+/// The one-big-cache reference of a routed run: every request, in arrival order, looked up
+/// in one LRU cache with the cluster's whole KV capacity (N x per replica), its blocks
+/// cached the moment it arrives ([`super::reuse::bounded_prefix_reuse`]). No router can
+/// beat it on hit rate: its cache holds what N caches of a N-th of it could, and it never
+/// misses a prefix because the request holding it is still computing it. (One replica with
+/// N times the KV and slots run through the scheduler is not a bound: with one replica's
+/// step budget it runs N times slower, so more requests arrive while the turn before them
+/// is still prefilling and miss it.)
+fn reference(input: &ContinuousInput<'_>) -> PrefixStats {
+    let c = &input.sched;
+    if !c.prefix_caching {
+        return PrefixStats::default();
+    }
+    let capacity_blocks =
+        c.kv_capacity_tokens.saturating_mul(c.replicas as u64) / u64::from(c.block_tokens);
+    super::reuse::bounded_prefix_reuse(
+        input.requests,
+        input.prefix,
+        c.block_tokens,
+        capacity_blocks,
+    )
 }
 
 /// Runs every job on up to `threads` threads (0: available parallelism); results in job order.
