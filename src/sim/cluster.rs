@@ -257,6 +257,53 @@ mod tests {
         assert_eq!(ClusterRouting::of_value(0.5), None);
     }
 
+    fn request(arena: &mut PrefixArena, t: u64, ids: &[u64]) -> SimRequest {
+        SimRequest {
+            arrival_ns: t,
+            prompt_tokens: 512 * ids.len() as u32,
+            output_tokens: 1,
+            predicted_output_tokens: 1,
+            priority: crate::core::Priority::Normal,
+            prefix: arena.push(ids),
+        }
+    }
+
+    /// `session` keys a request by its first trace block: every turn of a conversation
+    /// (same opening block, any continuation) goes to one replica, whatever the load, and
+    /// different conversations spread.
+    #[test]
+    fn session_sends_equal_keys_to_one_replica() {
+        use crate::core::continuous::ContinuousConfig;
+        let mut arena = PrefixArena::new(512);
+        let reqs: Vec<SimRequest> = (0..64u64)
+            .map(|i| {
+                let conv = i % 16;
+                let ids: Vec<u64> = std::iter::once(1000 + conv).chain(0..i / 16).collect();
+                request(&mut arena, i, &ids)
+            })
+            .collect();
+        let cfg = ContinuousConfig {
+            replicas: 4,
+            ..ContinuousConfig::default()
+        };
+        let sched = Continuous::with_groups(cfg, &[1; 4]);
+        let mut c =
+            SimCluster::new(ClusterRouting::Session, 4, &reqs, &arena, 16, 7).expect("builds");
+        let mut home = [usize::MAX; 16];
+        let mut used = [false; 4];
+        for (i, r) in reqs.iter().enumerate() {
+            let replica = c.route(&sched, r, &arena);
+            c.started(replica); // load grows; the session must not move
+            let conv = i % 16;
+            if home[conv] == usize::MAX {
+                home[conv] = replica;
+            }
+            assert_eq!(replica, home[conv], "request {i} of conversation {conv}");
+            used[replica] = true;
+        }
+        assert!(used.iter().filter(|&&u| u).count() >= 3, "{home:?}");
+    }
+
     #[test]
     fn imbalance_is_max_over_mean() {
         assert_eq!(imbalance(&[]), 1.0);
