@@ -238,7 +238,7 @@ fn the_simulated_prefix_cache_hits_what_an_unbounded_cache_would() {
 }
 
 /// The Mooncake slice through 4 replicas with each routing strategy ([`abe::sim::cluster`]).
-fn routed_slice(sweep: &str) -> serde_json::Value {
+fn routed_slice(sweep: &str) -> (abe::sim::report::SimReport, serde_json::Value) {
     let mut s = Scenario::replay(&fixture(MOONCAKE));
     s.engine.mode = Some(abe::core::BatchingMode::Continuous);
     s.engine.workers = Some(4);
@@ -247,7 +247,8 @@ fn routed_slice(sweep: &str) -> serde_json::Value {
         ..SimulateOptions::default()
     };
     let report = simulate_scenario(&s, &opts).unwrap();
-    serde_json::from_str(&report.to_json()).unwrap()
+    let json = serde_json::from_str(&report.to_json()).unwrap();
+    (report, json)
 }
 
 /// Without a routing strategy the run is today's (one central queue of 4 replicas): the
@@ -273,7 +274,24 @@ fn without_routing_the_run_is_the_central_queue_it_was() {
 
 #[test]
 fn prefix_aware_hits_at_least_round_robin_and_the_reference_bounds_every_strategy() {
-    let json = routed_slice("routing=round_robin,least_loaded,power_of_two,prefix_aware,session");
+    let (report, json) =
+        routed_slice("routing=round_robin,least_loaded,power_of_two,prefix_aware,session");
+    let table = report.table();
+    assert!(
+        table.contains("ref hit %") && table.contains("imbalance"),
+        "{table}"
+    );
+    let csv = abe::sim::output::cluster_csv(&report);
+    assert_eq!(
+        csv.lines().count(),
+        1 + 5 * 4,
+        "a header, then a row per run and replica"
+    );
+    assert!(csv
+        .lines()
+        .nth(1)
+        .unwrap()
+        .starts_with("0,continuous routing=round_robin,round_robin,0,50,"));
     let runs = json["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 5);
     let hit = |i: usize| runs[i]["cluster"]["hit_rate"].as_f64().unwrap();
