@@ -25,7 +25,8 @@ use crate::core::continuous::Continuous;
 use crate::core::prefix::{BlockHash, PrefixStats};
 use crate::core::Nanos;
 use crate::router::{
-    Affinity, BackendConfig, BackendId, CacheView, NameId, Need, Router, RoutingConfig,
+    Affinity, BackendConfig, BackendId, CacheView, NameId, Need, PrefixConfig, Router,
+    RoutingConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +85,22 @@ impl ClusterRouting {
 #[serde(deny_unknown_fields)]
 pub struct ScenarioRouting {
     pub strategy: ClusterRouting,
+    /// `[routing.prefix]`, as in `abe serve`'s config; absent: [`prefix_config`]'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<PrefixConfig>,
+}
+
+/// `prefix_aware`'s thresholds for simulated replicas of `max_slots` slots when the
+/// scenario sets none: the router's defaults, but `balance_abs_threshold` = one backend's
+/// concurrent sequences, the rule its default is derived by (docs/routing.md: past that
+/// many requests above the least loaded backend the request queues for a slot there, and a
+/// slot turnover costs more than any prefill saved). A live backend is 4 replicas of 16
+/// slots (64); a simulated backend is one replica.
+pub fn prefix_config(max_slots: usize) -> PrefixConfig {
+    PrefixConfig {
+        balance_abs_threshold: u32::try_from(max_slots).unwrap_or(u32::MAX),
+        ..PrefixConfig::default()
+    }
 }
 
 /// The model every simulated replica serves (the router needs a name; requests name it).
@@ -134,6 +151,7 @@ impl SimCluster {
     /// `seed`, and a block buffer for the largest prompt of `requests`.
     pub fn new(
         routing: ClusterRouting,
+        prefix: PrefixConfig,
         replicas: usize,
         requests: &[SimRequest],
         arena: &PrefixArena,
@@ -150,6 +168,7 @@ impl SimCluster {
             .collect();
         let cfg = RoutingConfig {
             strategy: routing.as_str().into(),
+            prefix,
             ..RoutingConfig::default()
         };
         let (router, warning) = Router::build(&backends, &cfg, seed)
@@ -287,8 +306,16 @@ mod tests {
             ..ContinuousConfig::default()
         };
         let sched = Continuous::with_groups(cfg, &[1; 4]);
-        let mut c =
-            SimCluster::new(ClusterRouting::Session, 4, &reqs, &arena, 16, 7).expect("builds");
+        let mut c = SimCluster::new(
+            ClusterRouting::Session,
+            prefix_config(16),
+            4,
+            &reqs,
+            &arena,
+            16,
+            7,
+        )
+        .expect("builds");
         let mut home = [usize::MAX; 16];
         let mut used = [false; 4];
         for (i, r) in reqs.iter().enumerate() {

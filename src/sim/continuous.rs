@@ -49,6 +49,8 @@ pub struct ContinuousInput<'a> {
     /// `Some`: every replica is its own group behind a router with this strategy
     /// ([`super::cluster`]); `None`: one group of all replicas (a central queue).
     pub routing: Option<ClusterRouting>,
+    /// `prefix_aware`'s thresholds (`None`: [`super::cluster::prefix_config`]).
+    pub routing_prefix: Option<crate::router::PrefixConfig>,
     /// Seeds the router's RNG (`power_of_two`).
     pub seed: u64,
 }
@@ -109,6 +111,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         ttft_target_ns,
         tpot_target_ns,
         routing,
+        routing_prefix,
         seed,
     } = input;
     debug_assert!(requests
@@ -121,6 +124,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     let mut cluster = match routing {
         Some(r) => Some(SimCluster::new(
             r,
+            routing_prefix.unwrap_or_else(|| super::cluster::prefix_config(slots)),
             replicas,
             requests,
             prefix,

@@ -295,6 +295,7 @@ pub fn simulate_scenario(
 
     let generated = &sequences[0];
     let input = RunContext {
+        routing_prefix: scenario.routing.and_then(|r| r.prefix),
         sequences: &sequences,
         arenas: &arenas,
         latency: &latency,
@@ -337,6 +338,8 @@ pub fn simulate_scenario(
 
 /// What every run shares.
 struct RunContext<'a> {
+    /// The scenario's `[routing.prefix]`, if any.
+    routing_prefix: Option<crate::router::PrefixConfig>,
     /// The request sequences the jobs index into.
     sequences: &'a [Vec<SimRequest>],
     /// Per sequence, the prompt-block names its requests' `prefix` spans point into.
@@ -364,6 +367,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
             ttft_target_ns: ctx.ttft_target_ns,
             tpot_target_ns: ctx.tpot_target_ns,
             routing: job.routing,
+            routing_prefix: ctx.routing_prefix,
             seed: ctx.seed,
         };
         let mut out = super::continuous::run(input.clone())?;
