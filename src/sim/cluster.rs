@@ -1,6 +1,6 @@
 //! The simulator at cluster scale: `workers` continuous replicas, each its own backend, behind
 //! the live router ([`crate::router::Router`], the same code `abe serve` routes with), and the
-//! one-big-cache reference that bounds the hit rate any router can reach.
+//! one-big-cache reference a router's hit rate is measured against.
 //!
 //! With `[routing] strategy` set (or the sweep key `routing`), every replica is its own group
 //! of the scheduler ([`Continuous::with_groups`]) and its own `sim` backend `replica-<i>` of
@@ -124,6 +124,8 @@ pub struct ClusterOutput {
     pub kv_capacity_tokens: u64,
     /// The one-big-cache reference's prefix counters (filled by the caller).
     pub reference: PrefixStats,
+    /// The same with an unbounded cache: the trace's ideal reuse, a strict bound.
+    pub unbounded: PrefixStats,
 }
 
 /// The scheduler's replicas as the router's exact cache view: backend `i` is replica `i`.

@@ -300,6 +300,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             replicas: per_replica,
             kv_capacity_tokens: kv_capacity,
             reference: Default::default(),
+            unbounded: Default::default(),
         })
     });
     Ok(RunOutput {

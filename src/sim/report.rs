@@ -112,13 +112,15 @@ pub struct ClusterReport {
     pub routing: String,
     /// Prompt tokens found cached over prompt tokens looked up, all replicas.
     pub hit_rate: f64,
-    /// The same requests on one replica with the whole cluster's KV capacity and slots:
-    /// the hit rate no router can beat.
+    /// The same requests through one LRU cache of the whole cluster's KV capacity, in
+    /// arrival order, timing-free (see `docs/routing.md`).
     pub reference_hit_rate: f64,
     /// `hit_rate / reference_hit_rate` (0 when the reference hit nothing).
     pub hit_rate_of_reference: f64,
     /// The busiest replica's busy time over the mean (1: even).
     pub imbalance: f64,
+    /// The trace's ideal reuse (an unbounded cache): no routing can beat it.
+    pub unbounded_hit_rate: f64,
     pub replicas: Vec<ReplicaReport>,
 }
 
@@ -154,6 +156,7 @@ impl ClusterReport {
                 0.0
             },
             imbalance: super::cluster::imbalance(busy_ns),
+            unbounded_hit_rate: c.unbounded.hit_rate(),
             replicas: c
                 .replicas
                 .iter()

@@ -372,7 +372,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
         };
         let mut out = super::continuous::run(input.clone())?;
         if let Some(cluster) = &mut out.cluster {
-            cluster.reference = reference(&input);
+            (cluster.reference, cluster.unbounded) = reference(&input);
         }
         return Ok(out);
     }
@@ -393,26 +393,31 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
     })
 }
 
-/// The one-big-cache reference of a routed run: every request, in arrival order, looked up
-/// in one LRU cache with the cluster's whole KV capacity (N x per replica), its blocks
-/// cached the moment it arrives ([`super::reuse::bounded_prefix_reuse`]). No router can
-/// beat it on hit rate: its cache holds what N caches of a N-th of it could, and it never
-/// misses a prefix because the request holding it is still computing it. (One replica with
-/// N times the KV and slots run through the scheduler is not a bound: with one replica's
-/// step budget it runs N times slower, so more requests arrive while the turn before them
-/// is still prefilling and miss it.)
-fn reference(input: &ContinuousInput<'_>) -> PrefixStats {
+/// The one-big-cache reference of a routed run and the unbounded ideal: every request, in
+/// arrival order, looked up in one LRU cache with the cluster's whole KV capacity (N x per
+/// replica), its blocks cached the moment it arrives ([`super::reuse::bounded_prefix_reuse`]),
+/// and the same without a bound ([`super::reuse::ideal_prefix_reuse`]). The first is what one
+/// shared cache of the cluster's memory would hit; it never misses a prefix because the
+/// request holding it is still computing it, but LRU is not optimal, so N caches that each
+/// keep their own conversations can beat it a little (they do not evict one conversation
+/// for another's). The second is a strict bound. (One replica with N times the KV and slots
+/// run through the scheduler is neither: with one replica's step budget it runs N times
+/// slower, so more requests arrive while the turn they extend is still prefilling.)
+fn reference(input: &ContinuousInput<'_>) -> (PrefixStats, PrefixStats) {
     let c = &input.sched;
     if !c.prefix_caching {
-        return PrefixStats::default();
+        return Default::default();
     }
     let capacity_blocks =
         c.kv_capacity_tokens.saturating_mul(c.replicas as u64) / u64::from(c.block_tokens);
-    super::reuse::bounded_prefix_reuse(
-        input.requests,
-        input.prefix,
-        c.block_tokens,
-        capacity_blocks,
+    (
+        super::reuse::bounded_prefix_reuse(
+            input.requests,
+            input.prefix,
+            c.block_tokens,
+            capacity_blocks,
+        ),
+        super::reuse::ideal_prefix_reuse(input.requests, input.prefix, c.block_tokens),
     )
 }
 
