@@ -321,6 +321,10 @@ fn prefix_aware_hits_at_least_round_robin_and_the_reference_bounds_every_strateg
             "{name}: {} > reference {reference}",
             hit(i)
         );
+        assert!(
+            hit(i) <= c["unbounded_hit_rate"].as_f64().unwrap(),
+            "{name}"
+        );
         let replicas = c["replicas"].as_array().unwrap();
         assert_eq!(replicas.len(), 4);
         let routed: u64 = replicas
