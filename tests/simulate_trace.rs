@@ -236,3 +236,138 @@ fn the_simulated_prefix_cache_hits_what_an_unbounded_cache_would() {
         "a hit is prefill skipped, token for token"
     );
 }
+
+/// The Mooncake slice through 4 replicas with each routing strategy ([`abe::sim::cluster`]).
+fn routed_slice(sweep: &str) -> (abe::sim::report::SimReport, serde_json::Value) {
+    let mut s = Scenario::replay(&fixture(MOONCAKE));
+    s.engine.mode = Some(abe::core::BatchingMode::Continuous);
+    s.engine.workers = Some(4);
+    let opts = SimulateOptions {
+        sweep: vec![sweep.into()],
+        ..SimulateOptions::default()
+    };
+    let report = simulate_scenario(&s, &opts).unwrap();
+    let json = serde_json::from_str(&report.to_json()).unwrap();
+    (report, json)
+}
+
+/// Without a routing strategy the run is today's (one central queue of 4 replicas): the
+/// numbers main printed for it before routing existed, and no cluster section.
+#[test]
+fn without_routing_the_run_is_the_central_queue_it_was() {
+    let mut s = Scenario::replay(&fixture(MOONCAKE));
+    s.engine.mode = Some(abe::core::BatchingMode::Continuous);
+    s.engine.workers = Some(4);
+    let report = simulate_scenario(&s, &SimulateOptions::default()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert!(json["runs"][0].get("cluster").is_none());
+    assert!(json["engine"].get("routing").is_none());
+    let run = &report.runs[0];
+    let c = run.continuous.as_ref().unwrap();
+    assert_eq!(report.request_digest, "5495d70cc9df6131");
+    assert_eq!((run.completed, c.steps), (200, 19_380));
+    assert_eq!(c.ttft_ms.mean, 594.6332844249999);
+    let p = c.prefix_cache.unwrap();
+    assert_eq!((p.query_tokens, p.hit_tokens), (2_663_480, 5_296));
+    assert_eq!(p.evicted_blocks, 59_559);
+}
+
+#[test]
+fn prefix_aware_hits_at_least_round_robin_and_the_reference_bounds_every_strategy() {
+    let (report, json) =
+        routed_slice("routing=round_robin,least_loaded,power_of_two,prefix_aware,session");
+    let table = report.table();
+    assert!(
+        table.contains("ref hit %") && table.contains("imbalance"),
+        "{table}"
+    );
+    let csv = abe::sim::output::cluster_csv(&report);
+    assert_eq!(
+        csv.lines().count(),
+        1 + 5 * 4,
+        "a header, then a row per run and replica"
+    );
+    assert!(csv
+        .lines()
+        .nth(1)
+        .unwrap()
+        .starts_with("0,continuous routing=round_robin,round_robin,0,50,"));
+    let runs = json["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 5);
+    let hit = |i: usize| runs[i]["cluster"]["hit_rate"].as_f64().unwrap();
+    let reference = runs[0]["cluster"]["reference_hit_rate"].as_f64().unwrap();
+    assert!(reference > 0.0);
+    for (i, (run, name)) in runs
+        .iter()
+        .zip([
+            "round_robin",
+            "least_loaded",
+            "power_of_two",
+            "prefix_aware",
+            "session",
+        ])
+        .enumerate()
+    {
+        let c = &run["cluster"];
+        assert_eq!(c["routing"], name);
+        assert_eq!(run["label"], format!("continuous routing={name}"));
+        assert_eq!(
+            run["request_digest"], json["request_digest"],
+            "same requests"
+        );
+        assert_eq!(c["reference_hit_rate"].as_f64().unwrap(), reference);
+        assert!(
+            hit(i) <= reference,
+            "{name}: {} > reference {reference}",
+            hit(i)
+        );
+        assert!(
+            hit(i) <= c["unbounded_hit_rate"].as_f64().unwrap(),
+            "{name}"
+        );
+        let replicas = c["replicas"].as_array().unwrap();
+        assert_eq!(replicas.len(), 4);
+        let routed: u64 = replicas
+            .iter()
+            .map(|r| r["requests"].as_u64().unwrap())
+            .sum();
+        assert_eq!(routed, run["admitted"].as_u64().unwrap());
+        assert!(c["imbalance"].as_f64().unwrap() >= 1.0);
+        let query: u64 = run["continuous"]["prefix_cache"]["hit_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            (hit(i) - query as f64 / 2_663_480.0).abs() < 1e-9,
+            "cluster = sum of replicas"
+        );
+    }
+    assert!(
+        hit(3) >= hit(0),
+        "prefix_aware {} < round_robin {}",
+        hit(3),
+        hit(0)
+    );
+    let rr = runs[0]["cluster"]["replicas"].as_array().unwrap();
+    assert!(
+        rr.iter().all(|r| r["requests"] == 50),
+        "round robin deals evenly"
+    );
+}
+
+#[test]
+fn routing_needs_continuous_mode_and_a_known_name() {
+    let s = Scenario::replay(&fixture(MOONCAKE));
+    let opts = SimulateOptions {
+        sweep: vec!["routing=prefix_aware".into()],
+        requests: Some(10),
+        ..SimulateOptions::default()
+    };
+    let e = simulate_scenario(&s, &opts).unwrap_err().to_string();
+    assert!(e.contains("--mode continuous"), "{e}");
+    let opts = SimulateOptions {
+        sweep: vec!["routing=smart".into()],
+        ..opts
+    };
+    let e = simulate_scenario(&s, &opts).unwrap_err().to_string();
+    assert!(e.contains("prefix_aware"), "{e}");
+}

@@ -366,6 +366,7 @@ pub fn run_scenario(
         end_ns,
         unfinished: n - received,
         memory_limit_hits: 0,
+        cluster: None,
     };
     let mut run = RunReport::new(&strategy, Vec::new(), &output);
     run.label = format!("live {strategy}");

@@ -14,6 +14,7 @@
 //! scheduler's configuration before it starts). Closed-loop workloads are not driven here
 //! (the caller refuses them).
 
+use super::cluster::{ClusterOutput, ClusterRouting, ReplicaOutput, SimCluster};
 use super::driver::RunOutput;
 use super::prefix::PrefixArena;
 use super::record::Recorder;
@@ -45,6 +46,13 @@ pub struct ContinuousInput<'a> {
     /// Goodput targets: a completed request counts when its TTFT and TPOT meet both.
     pub ttft_target_ns: u64,
     pub tpot_target_ns: u64,
+    /// `Some`: every replica is its own group behind a router with this strategy
+    /// ([`super::cluster`]); `None`: one group of all replicas (a central queue).
+    pub routing: Option<ClusterRouting>,
+    /// `prefix_aware`'s thresholds (`None`: [`super::cluster::prefix_config`]).
+    pub routing_prefix: Option<crate::router::PrefixConfig>,
+    /// Seeds the router's RNG (`power_of_two`).
+    pub seed: u64,
 }
 
 /// The [`PromptBlocks`] of a running simulation: the request behind each ticket (the
@@ -102,6 +110,9 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         window_ns,
         ttft_target_ns,
         tpot_target_ns,
+        routing,
+        routing_prefix,
+        seed,
     } = input;
     debug_assert!(requests
         .windows(2)
@@ -110,7 +121,22 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     let slots = cfg.max_slots;
     let kv_capacity = cfg.kv_capacity_tokens;
     let (caching, block_tokens) = (cfg.prefix_caching, cfg.block_tokens);
-    let mut sched = Continuous::new(cfg);
+    let mut cluster = match routing {
+        Some(r) => Some(SimCluster::new(
+            r,
+            routing_prefix.unwrap_or_else(|| super::cluster::prefix_config(slots)),
+            replicas,
+            requests,
+            prefix,
+            block_tokens,
+            seed,
+        )?),
+        None => None,
+    };
+    let mut sched = match cluster {
+        Some(_) => Continuous::with_groups(cfg, &vec![1; replicas]),
+        None => Continuous::new(cfg),
+    };
     let table_slots = sched.table_capacity();
     let expected_ns = requests.last().map_or(0, |r| r.arrival_ns);
     let mut rec = Recorder::new(slots, sla_ns, window_ns, expected_ns);
@@ -130,6 +156,8 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     let mut started: Vec<(usize, Nanos)> = Vec::with_capacity(replicas); // steps of one tick
     let mut busy_ns = vec![0 as Nanos; replicas];
     let mut entries_total = 0u64; // sequences over all steps
+    let mut per_replica = vec![ReplicaOutput::default(); replicas]; // routed runs only
+    let mut slot_replica = vec![u32::MAX; table_slots]; // routed runs: each ticket's replica
 
     let mut next_arrival = 0usize;
     let mut now: Nanos = 0;
@@ -160,17 +188,33 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 block_tokens,
             };
             let (rec, tokens, slot_req) = (&mut rec, &mut tokens, &slot_req);
+            let cl = &mut cluster;
             sched.complete_step_with(r, &names, &results[..entries.len()], &mut |ticket, _| {
                 tokens.on_finish(ticket.index, now);
                 rec.on_complete(now, &requests[slot_req[ticket.index as usize] as usize]);
+                if let Some(c) = cl {
+                    c.finished(r);
+                }
             });
         }
 
         while let Some(r) = requests.get(next_arrival).filter(|r| r.arrival_ns == now) {
-            let admitted = match sched.admit(r.meta()) {
+            let (admission, replica) = match &mut cluster {
+                Some(c) => {
+                    let replica = c.route(&sched, r, prefix);
+                    (sched.admit_to(replica, r.meta()), replica)
+                }
+                None => (sched.admit(r.meta()), usize::MAX),
+            };
+            let admitted = match admission {
                 Ok(ticket) => {
                     slot_req[ticket.index as usize] = next_arrival as u32;
                     tokens.on_admit(ticket.index, r.arrival_ns);
+                    if let Some(c) = &mut cluster {
+                        c.started(replica);
+                        slot_replica[ticket.index as usize] = replica as u32;
+                        per_replica[replica].requests += 1;
+                    }
                     true
                 }
                 Err(_) => false,
@@ -180,9 +224,12 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         }
 
         if sched.waiting() > 0 {
-            let (rec, slot_req) = (&mut rec, &slot_req);
+            let (rec, slot_req, cl) = (&mut rec, &slot_req, &mut cluster);
             sched.expire_waiting(now, request_timeout_ns, &mut |ticket| {
                 rec.on_fail(now, &requests[slot_req[ticket.index as usize] as usize]);
+                if let Some(c) = cl {
+                    c.finished(slot_replica[ticket.index as usize] as usize);
+                }
             });
         }
 
@@ -224,6 +271,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         for &(r, ns) in &started {
             tokens.on_occupancy(sched.kv_used(r), sched.active_slots(r), ns);
             busy_ns[r] += ns;
+            per_replica[r].kv_token_ns += u128::from(sched.kv_used(r)) * u128::from(ns);
         }
     }
 
@@ -243,6 +291,18 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         tokens.prefix = Some(sched.prefix_stats());
     }
     rec.tokens = Some(Box::new(tokens));
+    let cluster = routing.map(|routing| {
+        for (r, out) in per_replica.iter_mut().enumerate() {
+            out.prefix = sched.prefix_stats_of(r);
+        }
+        Box::new(ClusterOutput {
+            routing: Some(routing),
+            replicas: per_replica,
+            kv_capacity_tokens: kv_capacity,
+            reference: Default::default(),
+            unbounded: Default::default(),
+        })
+    });
     Ok(RunOutput {
         record: rec,
         stats,
@@ -250,5 +310,6 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         end_ns: now,
         unfinished: unfinished as u64,
         memory_limit_hits: 0,
+        cluster,
     })
 }

@@ -55,6 +55,8 @@ pub struct RunOutput {
     pub unfinished: u64,
     /// Batches the `dynamic`/`multi_bin` memory check cut short (0 for other strategies).
     pub memory_limit_hits: u64,
+    /// Routed continuous runs only: per replica, and the one-big-cache reference.
+    pub cluster: Option<Box<super::cluster::ClusterOutput>>,
 }
 
 /// Service time in ms to whole ns (never negative).
@@ -302,6 +304,7 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
         end_ns: now,
         unfinished: core.live_requests() as u64,
         memory_limit_hits: core.research_snapshot().memory_limit_hits,
+        cluster: None,
         record: rec,
     })
 }

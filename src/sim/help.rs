@@ -22,6 +22,7 @@ pub const AFTER_HELP: &str = r#"SCENARIOS
     workload.prediction_error_sigma = 0.0   # log-normal noise on the predicted output length
     [engine]                     core settings, below
     [latency]                    model = "..." and its keys, below
+    [routing]                    strategy = "..." (continuous: replicas behind a router)
 
 WORKLOAD: ARRIVALS (workload.arrivals.process)
   constant    rate_rps                      evenly spaced, first at t = 0
@@ -95,6 +96,15 @@ ENGINE ([engine]; absent keys keep the core defaults; --workers/--max-batch-size
                       prefix_caching (true: finished prompts' KV blocks stay cached and a
                       prompt starts after its longest cached prefix; a trace's hash_ids
                       name the blocks), kv_block_tokens (16)
+  routing             (or [routing] strategy) round_robin | least_loaded | power_of_two |
+                      prefix_aware | session: each of the `workers` replicas is its own
+                      backend behind abe's router (the live code), each request routed
+                      with its prompt's block names and the replicas' exact caches;
+                      session's key is the request's first trace block (a Mooncake
+                      conversation's opening context). Absent: one queue for all replicas.
+                      Adds runs[].cluster (hit_rate, reference_hit_rate: one LRU cache of
+                      the whole cluster's KV, timing-free, the bound no router beats;
+                      imbalance = max / mean busy; replicas[]) and a cluster table
   ttft_target_ms = 500, tpot_target_ms = 50 (top-level keys; --ttft-target-ms,
                       --tpot-target-ms): goodput counts the requests meeting both
 
@@ -127,6 +137,8 @@ SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
   clients      a closed loop's client count
   mode         request,continuous (or 0,1): both modes on the identical requests
   prefix_caching  0,1: continuous batching without and with prefix caching, same requests
+  routing      round_robin,least_loaded,power_of_two,prefix_aware,session: the same
+               requests through each router in front of `workers` replicas
 
 OUTPUTS
   table on stdout; --json FILE (deterministic: same seed and inputs, same bytes);
@@ -152,6 +164,8 @@ EXAMPLE
   abe simulate --scenario medium_load --mode continuous --latency-model roofline \
       --latency llm=llama-3.1-70b --latency gpu=h200 --latency tp=2
   abe simulate --trace synthetic_trace.jsonl --mode continuous --requests 500 --rate-scale 2
+  abe simulate --trace synthetic_trace.jsonl --mode continuous --workers 8 \
+      --sweep routing=round_robin,least_loaded,power_of_two,prefix_aware,session
 "#;
 
 #[cfg(test)]
@@ -246,6 +260,7 @@ mod tests {
             "kv_capacity_tokens",
             "prefix_caching",
             "kv_block_tokens",
+            "routing",
             "ttft_target_ms",
             "tpot_target_ms",
         ];

@@ -12,6 +12,7 @@
 
 pub mod arrivals;
 pub mod binning;
+pub mod cluster;
 pub mod continuous;
 pub mod dist;
 pub mod driver;

@@ -159,6 +159,56 @@ pub fn continuous_csv_path(csv: &Path) -> PathBuf {
     csv.with_file_name(format!("{stem}.continuous.csv"))
 }
 
+/// Routed runs' replicas: one row per (routed run, replica), in report order, then the
+/// run's cluster figures repeated on each of its rows (so one file plots either). Columns:
+/// `run`, `label`, `routing`, `replica`, `requests`, `busy_fraction`, `kv_use`,
+/// `hit_rate`, then the cluster's `cluster_hit_rate`, `reference_hit_rate`,
+/// `hit_rate_of_reference`, `imbalance`, `ttft_mean_ms`, `ttft_p99_ms`, `throughput_rps`.
+pub fn cluster_csv(report: &SimReport) -> String {
+    let mut out = String::from(
+        "run,label,routing,replica,requests,busy_fraction,kv_use,hit_rate,cluster_hit_rate,\
+         reference_hit_rate,hit_rate_of_reference,imbalance,ttft_mean_ms,ttft_p99_ms,\
+         throughput_rps\n",
+    );
+    for (i, run) in report.runs.iter().enumerate() {
+        let Some(c) = &run.cluster else { continue };
+        let ttft = run
+            .continuous
+            .as_ref()
+            .map(|m| m.ttft_ms)
+            .unwrap_or_default();
+        for (k, r) in c.replicas.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{i},{},{},{k},{},{},{},{},{},{},{},{},{},{},{}",
+                run.label,
+                c.routing,
+                r.requests,
+                r.busy_fraction,
+                r.kv_use,
+                r.hit_rate,
+                c.hit_rate,
+                c.reference_hit_rate,
+                c.hit_rate_of_reference,
+                c.imbalance,
+                ttft.mean,
+                ttft.p99,
+                run.throughput_rps
+            );
+        }
+    }
+    out
+}
+
+/// Where [`cluster_csv`] goes: beside the time series, `NAME.csv` -> `NAME.cluster.csv`.
+pub fn cluster_csv_path(csv: &Path) -> PathBuf {
+    let stem = csv.file_stem().map_or_else(
+        || "report".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    csv.with_file_name(format!("{stem}.cluster.csv"))
+}
+
 /// Where [`priority_csv`] goes: beside the time series, `NAME.csv` -> `NAME.by_priority.csv`.
 pub fn priority_csv_path(csv: &Path) -> PathBuf {
     let stem = csv.file_stem().map_or_else(
@@ -205,6 +255,11 @@ pub fn write_outputs(report: &SimReport, paths: &OutputPaths) -> Result<Vec<Path
         if report.runs.iter().any(|r| r.continuous.is_some()) {
             let q = continuous_csv_path(p);
             write(&q, &continuous_csv(report))?;
+            written.push(q);
+        }
+        if report.runs.iter().any(|r| r.cluster.is_some()) {
+            let q = cluster_csv_path(p);
+            write(&q, &cluster_csv(report))?;
             written.push(q);
         }
     }

@@ -1,7 +1,8 @@
 //! SVG charts of a simulation report (plotters, SVG backend only, no fonts loaded: text is
 //! left to the viewer): latency and queue depth over time, batch-size distribution, and
 //! throughput and latency (p50, p99) against the first sweep key; for continuous runs TTFT,
-//! TPOT and ITL bars, and TTFT and TPOT against the first sweep key.
+//! TPOT and ITL bars, and TTFT and TPOT against the first sweep key; for routed runs each
+//! replica's busy share and hit rate.
 //!
 //! Every chart is a pure function of the report, so the same report draws the same bytes.
 //! Nothing here runs a simulation; the only I/O is writing the named file.
@@ -156,6 +157,72 @@ fn batch_size_chart(report: &SimReport, path: &Path) -> Result<(), SimError> {
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// Routed runs: each replica's busy share (bars, one colour per run) and hit rate (a dot
+/// above each bar at the same scale, 0..1), x = replica index: load balance and cache
+/// affinity side by side.
+fn cluster_chart(report: &SimReport, path: &Path) -> Result<(), SimError> {
+    let runs: Vec<&RunReport> = report.runs.iter().filter(|r| r.cluster.is_some()).collect();
+    let replicas = runs
+        .iter()
+        .filter_map(|r| r.cluster.as_ref())
+        .map(|c| c.replicas.len())
+        .max()
+        .unwrap_or(1) as f64;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Replicas: busy share (bars) and prefix-cache hit rate (dots)",
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5..replicas - 0.5, 0.0..1.05)
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("replica")
+        .y_desc("busy share / hit rate")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    let width = 0.8 / runs.len().max(1) as f64;
+    for (i, run) in runs.iter().enumerate() {
+        let Some(c) = &run.cluster else { continue };
+        let col = colour(i);
+        let offset = -0.4 + i as f64 * width;
+        let label = format!(
+            "{} (hit {:.1} % of ref {:.1} %, imbalance {:.2})",
+            run.label,
+            c.hit_rate * 100.0,
+            c.reference_hit_rate * 100.0,
+            c.imbalance
+        );
+        chart
+            .draw_series(c.replicas.iter().enumerate().map(move |(k, r)| {
+                let x = k as f64 + offset;
+                Rectangle::new([(x, 0.0), (x + width, r.busy_fraction)], col.filled())
+            }))
+            .map_err(|e| plot_err(path, e))?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], col.filled()));
+        chart
+            .draw_series(c.replicas.iter().enumerate().map(move |(k, r)| {
+                let x = k as f64 + offset + width / 2.0;
+                Circle::new((x, r.hit_rate), 3, BLACK.filled())
+            }))
+            .map_err(|e| plot_err(path, e))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
         .draw()
         .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))
@@ -458,6 +525,11 @@ pub fn write_charts(report: &SimReport, dir: &Path) -> Result<Vec<PathBuf>, SimE
         written.push(p);
         let p = dir.join(format!("latency_vs_{}.svg", axis.key));
         sweep_latency_chart(report, &p, &axis.key)?;
+        written.push(p);
+    }
+    if report.runs.iter().any(|r| r.cluster.is_some()) {
+        let p = dir.join("cluster_replicas.svg");
+        cluster_chart(report, &p)?;
         written.push(p);
     }
     if report.runs.iter().any(|r| r.continuous.is_some()) {

@@ -8,6 +8,7 @@
 //! completion, virtual time); SLA attainment is completed-within-SLA over requests offered,
 //! so refused and failed requests count as misses.
 
+use super::cluster::{ClusterOutput, ClusterRouting};
 use super::driver::RunOutput;
 use super::series::TimeSeries;
 use super::settings::EngineSettings;
@@ -98,6 +99,81 @@ pub struct RunReport {
     /// Continuous batching runs only: what continuous batching is judged by.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub continuous: Option<ContinuousMetrics>,
+    /// Routed continuous runs only: the replicas behind the router.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterReport>,
+}
+
+/// A routed continuous run's cluster: every replica, the hit rate against the one-big-cache
+/// reference, the load imbalance (see [`super::cluster`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClusterReport {
+    /// The routing strategy (`round_robin`, `least_loaded`, ...).
+    pub routing: String,
+    /// Prompt tokens found cached over prompt tokens looked up, all replicas.
+    pub hit_rate: f64,
+    /// The same requests through one LRU cache of the whole cluster's KV capacity, in
+    /// arrival order, timing-free (see `docs/routing.md`).
+    pub reference_hit_rate: f64,
+    /// `hit_rate / reference_hit_rate` (0 when the reference hit nothing).
+    pub hit_rate_of_reference: f64,
+    /// The busiest replica's busy time over the mean (1: even).
+    pub imbalance: f64,
+    /// The trace's ideal reuse (an unbounded cache): no routing can beat it.
+    pub unbounded_hit_rate: f64,
+    pub replicas: Vec<ReplicaReport>,
+}
+
+/// One replica of a routed run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplicaReport {
+    /// Requests the router sent it (admitted).
+    pub requests: u64,
+    /// Busy time over the makespan.
+    pub busy_fraction: f64,
+    /// Time-averaged KV tokens in use over its capacity, over the makespan.
+    pub kv_use: f64,
+    /// Its prefix cache's hit rate.
+    pub hit_rate: f64,
+}
+
+impl ClusterReport {
+    fn new(c: &ClusterOutput, busy_ns: &[u64], makespan_ns: u64) -> ClusterReport {
+        let mut total = crate::core::prefix::PrefixStats::default();
+        for r in &c.replicas {
+            total.add(&r.prefix);
+        }
+        let span = makespan_ns as f64;
+        let share = |x: f64| if span > 0.0 { x / span } else { 0.0 };
+        let reference = c.reference.hit_rate();
+        ClusterReport {
+            routing: c.routing.map_or("", |r| r.as_str()).to_string(),
+            hit_rate: total.hit_rate(),
+            reference_hit_rate: reference,
+            hit_rate_of_reference: if reference > 0.0 {
+                total.hit_rate() / reference
+            } else {
+                0.0
+            },
+            imbalance: super::cluster::imbalance(busy_ns),
+            unbounded_hit_rate: c.unbounded.hit_rate(),
+            replicas: c
+                .replicas
+                .iter()
+                .zip(busy_ns)
+                .map(|(r, &busy)| ReplicaReport {
+                    requests: r.requests,
+                    busy_fraction: share(busy as f64),
+                    kv_use: if c.kv_capacity_tokens > 0 {
+                        share(r.kv_token_ns as f64 / c.kv_capacity_tokens as f64)
+                    } else {
+                        0.0
+                    },
+                    hit_rate: r.prefix.hit_rate(),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The token-level metrics of a continuous-batching run (see [`super::tokens`]).
@@ -320,6 +396,9 @@ impl RunReport {
             .chain(params.iter().map(|p| {
                 if p.key == SweepKey::Mode.as_str() {
                     format!("mode={}", mode_of(p.value).as_str())
+                } else if p.key == SweepKey::Routing.as_str() {
+                    let name = ClusterRouting::of_value(p.value).map_or("?", |r| r.as_str());
+                    format!("routing={name}")
                 } else {
                     format!("{}={}", p.key, p.value)
                 }
@@ -385,6 +464,10 @@ impl RunReport {
                 .tokens
                 .as_deref()
                 .map(|t| ContinuousMetrics::new(t, r.offered, makespan_ns)),
+            cluster: out
+                .cluster
+                .as_deref()
+                .map(|c| ClusterReport::new(c, &out.busy_ns, makespan_ns)),
         }
     }
 }

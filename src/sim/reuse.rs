@@ -12,7 +12,7 @@
 use super::prefix::PrefixArena;
 use super::workload::SimRequest;
 use crate::core::prefix::{BlockHash, PrefixStats};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Prompt tokens looked up and found, in vLLM's units, for `requests` (in arrival order,
 /// their spans pointing into `arena`) on one replica with an unbounded cache of blocks of
@@ -44,6 +44,60 @@ pub fn ideal_prefix_reuse(
         stats.hit_tokens += hits * u64::from(block_tokens);
         for i in 0..named {
             seen.insert(arena.block_hash(r.prefix, block_tokens, i));
+        }
+    }
+    stats
+}
+
+/// [`ideal_prefix_reuse`] with a cache of at most `capacity_blocks` blocks, the least
+/// recently used evicted first (a hit or an insertion uses a block): the one-big-cache
+/// reference of a cluster ([`super::cluster`]) with the capacity of all its replicas. Still
+/// timing-free, so no scheduling (no router, no replica count) can hit more of what it
+/// keeps.
+pub fn bounded_prefix_reuse(
+    requests: &[SimRequest],
+    arena: &PrefixArena,
+    block_tokens: u32,
+    capacity_blocks: u64,
+) -> PrefixStats {
+    assert!(block_tokens > 0, "blocks need tokens");
+    // Block -> its last use; last use -> block (the eviction order). Same size always.
+    let mut used: HashMap<BlockHash, u64> = HashMap::new();
+    let mut order: BTreeMap<u64, BlockHash> = BTreeMap::new();
+    let mut clock = 0u64;
+    let mut touch = |name: BlockHash,
+                     used: &mut HashMap<BlockHash, u64>,
+                     order: &mut BTreeMap<u64, BlockHash>| {
+        clock += 1;
+        if let Some(old) = used.insert(name, clock) {
+            order.remove(&old);
+        }
+        order.insert(clock, name);
+        debug_assert_eq!(used.len(), order.len());
+    };
+    let mut stats = PrefixStats::default();
+    for r in requests {
+        stats.query_tokens += u64::from(r.prompt_tokens);
+        if r.prefix.len == 0 {
+            continue;
+        }
+        let named = arena.block_count(r.prefix, r.prompt_tokens, block_tokens);
+        let can_hit = named.min(r.prompt_tokens.saturating_sub(1) / block_tokens);
+        let hits = (0..can_hit)
+            .take_while(|&i| used.contains_key(&arena.block_hash(r.prefix, block_tokens, i)))
+            .count() as u64;
+        stats.hit_tokens += hits * u64::from(block_tokens);
+        for i in 0..named {
+            touch(
+                arena.block_hash(r.prefix, block_tokens, i),
+                &mut used,
+                &mut order,
+            );
+            while used.len() as u64 > capacity_blocks {
+                let (_, victim) = order.pop_first().expect("non-empty when over capacity");
+                used.remove(&victim);
+                stats.evicted_blocks += 1;
+            }
         }
     }
     stats
@@ -101,6 +155,27 @@ mod tests {
         // block (4 tokens; its fifth token is computed).
         let s = ideal_prefix_reuse(&reqs, &a, 4);
         assert_eq!(s.hit_tokens, 8 + 8 + 4);
+    }
+
+    #[test]
+    fn bounded_reuse_matches_the_unbounded_when_it_fits_and_evicts_the_least_recent() {
+        let mut a = PrefixArena::new(4);
+        let reqs = vec![
+            request(&mut a, 0, 10, &[1, 2, 3]),
+            request(&mut a, 1, 12, &[1, 2, 9]),
+            request(&mut a, 2, 10, &[1, 2, 3]),
+            request(&mut a, 3, 8, &[7, 2]),
+        ];
+        assert_eq!(
+            bounded_prefix_reuse(&reqs, &a, 2, 1000),
+            ideal_prefix_reuse(&reqs, &a, 2)
+        );
+        // Room for one request's 5 blocks: request 1 evicts request 0's tail (4 blocks
+        // shared, its own 2 new), request 2 then finds its first 4 blocks only.
+        let small = bounded_prefix_reuse(&reqs, &a, 2, 6);
+        assert_eq!(small.hit_tokens, 8 + 8);
+        assert!(small.evicted_blocks > 0);
+        assert_eq!(bounded_prefix_reuse(&reqs, &a, 2, 0).hit_tokens, 0);
     }
 
     #[test]

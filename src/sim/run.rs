@@ -16,6 +16,7 @@ use super::sweep;
 use super::workload::{Digest, SimRequest};
 use super::SimError;
 use crate::core::continuous::ContinuousConfig;
+use crate::core::prefix::PrefixStats;
 use crate::core::request::ms_to_nanos;
 use crate::core::strategy::StrategyKind;
 use crate::core::{BatchingMode, CoreConfig};
@@ -88,6 +89,8 @@ struct Job {
     /// Continuous batching: the scheduler's settings (`core` then only gives the request
     /// timeout).
     continuous: Option<ContinuousConfig>,
+    /// Continuous: the router in front of the replicas (`None`: one central queue).
+    routing: Option<super::cluster::ClusterRouting>,
     params: Vec<ParamValue>,
     core: CoreConfig,
     /// Oracle pre-binning into this many bins (1: feed requests in arrival order).
@@ -194,7 +197,10 @@ pub fn simulate_scenario(
             format!("{} must be at least 1", opts.window_ms),
         ));
     }
-    let engine = scenario.engine.overlay(&opts.engine);
+    let mut engine = scenario.engine.overlay(&opts.engine);
+    if engine.routing.is_none() {
+        engine.routing = scenario.routing.map(|r| r.strategy);
+    }
     let axes = opts
         .sweep
         .iter()
@@ -245,6 +251,7 @@ pub fn simulate_scenario(
             jobs.push(Job {
                 name: "continuous",
                 continuous: Some(settings.continuous_config(&latency)?),
+                routing: settings.routing,
                 params: point
                     .iter()
                     .map(|&(k, v)| ParamValue {
@@ -259,10 +266,18 @@ pub fn simulate_scenario(
             });
             continue;
         }
+        if settings.routing.is_some() {
+            return Err(SimError::invalid(
+                "routing",
+                "a routing strategy puts continuous replicas behind a router: it needs \
+                 `--mode continuous`",
+            ));
+        }
         for &strategy in &strategies {
             jobs.push(Job {
                 name: strategy.as_str(),
                 continuous: None,
+                routing: None,
                 params: point
                     .iter()
                     .map(|&(k, v)| ParamValue {
@@ -280,6 +295,7 @@ pub fn simulate_scenario(
 
     let generated = &sequences[0];
     let input = RunContext {
+        routing_prefix: scenario.routing.and_then(|r| r.prefix),
         sequences: &sequences,
         arenas: &arenas,
         latency: &latency,
@@ -322,6 +338,8 @@ pub fn simulate_scenario(
 
 /// What every run shares.
 struct RunContext<'a> {
+    /// The scenario's `[routing.prefix]`, if any.
+    routing_prefix: Option<crate::router::PrefixConfig>,
     /// The request sequences the jobs index into.
     sequences: &'a [Vec<SimRequest>],
     /// Per sequence, the prompt-block names its requests' `prefix` spans point into.
@@ -338,7 +356,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
     let binned;
     let sequence = &ctx.sequences[job.workload][..];
     if let Some(sched) = &job.continuous {
-        return super::continuous::run(ContinuousInput {
+        let input = ContinuousInput {
             requests: sequence,
             prefix: &ctx.arenas[job.workload],
             sched: sched.clone(),
@@ -348,7 +366,15 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
             window_ns: ctx.window_ns,
             ttft_target_ns: ctx.ttft_target_ns,
             tpot_target_ns: ctx.tpot_target_ns,
-        });
+            routing: job.routing,
+            routing_prefix: ctx.routing_prefix,
+            seed: ctx.seed,
+        };
+        let mut out = super::continuous::run(input.clone())?;
+        if let Some(cluster) = &mut out.cluster {
+            (cluster.reference, cluster.unbounded) = reference(&input);
+        }
+        return Ok(out);
     }
     let requests = if job.presort_bins > 1 {
         binned = interleave_bins(sequence, job.presort_bins, job.core.max_batch_size);
@@ -365,6 +391,34 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
         window_ns: ctx.window_ns,
         closed: job.closed,
     })
+}
+
+/// The one-big-cache reference of a routed run and the unbounded ideal: every request, in
+/// arrival order, looked up in one LRU cache with the cluster's whole KV capacity (N x per
+/// replica), its blocks cached the moment it arrives ([`super::reuse::bounded_prefix_reuse`]),
+/// and the same without a bound ([`super::reuse::ideal_prefix_reuse`]). The first is what one
+/// shared cache of the cluster's memory would hit; it never misses a prefix because the
+/// request holding it is still computing it, but LRU is not optimal, so N caches that each
+/// keep their own conversations can beat it a little (they do not evict one conversation
+/// for another's). The second is a strict bound. (One replica with N times the KV and slots
+/// run through the scheduler is neither: with one replica's step budget it runs N times
+/// slower, so more requests arrive while the turn they extend is still prefilling.)
+fn reference(input: &ContinuousInput<'_>) -> (PrefixStats, PrefixStats) {
+    let c = &input.sched;
+    if !c.prefix_caching {
+        return Default::default();
+    }
+    let capacity_blocks =
+        c.kv_capacity_tokens.saturating_mul(c.replicas as u64) / u64::from(c.block_tokens);
+    (
+        super::reuse::bounded_prefix_reuse(
+            input.requests,
+            input.prefix,
+            c.block_tokens,
+            capacity_blocks,
+        ),
+        super::reuse::ideal_prefix_reuse(input.requests, input.prefix, c.block_tokens),
+    )
 }
 
 /// Runs every job on up to `threads` threads (0: available parallelism); results in job order.

@@ -41,6 +41,10 @@ pub struct Scenario {
     pub ttft_target_ms: f64,
     #[serde(default = "default_tpot_target_ms")]
     pub tpot_target_ms: f64,
+    /// `[routing] strategy`: continuous mode's replicas behind a router
+    /// ([`super::cluster`]); absent: one central queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<super::cluster::ScenarioRouting>,
 }
 
 /// An interactive chat's first token: half a second.
@@ -125,6 +129,7 @@ fn chat(name: &str, description: &str, requests: u64, arrivals: Arrivals) -> Sce
         latency: LatencyModel::CALIBRATED_DEFAULT,
         ttft_target_ms: default_ttft_target_ms(),
         tpot_target_ms: default_tpot_target_ms(),
+        routing: None,
     }
 }
 
@@ -303,6 +308,7 @@ fn multibin_paper() -> Scenario {
         },
         ttft_target_ms: default_ttft_target_ms(),
         tpot_target_ms: default_tpot_target_ms(),
+        routing: None,
     }
 }
 
@@ -343,6 +349,7 @@ fn closed_loop() -> Scenario {
         },
         ttft_target_ms: default_ttft_target_ms(),
         tpot_target_ms: default_tpot_target_ms(),
+        routing: None,
     }
 }
 

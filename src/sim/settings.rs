@@ -99,6 +99,11 @@ pub struct EngineSettings {
     /// Continuous: tokens per KV block with prefix caching (default 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_block_tokens: Option<u32>,
+    /// Continuous: `workers` replicas, each its own backend, behind a router with this
+    /// strategy ([`super::cluster`]); absent: one central queue for all replicas. A
+    /// scenario's `[routing] strategy` sets it; the sweep key `routing` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<super::cluster::ClusterRouting>,
 }
 
 /// Most slots per replica a simulation accepts.
@@ -159,7 +164,8 @@ impl EngineSettings {
             prefill_chunk,
             kv_capacity_tokens,
             prefix_caching,
-            kv_block_tokens
+            kv_block_tokens,
+            routing
         )
     }
 

@@ -6,6 +6,7 @@
 //! of runs (and of the report) depends only on the command line.
 
 use super::arrivals::Arrivals;
+use super::cluster::ClusterRouting;
 use super::settings::EngineSettings;
 use super::SimError;
 use crate::core::BatchingMode;
@@ -31,11 +32,14 @@ pub enum SweepKey {
     Mode,
     /// 0 or 1: continuous batching's prefix caching off or on, on the same requests.
     PrefixCaching,
+    /// Continuous: the routing strategy in front of the replicas, by name (an index into
+    /// [`ClusterRouting::ALL`]), on the same requests.
+    Routing,
 }
 
 impl SweepKey {
     /// Every key, as listed in help and errors.
-    pub const ALL: [SweepKey; 13] = [
+    pub const ALL: [SweepKey; 14] = [
         SweepKey::Bins,
         SweepKey::OracleBins,
         SweepKey::MaxBatchSize,
@@ -49,6 +53,7 @@ impl SweepKey {
         SweepKey::Clients,
         SweepKey::Mode,
         SweepKey::PrefixCaching,
+        SweepKey::Routing,
     ];
 
     /// Name on the command line and in reports.
@@ -67,6 +72,7 @@ impl SweepKey {
             SweepKey::Clients => "clients",
             SweepKey::Mode => "mode",
             SweepKey::PrefixCaching => "prefix_caching",
+            SweepKey::Routing => "routing",
         }
     }
 
@@ -85,6 +91,9 @@ impl SweepKey {
             SweepKey::Mode => {
                 (!(x == 0.0 || x == 1.0)).then_some("request or continuous (or 0 or 1)")
             }
+            SweepKey::Routing => ClusterRouting::of_value(x)
+                .is_none()
+                .then_some("round_robin, least_loaded, power_of_two, prefix_aware or session"),
             SweepKey::RateScale => (!(x.is_finite() && x > 0.0)).then_some("a number > 0"),
             SweepKey::MaxWaitMs | SweepKey::MinWaitMs => {
                 (!(x.is_finite() && x >= 0.0)).then_some("a number >= 0")
@@ -132,11 +141,15 @@ pub fn parse_axis(spec: &str) -> Result<Axis, SimError> {
         let named = match (key, v) {
             (SweepKey::Mode, "request") => Some(0.0),
             (SweepKey::Mode, "continuous") => Some(1.0),
+            (SweepKey::Routing, name) => ClusterRouting::from_name(name).map(|r| r.index() as f64),
             _ => None,
         };
         let x: f64 = named.map_or_else(|| v.parse(), Ok).map_err(|_| {
             let want = match key {
                 SweepKey::Mode => "request or continuous",
+                SweepKey::Routing => {
+                    "round_robin, least_loaded, power_of_two, prefix_aware or session"
+                }
                 _ => "a number",
             };
             SimError::invalid("--sweep", format!("{}: '{v}' is not {want}", key.as_str()))
@@ -192,6 +205,7 @@ pub fn apply(base: &EngineSettings, point: &[(SweepKey, f64)]) -> EngineSettings
             SweepKey::DispatchWhenIdle => s.dispatch_when_idle = Some(v != 0.0),
             SweepKey::Mode => s.mode = Some(mode_of(v)),
             SweepKey::PrefixCaching => s.prefix_caching = Some(v != 0.0),
+            SweepKey::Routing => s.routing = ClusterRouting::of_value(v),
             SweepKey::RateScale | SweepKey::Clients => {}
         }
     }

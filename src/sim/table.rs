@@ -121,6 +121,9 @@ impl SimReport {
         if let Some(c) = token_table(&self.runs) {
             t.push_str(&c);
         }
+        if let Some(c) = cluster_table(&self.runs) {
+            t.push_str(&c);
+        }
         t
     }
 }
@@ -176,6 +179,51 @@ pub fn token_table(runs: &[RunReport]) -> Option<String> {
                 ));
             }
             Some(row)
+        })
+        .collect();
+    (!rows.is_empty()).then(|| format_table(&header, &rows))
+}
+
+/// Routed runs' clusters: hit rate, the one-big-cache reference and the share of it
+/// reached, TTFT mean and p99, throughput, load imbalance and the replicas' busy range, one
+/// row per routed run; `None` when no run was routed.
+pub fn cluster_table(runs: &[RunReport]) -> Option<String> {
+    let header = [
+        "cluster",
+        "routing",
+        "replicas",
+        "hit %",
+        "ref hit %",
+        "of ref %",
+        "ttft mean",
+        "ttft p99",
+        "req/s",
+        "imbalance",
+        "busy % min",
+        "busy % max",
+    ];
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .filter_map(|r| {
+            let c = r.cluster.as_ref()?;
+            let ttft = r.continuous.as_ref().map(|m| m.ttft_ms).unwrap_or_default();
+            let busy = c.replicas.iter().map(|x| x.busy_fraction * 100.0);
+            let min = busy.clone().fold(f64::INFINITY, f64::min);
+            let max = busy.fold(0.0, f64::max);
+            Some(vec![
+                r.label.clone(),
+                c.routing.clone(),
+                c.replicas.len().to_string(),
+                format!("{:.1}", c.hit_rate * 100.0),
+                format!("{:.1}", c.reference_hit_rate * 100.0),
+                format!("{:.1}", c.hit_rate_of_reference * 100.0),
+                format!("{:.1}", ttft.mean),
+                format!("{:.1}", ttft.p99),
+                format!("{:.2}", r.throughput_rps),
+                format!("{:.3}", c.imbalance),
+                format!("{min:.1}"),
+                format!("{max:.1}"),
+            ])
         })
         .collect();
     (!rows.is_empty()).then(|| format_table(&header, &rows))
