@@ -162,10 +162,12 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
         Some(RouteRequest {
             name: router.lookup("m").unwrap(),
             need,
+            session: None,
         }),
         Some(RouteRequest {
             name: router.lookup("n").unwrap(),
             need,
+            session: None,
         }),
     ];
     let routing = Routing::new(router, routes[0].unwrap().name, None);
