@@ -14,8 +14,8 @@
 # requests from the same state; ROUNDS > 1 alternates them (a b c a b c ...). Per run: the
 # cluster hit rate from the servers' own counters (vllm:prefix_cache_hits_total over
 # vllm:prefix_cache_queries_total, summed), the requests each server answered, the client's
-# end-to-end latency (loadgen; the trace's answers are a few tokens, so close to TTFT) and the
-# servers' TTFT (vllm:time_to_first_token_seconds, summed over servers).
+# end-to-end latency (loadgen, which does not stream, so it sees no first token) and the
+# servers' mean TTFT (vllm:time_to_first_token_seconds, sum over count, all servers).
 #
 # Usage: tools/cluster.sh                 (defaults below; override any with VAR=value)
 #        N=8 RATE_SCALE=3 ROUNDS=2 tools/cluster.sh
@@ -26,16 +26,23 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 N="${N:-4}"
 TRACE="${TRACE:-$root/tests/fixtures/mooncake_fast25_synthetic_200.jsonl}"
 REQUESTS="${REQUESTS:-}"                 # default: the whole trace
-# Play the trace this many times in a row (each pass after the last, same prompts): the
-# 200-line Mooncake slice alone reuses little (a one-big-cache hit rate of 6 %: its
-# conversations return later in the full trace); a second pass is every conversation
-# returning once, which is where routing decides the hit rate.
+# Play the trace this many times in a row (each pass after the last, the same prompts at the
+# same offsets, every pass after the first in a shuffled order, seeded by its number, as
+# conversations return in any order): the 200-line Mooncake slice alone reuses little (one
+# infinite cache would hit 6 %: its conversations return later in the full trace); a second
+# pass is every conversation returning once (an infinite cache: 53 %), which is where
+# routing decides the hit rate.
 TRACE_REPEAT="${TRACE_REPEAT:-1}"
 RATE_SCALE="${RATE_SCALE:-2}"            # arrival times divided by this
 STRATEGIES="${STRATEGIES:-round_robin least_loaded prefix_aware}"
 ROUNDS="${ROUNDS:-1}"
 MODEL="${MODEL:-llama-3.1-8b}"           # the servers' model name (and roofline preset)
 GPU="${GPU:-h100-sxm}"
+# Block names the front tracks per server ([routing.prefix] max_tracked_blocks): "auto" reads
+# the first server's KV capacity (abe_continuous_kv_capacity_tokens) in 16-token blocks, the
+# size docs/routing.md advises (an index smaller than the server's cache forgets prefixes
+# the server still holds). For vLLM servers: num_gpu_blocks x block_size / 16.
+TRACKED_BLOCKS="${TRACKED_BLOCKS:-auto}"
 CONNECTIONS="${CONNECTIONS:-128}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-300}"    # bound on one loadgen run
 OUT_DIR="${OUT_DIR:-$root/target/cluster}"
@@ -49,11 +56,16 @@ if [[ "${BUILD:-1}" == 1 ]]; then
 fi
 
 if [[ "$TRACE_REPEAT" -gt 1 ]]; then
-  # Timestamps (ms) of pass k shifted by k times the slice's span plus one second.
+  # Timestamps (ms) of pass k shifted by k times the slice's span plus one second; passes
+  # after the first take the requests in an order shuffled by awk's rand() seeded with k.
   repeated="$OUT_DIR/trace_x$TRACE_REPEAT.jsonl"
   span=$(jq -s 'map(.timestamp) | max + 1000' "$TRACE")
   for k in $(seq 0 $((TRACE_REPEAT - 1))); do
-    jq -c --argjson off $((k * span)) '.timestamp += $off' "$TRACE"
+    awk -v seed="$k" 'BEGIN { srand(seed) } { print (seed ? rand() : NR) "\t" $0 }' "$TRACE" \
+      | sort -g | cut -f2- >"$OUT_DIR/pass.jsonl"
+    jq -n -c --argjson off $((k * span)) --slurpfile orig "$TRACE" \
+      --slurpfile pass "$OUT_DIR/pass.jsonl" \
+      '[($orig | map(.timestamp)), $pass] | transpose | .[] | .[1] + {timestamp: (.[0] + $off)}'
   done >"$repeated"
   TRACE="$repeated"
 fi
@@ -100,6 +112,12 @@ run_one() {
   for i in $(seq 0 $((N - 1))); do
     urls+=("http://$(listening_addr "$dir/server$i.log")")
   done
+  local tracked="$TRACKED_BLOCKS"
+  if [[ "$tracked" == auto ]]; then
+    local kv
+    kv=$(curl -s "${urls[0]}/metrics" | metric_sum abe_continuous_kv_capacity_tokens | cut -d. -f1)
+    tracked=$(( kv > 0 ? (kv + 15) / 16 : 32768 ))
+  fi
   {
     cat <<EOF
 [server]
@@ -123,6 +141,9 @@ request_timeout = "5m"
 
 [routing]
 strategy = "$strategy"
+
+[routing.prefix]
+max_tracked_blocks = $tracked
 EOF
     for i in "${!urls[@]}"; do
       cat <<EOF
