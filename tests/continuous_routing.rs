@@ -234,3 +234,80 @@ fn an_upstream_backend_in_continuous_mode_is_refused_at_start_and_says_why() {
         "{e}"
     );
 }
+
+/// A 1,600-byte prompt (400 tokens at abe's 4 bytes a token: 25 full KV blocks), different
+/// for each `doc`.
+fn document(doc: usize) -> String {
+    let mut p = String::new();
+    let mut i = 0;
+    while p.len() < 1_600 {
+        p.push_str(&format!(
+            "Document {doc}, line {i}: the mill turns slowly. "
+        ));
+        i += 1;
+    }
+    p.truncate(1_600);
+    p
+}
+
+fn complete(c: &mut Client, prompt: &str, max_tokens: u32) -> Resp {
+    let body = serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": max_tokens});
+    c.request("POST", "/v1/completions", Some(&body.to_string()))
+}
+
+fn cached_tokens(r: &Resp) -> u64 {
+    r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cached_tokens: {}", r.text()))
+}
+
+#[test]
+fn prefix_aware_in_continuous_mode_asks_each_backends_own_cache() {
+    let mut cfg = test_config();
+    cfg.batching.mode = BatchingMode::Continuous;
+    // Steps take time (10 ms and up), so a long request holds its backend's load.
+    cfg.workers.latency_model = abe::exec::latency::LatencyKind::Linear;
+    let file: Config = toml::from_str(
+        r#"
+        [[backends]]
+        name = "a"
+        kind = "sim"
+        max_concurrent_batches = 1
+        [[backends.models]]
+        name = "m"
+        context_length = 100000
+        [[backends]]
+        name = "b"
+        kind = "sim"
+        max_concurrent_batches = 1
+        [[backends.models]]
+        name = "m"
+        context_length = 100000
+        [routing]
+        strategy = "prefix_aware"
+        "#,
+    )
+    .expect("test config parses");
+    cfg.backends = file.backends;
+    cfg.routing = file.routing;
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    // Document 0 goes to `a` (both idle: the first) and holds it for 30 decode steps ...
+    let long = std::thread::spawn(move || complete(&mut Client::connect(addr), &document(0), 30));
+    let mut c = Client::connect(addr);
+    metrics_when(&mut c, |j| routed(j, 0) == 1);
+    // ... so document 1, matching nothing, goes to the less loaded `b`.
+    ok_via(
+        &complete(&mut c, &document(1), 2),
+        "backend=b; model=m; via=direct",
+    );
+    ok_via(&long.join().unwrap(), "backend=a; model=m; via=direct");
+    // One at a time now, nothing in flight: least_loaded would send both repeats to `a`.
+    // The replicas' own block tables say where each is cached (24 of its 25 full blocks
+    // hit: at least one token is computed).
+    for (doc, backend) in [(1, "b"), (0, "a")] {
+        let r = complete(&mut c, &document(doc), 2);
+        ok_via(&r, &format!("backend={backend}; model=m; via=direct"));
+        assert_eq!(cached_tokens(&r), 24 * 16, "document {doc}");
+    }
+}

@@ -261,6 +261,7 @@ fn router(rng: &mut SmallRng, seed: u64, all_m: bool) -> (Router, Vec<RouteReque
         .map(|name| RouteRequest {
             name,
             need: Need::default(),
+            session: None,
         })
         .collect();
     (router, routes, backends)

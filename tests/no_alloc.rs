@@ -162,10 +162,12 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
         Some(RouteRequest {
             name: router.lookup("m").unwrap(),
             need,
+            session: None,
         }),
         Some(RouteRequest {
             name: router.lookup("n").unwrap(),
             need,
+            session: None,
         }),
     ];
     let routing = Routing::new(router, routes[0].unwrap().name, None);
@@ -192,6 +194,76 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
     // Every backend took its share: m alternates between a and b, n goes to c.
     let routed: Vec<u64> = snap.backends.iter().map(|b| b.routed).collect();
     assert!(routed.iter().all(|&r| r > 10_000), "{routed:?}");
+}
+
+/// Request-level routing by affinity over two backends of model m: `prefix_aware` with a
+/// prompt of full blocks (the router's approximate index matches and records its names on
+/// every decision), `session` with two session keys. Returns requests routed per backend.
+fn affinity_routing_allocations(
+    strategy: &str,
+    prompt: &str,
+    sessions: [Option<u64>; 2],
+) -> (u64, Vec<u64>) {
+    let backend = |name: &str| {
+        let mut b = BackendConfig::default_sim("m", 100_000);
+        b.name = name.into();
+        b.max_concurrent_batches = 1;
+        b
+    };
+    let routing_cfg = RoutingConfig {
+        strategy: strategy.into(),
+        ..Default::default()
+    };
+    let (router, _) = Router::build(&[backend("a"), backend("b")], &routing_cfg, 7).unwrap();
+    let name = router.lookup("m").unwrap();
+    let routes = sessions.map(|session| {
+        Some(RouteRequest {
+            name,
+            need: Need::default(),
+            session,
+        })
+    });
+    let routing = Routing::new(router, name, None);
+    let cfg = engine_config(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let lanes = (0..2)
+        .map(|l| runtime::sim_lane(&cfg, &cfg.sim.latency, 1, l << 32, &stop))
+        .collect();
+    let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
+    let mut sub = handle.submitter(None).expect("submitter");
+    drive_routed(&mut sub, 20_000, 256, prompt, &routes);
+    let before = COUNTED.load(Ordering::Relaxed);
+    drive_routed(&mut sub, 50_000, 256, prompt, &routes);
+    let after = COUNTED.load(Ordering::Relaxed);
+    let snap = handle.snapshot();
+    let report = handle.shutdown(std::time::Duration::from_secs(10));
+    assert!(report.clean);
+    (
+        after - before,
+        snap.backends.iter().map(|b| b.routed).collect(),
+    )
+}
+
+#[test]
+fn engine_thread_allocates_nothing_routing_by_prefix_and_session() {
+    // 540 bytes, 135 tokens at 4 bytes a token: eight full blocks, so every decision
+    // searches both indexes and records eight names.
+    let prompt = "a shared document ".repeat(30);
+    let (allocs, routed) = affinity_routing_allocations("prefix_aware", &prompt, [None, None]);
+    assert_eq!(
+        allocs, 0,
+        "engine thread allocated {allocs} times routing by prefix"
+    );
+    // (The snapshot may trail the last few hundred.)
+    assert!(routed.iter().sum::<u64>() > 60_000, "{routed:?}");
+    let (allocs, routed) =
+        affinity_routing_allocations("session", "hi", [Some(1), Some(0xdead_beef)]);
+    assert_eq!(
+        allocs, 0,
+        "engine thread allocated {allocs} times routing by session"
+    );
+    // (The snapshot may trail the last few hundred.)
+    assert!(routed.iter().sum::<u64>() > 60_000, "{routed:?}");
 }
 
 #[test]

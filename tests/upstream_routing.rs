@@ -23,8 +23,14 @@ struct AbeProcess {
 impl AbeProcess {
     /// Starts `abe serve` on `port` (0: any) serving `model`, zero latency.
     fn start(model: &str, port: u16) -> AbeProcess {
+        AbeProcess::start_with(model, port, &[])
+    }
+
+    /// As [`AbeProcess::start`], with more `ABE_*` settings.
+    fn start_with(model: &str, port: u16, env: &[(&str, &str)]) -> AbeProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_abe"))
             .args(["serve", "--port", &port.to_string()])
+            .envs(env.iter().copied())
             .env("ABE_SERVER_MODEL_NAME", model)
             .env("ABE_WORKERS_LATENCY_MODEL", "none")
             .env("ABE_WORKERS_COUNT", "2")
@@ -526,4 +532,167 @@ fn tool_calls_from_an_upstream_reach_the_client_whole_and_streamed() {
         "tool_calls"
     );
     abe.shutdown();
+}
+
+/// An `abe serve` "GPU server": continuous batching with prefix caching (the default), one
+/// replica, so the backend's cache is one cache.
+fn caching_server(model: &str) -> AbeProcess {
+    AbeProcess::start_with(
+        model,
+        0,
+        &[
+            ("ABE_BATCHING_MODE", "continuous"),
+            ("ABE_CONTINUOUS_PREFIX_CACHING", "true"),
+            ("ABE_WORKERS_COUNT", "1"),
+        ],
+    )
+}
+
+/// A request-level front over `servers` (upstream backends `up-0`, `up-1`, ... serving
+/// model "m") with `strategy`.
+fn front_over(servers: &[AbeProcess], strategy: &str) -> Config {
+    let mut toml = format!("[routing]\nstrategy = \"{strategy}\"\n");
+    for (i, s) in servers.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[backends]]\nname = \"up-{i}\"\nkind = \"upstream\"\nbase_url = \"{}\"\n\
+             [[backends.models]]\nname = \"m\"\ncontext_length = 8192\n",
+            s.base_url()
+        ));
+    }
+    front(&toml)
+}
+
+/// A prompt of 1,600 bytes (400 tokens at abe's 4 bytes a token: 25 full KV blocks),
+/// different for each `doc`.
+fn document(doc: usize) -> String {
+    let mut p = String::new();
+    let mut i = 0;
+    while p.len() < 1_600 {
+        p.push_str(&format!(
+            "Document {doc}, line {i}: the mill turns slowly. "
+        ));
+        i += 1;
+    }
+    p.truncate(1_600);
+    p
+}
+
+/// The backend a front's answer names in `x-abe-route` (`up-N`).
+fn routed_to(r: &common::Resp) -> String {
+    assert_eq!(r.status, 200, "{}", r.text());
+    let route = r.header("x-abe-route").expect("x-abe-route");
+    route
+        .strip_prefix("backend=")
+        .and_then(|s| s.split(';').next())
+        .unwrap_or_else(|| panic!("route header {route}"))
+        .to_string()
+}
+
+/// A counter of a server's `/metrics`, summed over its labels.
+fn server_counter(server: &AbeProcess, name: &str) -> u64 {
+    let text = Client::connect(server.addr)
+        .request("GET", "/metrics", None)
+        .text();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The servers' summed `vllm:prefix_cache_hits_total` (tokens), read once their summed
+/// `queries_total` shows all `query_tokens` (the metrics snapshot is published a moment
+/// after the answers).
+fn cluster_hit_tokens(servers: &[AbeProcess], query_tokens: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sum = |name| servers.iter().map(|s| server_counter(s, name)).sum::<u64>();
+        let queries = sum("vllm:prefix_cache_queries_total");
+        if queries >= query_tokens {
+            return sum("vllm:prefix_cache_hits_total");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "servers counted {queries} of {query_tokens} prompt tokens"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends every document twice (a, b, c, ..., a, b, c, ...) through a front with `strategy`
+/// over two caching servers; returns each document's two backends and the servers' summed
+/// cache hits in tokens.
+fn repeat_documents(strategy: &str, docs: usize) -> (Vec<(String, String)>, u64) {
+    let servers = [caching_server("m"), caching_server("m")];
+    let abe = start(front_over(&servers, strategy));
+    let mut c = Client::connect(abe.local_addr());
+    let mut first = Vec::new();
+    let mut routes = Vec::new();
+    for round in 0..2 {
+        for d in 0..docs {
+            let r = post_completion(&mut c, "m", &document(d));
+            let backend = routed_to(&r);
+            if round == 0 {
+                first.push(backend);
+            } else {
+                routes.push((first[d].clone(), backend));
+            }
+        }
+    }
+    let hits = cluster_hit_tokens(&servers, 2 * docs as u64 * 400);
+    (routes, hits)
+}
+
+#[test]
+fn prefix_aware_sends_a_repeated_prompt_to_the_server_that_caches_it() {
+    // Round robin alternates: with an odd count each repeat lands on the other server and
+    // recomputes its whole prompt there.
+    let (rr, rr_hits) = repeat_documents("round_robin", 3);
+    assert!(rr.iter().all(|(a, b)| a != b), "round robin: {rr:?}");
+    assert_eq!(rr_hits, 0, "round robin repeats go to a cold server");
+    // prefix_aware: the front's approximate index remembers where each document went, and
+    // the repeat goes there and hits all but the last of its 25 full blocks (at least one
+    // token is computed: 24 blocks, 384 tokens). (One request at a time, nothing is in
+    // flight, so a new document goes to the first least loaded server.)
+    let (pa, pa_hits) = repeat_documents("prefix_aware", 3);
+    assert!(pa.iter().all(|(a, b)| a == b), "prefix aware: {pa:?}");
+    assert_eq!(pa_hits, 3 * 24 * 16, "every repeat hits its cached blocks");
+}
+
+#[test]
+fn session_routing_keeps_a_session_on_one_server_by_header_or_user_field() {
+    let servers = [caching_server("m"), caching_server("m")];
+    let abe = start(front_over(&servers, "session"));
+    let mut c = Client::connect(abe.local_addr());
+    let mut used = std::collections::BTreeSet::new();
+    for s in 0..8 {
+        let id = format!("session-{s}");
+        let body = |turn: usize| {
+            serde_json::json!({"model": "m", "prompt": format!("turn {turn}"), "max_tokens": 2})
+                .to_string()
+        };
+        let by_header: Vec<String> = (0..3)
+            .map(|turn| {
+                routed_to(&c.request_with(
+                    "POST",
+                    "/v1/completions",
+                    Some(&body(turn)),
+                    &[("X-Session-Id", &id)],
+                ))
+            })
+            .collect();
+        assert!(
+            by_header.iter().all(|b| *b == by_header[0]),
+            "{id}: {by_header:?}"
+        );
+        // The OpenAI `user` field is the same key when no header is given (chat too).
+        let chat = serde_json::json!({
+            "model": "m", "user": id, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hello"}],
+        })
+        .to_string();
+        let by_user = routed_to(&c.request("POST", "/v1/chat/completions", Some(&chat)));
+        assert_eq!(by_user, by_header[0], "{id}: user field");
+        used.insert(by_header[0].clone());
+    }
+    assert_eq!(used.len(), 2, "eight sessions spread over both servers");
 }

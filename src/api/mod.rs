@@ -414,7 +414,11 @@ fn check_model<'a>(
     let mut b = RequirementsBuilder::new(model);
     needs(&mut b);
     match ctx.router.precheck(&b.build()) {
-        Ok((name, need)) => Ok(RouteRequest { name, need }),
+        Ok((name, need)) => Ok(RouteRequest {
+            name,
+            need,
+            session: None,
+        }),
         Err(e) => Err(Routed::Now(route_error(&e))),
     }
 }
@@ -437,6 +441,7 @@ fn text_source<'a>(
 
 fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
+    let session = session_of(head, b.user.as_deref());
     let generation = b.generation();
     let source = text_source(ctx, head, "max_tokens", b.priority.as_deref());
     let mut text = payload::text(source, generation).map_err(bad)?;
@@ -478,9 +483,10 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
     let mut requests = Vec::with_capacity(prompts.len() * text.n as usize);
     let mut echoed = Vec::new();
     for prompt in prompts {
-        let route = check_model(ctx, model, |r| {
+        let mut route = check_model(ctx, model, |r| {
             r.text(&prompt);
         })?;
+        route.session = session;
         check_model_len(ctx, &prompt, &text)?;
         let mut work = text.work(prompt, None);
         name_prompt_blocks(ctx, &mut work);
@@ -508,13 +514,18 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
 }
 
 /// vLLM's 400 when prompt + max_tokens exceed `server.max_model_len` (0: no limit).
-/// Names the prompt's full KV blocks when the scheduler caches prefixes (continuous batching
-/// with `continuous.prefix_caching`): done here, on the io thread, so the engine only looks
-/// names up. The rendered text is named (after the chat template), so a conversation sent
-/// again with its history finds its earlier turns.
+/// Names the prompt's full KV blocks whenever something uses the names: the scheduler when
+/// it caches prefixes (continuous batching with `continuous.prefix_caching`), the router
+/// when it routes by them (`routing.strategy = "prefix_aware"`, in either mode: for an
+/// `upstream` backend its approximate index records them). Done here, on the io thread, so
+/// the engine only looks names up. The rendered text is named (after the chat template),
+/// so a conversation sent again with its history finds its earlier turns.
 fn name_prompt_blocks(ctx: &Decoder<'_>, work: &mut crate::exec::Work) {
     let c = &ctx.config.continuous;
-    if ctx.config.batching.mode != crate::core::BatchingMode::Continuous || !c.prefix_caching {
+    let caching =
+        ctx.config.batching.mode == crate::core::BatchingMode::Continuous && c.prefix_caching;
+    let routing = ctx.router.strategy() == crate::router::Strategy::PrefixAware;
+    if !caching && !routing {
         return;
     }
     let mut names = Vec::with_capacity(work.prompt.len() / (c.kv_block_tokens.max(1) as usize * 4));
@@ -522,6 +533,17 @@ fn name_prompt_blocks(ctx: &Decoder<'_>, work: &mut crate::exec::Work) {
     if !names.is_empty() {
         work.prompt_blocks = Some(names.into());
     }
+}
+
+/// A request's session key for `session` routing: the `X-Session-Id` header, else the
+/// OpenAI `user` field, hashed ([`crate::router::affinity::session_key`]); `None` without
+/// either (or with an empty one).
+fn session_of(head: &Head, user: Option<&str>) -> Option<u64> {
+    head.session_id
+        .as_deref()
+        .or(user)
+        .filter(|id| !id.is_empty())
+        .map(crate::router::affinity::session_key)
 }
 
 fn check_model_len(ctx: &Decoder<'_>, prompt: &str, text: &payload::Text) -> Result<(), Routed> {
@@ -547,6 +569,7 @@ fn check_model_len(ctx: &Decoder<'_>, prompt: &str, text: &payload::Text) -> Res
 
 fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let mut b: ChatBody = wire::parse_body(body).map_err(bad)?;
+    let session = session_of(head, b.user.as_deref());
     let mut generation = b.generation();
     let field = match b.max_completion_tokens {
         Some(n) => {
@@ -587,7 +610,8 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         s.choices = choices;
     }
     let model = model_of(ctx, b.model.as_deref());
-    let route = check_model(ctx, model, |r| chat::needs(&b, r))?;
+    let mut route = check_model(ctx, model, |r| chat::needs(&b, r))?;
+    route.session = session;
     let model = model.to_string();
     let chat_body = if ctx.has_upstream {
         std::str::from_utf8(body).ok().map(Arc::from)

@@ -163,6 +163,10 @@ text_bodies! {
         pub logprobs: Option<i64>,
         /// Prepend the prompt to each choice's text.
         pub echo: Option<bool>,
+        /// OpenAI: the end user; a session key for `session` routing when no
+        /// `X-Session-Id` header is given.
+        #[serde(borrow)]
+        pub user: Option<Str<'a>>,
     }
 
     /// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
@@ -182,6 +186,10 @@ text_bodies! {
         pub logprobs: Option<bool>,
         /// ...with this many alternatives each (0..=20; needs `logprobs: true`).
         pub top_logprobs: Option<i64>,
+        /// OpenAI: the end user; a session key for `session` routing when no
+        /// `X-Session-Id` header is given.
+        #[serde(borrow)]
+        pub user: Option<Str<'a>>,
     }
 }
 

@@ -101,6 +101,8 @@ pub struct Head {
     pub priority: Option<String>,
     /// Value of `Authorization`, if any.
     pub authorization: Option<String>,
+    /// Value of `X-Session-Id`, if any: a client's session, for session-affinity routing.
+    pub session_id: Option<String>,
     /// The query string after `?`, if any (only the few GET endpoints with parameters read
     /// it, e.g. `/metrics/history?seconds=N`).
     pub query: Option<String>,
@@ -202,6 +204,7 @@ pub fn parse_head(
     let mut expect_continue = false;
     let mut priority = None;
     let mut authorization = None;
+    let mut session_id = None;
     for h in req.headers.iter() {
         let name = h.name;
         // Every header value must be UTF-8 (httparse lets obs-text through); ASCII, the
@@ -259,6 +262,8 @@ pub fn parse_head(
             priority = Some(value().to_string());
         } else if name.eq_ignore_ascii_case("authorization") {
             authorization = Some(value().to_string());
+        } else if name.eq_ignore_ascii_case("x-session-id") {
+            session_id = Some(value().to_string());
         }
     }
     if transfer_encoding {
@@ -305,6 +310,7 @@ pub fn parse_head(
         expect_continue,
         priority,
         authorization,
+        session_id,
         query,
     }))
 }
@@ -379,7 +385,7 @@ mod tests {
     #[test]
     fn a_complete_head_yields_framing_and_the_headers_we_use() {
         let h = parse(
-            "POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nX-Priority: high\r\nExpect: 100-continue\r\n\r\n{\"prompt\":1}",
+            "POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nX-Priority: high\r\nX-Session-Id:  s-7 \r\nExpect: 100-continue\r\n\r\n{\"prompt\":1}",
         )
         .unwrap()
         .unwrap();
@@ -393,6 +399,7 @@ mod tests {
         assert_eq!(bad.unwrap_err().status, Status::BadRequest);
         assert_eq!(h.content_length, 12);
         assert_eq!(h.priority.as_deref(), Some("high"));
+        assert_eq!(h.session_id.as_deref(), Some("s-7"));
         assert!(h.expect_continue && !h.close);
     }
 

@@ -24,11 +24,16 @@ pub struct Request {
 }
 
 /// The model a request asks for, resolved to the router's name id (by
-/// [`crate::router::Router::precheck`] on the submitting thread), and what it needs.
+/// [`crate::router::Router::precheck`] on the submitting thread), what it needs, and its
+/// session key (for `session` routing). Plain data: it crosses the ring with the request,
+/// so the engine routes without allocating.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RouteRequest {
     pub name: NameId,
     pub need: Need,
+    /// [`crate::router::affinity::session_key`] of the `X-Session-Id` header, else of the
+    /// OpenAI `user` field; `None` without either.
+    pub session: Option<u64>,
 }
 
 /// Why a request got an error instead of an output.

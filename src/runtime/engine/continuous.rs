@@ -30,7 +30,7 @@ use crate::core::prefix::{BlockHash, PromptBlocks, ROOT};
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Nanos, Reject, Ticket};
 use crate::exec::StepItem;
-use crate::router::{Affinity, BackendId, Need, Via};
+use crate::router::{Affinity, BackendId, CacheView, Need, Via};
 use crate::runtime::messages::{
     Outcome, RequestError, RouteRequest, StepMsg, StepResult, Submission,
 };
@@ -53,6 +53,19 @@ impl PromptBlocks for EngineNames<'_> {
         self.0[t.index as usize]
             .as_ref()
             .map_or(ROOT, |names| names[i as usize])
+    }
+}
+
+/// The scheduler's prefix caches as the router's exact [`CacheView`]: backend `b` is replica
+/// group `b`, and holds the longest prefix any of its replicas holds (the group's replicas
+/// share its queue, so a request routed there can land on that replica). Knows every
+/// backend: the router never falls back to its approximate index in continuous mode.
+struct GroupCaches<'a>(&'a Continuous);
+
+impl CacheView for GroupCaches<'_> {
+    #[inline]
+    fn cached_prefix_blocks(&self, backend: BackendId, blocks: &[BlockHash]) -> Option<u32> {
+        Some(self.0.group_cached_prefix_blocks(backend.index(), blocks))
     }
 }
 
@@ -265,14 +278,18 @@ impl Mode for IterationLevel {
         let route = route.unwrap_or(RouteRequest {
             name: routing.default_name,
             need: Need::default(),
+            session: None,
         });
-        let decision = match routing.router.route_name_with(
-            route.name,
-            &route.need,
-            // No prompt block names or session key reach the engine yet (issue 24):
-            // prefix_aware and session route by load until they do.
-            &Affinity::NONE,
-        ) {
+        let exact = GroupCaches(sched);
+        let affinity = Affinity {
+            blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
+            session: route.session,
+            exact: Some(&exact),
+        };
+        let decision = match routing
+            .router
+            .route_name_with(route.name, &route.need, &affinity)
+        {
             Ok(d) => d,
             Err(e) => {
                 // Cold path (no backend serves it): the error message allocates.
@@ -300,6 +317,7 @@ impl Mode for IterationLevel {
                 let mut state = RouteState::NONE;
                 state.name = route.name;
                 state.need = route.need;
+                state.session = route.session;
                 state.decision = Some(decision);
                 state.tried[0] = decision.backend;
                 state.tried_len = 1;

@@ -227,9 +227,19 @@ impl RequestLevel {
                     && retries_used < self.routing.router.max_retries()
                     && (route.tried_len as usize) < MAX_TRIES =>
             {
+                let affinity = Affinity {
+                    blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
+                    session: route.session,
+                    exact: None,
+                };
                 self.routing
                     .router
-                    .pick_excluding(d.model, &route.need.requirements(), route.tried())
+                    .pick_excluding_with(
+                        d.model,
+                        &route.need.requirements(),
+                        route.tried(),
+                        &affinity,
+                    )
                     .map(|b| (d, b))
             }
             _ => None,
@@ -389,14 +399,18 @@ impl Mode for RequestLevel {
         let route = route.unwrap_or(RouteRequest {
             name: routing.default_name,
             need: Need::default(),
+            session: None,
         });
-        let mut decision = match routing.router.route_name_with(
-            route.name,
-            &route.need,
-            // No prompt block names or session key reach the engine yet (issue 24):
-            // prefix_aware and session route by load until they do.
-            &Affinity::NONE,
-        ) {
+        // Upstream backends' caches cannot be asked: the router's approximate index judges.
+        let affinity = Affinity {
+            blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
+            session: route.session,
+            exact: None,
+        };
+        let mut decision = match routing
+            .router
+            .route_name_with(route.name, &route.need, &affinity)
+        {
             Ok(d) => d,
             Err(e) => {
                 // Cold path (no backend can take it now): the error message allocates.
@@ -414,10 +428,12 @@ impl Mode for RequestLevel {
                     full[full_len] = decision.backend;
                     full_len += 1;
                     let req = route.need.requirements();
-                    match routing
-                        .router
-                        .pick_excluding(decision.model, &req, &full[..full_len])
-                    {
+                    match routing.router.pick_excluding_with(
+                        decision.model,
+                        &req,
+                        &full[..full_len],
+                        &affinity,
+                    ) {
                         Some(next) => decision.backend = next,
                         None => break Err(Reject::QueueFull { capacity }),
                     }
@@ -441,6 +457,7 @@ impl Mode for RequestLevel {
                 let mut state = RouteState::NONE;
                 state.name = route.name;
                 state.need = route.need;
+                state.session = route.session;
                 state.decision = Some(decision);
                 state.tried[0] = decision.backend;
                 state.tried_len = 1;

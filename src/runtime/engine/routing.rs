@@ -14,6 +14,8 @@ use std::sync::Arc;
 pub(super) struct RouteState {
     pub(super) name: NameId,
     pub(super) need: Need,
+    /// The request's session key (`RouteRequest::session`), for a retry's choice.
+    pub(super) session: Option<u64>,
     pub(super) decision: Option<Decision>,
     /// Backends tried so far (the current one last).
     pub(super) tried: [BackendId; MAX_TRIES],
@@ -34,6 +36,7 @@ impl RouteState {
                 json_mode: false,
             },
         },
+        session: None,
         decision: None,
         tried: [BackendId::FIRST; MAX_TRIES],
         tried_len: 0,
