@@ -65,6 +65,13 @@ pub fn string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
+/// `,"prompt_tokens_details":{"cached_tokens":N}` (OpenAI's usage field for prefix-cache hits).
+pub fn prompt_tokens_details(out: &mut Vec<u8>, cached_tokens: u64) {
+    out.extend_from_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
+    uint(out, cached_tokens);
+    out.push(b'}');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -193,17 +193,10 @@ where
     out.extend_from_slice(b",\"total_tokens\":");
     json_out::uint(out, prompt + completion);
     if let Some(c) = cached {
-        write_prompt_tokens_details(out, c);
+        json_out::prompt_tokens_details(out, c);
     }
     out.extend_from_slice(b"}}");
     Ok(())
-}
-
-/// `,"prompt_tokens_details":{"cached_tokens":N}` (OpenAI's field for prefix-cache hits).
-pub fn write_prompt_tokens_details(out: &mut Vec<u8>, cached_tokens: u64) {
-    out.extend_from_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
-    json_out::uint(out, cached_tokens);
-    out.push(b'}');
 }
 
 #[derive(Serialize)]

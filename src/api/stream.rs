@@ -355,7 +355,7 @@ impl StreamWriter {
                 o.extend_from_slice(b",\"total_tokens\":");
                 json_out::uint(o, prompt + completion);
                 if let Some(c) = self.cached_tokens {
-                    super::render::write_prompt_tokens_details(o, c);
+                    json_out::prompt_tokens_details(o, c);
                 }
                 o.extend_from_slice(b"}}");
             });
