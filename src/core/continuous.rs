@@ -352,6 +352,16 @@ fn grow_blocks(
     }
 }
 
+/// What [`Continuous::next_admission`] found.
+enum NextAdmission {
+    /// Place waiting request `index` in idle slot `free`, if it fits.
+    Place { free: usize, index: u32 },
+    /// This priority's queue is empty.
+    NextPriority,
+    /// No idle slot.
+    Full,
+}
+
 /// Counters for metrics.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ContinuousStats {
@@ -862,6 +872,35 @@ impl Continuous {
         self.replicas.len() * self.cfg.max_slots
     }
 
+    /// The next admission `admit_into_slots*` tries on replica `r`: the first idle slot at
+    /// or after `from` (moved there: every slot before it is taken) and the head of group
+    /// `g`'s queue of priority `p`.
+    fn next_admission(&self, r: usize, g: usize, p: Priority, from: &mut usize) -> NextAdmission {
+        if self.replicas[r].active == self.cfg.max_slots {
+            return NextAdmission::Full;
+        }
+        let Some(free) = self.replicas[r].slots[*from..]
+            .iter()
+            .position(|s| s.phase == SlotPhase::Idle)
+            .map(|i| *from + i)
+        else {
+            return NextAdmission::Full;
+        };
+        *from = free;
+        match self.waiting[g][p.index()].front() {
+            Some(index) => NextAdmission::Place { free, index },
+            None => NextAdmission::NextPriority,
+        }
+    }
+
+    /// Takes waiting request `index` (of group `g`, priority `p`) off its queue for a slot.
+    fn take_waiting(&mut self, g: usize, p: Priority, index: u32) {
+        self.waiting[g][p.index()].unlink(&mut self.table, index);
+        self.waiting_len -= 1;
+        self.group_waiting[g] -= 1;
+        self.table.set_dispatched(index);
+    }
+
     /// Admits waiting requests (highest priority first, FIFO within) into free slots while
     /// their prompt + max_tokens fit in the replica's free KV.
     fn admit_into_slots(&mut self, r: usize, blocks: &impl PromptBlocks) {
@@ -878,29 +917,17 @@ impl Continuous {
         let mut from = 0;
         for p in Priority::HIGHEST_FIRST {
             loop {
-                if self.replicas[r].active == self.cfg.max_slots {
-                    return;
-                }
-                let Some(free) = self.replicas[r].slots[from..]
-                    .iter()
-                    .position(|s| s.phase == SlotPhase::Idle)
-                    .map(|i| from + i)
-                else {
-                    return;
-                };
-                from = free;
-                let Some(index) = self.waiting[g][p.index()].front() else {
-                    break;
+                let (free, index) = match self.next_admission(r, g, p, &mut from) {
+                    NextAdmission::Place { free, index } => (free, index),
+                    NextAdmission::NextPriority => break,
+                    NextAdmission::Full => return,
                 };
                 let meta = *self.table.meta(index);
                 let need = u64::from(meta.tokens_estimated);
                 if used + need > capacity {
                     return; // FIFO: do not let a smaller request jump the head
                 }
-                self.waiting[g][p.index()].unlink(&mut self.table, index);
-                self.waiting_len -= 1;
-                self.group_waiting[g] -= 1;
-                self.table.set_dispatched(index);
+                self.take_waiting(g, p, index);
                 let rep = &mut self.replicas[r];
                 rep.admitted_seq += 1;
                 rep.slots[free] = Slot {
@@ -1021,19 +1048,10 @@ impl Continuous {
         let mut from = 0;
         for p in Priority::HIGHEST_FIRST {
             loop {
-                if self.replicas[r].active == self.cfg.max_slots {
-                    return;
-                }
-                let Some(free) = self.replicas[r].slots[from..]
-                    .iter()
-                    .position(|s| s.phase == SlotPhase::Idle)
-                    .map(|i| from + i)
-                else {
-                    return;
-                };
-                from = free;
-                let Some(index) = self.waiting[g][p.index()].front() else {
-                    break;
+                let (free, index) = match self.next_admission(r, g, p, &mut from) {
+                    NextAdmission::Place { free, index } => (free, index),
+                    NextAdmission::NextPriority => break,
+                    NextAdmission::Full => return,
                 };
                 let meta = *self.table.meta(index);
                 let ticket = self.table.ticket_at(index);
@@ -1099,10 +1117,7 @@ impl Continuous {
                 };
                 rep.active += 1;
                 rep.kv_used += u64::from(cached);
-                self.waiting[g][p.index()].unlink(&mut self.table, index);
-                self.waiting_len -= 1;
-                self.group_waiting[g] -= 1;
-                self.table.set_dispatched(index);
+                self.take_waiting(g, p, index);
             }
         }
     }
