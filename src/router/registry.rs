@@ -593,7 +593,7 @@ fn validate_backend(i: usize, cfg: &BackendConfig) -> Result<Backend, RouterConf
                 return Err(backend_err(
                     "model_dir",
                     "kind = \"embed\" needs model_dir, a sentence-transformers model \
-                     directory (see README: Embeddings on a real model)"
+                     directory (see docs/embeddings.md)"
                         .into(),
                 ));
             };

@@ -68,8 +68,8 @@ pub struct ModelDir {
 fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
     std::fs::read(path).map_err(|e| {
         let hint = if e.kind() == std::io::ErrorKind::NotFound {
-            " (is model_dir a sentence-transformers model directory? see README: \
-             Embeddings on a real model)"
+            " (is model_dir a sentence-transformers model directory? see \
+             docs/embeddings.md)"
         } else {
             ""
         };
