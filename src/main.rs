@@ -45,6 +45,15 @@ columns at the end. This sends real traffic to --url; only loopback targets are 
 unless --allow-remote is given."
     )]
     Loadgen(LoadgenArgs),
+    /// Print the roofline latency model's step times for a model on a GPU.
+    #[command(
+        long_about = "Prints what the `roofline` latency model charges (the same arithmetic \
+the simulator and `abe serve` use): one replica's KV capacity and max_model_len, a decode \
+step's time for several batch sizes at one context length, and a prompt's first token alone \
+on the replica, prefilled in chunks. The defaults are `abe serve`'s in continuous mode \
+(Llama-3.1-8B on one H100 SXM, prefill chunk 512)."
+    )]
+    Latency(LatencyArgs),
     /// Print build information (version, git revision, profile).
     Version,
 }
@@ -353,6 +362,60 @@ fn loadgen(args: &LoadgenArgs) -> Result<(), String> {
     Ok(())
 }
 
+#[derive(Args, Debug)]
+struct LatencyArgs {
+    /// Model preset (as `[workers] llm`).
+    #[arg(long, default_value = "llama-3.1-8b")]
+    llm: String,
+    /// GPU preset (as `[workers] gpu`).
+    #[arg(long, default_value = "h100-sxm")]
+    gpu: String,
+    /// GPUs one replica is sharded over (tensor parallelism).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Achieved / peak FLOP/s, in (0, 1].
+    #[arg(long, default_value_t = abe::exec::roofline::Roofline::DEFAULT.flops_efficiency)]
+    flops_efficiency: f64,
+    /// Achieved / peak memory bandwidth, in (0, 1].
+    #[arg(long, default_value_t = abe::exec::roofline::Roofline::DEFAULT.bandwidth_efficiency)]
+    bandwidth_efficiency: f64,
+    /// Context each decoding sequence holds, tokens.
+    #[arg(long, default_value_t = 800)]
+    context: u32,
+    /// Batch sizes to time, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    batch: Vec<u32>,
+    /// Prompt whose first token is timed, tokens.
+    #[arg(long, default_value_t = 750)]
+    prompt: u32,
+    /// Prefill chunk, tokens (`continuous.prefill_chunk`).
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: u32,
+}
+
+fn latency(args: &LatencyArgs) -> Result<(), String> {
+    use abe::exec::roofline::{explain, Roofline};
+    let r = Roofline {
+        llm: args.llm.parse()?,
+        gpu: args.gpu.parse()?,
+        tp: args.tp,
+        flops_efficiency: args.flops_efficiency,
+        bandwidth_efficiency: args.bandwidth_efficiency,
+    };
+    r.check()?;
+    if args.prefill_chunk == 0 {
+        return Err("--prefill-chunk must be at least 1".into());
+    }
+    let e = explain::Explain {
+        context: args.context,
+        batches: args.batch.clone(),
+        prompt: args.prompt,
+        prefill_chunk: args.prefill_chunk,
+    };
+    print!("{}", explain::render(&r, &e));
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs();
@@ -360,6 +423,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Simulate(args) => simulate(args),
         Command::Loadgen(args) => loadgen(args),
+        Command::Latency(args) => latency(args),
         Command::Config(ConfigCommand::Check { file }) => {
             let args = ServeArgs {
                 config: Some(file.clone()),

@@ -24,8 +24,10 @@
 //! and after the MLP, on the critical path between layers). `touched` is the expected share
 //! of a layer's experts that `T` tokens routed to `k` of `E` experts each reach,
 //! `1 - (1 - k/E)^T`. Tensor parallelism shards weights, heads and KV evenly, so it divides
-//! both bounds by `tp`. Not modelled: kernel launch and scheduler overhead per step,
-//! quantisation, speculative decoding, prefix caching, pipeline parallelism.
+//! both bounds by `tp`. Prefix caching is the scheduler's: a cached prefix is not in the
+//! step's prefill tokens (no matmul FLOPs) but is read as KV and attended to. Not modelled:
+//! kernel launch and scheduler overhead per step, quantisation, speculative decoding,
+//! pipeline parallelism. `abe latency` prints the step times (`explain.rs`).
 //!
 //! The efficiency keys say how much of the datasheet peak real kernels achieve. Their
 //! defaults assume a well-tuned server: 0.6 of peak FLOP/s (large BF16 GEMMs in prefill
@@ -40,6 +42,7 @@
 //! Pure arithmetic on `Copy` values: no allocation, no clock, no I/O. Float sums are in a
 //! fixed order (the simulator's report is byte-identical for a seed).
 
+pub mod explain;
 pub mod presets;
 
 use crate::core::continuous::StepShape;
