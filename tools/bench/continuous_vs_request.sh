@@ -3,7 +3,9 @@
 # request-level mode vs continuous mode, driven by abe loadgen (open loop). Prints
 # throughput, p99 latency, p99 latency per output token (client side), and the server's
 # p99 time per output token and time to first token (continuous mode only).
-# Usage: tools/bench/continuous_vs_request.sh [requests] [rate_scale]
+# Request-level mode runs STRATEGY (default queue_depth, what BENCHMARKS.md's "Continuous
+# batching (issue 4)" table was measured with; STRATEGY=auto for today's default).
+# Usage: [STRATEGY=name] tools/bench/continuous_vs_request.sh [requests] [rate_scale]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 n="${1:-3000}"
@@ -14,7 +16,8 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 run() { # mode port
   local mode=$1 port=$2
-  ABE_BATCHING_MODE=$mode ABE_WORKERS_LATENCY_MODEL=calibrated ABE_ENGINE_PIN=false \
+  ABE_BATCHING_MODE=$mode ABE_BATCHING_STRATEGY="${STRATEGY:-queue_depth}" \
+    ABE_WORKERS_LATENCY_MODEL=calibrated ABE_ENGINE_PIN=false \
     ABE_CONTINUOUS_NATURAL_LENGTH_MEAN_TOKENS=0 RUST_LOG=warn \
     "$bin" serve --port "$port" >/dev/null &
   local pid=$!
