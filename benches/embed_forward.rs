@@ -77,6 +77,23 @@ fn forward(c: &mut Criterion) {
             },
         );
     }
+    // The same small batches forced onto one thread, beside `16_tokens` (the global pool: both
+    // threads): the comparison that sets the one-thread line in `exec/embed/threads.rs`.
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("pool");
+    for batch in [1usize, 2, 3, 4] {
+        let inputs: Vec<&[u32]> = (0..batch).map(|_| ids.as_slice()).collect();
+        g.throughput(Throughput::Elements(batch as u64));
+        g.bench_with_input(
+            BenchmarkId::new("16_tokens_one_thread", batch),
+            &inputs,
+            |b, inputs| {
+                b.iter(|| black_box(one_thread.install(|| model.embed(inputs).expect("forward"))))
+            },
+        );
+    }
     let mut mixed: Vec<&[u32]> = (0..7).map(|_| ids.as_slice()).collect();
     mixed.push(&long);
     g.throughput(Throughput::Elements(8));
