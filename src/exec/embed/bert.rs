@@ -18,10 +18,10 @@
 
 use super::add_norm::AddNorm;
 use super::attention::Attention;
+use super::bert_config::{BertConfig as Config, HiddenAct};
 use super::gelu::bias_gelu_erf;
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, VarBuilder};
-use candle_transformers::models::bert::{Config, HiddenAct};
 
 struct Embeddings {
     word: Embedding,

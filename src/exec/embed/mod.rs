@@ -22,7 +22,7 @@
 //! - [`stats`]: padding waste and forward time, for `/metrics` (always compiled, so the
 //!   metrics code has one shape with or without the feature).
 //!
-//! Everything but `split` and `stats` needs the `embed` cargo feature (candle and tokenizers). What must
+//! Everything but `bert_config`, `split` and `stats` needs the `embed` cargo feature (candle and tokenizers). What must
 //! never happen here: loading a model lazily on a request (a bad directory fails at start),
 //! or one bad input failing the batch it rides in.
 
@@ -32,6 +32,7 @@ pub mod add_norm;
 pub mod attention;
 #[cfg(feature = "embed")]
 pub mod bert;
+pub mod bert_config;
 #[cfg(feature = "embed")]
 pub mod executor;
 #[cfg(feature = "embed")]

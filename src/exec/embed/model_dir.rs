@@ -12,8 +12,8 @@
 //!
 //! Everything is read and checked here, once, at start; a request never touches the disk.
 
+use super::bert_config::BertConfig;
 use super::pooling::{Pooling, PoolingConfig};
-use candle_transformers::models::bert::Config as BertConfig;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
