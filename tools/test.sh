@@ -46,7 +46,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
   cargo test -p loom-tests --release
 
 step "OpenAI Python SDK against abe serve"
-cargo build --bin abe
+# The binary step 1 built (same features): no second compile of the crate.
+cargo build --bin abe --features testing
 tools/with_server.sh python3 tools/openai_sdk_check.py
 step "OpenAI Python SDK against abe serve in continuous-batching mode"
 ABE_BATCHING_MODE=continuous tools/with_server.sh python3 tools/openai_sdk_check.py
