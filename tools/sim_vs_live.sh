@@ -93,45 +93,12 @@ sim_latency=(--latency-model "$LATENCY_MODEL")
 if [ -n "$TRACE" ] && [ "$MODE" = continuous ]; then
   # The simulator's settings from the server's effective config (what it really runs with).
   "$bin" config show --config "$config" >"$OUT_DIR/serve_effective.toml"
-  python3 - "$OUT_DIR/serve_effective.toml" "$TRACE" "$LATENCY_MODEL" >"$OUT_DIR/scenario.toml" <<'PY'
-import sys, tomllib
-c = tomllib.load(open(sys.argv[1], "rb"))
-def ms(v):
-    if isinstance(v, int): return v
-    for unit, k in (("ms", 1), ("s", 1000), ("m", 60000), ("h", 3600000)):
-        if v.endswith(unit) and v[:-len(unit)].replace(".", "", 1).isdigit():
-            return float(v[:-len(unit)]) * k
-    raise SystemExit(f"cannot read duration {v!r}")
-k, w = c["continuous"], c["workers"]
-print(f'''name = "sim_vs_live"
-description = "{sys.argv[2]} replayed with the live server's settings."
-requests = 4294967294
-[workload.arrivals]
-process = "replay"
-path = "{sys.argv[2]}"
-[engine]
-mode = "continuous"
-workers = {w["count"]}
-max_slots = {k["max_slots"]}
-n_batch = {k["n_batch"]}
-prefill_chunk = {k["prefill_chunk"]}
-queue_capacity = {k["max_queue"]}
-prefix_caching = {str(k["prefix_caching"]).lower()}
-kv_block_tokens = {k["kv_block_tokens"]}
-request_timeout_ms = {ms(c["batching"]["request_timeout"])}''')
-if sys.argv[3] == "roofline":
-    print(f'''[latency]
-model = "roofline"
-llm = "{w["llm"]}"
-gpu = "{w["gpu"]}"
-tp = {w["tp"]}
-flops_efficiency = {w["flops_efficiency"]}
-bandwidth_efficiency = {w["bandwidth_efficiency"]}''')
-PY
+  "$root/tools/scenario_from_config.py" "$OUT_DIR/serve_effective.toml" "$TRACE" \
+    >"$OUT_DIR/scenario.toml"
   workload=(--scenario "$OUT_DIR/scenario.toml" --trace "$TRACE" --rate-scale "$RATE_SCALE")
-  # The scenario names the roofline model with the server's GPU and efficiencies;
-  # --latency-model would replace it with the defaults.
-  [ "$LATENCY_MODEL" != roofline ] || sim_latency=()
+  # The scenario names the server's latency model (roofline: with its GPU and
+  # efficiencies); --latency-model would replace it with the defaults.
+  sim_latency=()
 fi
 
 echo "== 3. abe loadgen against $url" >&2
