@@ -72,18 +72,22 @@ fn every_request_is_answered_and_the_sequence_is_the_simulators() {
         run.throughput_rps
     );
 
-    // The request sequence is the simulator's for the same scenario, seed and count.
-    let generated = builtin("steady_state")
-        .unwrap()
-        .workload
-        .generate(300, 7)
-        .unwrap();
+    // The request sequence is the simulator's for the same scenario, seed, count and rate
+    // scale.
+    let scenario = builtin("steady_state").unwrap();
+    let generated = abe::sim::workload::Workload {
+        arrivals: scenario.workload.arrivals.scaled(2.0).unwrap(),
+        ..scenario.workload.clone()
+    }
+    .generate(300, 7)
+    .unwrap();
     assert_eq!(report.request_digest, Digest::of(&generated).hex());
     let sim = simulate(&SimulateOptions {
         scenario: "steady_state".into(),
         strategies: vec!["queue_depth".into()],
         seed: 7,
         requests: Some(300),
+        rate_scale: Some(2.0),
         ..SimulateOptions::default()
     })
     .unwrap();
@@ -373,6 +377,7 @@ fn a_trace_is_replayed_with_prompts_from_its_hash_ids() {
         trace: Some(trace),
         strategies: vec!["fixed".into()],
         requests: Some(40),
+        rate_scale: Some(40.0),
         ..SimulateOptions::default()
     })
     .unwrap();

@@ -17,6 +17,13 @@
 # end-to-end latency (loadgen, which does not stream, so it sees no first token) and the
 # servers' mean TTFT (vllm:time_to_first_token_seconds, sum over count, all servers).
 #
+# Then (SIMULATE=1, the default) `abe simulate` replays the same trace slice at the same
+# RATE_SCALE through N replicas with each strategy (`--sweep routing=...`), the servers'
+# settings read from their effective config (tools/scenario_from_config.py), and prints
+# its hit rate and mean TTFT beside the live ones (issue 24: prefix_aware's live hit rate
+# within 5 points of the simulator's). The simulator routes on the replicas' exact caches;
+# the live front on its approximate index of what it sent.
+#
 # Usage: tools/cluster.sh                 (defaults below; override any with VAR=value)
 #        N=8 RATE_SCALE=3 ROUNDS=2 tools/cluster.sh
 # Writes each run's loadgen report, metrics and logs into OUT_DIR, and the table to
@@ -46,6 +53,7 @@ TRACKED_BLOCKS="${TRACKED_BLOCKS:-auto}"
 CONNECTIONS="${CONNECTIONS:-128}"
 RUN_TIMEOUT_S="${RUN_TIMEOUT_S:-300}"    # bound on one loadgen run
 OUT_DIR="${OUT_DIR:-$root/target/cluster}"
+SIMULATE="${SIMULATE:-1}"
 BIN="${BIN:-$root/target/release/abe}"
 
 command -v jq >/dev/null || { echo "cluster.sh needs jq" >&2; exit 2; }
@@ -98,15 +106,18 @@ metric_sum() {
 common_env=(ABE_ENGINE_PIN=false ABE_SERVER_MAX_BODY_BYTES=4194304
             ABE_BATCHING_REQUEST_TIMEOUT=5m RUST_LOG=warn)
 
+# Every GPU server's settings (the simulator reads them back through `abe config show`).
+server_env=("${common_env[@]}" ABE_BATCHING_MODE=continuous ABE_WORKERS_COUNT=1
+            ABE_CONTINUOUS_PREFIX_CACHING=true ABE_SERVER_MODEL_NAME="$MODEL"
+            ABE_WORKERS_LLM="$MODEL" ABE_WORKERS_GPU="$GPU")
+
 # One run: fresh servers and front, the trace replayed, the servers' counters read.
 run_one() {
   local strategy="$1" round="$2" dir="$OUT_DIR/$1-$2"
   mkdir -p "$dir"
   local urls=()
   for i in $(seq 0 $((N - 1))); do
-    env "${common_env[@]}" ABE_BATCHING_MODE=continuous ABE_WORKERS_COUNT=1 \
-      ABE_CONTINUOUS_PREFIX_CACHING=true ABE_SERVER_MODEL_NAME="$MODEL" \
-      ABE_WORKERS_LLM="$MODEL" ABE_WORKERS_GPU="$GPU" "$BIN" serve --host 127.0.0.1 --port 0 >"$dir/server$i.log" 2>&1 &
+    env "${server_env[@]}" "$BIN" serve --host 127.0.0.1 --port 0 >"$dir/server$i.log" 2>&1 &
     pids+=($!)
   done
   for i in $(seq 0 $((N - 1))); do
@@ -209,3 +220,29 @@ for round in $(seq 1 "$ROUNDS"); do
     tail -1 "$OUT_DIR/table.txt"
   done
 done
+
+if [[ "$SIMULATE" == 1 ]]; then
+  echo "== the simulator on the same slice: $N replicas, the servers' settings" >&2
+  env "${server_env[@]}" "$BIN" config show >"$OUT_DIR/server_effective.toml"
+  "$root/tools/scenario_from_config.py" "$OUT_DIR/server_effective.toml" "$TRACE" "$N" \
+    >"$OUT_DIR/scenario.toml"
+  sim_extra=()
+  [[ -n "$REQUESTS" ]] && sim_extra+=(--requests "$REQUESTS")
+  routing=$(echo "$STRATEGIES" | tr ' ' ',')
+  "$BIN" simulate --scenario "$OUT_DIR/scenario.toml" --trace "$TRACE" \
+    --rate-scale "$RATE_SCALE" --mode continuous --workers "$N" --sweep "routing=$routing" \
+    --json "$OUT_DIR/sim.json" "${sim_extra[@]}" >"$OUT_DIR/sim.txt"
+  {
+    printf '%-13s %9s %8s %-20s %11s %10s %12s\n' strategy run hit_rate "requests/server" \
+      e2e_mean_ms e2e_p99_ms ttft_mean_ms
+    jq -r '.runs[] | [.cluster.routing, "simulated",
+        "\(.cluster.hit_rate * 1000 | round / 10)%",
+        (.cluster.replicas | map(.requests | tostring) | join("/")),
+        (.latency_ms.mean | floor), (.latency_ms.p99 | floor),
+        (.continuous.ttft_ms.mean | floor)] | @tsv' "$OUT_DIR/sim.json" |
+      while IFS=$'\t' read -r st run hit spread mean p99 ttft; do
+        printf '%-13s %9s %8s %-20s %11s %10s %12s\n' "$st" "$run" "$hit" "$spread" "$mean" \
+          "$p99" "$ttft"
+      done
+  } | tee "$OUT_DIR/sim_table.txt"
+fi

@@ -8,13 +8,19 @@
 #   3. runs `abe loadgen` for SCENARIO/SEED/REQUESTS against it (open loop, real traffic to
 #      127.0.0.1 only);
 #   4. runs `abe simulate` of the same scenario, seed, request count, strategy, workers and
-#      latency model;
+#      latency model; with TRACE and MODE=continuous, through a scenario file written from
+#      the server's effective config (`abe config show`): its continuous settings (slots,
+#      n_batch, prefill chunk, queue, prefix caching, block size), request timeout and
+#      roofline model/GPU, so the simulator schedules exactly what the server does (the
+#      trace's replay base otherwise has chat_8b_h100's 256 slots and 8192-token steps);
 #   5. prints both throughputs (completed / makespan, first scheduled arrival to last
 #      completion, computed by the same code for both) and their ratio; exits 1 if they
 #      differ by more than TOLERANCE. MODE=continuous also compares p50 TTFT and TPOT: the
 #      server's own per-request figures (/metrics/json token_latency, read before it stops)
 #      against the simulator's (runs[0].continuous), and fails if either differs by more
-#      than TOLERANCE (issue 13 asks for 5 %: TOLERANCE=0.05).
+#      than TOLERANCE (issue 13 asks for 5 %: TOLERANCE=0.05). With a trace, the prefix-cache
+#      hit rates too: the server's vllm:prefix_cache_hits_total / queries_total against the
+#      simulator's (issue 23 asks for 1 point; reported, not enforced).
 #
 # Usage: tools/sim_vs_live.sh            (defaults below; override any with VAR=value)
 # Writes live.json, sim.json and serve.log into OUT_DIR.
@@ -81,9 +87,21 @@ for _ in $(seq 1 100); do
 done
 [ -n "$url" ] || { echo "abe serve did not start; see $log" >&2; exit 1; }
 
-echo "== 3. abe loadgen against $url" >&2
 workload=(--scenario "$SCENARIO")
 [ -z "$TRACE" ] || workload=(--trace "$TRACE" --rate-scale "$RATE_SCALE")
+sim_latency=(--latency-model "$LATENCY_MODEL")
+if [ -n "$TRACE" ] && [ "$MODE" = continuous ]; then
+  # The simulator's settings from the server's effective config (what it really runs with).
+  "$bin" config show --config "$config" >"$OUT_DIR/serve_effective.toml"
+  "$root/tools/scenario_from_config.py" "$OUT_DIR/serve_effective.toml" "$TRACE" \
+    >"$OUT_DIR/scenario.toml"
+  workload=(--scenario "$OUT_DIR/scenario.toml" --trace "$TRACE" --rate-scale "$RATE_SCALE")
+  # The scenario names the server's latency model (roofline: with its GPU and
+  # efficiencies); --latency-model would replace it with the defaults.
+  sim_latency=()
+fi
+
+echo "== 3. abe loadgen against $url" >&2
 loadgen=("$bin" loadgen --url "$url" "${workload[@]}" --seed "$SEED"
   --requests "$REQUESTS" --connections "$CONNECTIONS" --json "$OUT_DIR/live.json")
 [ "$MODE" = continuous ] || loadgen+=(--strategy "$STRATEGY")
@@ -94,6 +112,7 @@ echo "\$ ${loadgen[*]}"
 if [ "$MODE" = continuous ]; then
   curl -sf "$url/metrics/json" | jq .token_latency >"$OUT_DIR/live_tokens.json"
   curl -sf "$url/metrics/json" | jq .prefix_cache >"$OUT_DIR/live_prefix.json"
+  curl -sf "$url/metrics" >"$OUT_DIR/live_metrics.txt"
 fi
 
 kill -TERM $pid
@@ -102,7 +121,7 @@ trap - EXIT
 
 echo "== 4. abe simulate" >&2
 simulate=("$bin" simulate "${workload[@]}" --seed "$SEED" --requests "$REQUESTS"
-  --strategies "$STRATEGY" --workers "$WORKERS" --latency-model "$LATENCY_MODEL"
+  --strategies "$STRATEGY" --workers "$WORKERS" "${sim_latency[@]}"
   --mode "$MODE" --json "$OUT_DIR/sim.json")
 echo "\$ ${simulate[*]}"
 "${simulate[@]}"
@@ -150,9 +169,17 @@ if [ "$MODE" = continuous ]; then
   tokens_ok="$(printf '%s\n' "$tokens" | sed -n 's/^ok=//p')"
   # Prefix caching: the hit rates, in percentage points (the issue asks for 1 point).
   if [ "$(jq -r 'type' "$OUT_DIR/live_prefix.json")" = object ]; then
-    jq -rn --slurpfile sim "$OUT_DIR/sim.json" --slurpfile live "$OUT_DIR/live_prefix.json" '
+    # A counter summed over its label sets (vllm:* carry model_name).
+    vllm() {
+      awk -v n="$1" '$1 == n || index($1, n "{") == 1 { s += $2 } END { print s + 0 }' \
+        "$OUT_DIR/live_metrics.txt"
+    }
+    jq -rn --slurpfile sim "$OUT_DIR/sim.json" --slurpfile live "$OUT_DIR/live_prefix.json" \
+      --argjson hits "$(vllm vllm:prefix_cache_hits_total)" \
+      --argjson queries "$(vllm vllm:prefix_cache_queries_total)" '
       ($sim[0].runs[0].continuous.prefix_cache) as $s | ($live[0]) as $l
-      | "prefix-cache hit rate: simulated \($s.hit_rate * 10000 | round / 100) %, live \($l.hit_rate * 10000 | round / 100) % (\($l.hit_tokens) of \($l.query_tokens) tokens), difference \((($l.hit_rate - $s.hit_rate) * 10000 | round / 100)) points"'
+      | (if $queries > 0 then $hits / $queries else 0 end) as $v
+      | "prefix-cache hit rate: simulated \($s.hit_rate * 10000 | round / 100) % (\($s.hit_tokens) of \($s.query_tokens) tokens), live \($v * 10000 | round / 100) % (vllm:prefix_cache_hits_total \($hits) / queries_total \($queries); /metrics/json \($l.hit_tokens) of \($l.query_tokens)), difference \((($v - $s.hit_rate) * 10000 | round / 100)) points"'
   fi
 fi
 [ "$ratio_ok" = true ] && [ "$tokens_ok" = true ]

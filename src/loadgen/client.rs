@@ -10,12 +10,18 @@
 //! `Transfer-Encoding: chunked`, else `Content-Length`, else read until the server closes.
 //! Every read is bounded (head and body size limits, socket read timeout): a misbehaving
 //! server yields an error value, never a hang, a panic or unbounded memory. Nothing here
-//! retries on its own except the one case that is not the server's answer at all: a reused
-//! keep-alive socket the server had already closed (see [`ClientConn::request`]).
+//! retries on its own except the one case that is not the server's answer at all: a
+//! keep-alive socket opened before this request (kept from an earlier one, or opened ahead
+//! of the run) that the server closed while it sat idle, as servers do after their
+//! keep-alive timeout (abe's `server.keep_alive_timeout`, 1 min; uvicorn's, under vLLM, 5 s).
+//! Such a socket is found by a non-blocking peek before the send when it has been idle a
+//! while, or by the send failing before a byte of answer; either way the request goes out
+//! on a fresh connection, and [`ClientConn::reopened`] counts it (see
+//! [`ClientConn::request`]).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest response head accepted, bytes.
 pub const HEAD_BYTES_MAX: usize = 64 * 1024;
@@ -25,6 +31,10 @@ pub const BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// Response headers parsed at most.
 const HEADERS_MAX: usize = 64;
+/// A socket idle at least this long is peeked before a send, to find one the server closed.
+/// Below it the peek (three syscalls) is skipped: no server closes keep-alive connections
+/// this fast, and a send that still meets a closed socket is retried anyway.
+const STALE_CHECK_IDLE: Duration = Duration::from_millis(100);
 
 /// Why a request got no HTTP response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,8 +43,11 @@ pub enum TransportError {
     Connect,
     /// No complete response within the read timeout.
     Timeout,
-    /// The server closed the connection before the response was complete.
-    Closed,
+    /// The server closed the connection without sending a byte of a response (on a socket
+    /// opened for this request, or again on the retry of a stale one): it never answered.
+    ClosedBeforeResponse,
+    /// The server closed the connection part way through the response.
+    ClosedMidResponse,
     /// Another socket error while writing or reading.
     Io,
     /// The response was not valid HTTP/1.x.
@@ -49,21 +62,61 @@ impl TransportError {
         match self {
             TransportError::Connect => "connect",
             TransportError::Timeout => "timeout",
-            TransportError::Closed => "closed",
+            TransportError::ClosedBeforeResponse => "closed_before_response",
+            TransportError::ClosedMidResponse => "closed_mid_response",
             TransportError::Io => "io",
             TransportError::Malformed => "malformed",
             TransportError::TooLarge => "too_large",
         }
     }
 
-    fn from_io(e: &io::Error) -> TransportError {
+    /// What a socket error means; `got_bytes`: part of the response had arrived.
+    fn from_io(e: &io::Error, got_bytes: bool) -> TransportError {
         match e.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => TransportError::Timeout,
             io::ErrorKind::UnexpectedEof
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::BrokenPipe => TransportError::Closed,
+            | io::ErrorKind::BrokenPipe => TransportError::closed(got_bytes),
             _ => TransportError::Io,
+        }
+    }
+
+    /// The server closed the connection, before or after the first byte of its answer.
+    const fn closed(got_bytes: bool) -> TransportError {
+        if got_bytes {
+            TransportError::ClosedMidResponse
+        } else {
+            TransportError::ClosedBeforeResponse
+        }
+    }
+
+    /// Every kind, in report order.
+    pub const ALL: [TransportError; 7] = [
+        TransportError::Connect,
+        TransportError::Timeout,
+        TransportError::ClosedBeforeResponse,
+        TransportError::ClosedMidResponse,
+        TransportError::Io,
+        TransportError::Malformed,
+        TransportError::TooLarge,
+    ];
+
+    /// What the kind means and where to look, for a report's reader.
+    pub const fn explain(self) -> &'static str {
+        match self {
+            TransportError::Connect => "the TCP connection could not be opened",
+            TransportError::Timeout => "no complete response within --timeout-ms",
+            TransportError::ClosedBeforeResponse => {
+                "the server closed the connection without answering (abe: see \
+                 abe_http_connections_evicted_total by reason, and its log at RUST_LOG=debug)"
+            }
+            TransportError::ClosedMidResponse => {
+                "the server closed the connection part way through a response"
+            }
+            TransportError::Io => "another socket error",
+            TransportError::Malformed => "the response was not valid HTTP/1.x",
+            TransportError::TooLarge => "the response head or body exceeded the client's limits",
         }
     }
 }
@@ -78,13 +131,16 @@ pub struct ClientResponse<'a> {
 /// One keep-alive connection to one address.
 ///
 /// Invariants: `buf` and `chunked` never hold more than `HEAD_BYTES_MAX + BODY_BYTES_MAX`
-/// bytes; between requests `stream` is either `None` or a socket with no unread response.
+/// bytes; between requests `stream` is either `None` or a socket with no unread response,
+/// idle since `idle_since`.
 pub struct ClientConn {
     addr: SocketAddr,
     timeout: Duration,
     stream: Option<TcpStream>,
-    /// Responses this socket has delivered (0: fresh, so a failure is not a stale socket).
-    served: u64,
+    /// When `stream` was opened or last finished a response.
+    idle_since: Instant,
+    /// Sockets the server had closed while they were idle, replaced by fresh ones.
+    reopened: u64,
     /// Raw bytes read for the current response.
     buf: Vec<u8>,
     /// The decoded body of a chunked response.
@@ -105,7 +161,8 @@ impl ClientConn {
             addr,
             timeout,
             stream: None,
-            served: 0,
+            idle_since: Instant::now(),
+            reopened: 0,
             buf: Vec::with_capacity(READ_CHUNK_BYTES * 2),
             chunked: Vec::new(),
         }
@@ -124,8 +181,15 @@ impl ClientConn {
             .and_then(|()| s.set_write_timeout(Some(self.timeout)))
             .map_err(|_| TransportError::Connect)?;
         self.stream = Some(s);
-        self.served = 0;
+        self.idle_since = Instant::now();
         Ok(())
+    }
+
+    /// Keep-alive sockets found closed by the server while idle, and replaced (before a send
+    /// or by its one retry): not failures, but a sign the server's keep-alive timeout is
+    /// shorter than the gaps between this connection's requests.
+    pub fn reopened(&self) -> u64 {
+        self.reopened
     }
 
     /// Closes the socket (the next request reconnects).
@@ -138,22 +202,30 @@ impl ClientConn {
     /// Sends `request` (a complete HTTP/1.1 request: head and body) and reads the response
     /// to its last byte.
     ///
-    /// If a reused socket fails before a single response byte arrives (the server closed an
-    /// idle keep-alive connection, which is not an answer to this request), the request is
-    /// sent once more on a fresh connection. Any other failure closes the socket and is
-    /// returned.
+    /// A socket opened before this request (kept alive, or opened ahead of the run) may have
+    /// been closed by the server while idle, which is not an answer to this request: if it
+    /// has been idle [`STALE_CHECK_IDLE`] or more and a peek says the server closed it, it is
+    /// replaced before the send; if the send on it still fails before a single response byte
+    /// arrives (the close raced the send), the request is sent once more on a fresh
+    /// connection. Any other failure closes the socket and is returned.
     pub fn request(&mut self, request: &[u8]) -> Result<ClientResponse<'_>, TransportError> {
-        let reused = self.stream.is_some() && self.served > 0;
+        let mut reused = self.stream.is_some();
+        if reused && self.idle_since.elapsed() >= STALE_CHECK_IDLE && self.peer_closed() {
+            self.close();
+            self.reopened += 1;
+            reused = false;
+        }
         let (status, at) = match self.try_request(request) {
             Ok(r) => r,
-            Err((e, got_bytes)) => {
+            Err(e) => {
                 self.close();
-                if !(reused && !got_bytes && e == TransportError::Closed) {
+                if !(reused && e == TransportError::ClosedBeforeResponse) {
                     return Err(e);
                 }
+                self.reopened += 1;
                 match self.try_request(request) {
                     Ok(r) => r,
-                    Err((e, _)) => {
+                    Err(e) => {
                         self.close();
                         return Err(e);
                     }
@@ -171,13 +243,37 @@ impl ClientConn {
 }
 
 impl ClientConn {
-    /// One attempt; on error also says whether any response byte had arrived.
-    fn try_request(&mut self, request: &[u8]) -> Result<(u16, BodyAt), (TransportError, bool)> {
-        self.connect().map_err(|e| (e, false))?;
+    /// The idle socket's peer has closed it (or sent bytes nobody asked for, or the socket
+    /// cannot be checked): it must not carry a request. A non-blocking peek, so an open
+    /// socket with nothing to read answers at once.
+    fn peer_closed(&self) -> bool {
+        let Some(s) = &self.stream else {
+            return true;
+        };
+        if s.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut byte = [0u8; 1];
+        let closed = loop {
+            match s.peek(&mut byte) {
+                // 0: end of stream (the server's FIN); > 0: a response to no request (such
+                // as a timeout notice before the close): the stream is out of step.
+                Ok(_) => break true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break true,
+            }
+        };
+        s.set_nonblocking(false).is_err() || closed
+    }
+
+    /// One attempt.
+    fn try_request(&mut self, request: &[u8]) -> Result<(u16, BodyAt), TransportError> {
+        self.connect()?;
         let stream = self.stream.as_mut().expect("connected above");
         stream
             .write_all(request)
-            .map_err(|e| (TransportError::from_io(&e), false))?;
+            .map_err(|e| TransportError::from_io(&e, false))?;
         self.buf.clear();
         let (status, head_len, framing, close) = loop {
             match self.parse_head() {
@@ -190,21 +286,15 @@ impl ClientConn {
                     break head;
                 }
                 Ok(None) => {}
-                Err(e) => return Err((e, true)),
+                Err(e) => return Err(e),
             }
             if self.buf.len() >= HEAD_BYTES_MAX {
-                return Err((TransportError::TooLarge, true));
+                return Err(TransportError::TooLarge);
             }
             match self.fill() {
-                Ok(0) => {
-                    let got = !self.buf.is_empty();
-                    return Err((TransportError::Closed, got));
-                }
+                Ok(0) => return Err(TransportError::closed(!self.buf.is_empty())),
                 Ok(_) => {}
-                Err(e) => {
-                    let got = !self.buf.is_empty();
-                    return Err((e, got));
-                }
+                Err(e) => return Err(e),
             }
         };
         let at = match framing {
@@ -214,13 +304,13 @@ impl ClientConn {
             },
             Framing::Length(n) => {
                 if n > BODY_BYTES_MAX {
-                    return Err((TransportError::TooLarge, true));
+                    return Err(TransportError::TooLarge);
                 }
                 while self.buf.len() < head_len + n {
                     match self.fill() {
-                        Ok(0) => return Err((TransportError::Closed, true)),
+                        Ok(0) => return Err(TransportError::ClosedMidResponse),
                         Ok(_) => {}
-                        Err(e) => return Err((e, true)),
+                        Err(e) => return Err(e),
                     }
                 }
                 if self.buf.len() > head_len + n {
@@ -237,15 +327,15 @@ impl ClientConn {
                     match decode_chunked(&self.buf[head_len..], &mut self.chunked) {
                         Ok(Some(_)) => break,
                         Ok(None) => {}
-                        Err(e) => return Err((e, true)),
+                        Err(e) => return Err(e),
                     }
                     if self.buf.len() - head_len > BODY_BYTES_MAX {
-                        return Err((TransportError::TooLarge, true));
+                        return Err(TransportError::TooLarge);
                     }
                     match self.fill() {
-                        Ok(0) => return Err((TransportError::Closed, true)),
+                        Ok(0) => return Err(TransportError::ClosedMidResponse),
                         Ok(_) => {}
-                        Err(e) => return Err((e, true)),
+                        Err(e) => return Err(e),
                     }
                 }
                 BodyAt::Chunked
@@ -253,12 +343,12 @@ impl ClientConn {
             Framing::UntilClose => {
                 loop {
                     if self.buf.len() - head_len > BODY_BYTES_MAX {
-                        return Err((TransportError::TooLarge, true));
+                        return Err(TransportError::TooLarge);
                     }
                     match self.fill() {
                         Ok(0) => break,
                         Ok(_) => {}
-                        Err(e) => return Err((e, true)),
+                        Err(e) => return Err(e),
                     }
                 }
                 self.close();
@@ -271,15 +361,16 @@ impl ClientConn {
         if close {
             self.close();
         } else {
-            self.served += 1;
+            self.idle_since = Instant::now();
         }
         Ok((status, at))
     }
 
     /// Reads once from the socket, appending to `buf`; `Ok(0)` is end of stream.
     fn fill(&mut self) -> Result<usize, TransportError> {
+        let got_bytes = !self.buf.is_empty();
         let Some(stream) = self.stream.as_mut() else {
-            return Err(TransportError::Closed);
+            return Err(TransportError::closed(got_bytes));
         };
         let len = self.buf.len();
         self.buf.resize(len + READ_CHUNK_BYTES, 0);
@@ -296,7 +387,7 @@ impl ClientConn {
             }
             Err(e) => {
                 self.buf.truncate(len);
-                Err(TransportError::from_io(&e))
+                Err(TransportError::from_io(&e, got_bytes))
             }
         }
     }
@@ -473,7 +564,10 @@ mod tests {
     fn a_server_that_closes_mid_response_is_an_error_not_a_hang() {
         let addr = serve(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nshort"]);
         let mut c = ClientConn::new(addr, Duration::from_secs(5));
-        assert_eq!(c.request(REQ).unwrap_err(), TransportError::Closed);
+        assert_eq!(
+            c.request(REQ).unwrap_err(),
+            TransportError::ClosedMidResponse
+        );
         let addr = serve(vec![b"HTTX/1.1 200 OK\r\n\r\n"]);
         let mut c = ClientConn::new(addr, Duration::from_secs(5));
         assert_eq!(c.request(REQ).unwrap_err(), TransportError::Malformed);
@@ -500,8 +594,61 @@ mod tests {
         });
         let mut c = ClientConn::new(addr, Duration::from_secs(5));
         assert_eq!(c.request(REQ).unwrap().body, b"ok");
+        // Idle for less than the peek threshold: the send meets the closed socket.
         thread::sleep(Duration::from_millis(50));
         assert_eq!(c.request(REQ).unwrap().body, b"ok");
+        assert_eq!(c.reopened(), 1);
+    }
+
+    #[test]
+    fn a_socket_opened_ahead_and_closed_by_the_server_while_idle_is_replaced() {
+        // The load generator opens every connection before the run; a server's keep-alive
+        // timeout may close one before its first request is due.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = thread::spawn(move || {
+            drop(l.accept().unwrap()); // closed unused, as an idle keep-alive connection
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let mut got = Vec::new();
+            while !got.ends_with(b"{}") {
+                let n = s.read(&mut buf).unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .unwrap();
+        });
+        let mut c = ClientConn::new(addr, Duration::from_secs(5));
+        c.connect().unwrap();
+        thread::sleep(STALE_CHECK_IDLE + Duration::from_millis(100));
+        assert_eq!(c.request(REQ).unwrap().body, b"ok");
+        assert_eq!(c.reopened(), 1);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_fresh_socket_closed_without_an_answer_is_an_error_not_retried() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let mut got = Vec::new();
+            while !got.ends_with(b"{}") {
+                let n = s.read(&mut buf).unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            // Closed unanswered; the listener lives on, so a retry would hang, not fail.
+            drop(s);
+            thread::sleep(Duration::from_secs(2));
+            drop(l);
+        });
+        let mut c = ClientConn::new(addr, Duration::from_secs(1));
+        assert_eq!(
+            c.request(REQ).unwrap_err(),
+            TransportError::ClosedBeforeResponse
+        );
+        assert_eq!(c.reopened(), 0);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! Unlike the simulator's report this one is not deterministic: it measures a real server.
 //! Nothing here prints; [`LiveReport::write_json`] is the only file-system access.
 
+use super::client::TransportError;
 use super::error::LoadgenError;
 use crate::sim::report::RunReport;
 use crate::sim::table::{format_table, priority_table, run_rows, RunColumn};
@@ -39,8 +40,14 @@ pub struct LiveStats {
     pub late_threshold_ms: f64,
     pub send_lag_ms: LagSummary,
     /// Requests not answered 2xx, by HTTP status (`"429"`) or transport failure
-    /// (`"connect"`, `"timeout"`, `"closed"`, `"io"`, `"malformed"`, `"too_large"`).
+    /// (`"connect"`, `"timeout"`, `"closed_before_response"`, `"closed_mid_response"`,
+    /// `"io"`, `"malformed"`, `"too_large"`: `TransportError::explain` says what each means).
     pub errors_by_status: BTreeMap<String, u64>,
+    /// Keep-alive connections the server closed while they sat idle (its keep-alive
+    /// timeout shorter than a gap between their requests), replaced by fresh ones before
+    /// the request went out, or by its one retry. Not failures: every such request was
+    /// sent and answered (or failed for another reason, counted above).
+    pub reopened_connections: u64,
     /// Offered load: requests / (last scheduled send - first), requests/s (0 for one request
     /// or a saturated burst).
     pub offered_rps: f64,
@@ -181,6 +188,18 @@ impl LiveReport {
                 .map(|(k, n)| format!("{k}: {n}"))
                 .collect();
             let _ = writeln!(t, "errors: {}", list.join(", "));
+            for kind in TransportError::ALL {
+                if live.errors_by_status.contains_key(kind.as_str()) {
+                    let _ = writeln!(t, "  {}: {}", kind.as_str(), kind.explain());
+                }
+            }
+        }
+        if live.reopened_connections > 0 {
+            let _ = writeln!(
+                t,
+                "keep-alive connections closed by the server while idle, reopened before a send: {}",
+                live.reopened_connections
+            );
         }
         t
     }

@@ -191,6 +191,9 @@ struct Shared {
     next: AtomicUsize,
     sent: AtomicU64,
     late: AtomicU64,
+    /// Idle keep-alive sockets the server had closed, replaced ([`ClientConn::reopened`]),
+    /// added by each connection thread as it ends.
+    reopened: AtomicU64,
 }
 
 /// Where connection threads wait until every connection is open and the start instant is
@@ -316,6 +319,7 @@ pub fn run_scenario(
         errors,
         sent,
         late,
+        reopened,
         received,
         end_ns,
     } = out;
@@ -399,6 +403,7 @@ pub fn run_scenario(
                 max: lag_ns.max() as f64 / 1e6,
             },
             errors_by_status: errors,
+            reopened_connections: reopened,
             offered_rps,
             wall_s: end_ns as f64 / 1e9,
         },
@@ -540,6 +545,7 @@ struct Collected {
     errors: BTreeMap<String, u64>,
     sent: u64,
     late: u64,
+    reopened: u64,
     /// Outcomes received (equals the schedule length unless a connection thread died).
     received: u64,
     /// Last outcome, ns after the start.
@@ -563,6 +569,7 @@ fn drive(
         next: AtomicUsize::new(0),
         sent: AtomicU64::new(0),
         late: AtomicU64::new(0),
+        reopened: AtomicU64::new(0),
     };
     // Every thread opens its connection, then waits at the gate for the start instant.
     let gate = Gate::default();
@@ -695,6 +702,7 @@ fn drive(
         errors,
         sent: shared.sent.load(Ordering::Relaxed),
         late: shared.late.load(Ordering::Relaxed),
+        reopened: shared.reopened.load(Ordering::Relaxed),
         received,
         end_ns,
     })
@@ -758,6 +766,9 @@ fn connection_loop(
             break;
         }
     }
+    shared
+        .reopened
+        .fetch_add(conn.reopened(), Ordering::Relaxed);
     conn.close();
 }
 
@@ -830,6 +841,9 @@ fn client_loop(
         }
         next_at = answered + Duration::from_nanos(client.lp.think_ns(&mut rng));
     }
+    shared
+        .reopened
+        .fetch_add(conn.reopened(), Ordering::Relaxed);
     conn.close();
 }
 

@@ -4,18 +4,21 @@
 //! The sequence comes from [`Workload::generate`], the same call `abe simulate` makes, so
 //! the same scenario, seed and count give the same requests (the [`Digest`] proves it; a
 //! prefix of a sequence is the sequence of the shorter count, which is what `--duration`
-//! relies on). `rate_scale` plays the sequence `k` times faster (send time = arrival / k):
-//! for constant and Poisson arrivals that is the same process at `k` times the rate; for
-//! ramps and spikes it also compresses their time axis. Nothing here reads a clock.
+//! relies on). `rate_scale` is applied exactly as `abe simulate --rate-scale` applies it
+//! ([`Arrivals::scaled`](crate::sim::arrivals::Arrivals::scaled): every rate times `k`, a replayed trace's timestamps divided by
+//! `k`) before the sequence is generated, so a scaled run replays the simulator's scaled
+//! sequence, digest included. (Dividing the unscaled send times by `k` instead, as this
+//! module once did, gave another digest, rounding apart for traces, and another schedule
+//! for ramps and spikes, whose durations `scaled` keeps.) Nothing here reads a clock.
 
 use super::error::LoadgenError;
 use crate::sim::scenario::Scenario;
-use crate::sim::workload::{Digest, SimRequest};
+use crate::sim::workload::{Digest, SimRequest, Workload};
 
 /// Requests to send and when.
 #[derive(Clone, Debug)]
 pub struct Schedule {
-    /// The generated requests (unscaled arrival times), a prefix of the simulator's sequence.
+    /// The generated requests, a prefix of the simulator's sequence for the same rate scale.
     pub requests: Vec<SimRequest>,
     /// `send_at_ns[i]`: when request `i` is due, ns after the start; non-decreasing.
     pub send_at_ns: Vec<u64>,
@@ -27,7 +30,8 @@ pub struct Schedule {
 
 impl Schedule {
     /// The schedule for `scenario` with `seed`: `requests` requests (default: the
-    /// scenario's), arrival times divided by `rate_scale`, cut at `duration_s` if given.
+    /// scenario's), every arrival rate times `rate_scale` (as `abe simulate --rate-scale`),
+    /// cut at `duration_s` if given.
     pub fn new(
         scenario: &Scenario,
         seed: u64,
@@ -57,10 +61,29 @@ impl Schedule {
                 format!("{count} must be in 1..{}", u32::MAX),
             ));
         }
-        let g = scenario.workload.generate_with_prefix(count, seed)?;
+        let scaled;
+        let workload = if rate_scale == 1.0 {
+            &scenario.workload
+        } else {
+            let arrivals = scenario
+                .workload
+                .arrivals
+                .scaled(rate_scale)
+                .map_err(|e| match e {
+                    crate::sim::SimError::Invalid { why, .. } => {
+                        LoadgenError::invalid("--rate-scale", why)
+                    }
+                    e => e.into(),
+                })?;
+            scaled = Workload {
+                arrivals,
+                ..scenario.workload.clone()
+            };
+            &scaled
+        };
+        let g = workload.generate_with_prefix(count, seed)?;
         let mut generated = g.requests;
-        let scale = |ns: u64| (ns as f64 / rate_scale).round().min(u64::MAX as f64) as u64;
-        let mut send_at_ns: Vec<u64> = generated.iter().map(|r| scale(r.arrival_ns)).collect();
+        let mut send_at_ns: Vec<u64> = generated.iter().map(|r| r.arrival_ns).collect();
         if let Some(d) = duration_s {
             let end_ns = d * 1e9;
             let keep = send_at_ns.partition_point(|&t| (t as f64) < end_ns);
@@ -117,7 +140,15 @@ mod tests {
         assert_eq!(full.send_at_ns[3], 30_000_000);
         let fast = Schedule::new(&s, 7, Some(300), None, 2.0).unwrap();
         assert_eq!(fast.send_at_ns[3], 15_000_000);
-        assert_eq!(fast.digest, full.digest);
+        // Twice as fast is the simulator's sequence at twice the rate, digest and all.
+        let w2 = Workload {
+            arrivals: s.workload.arrivals.scaled(2.0).unwrap(),
+            ..s.workload.clone()
+        };
+        let sim2 = w2.generate(300, 7).unwrap();
+        assert_eq!(fast.requests, sim2);
+        assert_eq!(fast.digest, Digest::of(&sim2));
+        assert_ne!(fast.digest, full.digest, "arrival times are in the digest");
         // 1 s at 100 requests/s: requests 0..100 (t = 0 .. 0.99 s), the prefix.
         let cut = Schedule::new(&s, 7, Some(300), Some(1.0), 1.0).unwrap();
         assert_eq!(cut.len(), 100);

@@ -278,7 +278,7 @@ impl IoThread {
                 let _ = conn.stream.write(&out);
             }
         }
-        self.ctx.http_stats.connection_evicted(why);
+        self.evicted(idx, why);
         self.close(idx);
         true
     }
@@ -812,7 +812,7 @@ impl IoThread {
                 conn.read_done = true;
                 conn.request_started = None;
             }
-            self.ctx.http_stats.connection_evicted(why);
+            self.evicted(idx, why);
             let message = if why == Eviction::SlowRequest {
                 let (min, grace) = (rate.min_bytes_per_sec, rate.grace.as_secs_f64());
                 (
@@ -838,10 +838,21 @@ impl IoThread {
             );
         }
         for (idx, why) in to_close {
-            self.ctx.http_stats.connection_evicted(why);
+            self.evicted(idx, why);
             self.close(idx);
         }
         self.flush_touched(now);
+    }
+
+    /// Counts connection `idx` evicted for `why` (`abe_http_connections_evicted_total`) and
+    /// says so at debug level: a client that sees its connection closed can find out why.
+    fn evicted(&self, idx: usize, why: Eviction) {
+        self.ctx.http_stats.connection_evicted(why);
+        tracing::debug!(
+            connection = idx,
+            reason = why.as_str(),
+            "connection evicted (abe_http_connections_evicted_total)"
+        );
     }
 
     fn close(&mut self, idx: usize) {
