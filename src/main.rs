@@ -178,7 +178,8 @@ struct LoadgenArgs {
     /// Closed loop: think time between an answer and the client's next request, ms.
     #[arg(long, value_name = "MS")]
     think_ms: Option<f64>,
-    /// Play the schedule this many times faster (arrival times divided by it).
+    /// Play the workload this many times faster, as `abe simulate --rate-scale` does (rates
+    /// times it; a trace's timestamps divided by it), so both replay one sequence.
     #[arg(long, default_value_t = 1.0)]
     rate_scale: f64,
     /// Switch the target to this strategy first (POST /admin/strategy/NAME).
