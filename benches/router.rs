@@ -334,6 +334,7 @@ fn prefix_aware_16_backends(c: &mut Criterion) {
                 blocks: black_box(&next[i]),
                 session: None,
                 exact: Some(&copies),
+                output_tokens: 0,
             };
             black_box(r.route_with(black_box(&req), &affinity).expect("routable"))
         })

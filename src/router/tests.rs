@@ -394,6 +394,7 @@ fn us03_ac06_lower_latency_scores_higher() {
         backend: a,
         priority: 10,
         pending_batches: 0,
+        pending_work: 0,
         latency_ms: 50,
     };
     let cb = Candidate {
@@ -1235,6 +1236,7 @@ fn prefix_aware_asks_the_exact_view_first_and_records_only_what_it_guessed() {
         blocks: &p,
         session: None,
         exact: Some(&view),
+        output_tokens: 0,
     };
     assert_eq!(routed_with(&mut r, &aff), "B");
     assert_eq!(
@@ -1332,6 +1334,7 @@ fn an_affinity_does_not_change_the_other_strategies() {
         blocks: &p,
         session: Some(7),
         exact: None,
+        output_tokens: 0,
     };
     for s in Strategy::ALL {
         if matches!(s, Strategy::PrefixAware | Strategy::Session) {
