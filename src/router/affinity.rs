@@ -77,9 +77,9 @@ pub const BALANCE_ABS_THRESHOLD_DEFAULT: u32 = 64;
 /// `balance_rel_threshold_pct` default; see the module doc.
 pub const BALANCE_REL_THRESHOLD_PCT_DEFAULT: u32 = 150;
 /// `balance_abs_work_tokens` default (prompt-token equivalents); see the module doc.
-pub const BALANCE_ABS_WORK_TOKENS_DEFAULT: u32 = 16_384;
+pub const BALANCE_ABS_WORK_TOKENS_DEFAULT: u32 = 32_768;
 /// `decode_token_work` default (prompt tokens an output token weighs); see the module doc.
-pub const DECODE_TOKEN_WORK_DEFAULT: u32 = 100;
+pub const DECODE_TOKEN_WORK_DEFAULT: u32 = 0;
 /// `max_tracked_blocks` default, per backend: 32,768 blocks of 16 tokens = 512 Ki tokens,
 /// about one H100's KV cache for Llama-3.1-8B (80 GB less 16 GB of weights, at 128 KiB of
 /// K and V a token: ~490 Ki tokens). 1.25 MiB of index a backend.

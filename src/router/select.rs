@@ -12,7 +12,7 @@
 //! build its error message. Nothing here may read a clock, do I/O, call out, or allocate on
 //! the success path (`benches/router.rs` counts allocations to hold it to that).
 
-use super::affinity::{pick_prefix, pick_session, Affinity, PrefixConfig, RequestWork};
+use super::affinity::{least_work, pick_prefix, pick_session, Affinity, PrefixConfig, RequestWork};
 use super::error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
@@ -436,22 +436,38 @@ impl Router {
             self.matched_exact.push(exact.is_some());
         }
         // The approximate indexes' searches in lockstep: one probe of each per round, so the
-        // probes of a round are independent loads (about 8 rounds for 128 blocks).
+        // probes of a round are independent loads (about 8 rounds for 128 blocks). After a
+        // round, a search that can no longer reach the longest match found so far (its
+        // bound below it) stops: the pick reads only the longest matches (its ties
+        // included) and the fallback's, whose search always runs to the end.
+        let fallback = least_work(&self.scratch);
+        let mut lead = self
+            .searches
+            .iter()
+            .map(PrefixSearch::found)
+            .max()
+            .unwrap_or(0);
         let mut searching = true;
         while searching {
             searching = false;
-            for (search, c) in self.searches.iter_mut().zip(&self.scratch) {
-                if !search.done() {
-                    searching |= match &self.indexes.get(c.backend.index()) {
-                        Some(Some(ix)) => !search.step(ix, blocks),
-                        // No index (an exact backend the view did not answer for, or a
-                        // lookup copy): nothing known cached.
-                        _ => {
-                            *search = PrefixSearch::answered(0);
-                            false
-                        }
-                    };
+            for (k, (search, c)) in self.searches.iter_mut().zip(&self.scratch).enumerate() {
+                if search.done() {
+                    continue;
                 }
+                if k != fallback && search.bound() < lead {
+                    *search = PrefixSearch::answered(search.found());
+                    continue;
+                }
+                searching |= match &self.indexes.get(c.backend.index()) {
+                    Some(Some(ix)) => !search.step(ix, blocks),
+                    // No index (an exact backend the view did not answer for, or a
+                    // lookup copy): nothing known cached.
+                    _ => {
+                        *search = PrefixSearch::answered(0);
+                        false
+                    }
+                };
+                lead = lead.max(search.found());
             }
         }
         self.matched.clear();
