@@ -15,8 +15,8 @@
 //! three knobs; its command-line defaults are `cache_threshold = 0.3`,
 //! `balance_abs_threshold = 64`, `balance_rel_threshold = 1.5` (the library's `Default` has
 //! 0.5 / 32 / 1.1). Load there and here is requests in flight on a backend as the router
-//! counts them (`pending_batches`; in continuous mode one routed request is one). abe's
-//! rule differs in one place: SGLang falls back to the least loaded worker whenever *any*
+//! counts them (`pending_batches`; in continuous mode one routed request is one); abe adds
+//! work in flight (below). abe's rule also differs in one place: SGLang falls back to the least loaded worker whenever *any*
 //! two workers are that far apart; abe does only when the backend the cache points at is
 //! that far above the least loaded candidate, so a hot cold backend does not stop affinity
 //! elsewhere. Below the cache threshold SGLang picks the worker with the smallest tree; abe
@@ -51,7 +51,21 @@
 //!   `1 / (1 - f * p)` times the requests for the same busy time. With `f * p = 1/3` (half
 //!   the prompt cached, prefill two thirds of the work: long-prompt, short-answer traffic
 //!   such as the Mooncake trace) that is 1.5. Measure `p` from the backend's TTFT against
-//!   e2e latency and `f` from its hit rate, and set `100 / (1 - f * p)`.
+//!   e2e latency and `f` from its hit rate, and set `100 / (1 - f * p)`. The same ratio
+//!   bounds work (below).
+//! - Work ([`RequestWork`]): a request's prompt tokens not cached on the backend plus
+//!   `decode_token_work` (default [`DECODE_TOKEN_WORK_DEFAULT`] = 0) per expected output
+//!   token; a backend's work in flight is the sum over its requests, fed by the caller
+//!   (`Registry::work_started` / `work_finished`, with [`Decision::work`](super::Decision)).
+//!   The fallback is the candidate with the least work in flight (ties: fewer requests),
+//!   and the cached backend is also overloaded when its work, this request's counted on
+//!   each, is more than `balance_abs_work_tokens` (default
+//!   [`BALANCE_ABS_WORK_TOKENS_DEFAULT`] = 32,768) above the fallback's and more than
+//!   `balance_rel_threshold_pct` % of it. Why: at realistic loads a replica holds 1 to 3
+//!   requests, so counts cannot see that one replica's requests are long uncached prompts.
+//!   Both defaults are measured: the simulator sweep in docs/routing.md (8 H100 replicas,
+//!   the Mooncake trace) keeps imbalance <= 1.2 with 95 % of the reference hit rate there;
+//!   a positive `decode_token_work` lost hit rate for no balance.
 //!
 //! # Session affinity
 //!
@@ -94,7 +108,7 @@ pub struct PrefixConfig {
     /// prompt's full blocks (0..=100).
     pub cache_threshold_pct: u32,
     /// The cached backend is overloaded when it has more than this many requests in flight
-    /// above the least loaded candidate ...
+    /// above the fallback (the candidate with the least work in flight) ...
     pub balance_abs_threshold: u32,
     /// ... and more than this percentage of its load (>= 100); the same ratio applies to
     /// work.

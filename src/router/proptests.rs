@@ -420,6 +420,49 @@ proptest! {
         prop_assert!(i == least || !cfg.overloaded(load(i), load(least)));
     }
 
+    /// With work in flight fed: the pick is the fallback (least work, ties to fewer
+    /// requests, then the first) or a longest match that covers enough and is not
+    /// overloaded against it, work counted with the request's own on each.
+    #[test]
+    fn prefix_rule_with_work_is_longest_match_or_least_work(
+        loads in prop::collection::vec((0u32..8, 0u64..200_000), 1..16),
+        matched_seed in prop::collection::vec(0u32..=128, 16),
+        prompt in 1u32..=128,
+        prompt_tokens in 0u32..40_000,
+        output_tokens in 0u32..1_000,
+        decode_token_work in 0u32..300,
+        abs_work in 0u32..100_000,
+        rel in 100u32..300,
+    ) {
+        let cfg = PrefixConfig {
+            balance_abs_work_tokens: abs_work,
+            balance_rel_threshold_pct: rel,
+            decode_token_work,
+            ..PrefixConfig::default()
+        };
+        let c: Vec<Candidate> = loads.iter().enumerate().map(|(i, &(n, w))| Candidate {
+            backend: BackendId(i as u32), priority: 0, pending_batches: n, pending_work: w,
+            latency_ms: 0,
+        }).collect();
+        let m: Vec<u32> = matched_seed[..c.len()].iter().map(|&x| x.min(prompt)).collect();
+        let work = RequestWork { prompt_tokens, output_tokens };
+        let i = pick_prefix(&c, &m, prompt, &work, &cfg);
+        let fallback = (0..c.len())
+            .min_by_key(|&j| (c[j].pending_work, c[j].pending_batches, j)).unwrap();
+        let at = |j: usize| BalanceLoad {
+            requests: c[j].pending_batches,
+            work: c[j].pending_work + work.on(m[j], prompt, &cfg),
+        };
+        let longest = *m.iter().max().unwrap();
+        if i != fallback {
+            prop_assert_eq!(m[i], longest);
+            prop_assert!(cfg.enough(longest, prompt));
+            prop_assert!(!cfg.overloaded(at(i), at(fallback)));
+        }
+        // A cached share never costs more than the whole prompt.
+        prop_assert!(work.on(m[i], prompt, &cfg) <= work.on(0, prompt, &cfg));
+    }
+
     /// Rendezvous hashing: removing any set of backends moves only the keys that were on
     /// them, and adding them back restores every key.
     #[test]
