@@ -1399,8 +1399,9 @@ fn exact_backends_and_the_lookup_copy_hold_no_approximate_index() {
     assert!(r.prefix_index(b).is_none());
     assert_eq!(r.prefix_index_bytes(), 2 * 32_768 * 40);
     // Nothing answers for B: it counts unmatched, and nothing is recorded for it.
-    r.registry_mut().batch_started(id(&r, "A"));
-    r.registry_mut().batch_started(id(&r, "C"));
+    let (a, c) = (id(&r, "A"), id(&r, "C"));
+    r.registry_mut().batch_started(a);
+    r.registry_mut().batch_started(c);
     assert_eq!(routed_with(&mut r, &Affinity::prefix(&names(0..8))), "B");
     assert!(r.prefix_index(b).is_none());
     let copy = r.lookup_copy();
@@ -1412,14 +1413,14 @@ fn exact_backends_and_the_lookup_copy_hold_no_approximate_index() {
 #[test]
 fn a_decision_costs_the_prompt_not_cached_on_the_chosen_backend() {
     let mut r = router(&three_backends(), &routing("prefix_aware"));
-    let p = names(0..64); // 64 blocks of 16 tokens
-    let req = Requirements::text("m", 1024);
+    let p = names(0..64); // 64 blocks; the estimate (within the backends' context of 100)
+    let req = Requirements::text("m", 64);
     let with_output = Affinity {
         output_tokens: 100,
         ..Affinity::prefix(&p)
     };
     let first = r.route_with(&req, &with_output).unwrap();
-    assert_eq!(first.work, 1024, "nothing cached; decode_token_work is 0");
+    assert_eq!(first.work, 64, "nothing cached; decode_token_work is 0");
     let again = r.route_with(&req, &with_output).unwrap();
     assert_eq!(again.backend, first.backend);
     assert_eq!(again.work, 0, "all of it cached there");
@@ -1427,13 +1428,13 @@ fn a_decision_costs_the_prompt_not_cached_on_the_chosen_backend() {
     let half: Vec<_> = p[..32].iter().copied().chain(names(1000..1032)).collect();
     assert_eq!(
         r.route_with(&req, &Affinity::prefix(&half)).unwrap().work,
-        512
+        32
     );
     // Weighted output tokens count when configured.
     let mut cfg = routing("prefix_aware");
     cfg.prefix.decode_token_work = 3;
     let mut r = router(&three_backends(), &cfg);
-    assert_eq!(r.route_with(&req, &with_output).unwrap().work, 1024 + 300);
+    assert_eq!(r.route_with(&req, &with_output).unwrap().work, 64 + 300);
 }
 
 #[test]
@@ -1441,14 +1442,14 @@ fn work_fed_by_the_caller_moves_a_request_off_a_backend_busy_with_long_prompts()
     let mut r = router(&three_backends(), &routing("prefix_aware"));
     let (a, b) = (id(&r, "A"), id(&r, "B"));
     let p = names(0..64);
-    let req = Requirements::text("m", 1024);
+    let req = Requirements::text("m", 64);
     assert_eq!(routed_with(&mut r, &Affinity::prefix(&p)), "A");
     // Every backend holds one request; A's are long uncached prompts, B's and C's short.
     for (backend, work) in [(a, 40_000), (b, 100), (id(&r, "C"), 200)] {
         r.registry_mut().batch_started(backend);
         r.registry_mut().work_started(backend, work);
     }
-    // 40,000 against B's 100 + 1,024: more than 32,768 above and 150 %: B.
+    // 40,000 against B's 100 + 64: more than 32,768 above and 150 %: B.
     assert_eq!(
         r.route_with(&req, &Affinity::prefix(&p)).unwrap().backend,
         b
