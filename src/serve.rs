@@ -80,7 +80,8 @@ impl Running {
             ))
             .into());
         }
-        let io_router = Arc::new(engine_router.clone());
+        // Resolves, prechecks and describes only: no copy of the prefix indexes.
+        let io_router = Arc::new(engine_router.lookup_copy());
         // The default model must resolve (ApiContext picks one some backend serves).
         let default_name = io_router
             .lookup(&ApiContext::default_model_for(&config, &io_router))

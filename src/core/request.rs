@@ -182,6 +182,15 @@ impl RequestMeta {
         }
     }
 
+    /// Output tokens to expect: the prediction when there is one, else `max_tokens`.
+    pub fn expected_output_tokens(&self) -> u32 {
+        if self.predicted_output_tokens > 0 {
+            self.predicted_output_tokens
+        } else {
+            self.max_tokens
+        }
+    }
+
     /// Token bucket of this request.
     pub fn bucket(&self) -> usize {
         bucket_for_tokens(self.tokens_estimated)

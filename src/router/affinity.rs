@@ -15,8 +15,8 @@
 //! three knobs; its command-line defaults are `cache_threshold = 0.3`,
 //! `balance_abs_threshold = 64`, `balance_rel_threshold = 1.5` (the library's `Default` has
 //! 0.5 / 32 / 1.1). Load there and here is requests in flight on a backend as the router
-//! counts them (`pending_batches`; in continuous mode one routed request is one). abe's
-//! rule differs in one place: SGLang falls back to the least loaded worker whenever *any*
+//! counts them (`pending_batches`; in continuous mode one routed request is one); abe adds
+//! work in flight (below). abe's rule also differs in one place: SGLang falls back to the least loaded worker whenever *any*
 //! two workers are that far apart; abe does only when the backend the cache points at is
 //! that far above the least loaded candidate, so a hot cold backend does not stop affinity
 //! elsewhere. Below the cache threshold SGLang picks the worker with the smallest tree; abe
@@ -51,7 +51,21 @@
 //!   `1 / (1 - f * p)` times the requests for the same busy time. With `f * p = 1/3` (half
 //!   the prompt cached, prefill two thirds of the work: long-prompt, short-answer traffic
 //!   such as the Mooncake trace) that is 1.5. Measure `p` from the backend's TTFT against
-//!   e2e latency and `f` from its hit rate, and set `100 / (1 - f * p)`.
+//!   e2e latency and `f` from its hit rate, and set `100 / (1 - f * p)`. The same ratio
+//!   bounds work (below).
+//! - Work ([`RequestWork`]): a request's prompt tokens not cached on the backend plus
+//!   `decode_token_work` (default [`DECODE_TOKEN_WORK_DEFAULT`] = 0) per expected output
+//!   token; a backend's work in flight is the sum over its requests, fed by the caller
+//!   (`Registry::work_started` / `work_finished`, with [`Decision::work`](super::Decision)).
+//!   The fallback is the candidate with the least work in flight (ties: fewer requests),
+//!   and the cached backend is also overloaded when its work, this request's counted on
+//!   each, is more than `balance_abs_work_tokens` (default
+//!   [`BALANCE_ABS_WORK_TOKENS_DEFAULT`] = 32,768) above the fallback's and more than
+//!   `balance_rel_threshold_pct` % of it. Why: at realistic loads a replica holds 1 to 3
+//!   requests, so counts cannot see that one replica's requests are long uncached prompts.
+//!   Both defaults are measured: the simulator sweep in docs/routing.md (8 H100 replicas,
+//!   the Mooncake trace) keeps imbalance <= 1.2 with 95 % of the reference hit rate there;
+//!   a positive `decode_token_work` lost hit rate for no balance.
 //!
 //! # Session affinity
 //!
@@ -76,6 +90,10 @@ pub const CACHE_THRESHOLD_PCT_DEFAULT: u32 = 30;
 pub const BALANCE_ABS_THRESHOLD_DEFAULT: u32 = 64;
 /// `balance_rel_threshold_pct` default; see the module doc.
 pub const BALANCE_REL_THRESHOLD_PCT_DEFAULT: u32 = 150;
+/// `balance_abs_work_tokens` default (prompt-token equivalents); see the module doc.
+pub const BALANCE_ABS_WORK_TOKENS_DEFAULT: u32 = 32_768;
+/// `decode_token_work` default (prompt tokens an output token weighs); see the module doc.
+pub const DECODE_TOKEN_WORK_DEFAULT: u32 = 0;
 /// `max_tracked_blocks` default, per backend: 32,768 blocks of 16 tokens = 512 Ki tokens,
 /// about one H100's KV cache for Llama-3.1-8B (80 GB less 16 GB of weights, at 128 KiB of
 /// K and V a token: ~490 Ki tokens). 1.25 MiB of index a backend.
@@ -90,10 +108,19 @@ pub struct PrefixConfig {
     /// prompt's full blocks (0..=100).
     pub cache_threshold_pct: u32,
     /// The cached backend is overloaded when it has more than this many requests in flight
-    /// above the least loaded candidate ...
+    /// above the fallback (the candidate with the least work in flight) ...
     pub balance_abs_threshold: u32,
-    /// ... and more than this percentage of its load (>= 100).
+    /// ... and more than this percentage of its load (>= 100); the same ratio applies to
+    /// work.
     pub balance_rel_threshold_pct: u32,
+    /// Or: the cached backend's work in flight, this request's included, is more than this
+    /// many prompt-token equivalents above the fallback's (and more than
+    /// `balance_rel_threshold_pct` % of it). Counts only where the caller feeds work
+    /// ([`Registry::work_started`](super::Registry::work_started)).
+    pub balance_abs_work_tokens: u32,
+    /// Work of one expected output token, in prompt tokens (a request's work is its
+    /// uncached prompt tokens plus this per output token).
+    pub decode_token_work: u32,
     /// Block names tracked per backend whose cache the router cannot ask
     /// (1..=16,777,216); 40 bytes each at a power of two, at most 64.
     pub max_tracked_blocks: u32,
@@ -105,6 +132,8 @@ impl Default for PrefixConfig {
             cache_threshold_pct: CACHE_THRESHOLD_PCT_DEFAULT,
             balance_abs_threshold: BALANCE_ABS_THRESHOLD_DEFAULT,
             balance_rel_threshold_pct: BALANCE_REL_THRESHOLD_PCT_DEFAULT,
+            balance_abs_work_tokens: BALANCE_ABS_WORK_TOKENS_DEFAULT,
+            decode_token_work: DECODE_TOKEN_WORK_DEFAULT,
             max_tracked_blocks: MAX_TRACKED_BLOCKS_DEFAULT,
         }
     }
@@ -145,12 +174,21 @@ impl PrefixConfig {
         Ok(())
     }
 
-    /// Whether a backend with `load` requests in flight is overloaded against the least
-    /// loaded candidate's `least`: both thresholds exceeded.
+    /// Whether the backend the cache points at (`cached`) is overloaded against the
+    /// fallback: by requests in flight (more than `balance_abs_threshold` above it and more
+    /// than `balance_rel_threshold_pct` % of it), or by work with this request counted on
+    /// each (more than `balance_abs_work_tokens` above it and more than
+    /// `balance_rel_threshold_pct` % of it).
     #[inline]
-    pub fn overloaded(&self, load: u32, least: u32) -> bool {
-        load.saturating_sub(least) > self.balance_abs_threshold
-            && u64::from(load) * 100 > u64::from(least) * u64::from(self.balance_rel_threshold_pct)
+    pub fn overloaded(&self, cached: BalanceLoad, fallback: BalanceLoad) -> bool {
+        let rel = u128::from(self.balance_rel_threshold_pct);
+        let by_requests = cached.requests.saturating_sub(fallback.requests)
+            > self.balance_abs_threshold
+            && u128::from(cached.requests) * 100 > u128::from(fallback.requests) * rel;
+        let by_work = cached.work.saturating_sub(fallback.work)
+            > u64::from(self.balance_abs_work_tokens)
+            && u128::from(cached.work) * 100 > u128::from(fallback.work) * rel;
+        by_requests || by_work
     }
 
     /// Whether `matched` of `prompt` blocks is enough for affinity: strictly more than the
@@ -159,6 +197,15 @@ impl PrefixConfig {
     pub fn enough(&self, matched: u32, prompt: u32) -> bool {
         u64::from(matched) * 100 > u64::from(prompt) * u64::from(self.cache_threshold_pct)
     }
+}
+
+/// A backend's load as the balance rule weighs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BalanceLoad {
+    /// Requests (batches) in flight.
+    pub requests: u32,
+    /// Work in flight plus the request's own work there, prompt-token equivalents.
+    pub work: u64,
 }
 
 /// What a cache that can be asked says about a backend. The engine's own continuous
@@ -192,6 +239,9 @@ pub struct Affinity<'a> {
     /// A cache that can be asked exactly (the engine's replicas); backends it does not
     /// know are judged by the router's approximate index.
     pub exact: Option<&'a dyn CacheView>,
+    /// Output tokens expected (predicted, else `max_tokens`; 0 unknown): with the prompt's
+    /// estimated tokens, the request's [`RequestWork`].
+    pub output_tokens: u32,
 }
 
 impl Affinity<'_> {
@@ -200,6 +250,7 @@ impl Affinity<'_> {
         blocks: &[],
         session: None,
         exact: None,
+        output_tokens: 0,
     };
 }
 
@@ -233,6 +284,7 @@ impl fmt::Debug for Affinity<'_> {
             .field("blocks", &self.blocks.len())
             .field("session", &self.session)
             .field("exact", &self.exact.is_some())
+            .field("output_tokens", &self.output_tokens)
             .finish()
     }
 }
@@ -249,21 +301,63 @@ pub fn least_loaded(candidates: &[Candidate]) -> usize {
     best
 }
 
+/// Index of the first candidate with the least work in flight, ties to the fewer requests
+/// in flight: `prefix_aware`'s fallback. Where nobody feeds work it is [`least_loaded`].
+#[inline]
+pub fn least_work(candidates: &[Candidate]) -> usize {
+    let key = |c: &Candidate| (c.pending_work, c.pending_batches);
+    let mut best = 0;
+    for (i, c) in candidates.iter().enumerate().skip(1) {
+        if key(c) < key(&candidates[best]) {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The request being routed, as `prefix_aware` costs it: what it will add to a backend's
+/// work in flight, in prompt-token equivalents.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestWork {
+    /// Prompt tokens (the request's estimate).
+    pub prompt_tokens: u32,
+    /// Output tokens expected (the prediction, else `max_tokens`; 0 when unknown).
+    pub output_tokens: u32,
+}
+
+impl RequestWork {
+    /// Work on a backend holding `matched` of the prompt's `prompt_blocks` full blocks: the
+    /// prompt tokens it must compute (the cached share taken off) plus
+    /// `decode_token_work` per output token.
+    #[inline]
+    pub fn on(&self, matched: u32, prompt_blocks: u32, cfg: &PrefixConfig) -> u64 {
+        let prompt = u64::from(self.prompt_tokens);
+        let cached = if prompt_blocks == 0 {
+            0
+        } else {
+            prompt * u64::from(matched.min(prompt_blocks)) / u64::from(prompt_blocks)
+        };
+        prompt - cached + u64::from(cfg.decode_token_work) * u64::from(self.output_tokens)
+    }
+}
+
 /// `prefix_aware`'s choice among `candidates` (non-empty), given how many leading blocks
-/// of a `prompt_blocks`-block prompt each holds (`matched[i]` for `candidates[i]`): the
-/// longest match (ties to the less loaded, then the first) when it covers enough of the
-/// prompt and its backend is not overloaded against the least loaded candidate; else the
-/// least loaded (ties to the first).
+/// of a `prompt_blocks`-block prompt each holds (`matched[i]` for `candidates[i]`) and the
+/// request's cost `work`: the longest match (ties to the less loaded, then the first) when
+/// it covers enough of the prompt and its backend is not overloaded against the fallback;
+/// else the fallback, the candidate with the least work in flight ([`least_work`]; without
+/// work fed, the least loaded; ties to the first). See [`PrefixConfig::overloaded`].
 #[inline]
 pub fn pick_prefix(
     candidates: &[Candidate],
     matched: &[u32],
     prompt_blocks: u32,
+    work: &RequestWork,
     cfg: &PrefixConfig,
 ) -> usize {
     assert!(!candidates.is_empty(), "pick needs a candidate");
     assert_eq!(candidates.len(), matched.len(), "one match per candidate");
-    let least = least_loaded(candidates);
+    let fallback = least_work(candidates);
     let mut best = 0;
     for i in 1..candidates.len() {
         let longer = matched[i] > matched[best];
@@ -273,15 +367,17 @@ pub fn pick_prefix(
             best = i;
         }
     }
-    if !cfg.enough(matched[best], prompt_blocks) {
-        return least;
+    if best == fallback || !cfg.enough(matched[best], prompt_blocks) {
+        return fallback;
     }
-    let (load, least_load) = (
-        candidates[best].pending_batches,
-        candidates[least].pending_batches,
-    );
-    if cfg.overloaded(load, least_load) {
-        least
+    let at = |i: usize| BalanceLoad {
+        requests: candidates[i].pending_batches,
+        work: candidates[i]
+            .pending_work
+            .saturating_add(work.on(matched[i], prompt_blocks, cfg)),
+    };
+    if cfg.overloaded(at(best), at(fallback)) {
+        fallback
     } else {
         best
     }
@@ -342,6 +438,7 @@ mod tests {
             backend: BackendId(i),
             priority: 0,
             pending_batches: pending,
+            pending_work: 0,
             latency_ms: 0,
         }
     }
@@ -350,9 +447,15 @@ mod tests {
     fn longest_match_wins_when_balanced() {
         let cfg = PrefixConfig::default();
         let c = [cand(0, 3), cand(1, 5), cand(2, 1)];
-        assert_eq!(pick_prefix(&c, &[10, 100, 0], 128, &cfg), 1);
+        assert_eq!(
+            pick_prefix(&c, &[10, 100, 0], 128, &RequestWork::default(), &cfg),
+            1
+        );
         // Equal matches: the less loaded of them.
-        assert_eq!(pick_prefix(&c, &[100, 100, 0], 128, &cfg), 0);
+        assert_eq!(
+            pick_prefix(&c, &[100, 100, 0], 128, &RequestWork::default(), &cfg),
+            0
+        );
     }
 
     #[test]
@@ -360,17 +463,32 @@ mod tests {
         let cfg = PrefixConfig::default(); // 30 %
         let c = [cand(0, 3), cand(1, 5), cand(2, 1)];
         // 38 of 128 blocks = 29.7 %: not enough; 39 = 30.5 %: enough.
-        assert_eq!(pick_prefix(&c, &[0, 38, 0], 128, &cfg), 2);
-        assert_eq!(pick_prefix(&c, &[0, 39, 0], 128, &cfg), 1);
+        assert_eq!(
+            pick_prefix(&c, &[0, 38, 0], 128, &RequestWork::default(), &cfg),
+            2
+        );
+        assert_eq!(
+            pick_prefix(&c, &[0, 39, 0], 128, &RequestWork::default(), &cfg),
+            1
+        );
         // Nothing matched anywhere, even with a zero threshold: least loaded.
         let zero = PrefixConfig {
             cache_threshold_pct: 0,
             ..cfg
         };
-        assert_eq!(pick_prefix(&c, &[0, 0, 0], 128, &zero), 2);
-        assert_eq!(pick_prefix(&c, &[0, 1, 0], 128, &zero), 1);
+        assert_eq!(
+            pick_prefix(&c, &[0, 0, 0], 128, &RequestWork::default(), &zero),
+            2
+        );
+        assert_eq!(
+            pick_prefix(&c, &[0, 1, 0], 128, &RequestWork::default(), &zero),
+            1
+        );
         // A prompt with no full block never has affinity.
-        assert_eq!(pick_prefix(&c, &[0, 0, 0], 0, &zero), 2);
+        assert_eq!(
+            pick_prefix(&c, &[0, 0, 0], 0, &RequestWork::default(), &zero),
+            2
+        );
     }
 
     #[test]
@@ -382,16 +500,79 @@ mod tests {
         };
         let m = [128, 0];
         // abs: 64 above is not over 64; 65 is (and 165 is over 150 % of 100).
-        assert_eq!(pick_prefix(&[cand(0, 164), cand(1, 100)], &m, 128, &cfg), 0);
-        assert_eq!(pick_prefix(&[cand(0, 165), cand(1, 100)], &m, 128, &cfg), 1);
+        assert_eq!(
+            pick_prefix(
+                &[cand(0, 164), cand(1, 100)],
+                &m,
+                128,
+                &RequestWork::default(),
+                &cfg
+            ),
+            0
+        );
+        assert_eq!(
+            pick_prefix(
+                &[cand(0, 165), cand(1, 100)],
+                &m,
+                128,
+                &RequestWork::default(),
+                &cfg
+            ),
+            1
+        );
         // rel: 65 above but only 1.30x (280 against 215): stays.
-        assert_eq!(pick_prefix(&[cand(0, 280), cand(1, 215)], &m, 128, &cfg), 0);
+        assert_eq!(
+            pick_prefix(
+                &[cand(0, 280), cand(1, 215)],
+                &m,
+                128,
+                &RequestWork::default(),
+                &cfg
+            ),
+            0
+        );
         // rel boundary: 150 % exactly is not over; 151 % is (abs far exceeded).
-        assert_eq!(pick_prefix(&[cand(0, 300), cand(1, 200)], &m, 128, &cfg), 0);
-        assert_eq!(pick_prefix(&[cand(0, 302), cand(1, 200)], &m, 128, &cfg), 1);
+        assert_eq!(
+            pick_prefix(
+                &[cand(0, 300), cand(1, 200)],
+                &m,
+                128,
+                &RequestWork::default(),
+                &cfg
+            ),
+            0
+        );
+        assert_eq!(
+            pick_prefix(
+                &[cand(0, 302), cand(1, 200)],
+                &m,
+                128,
+                &RequestWork::default(),
+                &cfg
+            ),
+            1
+        );
         // An idle least loaded backend: the abs threshold decides.
-        assert_eq!(pick_prefix(&[cand(0, 64), cand(1, 0)], &m, 128, &cfg), 0);
-        assert_eq!(pick_prefix(&[cand(0, 65), cand(1, 0)], &m, 128, &cfg), 1);
+        assert_eq!(
+            pick_prefix(
+                &[cand(0, 64), cand(1, 0)],
+                &m,
+                128,
+                &RequestWork::default(),
+                &cfg
+            ),
+            0
+        );
+        assert_eq!(
+            pick_prefix(
+                &[cand(0, 65), cand(1, 0)],
+                &m,
+                128,
+                &RequestWork::default(),
+                &cfg
+            ),
+            1
+        );
     }
 
     #[test]
@@ -399,7 +580,10 @@ mod tests {
         let cfg = PrefixConfig::default();
         // Backend 2 is far above the others, but the cache points at 0, which is not.
         let c = [cand(0, 10), cand(1, 5), cand(2, 500)];
-        assert_eq!(pick_prefix(&c, &[100, 0, 0], 128, &cfg), 0);
+        assert_eq!(
+            pick_prefix(&c, &[100, 0, 0], 128, &RequestWork::default(), &cfg),
+            0
+        );
     }
 
     #[test]

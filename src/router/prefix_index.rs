@@ -200,15 +200,30 @@ impl PrefixIndex {
                 }
             }
             std::hint::black_box(touched_links);
-            // Pass 2: touch from the last to the first.
-            for (&s, &name) in found[..chunk.len()].iter().zip(chunk).rev() {
-                if s != NIL && self.slots[s as usize].name == name {
-                    debug_assert!(s < self.len);
-                    self.unlink(s);
-                    self.link_newest(s);
-                } else {
-                    self.touch(name);
+            // Pass 2: touch from the last to the first. A run of names already tracked and
+            // already linked in prompt order (each the next newer of the one after it: what
+            // an earlier insert of the same prefix left) moves to the head in one splice.
+            let mut k = chunk.len();
+            while k > 0 {
+                k -= 1;
+                let oldest_of_run = found[k];
+                if oldest_of_run == NIL || self.slots[oldest_of_run as usize].name != chunk[k] {
+                    self.touch(chunk[k]);
+                    continue;
                 }
+                let mut newest_of_run = oldest_of_run;
+                while k > 0 {
+                    let s = found[k - 1];
+                    if s == NIL
+                        || self.slots[s as usize].name != chunk[k - 1]
+                        || self.slots[s as usize].older != newest_of_run
+                    {
+                        break;
+                    }
+                    newest_of_run = s;
+                    k -= 1;
+                }
+                self.splice_newest(newest_of_run, oldest_of_run);
             }
             end = start;
         }
@@ -316,6 +331,29 @@ impl PrefixIndex {
         }
     }
 
+    /// Moves the run of slots from `newest_of_run` to `oldest_of_run` (linked through
+    /// `older`, in that order) to the head of the recency list, keeping its order.
+    fn splice_newest(&mut self, newest_of_run: u32, oldest_of_run: u32) {
+        debug_assert!(newest_of_run < self.len && oldest_of_run < self.len);
+        if newest_of_run == self.newest {
+            return;
+        }
+        let before = self.slots[newest_of_run as usize].newer;
+        let after = self.slots[oldest_of_run as usize].older;
+        debug_assert_ne!(before, NIL, "a run not at the head has a newer neighbour");
+        self.slots[before as usize].older = after;
+        if after == NIL {
+            self.oldest = before;
+        } else {
+            self.slots[after as usize].newer = before;
+        }
+        let old_newest = self.newest;
+        self.slots[old_newest as usize].newer = oldest_of_run;
+        self.slots[oldest_of_run as usize].older = old_newest;
+        self.slots[newest_of_run as usize].newer = NIL;
+        self.newest = newest_of_run;
+    }
+
     fn unlink(&mut self, s: u32) {
         let Slot { newer, older, .. } = self.slots[s as usize];
         if newer == NIL {
@@ -402,6 +440,13 @@ impl PrefixSearch {
     #[inline]
     pub fn done(&self) -> bool {
         self.known == self.limit
+    }
+
+    /// The most leading blocks the answer can still be (the first block known untracked,
+    /// or the prompt's length).
+    #[inline]
+    pub fn bound(&self) -> u32 {
+        self.limit
     }
 
     /// Leading blocks found tracked (the answer once [`done`](Self::done)).
@@ -534,6 +579,39 @@ mod tests {
         ix.insert_prompt(&a);
         ix.check();
         assert_eq!(ix.cached_prefix_blocks(&a), 3);
+    }
+
+    /// Inserting prompts that share prefixes in every order (runs spliced whole, runs
+    /// broken by other prompts, evictions in between) keeps exact LRU order: the same
+    /// recency as touching one name at a time.
+    #[test]
+    fn spliced_runs_keep_exact_lru_order() {
+        let mut ix = PrefixIndex::new(48);
+        let mut naive: Vec<BlockHash> = Vec::new(); // most recent first
+        let mut rng = 0x9e37_79b9_u64;
+        for _ in 0..400 {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let conv = (rng >> 33) % 5;
+            let len = 1 + (rng >> 40) % 40;
+            let p = prompt(
+                &(0..len)
+                    .map(|i| if i < 4 { i } else { conv << 20 | i })
+                    .collect::<Vec<_>>(),
+            );
+            ix.insert_prompt(&p);
+            for &name in p.iter().take(48).rev() {
+                naive.retain(|&n| n != name);
+                naive.insert(0, name);
+            }
+            naive.truncate(48);
+            ix.check();
+            let (mut order, mut s) = (Vec::new(), ix.newest);
+            while s != NIL {
+                order.push(ix.slots[s as usize].name);
+                s = ix.slots[s as usize].older;
+            }
+            assert_eq!(order, naive);
+        }
     }
 
     #[test]

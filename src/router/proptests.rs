@@ -35,6 +35,7 @@ fn candidate(i: u32) -> impl Strategy<Value = Candidate> {
             backend: BackendId(i),
             priority,
             pending_batches,
+            pending_work: 0,
             latency_ms,
         })
 }
@@ -136,6 +137,7 @@ fn as_candidate(i: usize, l: &Live) -> Candidate {
         backend: BackendId(i as u32),
         priority: l.priority,
         pending_batches: l.pending,
+        pending_work: 0,
         latency_ms: l.latency_ms.map_or(0, |ms| ms as u32),
     }
 }
@@ -164,7 +166,7 @@ proptest! {
 
     #[test]
     fn perfect_and_worst_scores_are_the_bounds(w in weights()) {
-        let best = Candidate { backend: BackendId(0), priority: 0, pending_batches: 0, latency_ms: 0 };
+        let best = Candidate { backend: BackendId(0), priority: 0, pending_batches: 0, pending_work: 0, latency_ms: 0 };
         let worst = Candidate { priority: 100, pending_batches: 100, latency_ms: 1000, ..best };
         prop_assert_eq!(score(&best, &w), 100);
         prop_assert_eq!(score(&worst, &w), 0);
@@ -310,7 +312,9 @@ proptest! {
 
 // ---- prefix_aware's index and rule, session's hashing -------------------------------------
 
-use super::affinity::{backend_key, pick_prefix, pick_session, PrefixConfig};
+use super::affinity::{
+    backend_key, pick_prefix, pick_session, BalanceLoad, PrefixConfig, RequestWork,
+};
 use super::prefix_index::PrefixIndex;
 use crate::core::prefix::{chain, BlockHash, ROOT};
 use std::collections::VecDeque;
@@ -394,18 +398,18 @@ proptest! {
             ..PrefixConfig::default()
         };
         let c: Vec<Candidate> = loads.iter().enumerate().map(|(i, &l)| Candidate {
-            backend: BackendId(i as u32), priority: 0, pending_batches: l, latency_ms: 0,
+            backend: BackendId(i as u32), priority: 0, pending_batches: l, pending_work: 0, latency_ms: 0,
         }).collect();
         let m: Vec<u32> = matched_seed[..c.len()].iter().map(|&x| x.min(prompt)).collect();
-        let i = pick_prefix(&c, &m, prompt, &cfg);
+        let i = pick_prefix(&c, &m, prompt, &RequestWork::default(), &cfg);
         // The rule written declaratively: the first least loaded candidate; the first of
         // the least loaded among the longest matches; the latter when its match is enough
         // and it is not overloaded against the former.
-        let load = |j: usize| c[j].pending_batches;
-        let least = (0..c.len()).min_by_key(|&j| (load(j), j)).unwrap();
+        let load = |j: usize| BalanceLoad { requests: c[j].pending_batches, work: 0 };
+        let least = (0..c.len()).min_by_key(|&j| (c[j].pending_batches, j)).unwrap();
         let longest = *m.iter().max().unwrap();
         let best = (0..c.len()).filter(|&j| m[j] == longest)
-            .min_by_key(|&j| (load(j), j)).unwrap();
+            .min_by_key(|&j| (c[j].pending_batches, j)).unwrap();
         let expected = if cfg.enough(longest, prompt) && !cfg.overloaded(load(best), load(least)) {
             best
         } else {
@@ -414,6 +418,49 @@ proptest! {
         prop_assert_eq!(i, expected);
         // Never a candidate overloaded against the least loaded one.
         prop_assert!(i == least || !cfg.overloaded(load(i), load(least)));
+    }
+
+    /// With work in flight fed: the pick is the fallback (least work, ties to fewer
+    /// requests, then the first) or a longest match that covers enough and is not
+    /// overloaded against it, work counted with the request's own on each.
+    #[test]
+    fn prefix_rule_with_work_is_longest_match_or_least_work(
+        loads in prop::collection::vec((0u32..8, 0u64..200_000), 1..16),
+        matched_seed in prop::collection::vec(0u32..=128, 16),
+        prompt in 1u32..=128,
+        prompt_tokens in 0u32..40_000,
+        output_tokens in 0u32..1_000,
+        decode_token_work in 0u32..300,
+        abs_work in 0u32..100_000,
+        rel in 100u32..300,
+    ) {
+        let cfg = PrefixConfig {
+            balance_abs_work_tokens: abs_work,
+            balance_rel_threshold_pct: rel,
+            decode_token_work,
+            ..PrefixConfig::default()
+        };
+        let c: Vec<Candidate> = loads.iter().enumerate().map(|(i, &(n, w))| Candidate {
+            backend: BackendId(i as u32), priority: 0, pending_batches: n, pending_work: w,
+            latency_ms: 0,
+        }).collect();
+        let m: Vec<u32> = matched_seed[..c.len()].iter().map(|&x| x.min(prompt)).collect();
+        let work = RequestWork { prompt_tokens, output_tokens };
+        let i = pick_prefix(&c, &m, prompt, &work, &cfg);
+        let fallback = (0..c.len())
+            .min_by_key(|&j| (c[j].pending_work, c[j].pending_batches, j)).unwrap();
+        let at = |j: usize| BalanceLoad {
+            requests: c[j].pending_batches,
+            work: c[j].pending_work + work.on(m[j], prompt, &cfg),
+        };
+        let longest = *m.iter().max().unwrap();
+        if i != fallback {
+            prop_assert_eq!(m[i], longest);
+            prop_assert!(cfg.enough(longest, prompt));
+            prop_assert!(!cfg.overloaded(at(i), at(fallback)));
+        }
+        // A cached share never costs more than the whole prompt.
+        prop_assert!(work.on(m[i], prompt, &cfg) <= work.on(0, prompt, &cfg));
     }
 
     /// Rendezvous hashing: removing any set of backends moves only the keys that were on
@@ -426,7 +473,7 @@ proptest! {
     ) {
         let backend_keys: Vec<u64> = (0..n).map(|i| backend_key(&format!("gpu-{i}"))).collect();
         let all: Vec<Candidate> = (0..n as u32).map(|i| Candidate {
-            backend: BackendId(i), priority: 0, pending_batches: i, latency_ms: 0,
+            backend: BackendId(i), priority: 0, pending_batches: i, pending_work: 0, latency_ms: 0,
         }).collect();
         let kept: Vec<Candidate> = all.iter().copied()
             .filter(|c| removed_mask & (1 << c.backend.0) == 0).collect();

@@ -279,6 +279,10 @@ pub struct BackendState {
     circuit: CircuitState,
     /// Batches dispatched and not yet finished.
     pending_batches: u32,
+    /// Work routed here and not yet finished, in prompt-token equivalents (each request's
+    /// [`Decision::work`](super::Decision::work), added by [`Registry::work_started`] and
+    /// taken off by [`Registry::work_finished`]); 0 when the caller does not feed it.
+    pending_work: u64,
     /// `None` until the first measurement; then finite and `>= 0`.
     latency_ema_ms: Option<f64>,
 }
@@ -288,6 +292,7 @@ impl BackendState {
         healthy: true,
         circuit: CircuitState::Closed,
         pending_batches: 0,
+        pending_work: 0,
         latency_ema_ms: None,
     };
 
@@ -299,6 +304,9 @@ impl BackendState {
     }
     pub fn pending_batches(&self) -> u32 {
         self.pending_batches
+    }
+    pub fn pending_work(&self) -> u64 {
+        self.pending_work
     }
     pub fn latency_ema_ms(&self) -> Option<f64> {
         self.latency_ema_ms
@@ -519,6 +527,21 @@ impl Registry {
             "batch_finished without batch_started"
         );
         s.pending_batches = s.pending_batches.saturating_sub(1);
+    }
+
+    /// A request estimated at `work` (its [`Decision::work`](super::Decision::work)) was
+    /// admitted to the backend: `prefix_aware`'s balance rule counts it until
+    /// [`work_finished`](Self::work_finished) takes the same amount off.
+    pub fn work_started(&mut self, id: BackendId, work: u64) {
+        let s = &mut self.state[id.index()];
+        s.pending_work = s.pending_work.saturating_add(work);
+    }
+
+    /// A request admitted with `work` finished or failed (or moved to another backend).
+    pub fn work_finished(&mut self, id: BackendId, work: u64) {
+        let s = &mut self.state[id.index()];
+        debug_assert!(s.pending_work >= work, "work_finished without work_started");
+        s.pending_work = s.pending_work.saturating_sub(work);
     }
 
     /// Folds one measured latency into the backend's EMA. Negative or non-finite samples

@@ -12,7 +12,7 @@
 //! build its error message. Nothing here may read a clock, do I/O, call out, or allocate on
 //! the success path (`benches/router.rs` counts allocations to hold it to that).
 
-use super::affinity::{pick_prefix, pick_session, Affinity, PrefixConfig};
+use super::affinity::{least_work, pick_prefix, pick_session, Affinity, PrefixConfig, RequestWork};
 use super::error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
@@ -108,6 +108,12 @@ pub struct Decision {
     /// The model the backend is asked for (what goes in the upstream request's `model`).
     pub model: ModelId,
     pub via: Via,
+    /// What the request adds to the chosen backend's work in flight, prompt-token
+    /// equivalents ([`RequestWork::on`]: its prompt tokens not cached there, as far as the
+    /// router knows, plus its expected output). A caller that feeds work passes it to
+    /// [`Registry::work_started`] when the request is admitted and to
+    /// [`Registry::work_finished`] when it leaves.
+    pub work: u64,
 }
 
 /// Routes requests to backends. See the module doc.
@@ -135,16 +141,38 @@ pub struct Router {
     searches: Vec<PrefixSearch>,
     prefix: PrefixConfig,
     /// One approximate prefix index per backend, by `BackendId`, of
-    /// `prefix.max_tracked_blocks` each: empty until the strategy is `prefix_aware`.
-    indexes: Vec<PrefixIndex>,
+    /// `prefix.max_tracked_blocks` each: empty until the strategy is `prefix_aware`, then
+    /// `None` for the backends whose cache is known exactly (`cache_exact`).
+    indexes: Vec<Option<PrefixIndex>>,
+    /// Per backend, by `BackendId`: its cache is answered by the caller's exact
+    /// [`CacheView`](super::affinity::CacheView) ([`Router::set_cache_exact`]), so it gets no
+    /// approximate index.
+    cache_exact: Vec<bool>,
     /// `session`: each backend's rendezvous key (a hash of its name), by `BackendId`.
     backend_keys: Vec<u64>,
+    /// The work of the last pick's request on the backend it picked ([`Decision::work`]).
+    last_work: u64,
 }
 
 /// A router in the same state, with its own scratch buffer of the same fixed capacity (a
-/// derived clone would copy the buffer's contents and shrink its capacity to them).
+/// derived clone would copy the buffer's contents and shrink its capacity to them),
+/// approximate prefix indexes included (megabytes per backend: a thread that only
+/// resolves and describes wants [`Router::lookup_copy`]).
 impl Clone for Router {
     fn clone(&self) -> Self {
+        let mut r = self.lookup_copy();
+        r.indexes.clone_from(&self.indexes);
+        r
+    }
+}
+
+impl Router {
+    /// The same router without its approximate prefix indexes, for threads that resolve
+    /// ([`lookup`](Self::lookup), [`precheck`](Self::precheck)), read the registry and
+    /// [`describe`](Self::describe) decisions, never route by prefix (the io threads hold
+    /// one). Under `prefix_aware` it would judge every backend without an exact view
+    /// unmatched and record nothing.
+    pub fn lookup_copy(&self) -> Router {
         Router {
             registry: self.registry.clone(),
             resolver: self.resolver.clone(),
@@ -158,8 +186,10 @@ impl Clone for Router {
             matched_exact: Vec::with_capacity(self.matched_exact.capacity()),
             searches: Vec::with_capacity(self.searches.capacity()),
             prefix: self.prefix,
-            indexes: self.indexes.clone(),
+            indexes: Vec::new(),
+            cache_exact: self.cache_exact.clone(),
             backend_keys: self.backend_keys.clone(),
+            last_work: self.last_work,
         }
     }
 }
@@ -195,10 +225,12 @@ impl Router {
             searches: Vec::with_capacity(registry.offers_per_model_max()),
             prefix: routing.prefix,
             indexes: Vec::new(),
+            cache_exact: vec![false; registry.len()],
             backend_keys: registry
                 .backends()
                 .map(|(_, b)| super::affinity::backend_key(b.name()))
                 .collect(),
+            last_work: 0,
             resolver,
             strategy,
             weights: routing.weights,
@@ -291,6 +323,7 @@ impl Router {
                     backend,
                     model,
                     via: Via::Direct,
+                    work: self.last_work,
                 });
             }
         }
@@ -304,6 +337,7 @@ impl Router {
                     backend,
                     model,
                     via: Via::Alias { alias: name },
+                    work: self.last_work,
                 });
             }
         }
@@ -316,6 +350,7 @@ impl Router {
                         backend,
                         model,
                         via: Via::Fallback { from: name },
+                        work: self.last_work,
                     });
                 }
             }
@@ -354,9 +389,15 @@ impl Router {
         if self.scratch.is_empty() {
             return None;
         }
+        let work = RequestWork {
+            prompt_tokens: req.estimated_tokens,
+            output_tokens: affinity.output_tokens,
+        };
+        // Without block names nothing is known cached: the whole prompt.
+        self.last_work = work.on(0, 0, &self.prefix);
         let i = match self.strategy {
             Strategy::PrefixAware if !affinity.blocks.is_empty() => {
-                return Some(self.pick_prefix_aware(affinity));
+                return Some(self.pick_prefix_aware(affinity, &work));
             }
             Strategy::Session => pick_session(&self.scratch, affinity.session, &self.backend_keys),
             s => pick(
@@ -374,14 +415,9 @@ impl Router {
     /// with block names: asks each candidate's match (the exact view first, else the
     /// approximate index), picks, and records the names in the chosen backend's index
     /// unless the exact view answered for it.
-    fn pick_prefix_aware(&mut self, affinity: &Affinity<'_>) -> BackendId {
+    fn pick_prefix_aware(&mut self, affinity: &Affinity<'_>, work: &RequestWork) -> BackendId {
         let blocks = affinity.blocks;
         debug_assert!(!self.scratch.is_empty() && !blocks.is_empty());
-        debug_assert_eq!(
-            self.indexes.len(),
-            self.registry.len(),
-            "allocated with the strategy"
-        );
         // Saturates for a prompt past u32::MAX blocks (2^36 tokens; requests are bounded by
         // config far below that).
         let prompt_blocks = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
@@ -400,23 +436,56 @@ impl Router {
             self.matched_exact.push(exact.is_some());
         }
         // The approximate indexes' searches in lockstep: one probe of each per round, so the
-        // probes of a round are independent loads (about 8 rounds for 128 blocks).
+        // probes of a round are independent loads (about 8 rounds for 128 blocks). After a
+        // round, a search that can no longer reach the longest match found so far (its
+        // bound below it) stops: the pick reads only the longest matches (its ties
+        // included) and the fallback's, whose search always runs to the end.
+        let fallback = least_work(&self.scratch);
+        let mut lead = self
+            .searches
+            .iter()
+            .map(PrefixSearch::found)
+            .max()
+            .unwrap_or(0);
         let mut searching = true;
         while searching {
             searching = false;
-            for (search, c) in self.searches.iter_mut().zip(&self.scratch) {
-                if !search.done() {
-                    searching |= !search.step(&self.indexes[c.backend.index()], blocks);
+            for (k, (search, c)) in self.searches.iter_mut().zip(&self.scratch).enumerate() {
+                if search.done() {
+                    continue;
                 }
+                if k != fallback && search.bound() < lead {
+                    *search = PrefixSearch::answered(search.found());
+                    continue;
+                }
+                searching |= match &self.indexes.get(c.backend.index()) {
+                    Some(Some(ix)) => !search.step(ix, blocks),
+                    // No index (an exact backend the view did not answer for, or a
+                    // lookup copy): nothing known cached.
+                    _ => {
+                        *search = PrefixSearch::answered(0);
+                        false
+                    }
+                };
+                lead = lead.max(search.found());
             }
         }
         self.matched.clear();
         self.matched
             .extend(self.searches.iter().map(PrefixSearch::found));
-        let i = pick_prefix(&self.scratch, &self.matched, prompt_blocks, &self.prefix);
+        let i = pick_prefix(
+            &self.scratch,
+            &self.matched,
+            prompt_blocks,
+            work,
+            &self.prefix,
+        );
         let backend = self.scratch[i].backend;
+        self.last_work = work.on(self.matched[i], prompt_blocks, &self.prefix);
         if !self.matched_exact[i] {
-            self.indexes[backend.index()].insert_prompt(blocks);
+            if let Some(Some(ix)) = self.indexes.get_mut(backend.index()) {
+                ix.insert_prompt(blocks);
+            }
         }
         backend
     }
@@ -436,6 +505,7 @@ impl Router {
                 backend: offer.backend,
                 priority: offer.priority,
                 pending_batches: state.pending_batches(),
+                pending_work: state.pending_work(),
                 // Unmeasured counts as 0 ms; `as` saturates (and maps NaN to 0).
                 latency_ms: state.latency_ema_ms().map_or(0, |ms| ms as u32),
             });
@@ -644,9 +714,33 @@ impl Router {
     pub fn set_strategy(&mut self, strategy: Strategy) {
         self.strategy = strategy;
         if strategy == Strategy::PrefixAware && self.indexes.is_empty() {
-            self.indexes = (0..self.registry.len())
-                .map(|_| PrefixIndex::new(self.prefix.max_tracked_blocks))
+            self.indexes = self
+                .cache_exact
+                .iter()
+                .map(|&exact| (!exact).then(|| PrefixIndex::new(self.prefix.max_tracked_blocks)))
                 .collect();
+        }
+    }
+
+    /// Says that `backend`'s cache is always answered by the exact
+    /// [`CacheView`](super::affinity::CacheView) passed with each decision (the engine's
+    /// and the simulator's continuous replicas): its approximate index is dropped and never
+    /// allocated, and a decision the view does not answer for counts it unmatched.
+    pub fn set_cache_exact(&mut self, backend: BackendId) {
+        self.cache_exact[backend.index()] = true;
+        if let Some(slot) = self.indexes.get_mut(backend.index()) {
+            *slot = None;
+        }
+    }
+
+    /// The health checker's verdict on `backend`. A backend coming back from unhealthy may
+    /// have restarted with an empty cache: its approximate index is cleared
+    /// ([`forget_cached`](Self::forget_cached)).
+    pub fn set_healthy(&mut self, backend: BackendId, healthy: bool) {
+        let was = self.registry.state(backend).healthy();
+        self.registry.set_healthy(backend, healthy);
+        if healthy && !was {
+            self.forget_cached(backend);
         }
     }
 
@@ -658,20 +752,20 @@ impl Router {
     /// The approximate prefix index of `backend` (`None` until the strategy has been
     /// `prefix_aware`).
     pub fn prefix_index(&self, backend: BackendId) -> Option<&PrefixIndex> {
-        self.indexes.get(backend.index())
+        self.indexes.get(backend.index()).and_then(Option::as_ref)
     }
 
     /// Forgets what the approximate index of `backend` recorded: call it when the backend
     /// restarted or dropped its cache (a health check seeing it come back).
     pub fn forget_cached(&mut self, backend: BackendId) {
-        if let Some(ix) = self.indexes.get_mut(backend.index()) {
+        if let Some(Some(ix)) = self.indexes.get_mut(backend.index()) {
             ix.clear();
         }
     }
 
     /// Bytes the approximate prefix indexes hold (fixed once allocated).
     pub fn prefix_index_bytes(&self) -> usize {
-        self.indexes.iter().map(PrefixIndex::bytes).sum()
+        self.indexes.iter().flatten().map(PrefixIndex::bytes).sum()
     }
 
     pub fn weights(&self) -> Weights {

@@ -155,6 +155,9 @@ pub struct Candidate {
     pub priority: u32,
     /// Batches in flight on the backend.
     pub pending_batches: u32,
+    /// Work in flight on the backend, prompt-token equivalents
+    /// ([`BackendState::pending_work`](super::BackendState::pending_work)).
+    pub pending_work: u64,
     /// Latency EMA, whole milliseconds; 0 while unmeasured.
     pub latency_ms: u32,
 }
@@ -248,6 +251,7 @@ mod tests {
             backend: BackendId(i),
             priority,
             pending_batches: pending,
+            pending_work: 0,
             latency_ms,
         }
     }

@@ -394,6 +394,7 @@ fn us03_ac06_lower_latency_scores_higher() {
         backend: a,
         priority: 10,
         pending_batches: 0,
+        pending_work: 0,
         latency_ms: 50,
     };
     let cb = Candidate {
@@ -1235,6 +1236,7 @@ fn prefix_aware_asks_the_exact_view_first_and_records_only_what_it_guessed() {
         blocks: &p,
         session: None,
         exact: Some(&view),
+        output_tokens: 0,
     };
     assert_eq!(routed_with(&mut r, &aff), "B");
     assert_eq!(
@@ -1332,6 +1334,7 @@ fn an_affinity_does_not_change_the_other_strategies() {
         blocks: &p,
         session: Some(7),
         exact: None,
+        output_tokens: 0,
     };
     for s in Strategy::ALL {
         if matches!(s, Strategy::PrefixAware | Strategy::Session) {
@@ -1363,5 +1366,103 @@ fn a_bad_prefix_table_is_a_config_error() {
     assert!(
         e.starts_with("routing.prefix.balance_rel_threshold_pct = 50"),
         "{e}"
+    );
+}
+
+#[test]
+fn a_backend_back_from_unhealthy_is_forgotten_and_a_healthy_verdict_alone_is_not() {
+    let mut r = router(&three_backends(), &routing("prefix_aware"));
+    let p = names(0..64);
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&p)), "A");
+    let a = id(&r, "A");
+    r.set_healthy(a, true); // already healthy: nothing changes
+    assert_eq!(r.prefix_index(a).unwrap().cached_prefix_blocks(&p), 64);
+    r.set_healthy(a, false);
+    assert!(!r.registry().state(a).healthy());
+    assert_eq!(
+        r.prefix_index(a).unwrap().cached_prefix_blocks(&p),
+        64,
+        "kept while away"
+    );
+    r.set_healthy(a, true);
+    assert!(
+        r.prefix_index(a).unwrap().is_empty(),
+        "it may have restarted"
+    );
+}
+
+#[test]
+fn exact_backends_and_the_lookup_copy_hold_no_approximate_index() {
+    let mut r = router(&three_backends(), &routing("prefix_aware"));
+    let b = id(&r, "B");
+    r.set_cache_exact(b);
+    assert!(r.prefix_index(b).is_none());
+    assert_eq!(r.prefix_index_bytes(), 2 * 32_768 * 40);
+    // Nothing answers for B: it counts unmatched, and nothing is recorded for it.
+    let (a, c) = (id(&r, "A"), id(&r, "C"));
+    r.registry_mut().batch_started(a);
+    r.registry_mut().batch_started(c);
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&names(0..8))), "B");
+    assert!(r.prefix_index(b).is_none());
+    let copy = r.lookup_copy();
+    assert_eq!(copy.prefix_index_bytes(), 0);
+    assert_eq!(copy.strategy(), Strategy::PrefixAware);
+    assert_eq!(r.clone().prefix_index_bytes(), r.prefix_index_bytes());
+}
+
+#[test]
+fn a_decision_costs_the_prompt_not_cached_on_the_chosen_backend() {
+    let mut r = router(&three_backends(), &routing("prefix_aware"));
+    let p = names(0..64); // 64 blocks; the estimate (within the backends' context of 100)
+    let req = Requirements::text("m", 64);
+    let with_output = Affinity {
+        output_tokens: 100,
+        ..Affinity::prefix(&p)
+    };
+    let first = r.route_with(&req, &with_output).unwrap();
+    assert_eq!(first.work, 64, "nothing cached; decode_token_work is 0");
+    let again = r.route_with(&req, &with_output).unwrap();
+    assert_eq!(again.backend, first.backend);
+    assert_eq!(again.work, 0, "all of it cached there");
+    // Half the prompt cached: half of it to compute.
+    let half: Vec<_> = p[..32].iter().copied().chain(names(1000..1032)).collect();
+    assert_eq!(
+        r.route_with(&req, &Affinity::prefix(&half)).unwrap().work,
+        32
+    );
+    // Weighted output tokens count when configured.
+    let mut cfg = routing("prefix_aware");
+    cfg.prefix.decode_token_work = 3;
+    let mut r = router(&three_backends(), &cfg);
+    assert_eq!(r.route_with(&req, &with_output).unwrap().work, 64 + 300);
+}
+
+#[test]
+fn work_fed_by_the_caller_moves_a_request_off_a_backend_busy_with_long_prompts() {
+    let mut r = router(&three_backends(), &routing("prefix_aware"));
+    let (a, b) = (id(&r, "A"), id(&r, "B"));
+    let p = names(0..64);
+    let req = Requirements::text("m", 64);
+    assert_eq!(routed_with(&mut r, &Affinity::prefix(&p)), "A");
+    // Every backend holds one request; A's are long uncached prompts, B's and C's short.
+    for (backend, work) in [(a, 40_000), (b, 100), (id(&r, "C"), 200)] {
+        r.registry_mut().batch_started(backend);
+        r.registry_mut().work_started(backend, work);
+    }
+    // 40,000 against B's 100 + 64: more than 32,768 above and 150 %: B.
+    assert_eq!(
+        r.route_with(&req, &Affinity::prefix(&p)).unwrap().backend,
+        b
+    );
+    // A's work drops below the slack: the cache wins again.
+    r.registry_mut().work_finished(a, 20_000);
+    assert_eq!(
+        r.route_with(&req, &Affinity::prefix(&p)).unwrap().backend,
+        a
+    );
+    // Nothing matched: the least work, not the first of equal request counts.
+    assert_eq!(
+        routed_with(&mut r, &Affinity::prefix(&names(500..520))),
+        "B"
     );
 }

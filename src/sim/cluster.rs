@@ -179,9 +179,12 @@ impl SimCluster {
             warning.is_none(),
             "every ClusterRouting is a router strategy"
         );
+        let mut router = router;
         for i in 0..replicas {
             let id = router.registry().backend_id(&format!("replica-{i}"));
             assert_eq!(id, Some(BackendId::from_index(i)), "backend i is replica i");
+            // The scheduler answers for every replica's cache: no approximate index.
+            router.set_cache_exact(BackendId::from_index(i));
         }
         let model = router
             .lookup(MODEL)
@@ -201,9 +204,16 @@ impl SimCluster {
         })
     }
 
-    /// Routes `req` (its block names, its session key) and counts it on the chosen backend;
-    /// returns the replica. The caller calls [`Self::finished`] when it leaves.
-    pub fn route(&mut self, sched: &Continuous, req: &SimRequest, arena: &PrefixArena) -> usize {
+    /// Routes `req` (its block names, its session key, its predicted output); returns the
+    /// replica and the work the router costs it at there ([`crate::router::Decision::work`]).
+    /// The caller passes both to [`Self::started`] once admitted and to [`Self::finished`]
+    /// when it leaves.
+    pub fn route(
+        &mut self,
+        sched: &Continuous,
+        req: &SimRequest,
+        arena: &PrefixArena,
+    ) -> (usize, u64) {
         self.blocks.clear();
         if req.prefix.len > 0 {
             let n = arena.block_count(req.prefix, req.prompt_tokens, self.block_tokens);
@@ -221,6 +231,7 @@ impl SimCluster {
             blocks: &self.blocks,
             session,
             exact: Some(&view),
+            output_tokens: req.meta().expected_output_tokens(),
         };
         let need = Need {
             estimated_tokens: req.prompt_tokens,
@@ -230,21 +241,22 @@ impl SimCluster {
             .router
             .route_name_with(self.model, &need, &affinity)
             .expect("every replica is healthy and serves the model");
-        d.backend.index()
+        (d.backend.index(), d.work)
     }
 
-    /// A request was admitted to `replica`: it counts on its load.
-    pub fn started(&mut self, replica: usize) {
-        self.router
-            .registry_mut()
-            .batch_started(BackendId::from_index(replica));
+    /// A request routed at `work` was admitted to `replica`: it counts on its load, one
+    /// request and its work.
+    pub fn started(&mut self, replica: usize, work: u64) {
+        let registry = self.router.registry_mut();
+        registry.batch_started(BackendId::from_index(replica));
+        registry.work_started(BackendId::from_index(replica), work);
     }
 
-    /// A request on `replica` finished or failed.
-    pub fn finished(&mut self, replica: usize) {
-        self.router
-            .registry_mut()
-            .batch_finished(BackendId::from_index(replica));
+    /// A request started on `replica` at `work` finished or failed.
+    pub fn finished(&mut self, replica: usize, work: u64) {
+        let registry = self.router.registry_mut();
+        registry.batch_finished(BackendId::from_index(replica));
+        registry.work_finished(BackendId::from_index(replica), work);
     }
 }
 
@@ -321,8 +333,8 @@ mod tests {
         let mut home = [usize::MAX; 16];
         let mut used = [false; 4];
         for (i, r) in reqs.iter().enumerate() {
-            let replica = c.route(&sched, r, &arena);
-            c.started(replica); // load grows; the session must not move
+            let (replica, work) = c.route(&sched, r, &arena);
+            c.started(replica, work); // load grows; the session must not move
             let conv = i % 16;
             if home[conv] == usize::MAX {
                 home[conv] = replica;

@@ -158,6 +158,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     let mut entries_total = 0u64; // sequences over all steps
     let mut per_replica = vec![ReplicaOutput::default(); replicas]; // routed runs only
     let mut slot_replica = vec![u32::MAX; table_slots]; // routed runs: each ticket's replica
+    let mut slot_work = vec![0u64; table_slots]; // routed runs: each ticket's routed work
 
     let mut next_arrival = 0usize;
     let mut now: Nanos = 0;
@@ -187,32 +188,33 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 slot_req: &slot_req,
                 block_tokens,
             };
-            let (rec, tokens, slot_req) = (&mut rec, &mut tokens, &slot_req);
+            let (rec, tokens, slot_req, slot_work) = (&mut rec, &mut tokens, &slot_req, &slot_work);
             let cl = &mut cluster;
             sched.complete_step_with(r, &names, &results[..entries.len()], &mut |ticket, _| {
                 tokens.on_finish(ticket.index, now);
                 rec.on_complete(now, &requests[slot_req[ticket.index as usize] as usize]);
                 if let Some(c) = cl {
-                    c.finished(r);
+                    c.finished(r, slot_work[ticket.index as usize]);
                 }
             });
         }
 
         while let Some(r) = requests.get(next_arrival).filter(|r| r.arrival_ns == now) {
-            let (admission, replica) = match &mut cluster {
+            let (admission, replica, work) = match &mut cluster {
                 Some(c) => {
-                    let replica = c.route(&sched, r, prefix);
-                    (sched.admit_to(replica, r.meta()), replica)
+                    let (replica, work) = c.route(&sched, r, prefix);
+                    (sched.admit_to(replica, r.meta()), replica, work)
                 }
-                None => (sched.admit(r.meta()), usize::MAX),
+                None => (sched.admit(r.meta()), usize::MAX, 0),
             };
             let admitted = match admission {
                 Ok(ticket) => {
                     slot_req[ticket.index as usize] = next_arrival as u32;
                     tokens.on_admit(ticket.index, r.arrival_ns);
                     if let Some(c) = &mut cluster {
-                        c.started(replica);
+                        c.started(replica, work);
                         slot_replica[ticket.index as usize] = replica as u32;
+                        slot_work[ticket.index as usize] = work;
                         per_replica[replica].requests += 1;
                     }
                     true
@@ -225,10 +227,12 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
 
         if sched.waiting() > 0 {
             let (rec, slot_req, cl) = (&mut rec, &slot_req, &mut cluster);
+            let (slot_replica, slot_work) = (&slot_replica, &slot_work);
             sched.expire_waiting(now, request_timeout_ns, &mut |ticket| {
                 rec.on_fail(now, &requests[slot_req[ticket.index as usize] as usize]);
                 if let Some(c) = cl {
-                    c.finished(slot_replica[ticket.index as usize] as usize);
+                    let t = ticket.index as usize;
+                    c.finished(slot_replica[t] as usize, slot_work[t]);
                 }
             });
         }

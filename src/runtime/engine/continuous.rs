@@ -83,7 +83,9 @@ fn finish(
     outcome: Outcome,
 ) {
     if let Some(d) = io.pending[index as usize].route.decision {
-        routing.router.registry_mut().batch_finished(d.backend);
+        let registry = routing.router.registry_mut();
+        registry.batch_finished(d.backend);
+        registry.work_finished(d.backend, d.work);
     }
     io.finish(now, index, outcome);
 }
@@ -156,11 +158,16 @@ impl IterationLevel {
     /// the circuit-breaker settings; every buffer it will use is allocated here.
     pub fn new(
         sched: Continuous,
-        routing: Routing,
+        mut routing: Routing,
         request_timeout_ns: Nanos,
         step_timeout_ns: Nanos,
         circuit: CircuitParams,
     ) -> IterationLevel {
+        // The scheduler's block tables answer for every backend's cache (`GroupCaches`):
+        // the router keeps no approximate index for them.
+        for b in 0..routing.router.registry().len() {
+            routing.router.set_cache_exact(BackendId::from_index(b));
+        }
         let replicas = sched.config().replicas;
         let slots = sched.config().max_slots;
         assert_eq!(
@@ -285,6 +292,7 @@ impl Mode for IterationLevel {
             blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
             session: route.session,
             exact: Some(&exact),
+            output_tokens: meta.expected_output_tokens(),
         };
         let decision = match routing
             .router
@@ -305,10 +313,9 @@ impl Mode for IterationLevel {
                 self.names[ticket.index as usize] = work.prompt_blocks.clone();
                 let c = &mut routing.counters[b];
                 c.routed += 1;
-                routing
-                    .router
-                    .registry_mut()
-                    .batch_started(decision.backend);
+                let registry = routing.router.registry_mut();
+                registry.batch_started(decision.backend);
+                registry.work_started(decision.backend, decision.work);
                 match decision.via {
                     Via::Direct => {}
                     Via::Alias { .. } => c.via_alias += 1,

@@ -231,6 +231,7 @@ impl RequestLevel {
                     blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
                     session: route.session,
                     exact: None,
+                    output_tokens: slot.meta.expected_output_tokens(),
                 };
                 self.routing
                     .router
@@ -406,6 +407,7 @@ impl Mode for RequestLevel {
             blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
             session: route.session,
             exact: None,
+            output_tokens: meta.expected_output_tokens(),
         };
         let mut decision = match routing
             .router

@@ -122,9 +122,8 @@ impl Routing {
         self.health_seen = generation;
         for b in 0..self.counters.len() {
             let healthy = h.healthy(b);
-            self.router
-                .registry_mut()
-                .set_healthy(BackendId::from_index(b), healthy);
+            // Back from unhealthy: the router forgets what it guessed the backend caches.
+            self.router.set_healthy(BackendId::from_index(b), healthy);
         }
     }
 
