@@ -21,3 +21,4 @@ pub mod runtime;
 pub mod serve;
 pub mod server;
 pub mod sim;
+pub mod sync;
