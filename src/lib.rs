@@ -6,6 +6,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod api;
+pub mod buckets;
 pub mod build_info;
 pub mod config;
 pub mod core;
