@@ -587,7 +587,7 @@ fn multi_bin_keeps_each_batch_within_one_bin_and_alternates_bins_round_robin() {
     let mut c = research_cfg(StrategyKind::MultiBin);
     c.workers = 4;
     c.research.bins = 2;
-    c.research.bin_policy = crate::core::strategy::bins::BinPolicy::RoundRobin;
+    c.research.bin_policy = crate::core::strategy::research::bins::BinPolicy::RoundRobin;
     c.research.max_tokens_limit = 1000;
     let mut core = Core::new(c);
     // Before statistics the 2 bins split [1, 1000] in equal widths: short and long.

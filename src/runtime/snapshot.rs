@@ -90,7 +90,7 @@ pub struct Snapshot {
     pub samples_dropped: u64,
     pub draining: bool,
     /// State of the `dynamic` / `multi_bin` controllers (kept current whatever the strategy).
-    pub research: crate::core::research::ResearchSnapshot,
+    pub research: crate::core::strategy::research::ResearchSnapshot,
     /// Slots, KV and step counters when running continuous batching.
     pub continuous: Option<ContinuousSnapshot>,
     /// One per backend, in the router's backend order.
