@@ -1226,6 +1226,3 @@ impl StepShape {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod prefix_tests;

@@ -223,6 +223,4 @@ fn max_batch_len(cfg: &CoreConfig) -> usize {
 }
 
 #[cfg(test)]
-mod auto_tests;
-#[cfg(test)]
 mod tests;

@@ -1,5 +1,8 @@
 //! Behaviour tests of the core, driven with explicit time (no sleeping).
 
+/// `auto` through the core in closed loops (`tests/auto.rs`).
+mod auto;
+
 use super::strategy::StrategyKind;
 use super::*;
 
@@ -28,7 +31,7 @@ fn poll(core: &mut Core, now: Nanos) -> Polled {
 }
 
 /// One worker, the timeout strategy `queue_depth` without idle dispatch: the rules these
-/// tests pin down (auto has its own tests in `auto_tests.rs`).
+/// tests pin down (auto has its own tests in `tests/auto.rs`).
 fn cfg() -> CoreConfig {
     CoreConfig {
         workers: 1,

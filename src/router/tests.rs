@@ -2,6 +2,9 @@
 //! to US-06, acceptance criteria AC-01 to AC-16 and the spec's edge cases, each test named
 //! after what it proves.
 
+/// Property tests of the router (`tests/properties.rs`).
+mod properties;
+
 use super::registry::sim_backend as backend;
 use super::*;
 use crate::core::circuit::CircuitState;

@@ -1,8 +1,8 @@
 //! `auto` through the core: closed loops of clients against one worker whose batch of n
 //! takes a + b n ms, in virtual time (no sleeping), beside the hand-set strategies.
 
-use super::strategy::{StrategyKind, StrategyParams};
-use super::*;
+use crate::core::strategy::{StrategyKind, StrategyParams};
+use crate::core::*;
 use rand::{Rng, SeedableRng};
 
 const MS: Nanos = 1_000_000;
