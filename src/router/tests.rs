@@ -303,10 +303,10 @@ fn an_embed_backend_takes_an_input_longer_than_its_context_to_its_executor() {
 fn a_model_table_without_context_length_is_refused_naming_the_key() {
     let mut b = backend("s", 0, &[("m", 1, NONE)]);
     b.models[0].context_length = None;
-    let e = Router::build(&[b], &RoutingConfig::default(), 1)
-        .err()
-        .expect("refused")
-        .to_string();
+    let Err(e) = Router::build(&[b], &RoutingConfig::default(), 1) else {
+        panic!("a model without context_length was accepted");
+    };
+    let e = e.to_string();
     assert!(
         e.contains("'s'") && e.contains("context_length") && e.contains("missing"),
         "{e}"
