@@ -116,7 +116,7 @@ fn router() -> Router {
                     .into_iter()
                     .map(|m| ModelConfig {
                         name: model_name(m),
-                        context_length: contexts[rng.gen_range(0..contexts.len())],
+                        context_length: Some(contexts[rng.gen_range(0..contexts.len())]),
                         capabilities: caps(&mut rng),
                     })
                     .collect(),

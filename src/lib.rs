@@ -6,6 +6,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod api;
+pub mod buckets;
 pub mod build_info;
 pub mod config;
 pub mod core;
@@ -21,3 +22,4 @@ pub mod runtime;
 pub mod serve;
 pub mod server;
 pub mod sim;
+pub mod sync;

@@ -86,7 +86,8 @@ impl Running {
         let default_name = io_router
             .lookup(&ApiContext::default_model_for(&config, &io_router))
             .map_err(|e| StartError::Config(format!("routing: {e}")))?;
-        let stop = Arc::new(AtomicBool::new(false));
+        // The executors' stop flag goes through the std/loom switch: the engine sets it.
+        let stop = Arc::new(crate::sync::AtomicBool::new(false));
         let timeouts = UpstreamTimeouts {
             connect: config.upstream.connect_timeout.duration(),
             request: config.upstream.request_timeout.duration(),
@@ -263,7 +264,7 @@ fn lane_workers(
     cfg: &RuntimeConfig,
     lane: Lane<'_>,
     client: Option<UpstreamClient>,
-    stop: &Arc<AtomicBool>,
+    stop: &Arc<crate::sync::AtomicBool>,
     embed_stats: &mut Vec<(Box<str>, Arc<EmbedStats>)>,
 ) -> Result<LaneWorkers, RunError> {
     let Lane {

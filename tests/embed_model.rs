@@ -73,7 +73,8 @@ fn embed_backend(dir: &Path, truncate: Option<bool>) -> BackendConfig {
         prompt_array: None,
         models: vec![ModelConfig {
             name: MODEL.into(),
-            context_length: 8192,
+            // Read from the directory (max_seq_length), as a config that omits it.
+            context_length: None,
             capabilities: Default::default(),
         }],
     }

@@ -451,9 +451,38 @@ fn closed_loop_scenario(clients: u32, a_ms: f64, b_ms: f64) -> Scenario {
     s
 }
 
+/// The best possible throughput (requests/s) of [`closed_loop_scenario`]'s `clients`
+/// (thinking 0.1 ms +- 50 %: 0.1 ms on average, 0.15 ms at most) against its worker (a
+/// batch of n takes `a + b n` ms, batches of at most 32); the same bound as
+/// `core::strategy::auto::tests::best_possible`, exact where asked:
+/// - at most a full batch of clients: everyone in one batch, then everyone's think time:
+///   `n` per `a + b n + 0.1` ms;
+/// - at least twice a full batch: the next full batch has come back while one runs (a
+///   think time is shorter than any batch here), so it is queued when the worker frees up
+///   and the think time is hidden: 32 per `a + 32 b` ms.
+fn best_possible_rps(clients: u32, a: f64, b: f64) -> f64 {
+    const MAX_BATCH: u32 = 32;
+    const THINK_MEAN_MS: f64 = 0.1;
+    const THINK_LONGEST_MS: f64 = 0.15;
+    if clients <= MAX_BATCH {
+        let n = f64::from(clients);
+        return n * 1e3 / (a + b * n + THINK_MEAN_MS);
+    }
+    assert!(
+        clients >= 2 * MAX_BATCH,
+        "no exact best for {clients} clients"
+    );
+    let full_batch_ms = a + b * f64::from(MAX_BATCH);
+    assert!(
+        THINK_LONGEST_MS < full_batch_ms,
+        "the think time is not hidden"
+    );
+    f64::from(MAX_BATCH) * 1e3 / full_batch_ms
+}
+
 /// The adaptive-batching issue's closed-loop goal in the simulator: `auto`, told nothing,
-/// reaches 95 % of the best possible throughput (everyone in one batch per a + b n + think)
-/// where work-conserving `fixed` splits the clients into groups.
+/// reaches 95 % of the best possible throughput ([`best_possible_rps`]) where
+/// work-conserving `fixed` splits the clients into groups.
 #[test]
 fn closed_loop_auto_reaches_95_percent_of_the_best_possible() {
     for (a, b) in [(10.0, 2.0), (1.0, 0.1), (50.0, 0.1)] {
@@ -462,8 +491,7 @@ fn closed_loop_auto_reaches_95_percent_of_the_best_possible() {
             let mut o = opts("unused", 3_000);
             o.strategies = vec!["auto".into(), "fixed".into()];
             let r = abe::sim::simulate_scenario(&s, &o).unwrap();
-            let n = f64::from(clients.min(32));
-            let best = n * 1e3 / (a + b * n + 0.1);
+            let best = best_possible_rps(clients, a, b);
             let auto = r.runs[0].throughput_rps / best;
             let fixed = r.runs[1].throughput_rps / best;
             assert_eq!(r.runs[0].completed, 3_000);
@@ -585,7 +613,7 @@ fn load_scenarios_sit_in_their_bands_and_rate_scale_moves_the_load() {
 fn closed_loop_scenario_separates_auto_from_work_conserving() {
     let mut o = opts("closed_loop", 3_000);
     o.strategies = vec!["auto".into(), "fixed".into()];
-    let best = 8.0 * 1e3 / (10.0 + 16.0 + 0.1);
+    let best = best_possible_rps(8, 10.0, 2.0);
     let r = simulate(&o).unwrap();
     assert!(r.runs[0].throughput_rps / best > 0.95, "{:?}", r.runs[0]);
     assert!(r.runs[1].throughput_rps / best < 0.8, "{:?}", r.runs[1]);

@@ -8,13 +8,19 @@
 //! through the doorbell or, as the engine thread does after the engine returned, by
 //! unparking the thread. What must hold: the job runs and its reply comes back exactly once
 //! (nothing lost at shutdown), and then the worker exits (the join returns).
+//!
+//! The executors' `stop` flag: a job that runs until its executor sees `stop` (an upstream
+//! call being abandoned) is ended by the engine thread's real last word
+//! (`worker::signal_exit`, which sets `stop` then `exit`); its reply still comes back once
+//! and the worker exits. Were `stop` not set, or set only after the join, the job would
+//! never end and loom would report the model as not terminating.
 #![cfg(loom)]
 
 use abe::runtime::doorbell::Doorbell;
 use abe::runtime::idle::IdlePolicy;
 use abe::runtime::ring::ring;
 use abe::runtime::sync::{Arc, AtomicBool, Ordering};
-use abe::runtime::worker::{Events, Job, WorkerThread};
+use abe::runtime::worker::{signal_exit, Events, Job, WorkerThread};
 use loom::thread;
 use loom_tests::model;
 use std::time::Duration;
@@ -91,4 +97,68 @@ fn exit_with_a_doorbell_ring_runs_the_job_and_exits() {
 #[test]
 fn exit_with_a_direct_unpark_runs_the_job_and_exits() {
     exit_after_one_job(Wake::Unpark);
+}
+
+/// What a job cut short by `stop` answers.
+const ABANDONED: u32 = 0;
+
+/// A job that runs until its executor's `stop` flag is set, as an executor abandoning
+/// work at shutdown does, and then answers [`ABANDONED`].
+struct UntilStopped;
+
+/// The executor's side of `stop` (the engine holds the other `Arc`).
+struct StopExec(Arc<AtomicBool>);
+
+impl Job for UntilStopped {
+    type Reply = u32;
+    type Exec = StopExec;
+
+    fn run(self, exec: &mut StopExec, _events: &mut Events<'_, u32>) -> u32 {
+        // Acquire: pairs with `signal_exit`'s Release store, as the executors' loads do.
+        while !exec.0.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+        ABANDONED
+    }
+}
+
+#[test]
+fn signal_exit_ends_a_job_waiting_for_stop_and_the_worker_exits() {
+    model(|| {
+        let bell = Arc::new(Doorbell::new());
+        let engine_bell = Arc::new(Doorbell::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let exit = Arc::new(AtomicBool::new(false));
+        let (mut jobs, jobs_rx) = ring::<UntilStopped>(CAPACITY);
+        let (replies_tx, mut replies) = ring::<u32>(CAPACITY);
+        engine_bell.bind_current();
+
+        let worker = WorkerThread {
+            id: 0,
+            jobs: jobs_rx,
+            results: replies_tx,
+            executor: Box::new(StopExec(stop.clone())),
+            bell: bell.clone(),
+            engine_bell: engine_bell.clone(),
+            exit: exit.clone(),
+            idle: IdlePolicy::Park,
+            spin: Duration::ZERO,
+            reserve: 1,
+        };
+        let worker = thread::spawn(move || worker.run());
+
+        assert!(jobs.push(UntilStopped).is_ok(), "job ring full");
+        bell.ring();
+        // The engine returned with the job still out: what the engine thread does next.
+        signal_exit(&stop, &exit);
+        worker.thread().unpark();
+
+        worker.join().unwrap();
+        assert_eq!(
+            replies.pop(),
+            Some(ABANDONED),
+            "abandoned job lost at shutdown"
+        );
+        assert_eq!(replies.pop(), None, "job answered twice");
+    });
 }

@@ -1,7 +1,7 @@
 //! Configuration errors. Every message names the key, the value and why, so a user can fix
 //! the file, variable or flag at fault. Nothing here prints or exits: `main` does that.
 
-use crate::core::research_keys::InvalidSetting;
+use crate::core::strategy::research::keys::InvalidSetting;
 use crate::router::RouterConfigError;
 use std::fmt;
 

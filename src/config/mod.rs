@@ -16,6 +16,7 @@
 //! - `settings`: [`Config::check`], the one check, into [`Settings`]: the runtime's
 //!   settings (core, sim executors, continuous batching, threads), the backends and the
 //!   router. `abe serve` calls it once.
+//! - `embed_context`: an `embed` model's omitted `context_length`, from its model_dir.
 //! - `millis`, `error`: durations and errors shared by the three.
 //!
 //! Nothing here runs after start-up, and nothing below `config` (core, runtime, exec, sim,
@@ -23,6 +24,7 @@
 //! `sections` (with its default and a line in config.toml) and, if it needs judging, in
 //! `settings`.
 
+mod embed_context;
 mod error;
 #[cfg(feature = "testing")]
 pub mod fuzzing;

@@ -2,7 +2,8 @@
 //! what each part of abe runs on (the core, the runtime and its sim executors, continuous
 //! batching, the router).
 //!
-//! What must never happen here: reading files or the environment, or starting anything.
+//! What must never happen here: reading files or the environment (the one exception, an
+//! `embed` model's omitted context length, is `embed_context`'s), or starting anything.
 //! Every problem is an error naming the key, the value and why; nothing falls back
 //! silently.
 
@@ -48,7 +49,7 @@ impl Config {
     /// problem: it comes back as [`Settings::routing_warning`].
     pub fn check(mut self) -> Result<Settings, ConfigError> {
         let runtime = self.runtime_config()?;
-        let backends = self.effective_backends();
+        let backends = super::embed_context::fill(self.effective_backends())?;
         let (router, routing_warning) = self.check_routing(&backends)?;
         let sim_latency = self.sim_latency(&backends, &runtime)?;
         if self.server.max_model_len == 0 {

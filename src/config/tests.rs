@@ -301,7 +301,10 @@ fn effective_backends_default_to_one_sim_backend_from_server_and_workers() {
     assert_eq!(b[0].max_concurrent_batches, 3);
     assert_eq!(b[0].models.len(), 1);
     assert_eq!(b[0].models[0].name, "tiny");
-    assert_eq!(b[0].models[0].context_length, DEFAULT_SIM_CONTEXT_LENGTH);
+    assert_eq!(
+        b[0].models[0].context_length,
+        Some(DEFAULT_SIM_CONTEXT_LENGTH)
+    );
     let mut router = c.check().unwrap().router;
     let d = router
         .route(&crate::router::Requirements::text("tiny", 1))

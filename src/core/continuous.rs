@@ -44,7 +44,7 @@ impl Default for ContinuousConfig {
     fn default() -> Self {
         // The multi-bin spec's memory model: (12 GB - 4 GB) / 1.875e-4 GB per token, less a
         // 10 % safety buffer.
-        let m = super::strategy::memory::MemoryModel::default();
+        let m = super::strategy::research::memory::MemoryModel::default();
         ContinuousConfig {
             replicas: 1,
             max_slots: 16,
@@ -1226,6 +1226,3 @@ impl StepShape {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod prefix_tests;

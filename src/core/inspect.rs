@@ -6,8 +6,8 @@
 
 use super::pool::WorkerView;
 use super::request::{Nanos, RequestMeta, Ticket};
-use super::research;
 use super::stats::CoreStats;
+use super::strategy::research;
 use super::strategy::{auto, StrategyKind};
 use super::{BatchId, Core, CoreConfig};
 

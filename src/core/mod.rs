@@ -27,8 +27,6 @@ pub mod pool;
 pub mod prefix;
 mod queues;
 pub mod request;
-pub mod research;
-pub mod research_keys;
 pub mod settings;
 pub mod stats;
 pub mod strategy;
@@ -42,11 +40,11 @@ use pool::WorkerView;
 pub use request::{
     Kind, Nanos, Priority, RequestMeta, Ticket, BUCKET_COUNT, BUCKET_LABELS, CLASS_COUNT,
 };
-use research::Research;
 pub use settings::{BatchingMode, CoreConfig};
 use stats::LatencyWindow;
 pub use stats::{CoreStats, FlushReason};
 use strategy::auto::Auto;
+use strategy::research::Research;
 use strategy::StrategyKind;
 use table::{Fifo, RequestTable};
 
@@ -224,7 +222,5 @@ fn max_batch_len(cfg: &CoreConfig) -> usize {
     cfg.max_batch_size.max(research).max(1)
 }
 
-#[cfg(test)]
-mod auto_tests;
 #[cfg(test)]
 mod tests;

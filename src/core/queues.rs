@@ -6,7 +6,7 @@
 //! What must never happen here: a clock read, I/O, or an allocation (queues are intrusive
 //! lists through the request table); a request lost or reordered when it moves.
 
-use super::research::Research;
+use super::strategy::research::Research;
 use super::strategy::StrategyKind;
 use super::Core;
 

@@ -38,12 +38,12 @@ impl std::fmt::Display for BatchingMode {
 }
 
 impl std::str::FromStr for BatchingMode {
-    type Err = super::strategy::bins::UnknownName;
+    type Err = super::strategy::research::bins::UnknownName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL
             .into_iter()
             .find(|m| m.as_str() == s)
-            .ok_or_else(|| super::strategy::bins::UnknownName {
+            .ok_or_else(|| super::strategy::research::bins::UnknownName {
                 what: "batching mode",
                 name: s.to_string(),
                 valid: "request, continuous",
@@ -99,7 +99,7 @@ pub struct CoreConfig {
     /// Seed for the balancer's RNG.
     pub seed: u64,
     /// Settings of the `dynamic` and `multi_bin` strategies.
-    pub research: super::research::ResearchConfig,
+    pub research: super::strategy::research::ResearchConfig,
 }
 
 impl Default for CoreConfig {
@@ -124,7 +124,7 @@ impl Default for CoreConfig {
             latency_window: 1000,
             p99_refresh_ns: 100_000_000,
             seed: 0x00ab_e5eed,
-            research: super::research::ResearchConfig::default(),
+            research: super::strategy::research::ResearchConfig::default(),
         }
     }
 }

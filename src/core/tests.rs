@@ -1,5 +1,8 @@
 //! Behaviour tests of the core, driven with explicit time (no sleeping).
 
+/// `auto` through the core in closed loops (`tests/auto.rs`).
+mod auto;
+
 use super::strategy::StrategyKind;
 use super::*;
 
@@ -28,7 +31,7 @@ fn poll(core: &mut Core, now: Nanos) -> Polled {
 }
 
 /// One worker, the timeout strategy `queue_depth` without idle dispatch: the rules these
-/// tests pin down (auto has its own tests in `auto_tests.rs`).
+/// tests pin down (auto has its own tests in `tests/auto.rs`).
 fn cfg() -> CoreConfig {
     CoreConfig {
         workers: 1,
@@ -587,7 +590,7 @@ fn multi_bin_keeps_each_batch_within_one_bin_and_alternates_bins_round_robin() {
     let mut c = research_cfg(StrategyKind::MultiBin);
     c.workers = 4;
     c.research.bins = 2;
-    c.research.bin_policy = crate::core::strategy::bins::BinPolicy::RoundRobin;
+    c.research.bin_policy = crate::core::strategy::research::bins::BinPolicy::RoundRobin;
     c.research.max_tokens_limit = 1000;
     let mut core = Core::new(c);
     // Before statistics the 2 bins split [1, 1000] in equal widths: short and long.

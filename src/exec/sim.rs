@@ -6,9 +6,10 @@ use super::latency::LatencyModel;
 use super::{prompt_tokens, synth, BatchItem, ExecError, Executor, FinishReason, Output, StepItem};
 use crate::core::continuous::{EntryResult, StepShape};
 use crate::core::Kind;
+use crate::sync::AtomicBool;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

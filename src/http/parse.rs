@@ -11,6 +11,10 @@
 //! is 400 (5.2); whitespace before a field's colon is 400 (5.1); a second Host is 400 (3.2);
 //! a bare CR is 400 and a bare LF ends a line like CRLF (2.2, httparse). A request without
 //! Host is accepted (a deliberate leniency: nothing here routes by Host).
+//!
+//! What each function assumes and guarantees is asserted in debug builds (`debug_assert!`,
+//! TigerBeetle's habit): a parsed head lies within the buffer and the limits, ends its last
+//! line, and frames a body within its limit. Release builds check nothing more.
 
 use super::response::Status;
 
@@ -57,10 +61,12 @@ pub struct RequestPath(std::borrow::Cow<'static, str>);
 impl RequestPath {
     /// `path`, borrowed from [`KNOWN_PATHS`] when it is one of them.
     pub fn new(path: &str) -> RequestPath {
-        match KNOWN_PATHS.iter().find(|k| **k == path) {
+        let kept = match KNOWN_PATHS.iter().find(|k| **k == path) {
             Some(k) => RequestPath(std::borrow::Cow::Borrowed(k)),
             None => RequestPath(std::borrow::Cow::Owned(path.to_string())),
-        }
+        };
+        debug_assert_eq!(kept.as_str(), path, "a path is kept as sent");
+        kept
     }
 
     pub fn as_str(&self) -> &str {
@@ -135,6 +141,13 @@ fn decimal_usize(s: &str) -> Option<usize> {
         }
         n = n.checked_mul(10)?.checked_add(usize::from(b - b'0'))?;
     }
+    // Guarantees: only `1*DIGIT` is read, and no digit was lost to overflow (a number of
+    // k significant digits is at least 10^(k-1)).
+    debug_assert!(!digits.is_empty() && digits.iter().all(u8::is_ascii_digit));
+    debug_assert!({
+        let significant = digits.iter().skip_while(|&&b| b == b'0').count();
+        significant == 0 || n.checked_ilog10() == Some(significant as u32 - 1)
+    });
     Some(n)
 }
 
@@ -178,6 +191,13 @@ pub fn parse_head(
             return Err(head_error(Status::BadRequest, message));
         }
     };
+    // httparse: a complete head is a non-empty prefix of `buf` that ends its last line
+    // (CRLF CRLF, or a bare LF ending a line).
+    debug_assert!(
+        head_len > 0 && head_len <= buf.len(),
+        "head of {head_len} bytes"
+    );
+    debug_assert_eq!(buf[head_len - 1], b'\n', "a head ends with an empty line");
     if head_len > max_header_bytes {
         return Err(head_error(
             Status::HeaderTooLarge,
@@ -300,7 +320,7 @@ pub fn parse_head(
             format!("request body of {content_length} bytes exceeds the limit of {max_body_bytes} bytes"),
         ));
     }
-    Ok(Some(Head {
+    let head = Head {
         method,
         path,
         head_len,
@@ -312,7 +332,11 @@ pub fn parse_head(
         authorization,
         session_id,
         query,
-    }))
+    };
+    // Guarantees: the head fits its limit, the body its own, the path has no query.
+    debug_assert!(head.head_len <= max_header_bytes && head.content_length <= max_body_bytes);
+    debug_assert!(!head.path.contains('?'), "the query is split off the path");
+    Ok(Some(head))
 }
 
 /// The unparseable head in `buf` folds a header line: a line inside it starts with a space

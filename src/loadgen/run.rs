@@ -606,9 +606,12 @@ fn drive(
                     let Some(start) = gate.arrive_and_wait() else {
                         return;
                     };
-                    match plan {
-                        Plan::Open(schedule) => connection_loop(
-                            &mut conn, shared, schedule, target, path, opts, start, &tx,
+                    let client;
+                    let (requests, trace_ids, pace) = match plan {
+                        Plan::Open(schedule) => (
+                            &schedule.requests[..],
+                            &schedule.trace_ids[..],
+                            Pace::open(schedule),
                         ),
                         Plan::Closed {
                             requests,
@@ -616,17 +619,19 @@ fn drive(
                             lp,
                             duration_ns,
                         } => {
-                            let client = Client {
+                            client = Client {
                                 id,
                                 lp,
                                 end: duration_ns.map(|d| start + Duration::from_nanos(d)),
                             };
-                            client_loop(
-                                &mut conn, shared, requests, trace_ids, target, path, opts, start,
-                                &client, &tx,
-                            )
+                            let pace = Pace::closed(&client, opts.seed, start);
+                            (&requests[..], &trace_ids[..], pace)
                         }
-                    }
+                    };
+                    connection_loop(
+                        &mut conn, shared, requests, trace_ids, pace, target, path, opts, start,
+                        &tx,
+                    )
                 });
             if let Err(source) = spawned {
                 gate.open(None);
@@ -708,70 +713,6 @@ fn drive(
     })
 }
 
-/// One connection thread: take the next request, wait for its time, send, read, report.
-#[allow(clippy::too_many_arguments)]
-fn connection_loop(
-    conn: &mut ClientConn,
-    shared: &Shared,
-    schedule: &Schedule,
-    target: &Target,
-    path: &str,
-    opts: &LoadgenOptions,
-    start: Instant,
-    tx: &mpsc::Sender<Done>,
-) {
-    let mut request = Vec::with_capacity(4096);
-    let mut body = Vec::with_capacity(4096);
-    let since_start = |t: Instant| t.saturating_duration_since(start).as_nanos() as u64;
-    loop {
-        // Relaxed: the index only hands out distinct requests; the schedule is read-only.
-        let i = shared.next.fetch_add(1, Ordering::Relaxed);
-        let Some(r) = schedule.requests.get(i) else {
-            break;
-        };
-        let due_ns = schedule.send_at_ns[i];
-        let due = start + Duration::from_nanos(due_ns);
-        // Build the bytes before sleeping, so the send itself is one write at the due time.
-        prompt::write_request(
-            &mut request,
-            &mut body,
-            path,
-            &target.host_header,
-            &opts.body,
-            r,
-            prompt::request_ids(&schedule.trace_ids, r),
-            opts.seed,
-            i as u64,
-        );
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
-        }
-        let sent = Instant::now();
-        let lag_ns = since_start(sent).saturating_sub(due_ns);
-        shared.sent.fetch_add(1, Ordering::Relaxed);
-        if lag_ns > LATE_SEND_NS {
-            shared.late.fetch_add(1, Ordering::Relaxed);
-        }
-        let outcome = send(conn, &request);
-        let done = Done {
-            index: i as u32,
-            origin_ns: due_ns,
-            end_ns: since_start(Instant::now()),
-            lag_ns,
-            outcome,
-        };
-        if tx.send(done).is_err() {
-            // The collector is gone (it only leaves when every outcome is in).
-            break;
-        }
-    }
-    shared
-        .reopened
-        .fetch_add(conn.reopened(), Ordering::Relaxed);
-    conn.close();
-}
-
 /// One closed-loop client.
 struct Client<'a> {
     /// Which client (its first send and think-time stream depend on it).
@@ -781,39 +722,78 @@ struct Client<'a> {
     end: Option<Instant>,
 }
 
-/// One closed-loop client thread: send the next request, read the answer, think, repeat.
+/// When a connection thread sends its next request.
+enum Pace<'a> {
+    /// Open loop: request `i` is due `send_at_ns[i]` after the start, whatever came back.
+    Open { send_at_ns: &'a [u64] },
+    /// Closed loop: one client, sending again a think time after its answer.
+    Closed {
+        client: &'a Client<'a>,
+        /// Think times from (seed, client): the same run asks for the same pauses.
+        rng: SmallRng,
+        next_at: Instant,
+    },
+}
+
+impl<'a> Pace<'a> {
+    fn open(schedule: &'a Schedule) -> Pace<'a> {
+        Pace::Open {
+            send_at_ns: &schedule.send_at_ns,
+        }
+    }
+
+    fn closed(client: &'a Client<'a>, seed: u64, start: Instant) -> Pace<'a> {
+        Pace::Closed {
+            client,
+            rng: SmallRng::seed_from_u64(seed ^ (client.id as u64).wrapping_mul(0x9E37_79B9)),
+            next_at: start + Duration::from_nanos(client.lp.first_arrival_ns(client.id)),
+        }
+    }
+}
+
+/// Sleeps until `at` (returns at once if it passed).
+fn sleep_until(at: Instant) {
+    let now = Instant::now();
+    if at > now {
+        std::thread::sleep(at - now);
+    }
+}
+
+/// One connection thread, open or closed loop: take the next request, wait for its time
+/// (`pace`), send, read, report; stop when the requests run out, a closed loop's end
+/// passes, or the collector is gone.
 #[allow(clippy::too_many_arguments)]
-fn client_loop(
+fn connection_loop(
     conn: &mut ClientConn,
     shared: &Shared,
     requests: &[SimRequest],
     trace_ids: &[u64],
+    mut pace: Pace<'_>,
     target: &Target,
     path: &str,
     opts: &LoadgenOptions,
     start: Instant,
-    client: &Client<'_>,
     tx: &mpsc::Sender<Done>,
 ) {
     let mut request = Vec::with_capacity(4096);
     let mut body = Vec::with_capacity(4096);
     let since_start = |t: Instant| t.saturating_duration_since(start).as_nanos() as u64;
-    // Think times from (seed, client): the same run asks for the same pauses.
-    let mut rng = SmallRng::seed_from_u64(opts.seed ^ (client.id as u64).wrapping_mul(0x9E37_79B9));
-    let mut next_at = start + Duration::from_nanos(client.lp.first_arrival_ns(client.id));
     loop {
-        let now = Instant::now();
-        if next_at > now {
-            std::thread::sleep(next_at - now);
+        if let Pace::Closed {
+            client, next_at, ..
+        } = &pace
+        {
+            sleep_until(*next_at);
+            if client.end.is_some_and(|end| Instant::now() >= end) {
+                break;
+            }
         }
-        if client.end.is_some_and(|end| Instant::now() >= end) {
-            break;
-        }
-        // Relaxed: the index only hands out distinct requests; the sequence is read-only.
+        // Relaxed: the index only hands out distinct requests; the requests are read-only.
         let i = shared.next.fetch_add(1, Ordering::Relaxed);
         let Some(r) = requests.get(i) else {
             break;
         };
+        // Build the bytes before sleeping, so the send itself is one write at the due time.
         prompt::write_request(
             &mut request,
             &mut body,
@@ -825,21 +805,41 @@ fn client_loop(
             opts.seed,
             i as u64,
         );
-        let origin_ns = since_start(Instant::now());
+        // Open loop: latency runs from the scheduled send (no coordinated omission), and a
+        // send late past LATE_SEND_NS is counted; closed loop: from the actual send.
+        let (origin_ns, lag_ns) = match &pace {
+            Pace::Open { send_at_ns } => {
+                let due_ns = send_at_ns[i];
+                sleep_until(start + Duration::from_nanos(due_ns));
+                (due_ns, since_start(Instant::now()).saturating_sub(due_ns))
+            }
+            Pace::Closed { .. } => (since_start(Instant::now()), 0),
+        };
         shared.sent.fetch_add(1, Ordering::Relaxed);
+        if lag_ns > LATE_SEND_NS {
+            shared.late.fetch_add(1, Ordering::Relaxed);
+        }
         let outcome = send(conn, &request);
         let answered = Instant::now();
         let done = Done {
             index: i as u32,
             origin_ns,
             end_ns: since_start(answered),
-            lag_ns: 0,
+            lag_ns,
             outcome,
         };
         if tx.send(done).is_err() {
+            // The collector is gone (it only leaves when every outcome is in).
             break;
         }
-        next_at = answered + Duration::from_nanos(client.lp.think_ns(&mut rng));
+        if let Pace::Closed {
+            client,
+            rng,
+            next_at,
+        } = &mut pace
+        {
+            *next_at = answered + Duration::from_nanos(client.lp.think_ns(rng));
+        }
     }
     shared
         .reopened

@@ -12,12 +12,13 @@ use super::derived::{
 };
 use super::exposition::{family, histogram, sample, single, MetricType};
 use super::http_stats::{Endpoint, Eviction, HttpStats, STATUS_SLOT_LABELS};
+use crate::buckets::{BATCH_SIZE_BOUNDS, LATENCY_BOUNDS_NS, QUEUE_WAIT_BOUND_LOG2_NS};
 use crate::build_info;
 use crate::core::request::{class_index, Priority, BUCKET_LABELS};
 use crate::core::stats::{WaitHistogram, WAIT_BUCKETS};
 use crate::core::strategy::auto::AutoSnapshot;
 use crate::core::strategy::StrategyKind;
-use crate::core::{FlushReason, Nanos};
+use crate::core::FlushReason;
 use crate::exec::embed::{EmbedStats, EmbedTotals};
 use crate::runtime::Snapshot;
 use hdrhistogram::Histogram;
@@ -25,34 +26,6 @@ use std::sync::Arc;
 
 /// `Content-Type` of the rendered page.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Upper bounds (ns) of the end-to-end latency buckets: 0.5 ms to 60 s.
-pub const LATENCY_BOUNDS_NS: [Nanos; 16] = [
-    500_000,
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-    30_000_000_000,
-    60_000_000_000,
-];
-
-/// Upper bounds of the batch-size buckets (requests per batch).
-pub const BATCH_SIZE_BOUNDS: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
-
-/// Queue-wait bucket bounds as powers of two in ns, every second log2 bucket of the core's
-/// [`WaitHistogram`]: 2^10 ns (1.024 us) to 2^36 ns (68.7 s), a factor of 4 apart.
-pub const QUEUE_WAIT_BOUND_LOG2_NS: [u32; 14] =
-    [10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36];
 
 const _: () =
     assert!(QUEUE_WAIT_BOUND_LOG2_NS[QUEUE_WAIT_BOUND_LOG2_NS.len() - 1] < WAIT_BUCKETS as u32);

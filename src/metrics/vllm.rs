@@ -12,90 +12,15 @@
 
 use super::derived::{approx_sum, NANOS_PER_SECOND_F64};
 use super::exposition::{family, histogram, sample, MetricType};
-use super::prometheus::{cumulative_counts, QUEUE_WAIT_BOUND_LOG2_NS};
-use crate::core::stats::WaitHistogram;
-use crate::runtime::snapshot::{
-    BoundedCounts, FinishedReason, PHASE_TIME_BOUNDS_NS, TOKEN_COUNT_BOUNDS,
+use super::prometheus::cumulative_counts;
+use crate::buckets::{
+    E2E_BOUNDS_NS, PHASE_TIME_BOUNDS_NS, QUEUE_WAIT_BOUND_LOG2_NS, TOKEN_COUNT_BOUNDS,
+    TPOT_BOUNDS_NS,
 };
+use crate::core::stats::WaitHistogram;
+use crate::runtime::snapshot::{BoundedCounts, FinishedReason};
 use crate::runtime::Snapshot;
 use hdrhistogram::Histogram;
-
-/// vLLM V1's `vllm:e2e_request_latency_seconds` buckets, in ns.
-pub const E2E_BOUNDS_NS: [u64; 21] = [
-    300_000_000,
-    500_000_000,
-    800_000_000,
-    1_000_000_000,
-    1_500_000_000,
-    2_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-    15_000_000_000,
-    20_000_000_000,
-    30_000_000_000,
-    40_000_000_000,
-    50_000_000_000,
-    60_000_000_000,
-    120_000_000_000,
-    240_000_000_000,
-    480_000_000_000,
-    960_000_000_000,
-    1_920_000_000_000,
-    7_680_000_000_000,
-];
-
-/// vLLM V1's `vllm:time_to_first_token_seconds` buckets, in ns (from 1 ms).
-pub const TTFT_BOUNDS_NS: [u64; 22] = [
-    1_000_000,
-    5_000_000,
-    10_000_000,
-    20_000_000,
-    40_000_000,
-    60_000_000,
-    80_000_000,
-    100_000_000,
-    250_000_000,
-    500_000_000,
-    750_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    7_500_000_000,
-    10_000_000_000,
-    20_000_000_000,
-    40_000_000_000,
-    80_000_000_000,
-    160_000_000_000,
-    640_000_000_000,
-    2_560_000_000_000,
-];
-
-/// vLLM V1's `vllm:time_per_output_token_seconds` buckets, in ns (from 10 ms), with abe's
-/// 1 ms and 5 ms below them (a simulated decode step is a few ms).
-pub const TPOT_BOUNDS_NS: [u64; 21] = [
-    1_000_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    75_000_000,
-    100_000_000,
-    150_000_000,
-    200_000_000,
-    300_000_000,
-    400_000_000,
-    500_000_000,
-    750_000_000,
-    1_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    7_500_000_000,
-    10_000_000_000,
-    20_000_000_000,
-    40_000_000_000,
-    80_000_000_000,
-];
 
 /// Every `vllm:*` family this module writes (the test of the Grafana dashboard fixture and
 /// the promtool script read it).

@@ -42,8 +42,6 @@ pub mod select;
 pub mod strategy;
 
 #[cfg(test)]
-mod proptests;
-#[cfg(test)]
 mod tests;
 
 pub use affinity::{Affinity, CacheView, PrefixConfig};

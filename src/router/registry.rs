@@ -120,8 +120,12 @@ impl fmt::Debug for ApiKey {
 pub struct ModelConfig {
     /// The name requests use (`"model"` in the request body).
     pub name: String,
-    /// Longest request, in estimated tokens, this model takes on this backend.
-    pub context_length: u32,
+    /// Longest request, in estimated tokens, this model takes on this backend. Required
+    /// for `sim` and `upstream`; an `embed` model's defaults to its directory's longest
+    /// input (`Config::check` reads `sentence_bert_config.json`'s `max_seq_length`, else
+    /// `config.json`'s `max_position_embeddings`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u32>,
     /// What it can do beyond text; all `false` when omitted.
     #[serde(default)]
     pub capabilities: Capabilities,
@@ -187,7 +191,7 @@ impl BackendConfig {
             prompt_array: None,
             models: vec![ModelConfig {
                 name: model.into(),
-                context_length,
+                context_length: Some(context_length),
                 capabilities: Capabilities {
                     vision: true,
                     tools: true,
@@ -259,15 +263,27 @@ pub struct Offer {
     pub backend: BackendId,
     pub priority: u32,
     pub context_length: u32,
+    /// An `embed` backend: its executor tokenizes each input and cuts it to the model's
+    /// longest (`truncate`, the default, as sentence-transformers does) or refuses that one
+    /// input with the exact token count (`truncate = false`), so the router's chars / 4
+    /// estimate never judges an input's length for it (it could only disagree).
+    pub length_checked_by_executor: bool,
     pub capabilities: Capabilities,
 }
 
 impl Offer {
     /// This offer could take `req`, whatever its backend's live state: the context is long
-    /// enough and every capability it needs is there.
+    /// enough (or the executor judges length) and every capability it needs is there.
     #[inline]
     pub fn capable(&self, req: &Requirements<'_>) -> bool {
-        self.context_length >= req.estimated_tokens && self.capabilities.covers(req.needs)
+        self.fits(req.estimated_tokens) && self.capabilities.covers(req.needs)
+    }
+
+    /// A request of `estimated_tokens` is not too long for it (an embeddings request is
+    /// checked one input at a time, as the executor runs it).
+    #[inline]
+    pub fn fits(&self, estimated_tokens: u32) -> bool {
+        self.length_checked_by_executor || self.context_length >= estimated_tokens
     }
 }
 
@@ -367,9 +383,10 @@ impl Registry {
                         .into(),
                 });
             }
+            let length_checked_by_executor = matches!(backend.kind, BackendKind::Embed { .. });
             let mut served = Vec::with_capacity(cfg.models.len());
             for (j, m) in cfg.models.iter().enumerate() {
-                validate_model(cfg, j, m)?;
+                let context_length = validate_model(cfg, j, m)?;
                 let model = match model_ids.get(m.name.as_str()) {
                     Some(&id) => id,
                     None => {
@@ -395,7 +412,8 @@ impl Registry {
                     Offer {
                         backend: id,
                         priority: cfg.priority,
-                        context_length: m.context_length,
+                        context_length,
+                        length_checked_by_executor,
                         capabilities: m.capabilities,
                     },
                 ));
@@ -689,7 +707,12 @@ fn validate_backend(i: usize, cfg: &BackendConfig) -> Result<Backend, RouterConf
     })
 }
 
-fn validate_model(cfg: &BackendConfig, j: usize, m: &ModelConfig) -> Result<(), RouterConfigError> {
+/// Checks one `[[backends.models]]` table; its context length.
+fn validate_model(
+    cfg: &BackendConfig,
+    j: usize,
+    m: &ModelConfig,
+) -> Result<u32, RouterConfigError> {
     let model_err = |key: &'static str, why: &str| RouterConfigError::Model {
         backend: cfg.name.clone(),
         model: if m.name.trim().is_empty() {
@@ -706,13 +729,22 @@ fn validate_model(cfg: &BackendConfig, j: usize, m: &ModelConfig) -> Result<(), 
             "must not be empty; it is what requests put in \"model\"",
         ));
     }
-    if m.context_length == 0 {
-        return Err(model_err(
+    match m.context_length {
+        Some(0) => Err(model_err(
             "context_length",
             "must be at least 1 (tokens the model accepts, e.g. 8192)",
-        ));
+        )),
+        Some(c) => Ok(c),
+        None if cfg.kind == BackendKindName::Embed => Err(model_err(
+            "context_length",
+            "is missing: an embed model's is read from its model_dir by Config::check; \
+             set it when building a router from tables directly",
+        )),
+        None => Err(model_err(
+            "context_length",
+            "is missing: set the longest request the model takes, in tokens (e.g. 8192)",
+        )),
     }
-    Ok(())
 }
 
 /// A `sim` backend for the router's tests, serving `models` as (name, context length,
@@ -737,7 +769,7 @@ pub(crate) fn sim_backend(
             .iter()
             .map(|&(n, c, capabilities)| ModelConfig {
                 name: n.into(),
-                context_length: c,
+                context_length: Some(c),
                 capabilities,
             })
             .collect(),

@@ -635,6 +635,7 @@ impl RouterView<'_> {
         let (mut all_vision, mut all_tools, mut all_json, mut all_context) =
             (true, true, true, true);
         let mut context_length_max = 0;
+        let mut any_context = false;
         for o in offers {
             let c = o.capabilities;
             any_vision |= c.vision;
@@ -643,7 +644,8 @@ impl RouterView<'_> {
             all_vision &= c.vision;
             all_tools &= c.tools;
             all_json &= c.json_mode;
-            all_context &= o.context_length >= req.estimated_tokens;
+            all_context &= o.fits(req.estimated_tokens);
+            any_context |= o.fits(req.estimated_tokens);
             context_length_max = context_length_max.max(o.context_length);
         }
         let context = ContextShortfall {
@@ -654,7 +656,7 @@ impl RouterView<'_> {
             vision: need.vision && !any_vision,
             tools: need.tools && !any_tools,
             json_mode: need.json_mode && !any_json,
-            context: (context_length_max < req.estimated_tokens).then_some(context),
+            context: (!any_context).then_some(context),
             no_single_backend: false,
         };
         if missing.names().next().is_none() {

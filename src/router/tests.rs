@@ -2,6 +2,9 @@
 //! to US-06, acceptance criteria AC-01 to AC-16 and the spec's edge cases, each test named
 //! after what it proves.
 
+/// Property tests of the router (`tests/properties.rs`).
+mod properties;
+
 use super::registry::sim_backend as backend;
 use super::*;
 use crate::core::circuit::CircuitState;
@@ -250,6 +253,64 @@ fn ac05_filters_by_context_length() {
     let e = r.route(&Requirements::text("m", 40_000)).unwrap_err();
     assert_eq!(e.status(), 400);
     assert!(e.to_string().contains("context_length"), "{e}");
+}
+
+/// An embed backend serving all-MiniLM-L6-v2 at its true 256-token limit, truncating
+/// (`None`: the default) or not. Building it needs the `embed` feature.
+#[cfg(feature = "embed")]
+fn minilm(truncate: Option<bool>) -> BackendConfig {
+    BackendConfig {
+        kind: BackendKindName::Embed,
+        model_dir: Some("/models/minilm".into()),
+        truncate,
+        ..backend("minilm", 0, &[("all-MiniLM-L6-v2", 256, NONE)])
+    }
+}
+
+#[cfg(feature = "embed")]
+#[test]
+fn an_embed_backend_takes_an_input_longer_than_its_context_to_its_executor() {
+    // The request: one input of about 809 estimated tokens against a 256 limit.
+    let long = Requirements::text("all-MiniLM-L6-v2", 809);
+    let mut r = router(&[minilm(None)], &RoutingConfig::default());
+    assert!(
+        r.precheck(&long).is_ok(),
+        "cut by the executor, not refused"
+    );
+    assert_eq!(chosen(&mut r, &long), "minilm");
+    // What it cannot do is still refused: no tools on an embedding model.
+    let tools = Requirements::new("all-MiniLM-L6-v2", 1, false, true, false);
+    assert_eq!(r.precheck(&tools).unwrap_err().status(), 400);
+
+    // truncate = false: the executor refuses that one input with its exact token count
+    // (tests/embed_model.rs); the router's estimate does not pre-empt it.
+    let mut r = router(&[minilm(Some(false))], &RoutingConfig::default());
+    assert!(r.precheck(&long).is_ok());
+    // A sim backend of the same context still refuses by the estimate.
+    let mut r = router(
+        &[backend("s", 0, &[("all-MiniLM-L6-v2", 256, NONE)])],
+        &RoutingConfig::default(),
+    );
+    let e = r.precheck(&long).unwrap_err();
+    assert_eq!(e.status(), 400);
+    assert!(
+        e.to_string().contains("context") && e.to_string().contains("256"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_model_table_without_context_length_is_refused_naming_the_key() {
+    let mut b = backend("s", 0, &[("m", 1, NONE)]);
+    b.models[0].context_length = None;
+    let Err(e) = Router::build(&[b], &RoutingConfig::default(), 1) else {
+        panic!("a model without context_length was accepted");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("'s'") && e.contains("context_length") && e.contains("missing"),
+        "{e}"
+    );
 }
 
 // ---- AC-02: health and circuit ---------------------------------------------------------
@@ -961,7 +1022,7 @@ fn wide_router() -> Router {
                     .into_iter()
                     .map(|(name, context_length, capabilities)| ModelConfig {
                         name,
-                        context_length,
+                        context_length: Some(context_length),
                         capabilities,
                     })
                     .collect(),

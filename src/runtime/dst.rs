@@ -19,12 +19,12 @@ use super::messages::{Control, RequestError};
 use super::ring::{self, Consumer, Producer};
 use super::snapshot::Snapshot;
 use super::submitter::Submitter;
+use super::sync::{AtomicBool, Ordering};
 use super::worker::{Job, TOKEN_ROOM};
 use super::{sync, telemetry, Shared};
 use crate::core::strategy::StrategyKind;
 use crate::core::Nanos;
 use crossbeam_queue::ArrayQueue;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -204,7 +204,7 @@ impl<M: Mode> Sim<M> {
             idle,
             nothing_out,
             aborted,
-            stop: self.stop.load(std::sync::atomic::Ordering::Acquire),
+            stop: self.stop.load(Ordering::Acquire),
         }
     }
 }

@@ -27,7 +27,8 @@ pub mod pin;
 pub mod ring;
 pub mod snapshot;
 pub mod submitter;
-pub mod sync;
+/// The std/loom switch (it lives at the crate root so `exec` can share the stop flag).
+pub use crate::sync;
 pub mod telemetry;
 pub mod worker;
 
@@ -47,12 +48,11 @@ pub use messages::{
     Event, Outcome, Request, RequestError, RouteRequest, TaggedEvent, ThreadRole, Waiter,
 };
 pub use snapshot::Snapshot;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 pub use submitter::Submitter;
-use sync::{AtomicU64, AtomicUsize, Ordering};
+use sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use worker::WorkerThread;
 
 /// Settings of the live runtime.
@@ -361,9 +361,7 @@ pub fn start_routed(
             }
             pin::pin_current("abe-engine", engine_core);
             body();
-            engine_stop.store(true, std::sync::atomic::Ordering::Release);
-            // Release: every job the engine sent is visible to a worker that sees `exit`.
-            exit.store(true, Ordering::Release);
+            worker::signal_exit(&engine_stop, &exit);
             for h in worker_handles {
                 h.thread().unpark();
                 let _ = h.join();
@@ -570,8 +568,8 @@ impl Handle {
         let c = &self.shared.telemetry_counters;
         // Relaxed: independent counters, read for display.
         (
-            c.sampled_out.load(std::sync::atomic::Ordering::Relaxed),
-            c.queue_full.load(std::sync::atomic::Ordering::Relaxed),
+            c.sampled_out.load(Ordering::Relaxed),
+            c.queue_full.load(Ordering::Relaxed),
         )
     }
 

@@ -4,6 +4,7 @@
 //! with `try_lock`: it never waits for a reader and never allocates to publish. Readers clone
 //! the snapshot out under the lock.
 
+use crate::buckets::{PHASE_TIME_BOUNDS_NS, TOKEN_COUNT_BOUNDS};
 use crate::core::pool::{WorkerStatus, WorkerView};
 use crate::core::strategy::auto::AutoSnapshot;
 use crate::core::strategy::StrategyKind;
@@ -89,7 +90,7 @@ pub struct Snapshot {
     pub samples_dropped: u64,
     pub draining: bool,
     /// State of the `dynamic` / `multi_bin` controllers (kept current whatever the strategy).
-    pub research: crate::core::research::ResearchSnapshot,
+    pub research: crate::core::strategy::research::ResearchSnapshot,
     /// Slots, KV and step counters when running continuous batching.
     pub continuous: Option<ContinuousSnapshot>,
     /// One per backend, in the router's backend order.
@@ -181,39 +182,6 @@ impl Snapshot {
         }
     }
 }
-
-/// Upper bounds of the per-request token-count buckets (vLLM's 1-2-5 series up to 100k).
-pub const TOKEN_COUNT_BOUNDS: [u64; 16] = [
-    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
-];
-
-/// Upper bounds (ns) of the per-request prefill / decode time buckets: vLLM's
-/// `request_*_time_seconds` buckets from 0.3 s, with abe's sub-second range below them
-/// (a simulated step is milliseconds).
-pub const PHASE_TIME_BOUNDS_NS: [u64; 20] = [
-    1_000_000,
-    2_500_000,
-    5_000_000,
-    10_000_000,
-    25_000_000,
-    50_000_000,
-    100_000_000,
-    300_000_000,
-    500_000_000,
-    800_000_000,
-    1_000_000_000,
-    1_500_000_000,
-    2_000_000_000,
-    2_500_000_000,
-    5_000_000_000,
-    10_000_000_000,
-    15_000_000_000,
-    20_000_000_000,
-    30_000_000_000,
-    60_000_000_000,
-];
-
-const _: () = assert!(TOKEN_COUNT_BOUNDS[0] < TOKEN_COUNT_BOUNDS[1]);
 
 /// A histogram over fixed, ascending bounds given by the caller, as plain counters: `Copy`,
 /// recorded in O(log N) without allocating (the engine records one per finished request).

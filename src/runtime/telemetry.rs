@@ -9,10 +9,10 @@
 //! tick events and 200 request events a second); the rest are counted as sampled out, so a
 //! subscriber can tell what it did not see.
 
+use super::sync::{AtomicU64, Ordering};
 use crate::core::strategy::StrategyKind;
 use crate::core::{FlushReason, Nanos, Priority};
 use crossbeam_queue::ArrayQueue;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Length of a sampling window (ns).
 pub const SAMPLE_WINDOW_NS: Nanos = 100_000_000;

@@ -6,9 +6,9 @@
 //! (continuous batching); each mode has its own [`Job`] type and reply type, so neither the
 //! worker nor the engine matches on the other mode's messages.
 //!
-//! Shutdown: the engine thread sets `exit` (Release) after the engine returned, then
-//! unparks the worker; the worker exits once `exit` is set and its ring is empty (Acquire),
-//! so a job pushed before the flag is still run. `loom-tests/tests/shutdown.rs` runs
+//! Shutdown: the engine thread sets `stop`, then `exit` ([`signal_exit`], Release) after the
+//! engine returned, then unparks the worker; the worker exits once `exit` is set and its
+//! ring is empty (Acquire), so a job pushed before the flag is still run. `loom-tests/tests/shutdown.rs` runs
 //! [`WorkerThread::run`] itself under loom.
 
 use super::doorbell::Doorbell;
@@ -69,6 +69,17 @@ pub struct WorkerThread<J: Job> {
     /// Result-ring slots kept for job replies (the worker's in-flight limit); the rest of
     /// the ring carries events.
     pub reserve: usize,
+}
+
+/// The engine thread's last word to its workers, once the engine has returned: `stop` tells
+/// executors still running abandoned work to cut it short, then `exit` lets each worker
+/// return once its ring is empty. Release on both: every job the engine sent is visible to
+/// a worker that sees `exit`, and `stop` is set before any worker can see `exit`. The caller
+/// then wakes each worker (`unpark`) and joins it; `loom-tests/tests/shutdown.rs` checks
+/// that a job blocked until `stop` still comes back and its worker exits.
+pub fn signal_exit(stop: &AtomicBool, exit: &AtomicBool) {
+    stop.store(true, Ordering::Release);
+    exit.store(true, Ordering::Release);
 }
 
 /// Room in a worker's result ring beyond its in-flight jobs, for token events.

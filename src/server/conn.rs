@@ -5,6 +5,10 @@
 //! queue; only finished slots at the front are written. Buffers never grow past the limits
 //! (a head larger than `max_header_bytes` is 431, a body larger than `max_body_bytes` is
 //! 413), so a connection's memory is bounded.
+//!
+//! Its invariants (`written` within the write buffer; slots in request order, each
+//! numbered below `next_seq`) are asserted in debug builds at every method that changes
+//! them ([`Conn::check`]); release builds check nothing more.
 
 use crate::api::Job;
 use crate::http::parse::Head;
@@ -132,6 +136,29 @@ impl Conn {
         }
     }
 
+    /// The connection's invariants, in debug builds: `written` within the write buffer,
+    /// slots in request order and numbered below `next_seq`, and a connection that closes
+    /// once flushed reads nothing more.
+    fn check(&self) {
+        debug_assert!(
+            self.written <= self.write_buf.len(),
+            "written past the buffer"
+        );
+        debug_assert!(
+            self.written < self.write_buf.len() || self.written == 0,
+            "a fully written buffer is cleared"
+        );
+        debug_assert!(
+            self.slots
+                .iter()
+                .zip(self.slots.iter().skip(1))
+                .all(|(a, b)| a.seq < b.seq),
+            "slots out of request order"
+        );
+        debug_assert!(self.slots.back().is_none_or(|s| s.seq < self.next_seq));
+        debug_assert!(!self.close_when_flushed || self.read_done);
+    }
+
     /// Reads until the socket would block or `limit` bytes are buffered, through `chunk`
     /// (the io thread's scratch buffer, reused so nothing is zeroed per read).
     pub fn read_available(
@@ -140,6 +167,8 @@ impl Conn {
         limit: usize,
         now: Instant,
     ) -> io::Result<(ReadResult, usize)> {
+        debug_assert!(!chunk.is_empty(), "a read needs room");
+        let buffered = self.read_buf.len();
         let mut total = 0;
         while self.read_buf.len() < limit && self.readable {
             let want = chunk.len().min(limit - self.read_buf.len());
@@ -169,6 +198,10 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
+        // Guarantees: nothing read past `limit` (the buffer never grows past the limits),
+        // and `total` is what was appended.
+        debug_assert!(self.read_buf.len() <= limit.max(buffered));
+        debug_assert_eq!(self.read_buf.len(), buffered + total);
         Ok((ReadResult::Open, total))
     }
 
@@ -181,6 +214,8 @@ impl Conn {
         router: &crate::router::Router,
         mut on_response: impl FnMut(Endpoint, u16),
     ) -> bool {
+        self.check();
+        let staged_before = self.write_buf.len();
         let mut staged = false;
         while let Some(front) = self.slots.front_mut() {
             if let Some(ev) = front.events.as_mut() {
@@ -260,6 +295,10 @@ impl Conn {
                 break;
             }
         }
+        // Guarantees: staging only appends, and the order of what stays is kept.
+        debug_assert!(self.write_buf.len() >= staged_before);
+        debug_assert!(staged || self.write_buf.len() == staged_before);
+        self.check();
         staged
     }
 
@@ -280,6 +319,7 @@ impl Conn {
 
     /// Writes as much of the write buffer as the socket takes.
     pub fn flush(&mut self, now: Instant) -> io::Result<usize> {
+        self.check();
         let mut total = 0;
         while self.written < self.write_buf.len() {
             match self.stream.write(&self.write_buf[self.written..]) {
@@ -303,6 +343,9 @@ impl Conn {
         } else if self.write_started.is_none() {
             self.write_started = Some(now);
         }
+        // Guarantees: a write deadline runs exactly while bytes wait to be written.
+        debug_assert_eq!(self.write_started.is_some(), self.unwritten() > 0);
+        self.check();
         Ok(total)
     }
 

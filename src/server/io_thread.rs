@@ -605,7 +605,11 @@ impl IoThread {
             }
         };
         self.inflight_gen[i] = self.inflight_gen[i].wrapping_add(1);
-        i as u64 | (u64::from(self.inflight_gen[i]) << 32)
+        let tag = i as u64 | (u64::from(self.inflight_gen[i]) << 32);
+        // Guarantees: the tag names this request, and the index fits the tag's low half.
+        debug_assert!(i <= u32::MAX as usize);
+        debug_assert!(self.inflight_of(tag).is_some_and(|(j, _)| j == i));
+        tag
     }
 
     /// The in-flight request `tag` names, if it is still the one the tag was made for.
@@ -617,6 +621,10 @@ impl IoThread {
 
     fn free_inflight_tag(&mut self, tag: u64) -> Option<InFlight> {
         let (i, f) = self.inflight_of(tag)?;
+        debug_assert!(
+            self.inflight_count > 0,
+            "an in-flight request counted out twice"
+        );
         self.inflight[i] = None;
         self.free_inflight.push(i);
         self.inflight_count -= 1;
@@ -671,9 +679,18 @@ impl IoThread {
         let Some(slot) = self.slot_mut(idx, generation, seq) else {
             return;
         };
+        debug_assert!(
+            part < slot.outcomes.len(),
+            "part {part} of a job with fewer"
+        );
         if slot.outcomes[part].is_some() {
             return;
         }
+        // Assumes: `remaining` counts the parts still unanswered (one is, here).
+        debug_assert_eq!(
+            slot.remaining,
+            slot.outcomes.iter().filter(|o| o.is_none()).count()
+        );
         slot.remaining -= 1;
         if slot.route.is_none() {
             slot.route = route;

@@ -11,7 +11,7 @@ use super::priority::PriorityMix;
 use super::settings::EngineSettings;
 use super::workload::Workload;
 use super::SimError;
-use crate::core::research_keys::DynamicConfig;
+use crate::core::strategy::research::keys::DynamicConfig;
 use crate::exec::latency::LatencyModel;
 use serde::{Deserialize, Serialize};
 use std::path::Path;

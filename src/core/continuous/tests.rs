@@ -1,5 +1,8 @@
 //! Behaviour of the continuous scheduler, driven step by step.
 
+/// Prefix caching in the continuous scheduler (`tests/prefix.rs`).
+mod prefix;
+
 use super::*;
 use crate::core::request::Kind;
 use rand::rngs::SmallRng;

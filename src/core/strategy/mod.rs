@@ -7,9 +7,9 @@
 //!   in [`timeout_ms`];
 //! - `auto` ([`auto`]): learned models of the executor's cost and of the arrivals, asked by
 //!   the core at each poll whether a group should go now or be held;
-//! - the research strategies `dynamic` and `multi_bin` (`memory`, `sla`, `bins`,
-//!   `batch_stats`, driven by `core::research`): a batch size from the KV-memory model and
-//!   the SLA controller, released whenever a worker is free.
+//! - the research strategies `dynamic` and `multi_bin` (all of them in [`research`]: the
+//!   algorithms, their state in the core, their config table, their tests): a batch size
+//!   from the KV-memory model and the SLA controller, released whenever a worker is free.
 //!
 //! A new strategy: a [`StrategyKind`] variant (and its name in `as_str` and `ALL`; the config,
 //! the admin endpoint and `abe simulate` take every name from there), its rule in a file of
@@ -22,12 +22,7 @@ mod latency_aware;
 mod queue_depth;
 
 pub mod auto;
-pub mod batch_stats;
-pub mod bins;
-#[cfg(test)]
-mod dynamic_tests;
-pub mod memory;
-pub mod sla;
+pub mod research;
 
 pub use fixed::fixed_timeout_ms;
 pub use latency_aware::latency_aware_timeout_ms;

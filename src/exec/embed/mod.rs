@@ -15,6 +15,8 @@
 //! - [`executor`]: the [`Executor`](super::Executor) workers run: checks each request,
 //!   tokenizes, runs the batch's forward passes, answers each item with its vector and its
 //!   real token count.
+//! - [`seq_len`]: the model's longest input from its directory's JSON alone (always
+//!   compiled: the config check reads it when `context_length` is omitted).
 //! - [`split`]: which inputs share a pass (sorted by length, cut where padding would cost
 //!   more than another pass); no candle, so always compiled and tested.
 //! - [`threads`]: how many threads a forward pass runs on (small passes on one, big ones
@@ -22,7 +24,7 @@
 //! - [`stats`]: padding waste and forward time, for `/metrics` (always compiled, so the
 //!   metrics code has one shape with or without the feature).
 //!
-//! Everything but `bert_config`, `split` and `stats` needs the `embed` cargo feature (candle and tokenizers). What must
+//! Everything but `bert_config`, `seq_len`, `split` and `stats` needs the `embed` cargo feature (candle and tokenizers). What must
 //! never happen here: loading a model lazily on a request (a bad directory fails at start),
 //! or one bad input failing the batch it rides in.
 
@@ -45,6 +47,7 @@ pub mod model;
 pub mod model_dir;
 #[cfg(feature = "embed")]
 pub mod pooling;
+pub mod seq_len;
 pub mod split;
 pub mod stats;
 #[cfg(feature = "embed")]

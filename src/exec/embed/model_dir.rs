@@ -14,6 +14,7 @@
 
 use super::bert_config::BertConfig;
 use super::pooling::{Pooling, PoolingConfig};
+use super::seq_len;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -41,12 +42,6 @@ struct Module {
     path: String,
     #[serde(rename = "type")]
     kind: String,
-}
-
-/// `sentence_bert_config.json`.
-#[derive(Debug, Deserialize)]
-struct SentenceBertConfig {
-    max_seq_length: Option<usize>,
 }
 
 /// A model directory read and checked: everything [`EmbedModel`](super::EmbedModel) needs.
@@ -147,23 +142,12 @@ impl ModelDir {
             ));
         }
 
+        // One rule for the executor's limit and the router's (see `seq_len`).
         let st_path = dir.join("sentence_bert_config.json");
-        let max_seq_length = if st_path.exists() {
-            let st: SentenceBertConfig = json(&st_path)?;
-            st.max_seq_length.unwrap_or(bert.max_position_embeddings)
-        } else {
-            bert.max_position_embeddings
-        };
-        if max_seq_length < 2 || max_seq_length > bert.max_position_embeddings {
-            return Err(LoadError::new(
-                &st_path,
-                format!(
-                    "max_seq_length {max_seq_length} must be in 2..={} (config.json's \
-                     max_position_embeddings)",
-                    bert.max_position_embeddings
-                ),
-            ));
-        }
+        let st = seq_len::sentence_bert_max_seq_length(dir)
+            .map_err(|e| LoadError::new(e.path, e.why))?;
+        let max_seq_length = seq_len::rule(bert.max_position_embeddings, st)
+            .map_err(|why| LoadError::new(&st_path, why))?;
 
         let tokenizer_path = dir.join("tokenizer.json");
         let tokenizer_bytes = read(&tokenizer_path)?;

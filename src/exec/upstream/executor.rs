@@ -13,8 +13,9 @@ use crate::core::Kind;
 use crate::exec::{
     prompt_tokens, BatchItem, ExecError, Executor, FinishReason, Output, TokenSink, Work,
 };
+use crate::sync::AtomicBool;
 use std::io::BufReader;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 /// Requests one batch may have in flight at once (the threads a batch may spawn).

@@ -76,6 +76,8 @@ fn sse_events_are_the_same_read_whole_or_byte_by_byte() {
     eprintln!("{report}");
 }
 
+/// Every refusal says where and why (`fuzzing::json_outcomes` asserts it on every input),
+/// and the campaign reaches both: answers that parse, and refusals of each reader.
 #[test]
 fn json_answers_parse_or_say_why() {
     let report = Campaign::new(
@@ -87,4 +89,18 @@ fn json_answers_parse_or_say_why() {
     )
     .run(|input| signature(json_outcomes(&String::from_utf8_lossy(input))));
     eprintln!("{report}");
+    // The check is not vacuous: well-formed answers parse, and each reader refuses
+    // malformed ones with a reason.
+    let ok = json_outcomes(r#"{"choices":[{"text":"a","message":{"content":"a"}}]}"#);
+    assert!(ok.starts_with("(Ok(1), Ok(1), Err("), "{ok}");
+    let refused = json_outcomes(r#"{"choices":[{"text":7}]}"#);
+    assert!(
+        refused.starts_with("(Err(\"unexpected JSON at `choices[].text`: "),
+        "{refused}"
+    );
+    let no_choices = json_outcomes(r#"{"choices":[]}"#);
+    assert!(
+        no_choices.contains("Err(\"the answer has no choices\")"),
+        "{no_choices}"
+    );
 }

@@ -41,26 +41,52 @@ pub fn sse_events(body: &[u8], capacity: usize) -> Vec<String> {
     );
 }
 
+/// Asserts that `e`, `reader`'s refusal of a backend's answer, says where and why: serde's
+/// "unexpected JSON at `path`: reason" with a reason, or one of `wire`'s own sentences.
+/// What a client is told when its backend's answer is refused is this message.
+fn assert_says_why(reader: &str, e: &str) {
+    let says = match e.strip_prefix("unexpected JSON at `") {
+        Some(rest) => rest
+            .split_once("`: ")
+            .is_some_and(|(_, why)| !why.trim().is_empty()),
+        None => e == "the answer has no choices",
+    };
+    assert!(says, "{reader}: a refusal that does not say why: {e:?}");
+}
+
 /// What each JSON reader makes of `text` as a backend's answer: completions and chat
-/// (choices or the error), embeddings, and a stream chunk of each kind.
+/// (choices or the error), embeddings, and a stream chunk of each kind. Asserts that every
+/// refusal says why ([`assert_says_why`]); an error the backend reports inside a stream is
+/// relayed as the backend wrote it.
 pub fn json_outcomes(text: &str) -> String {
     // Where and why, without the quoted values and positions that make every error new.
     let rule = |e: &str| -> String {
         let head = e.split(['\'', '"']).next().unwrap_or("");
         head.chars().filter(|c| !c.is_ascii_digit()).collect()
     };
+    let why = |reader: &'static str| {
+        move |e: String| {
+            assert_says_why(reader, &e);
+            rule(&e)
+        }
+    };
+    let chunk = |chat: bool| match wire::parse_chunk(text, chat) {
+        Ok(_) => "ok".to_string(),
+        Err(wire::ChunkError::Upstream(_)) => "upstream".to_string(),
+        Err(wire::ChunkError::Invalid(e)) => why("stream chunk")(e),
+    };
     let outcomes = (
         wire::parse_completions(text)
             .map(|r| r.choices.len())
-            .map_err(|e| rule(&e)),
+            .map_err(why("completions")),
         wire::parse_chat(text)
             .map(|r| r.choices.len())
-            .map_err(|e| rule(&e)),
+            .map_err(why("chat")),
         wire::parse_embeddings(text)
             .map(|_| ())
-            .map_err(|e| rule(&e)),
-        wire::parse_chunk(text, false).is_ok(),
-        wire::parse_chunk(text, true).is_ok(),
+            .map_err(why("embeddings")),
+        chunk(false),
+        chunk(true),
     );
     format!("{outcomes:?}")
 }

@@ -38,11 +38,11 @@ use super::clock::Clock;
 use super::idle::Idler;
 use super::messages::{Control, Submission};
 use super::snapshot::{Snapshot, SNAPSHOT_INTERVAL_NS};
+use super::sync::{AtomicBool, Ordering};
 use super::worker::Job;
 use super::Shared;
 use crate::core::strategy::StrategyKind;
 use crate::core::Nanos;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// What a batching mode does in the engine's turn. Every method runs on the engine thread;
@@ -217,7 +217,7 @@ impl<M: Mode> Engine<M> {
                 self.mode.abort(&mut self.io, now);
                 self.aborted = true;
                 // Executors still running abandoned work may stop early now.
-                self.stop.store(true, std::sync::atomic::Ordering::Release);
+                self.stop.store(true, Ordering::Release);
             }
         }
         let (dispatched, next) = self.mode.poll(&mut self.io, now);

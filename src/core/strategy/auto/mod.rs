@@ -286,4 +286,4 @@ impl Auto {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

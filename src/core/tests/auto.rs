@@ -1,8 +1,8 @@
 //! `auto` through the core: closed loops of clients against one worker whose batch of n
 //! takes a + b n ms, in virtual time (no sleeping), beside the hand-set strategies.
 
-use super::strategy::{StrategyKind, StrategyParams};
-use super::*;
+use crate::core::strategy::{StrategyKind, StrategyParams};
+use crate::core::*;
 use rand::{Rng, SeedableRng};
 
 const MS: Nanos = 1_000_000;
@@ -84,11 +84,18 @@ fn core_cfg(strategy: StrategyKind, dispatch_when_idle: bool, max_wait_ms: f64) 
     }
 }
 
-/// The best possible: everyone (up to a full batch) in one batch per a + b n + the mean
-/// round trip (1.3 x `rtt` with the late 1 %).
+/// The best possible (`auto::tests::best_possible`, exact: the round trip counted only
+/// where no full batch hides it) for `closed_loop`'s clients: round trips `rtt / 2 +
+/// U(0, rtt)`, 1 % of them `30 rtt` longer, so `1.3 rtt` on average and `31.5 rtt` at most;
+/// batches of 32 (`core_cfg`).
 fn best_possible(clients: usize, a: Nanos, b: Nanos, rtt: Nanos) -> f64 {
-    let n = clients.min(32) as f64;
-    n * 1e9 / (a as f64 + b as f64 * n + 1.3 * rtt as f64)
+    crate::core::strategy::auto::tests::best_possible(
+        clients,
+        32,
+        (a, b),
+        1.3 * rtt as f64,
+        rtt * 63 / 2,
+    )
 }
 
 #[test]

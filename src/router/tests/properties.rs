@@ -3,13 +3,13 @@
 //! a maximal score (the first on ties), alias resolution always terminates (graphs with
 //! cycles are rejected at build), and every decision respects every filter.
 
-use super::registry::sim_backend;
-use super::strategy::{pick, Strategy as Routing};
-use super::{
+use crate::core::circuit::CircuitState;
+use crate::router::registry::sim_backend;
+use crate::router::strategy::{pick, Strategy as Routing};
+use crate::router::{
     score, BackendConfig, BackendId, Candidate, Capabilities, Requirements, Router,
     RouterConfigError, RoutingConfig, Weights,
 };
-use crate::core::circuit::CircuitState;
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -312,11 +312,11 @@ proptest! {
 
 // ---- prefix_aware's index and rule, session's hashing -------------------------------------
 
-use super::affinity::{
+use crate::core::prefix::{chain, BlockHash, ROOT};
+use crate::router::affinity::{
     backend_key, pick_prefix, pick_session, BalanceLoad, PrefixConfig, RequestWork,
 };
-use super::prefix_index::PrefixIndex;
-use crate::core::prefix::{chain, BlockHash, ROOT};
+use crate::router::prefix_index::PrefixIndex;
 use std::collections::VecDeque;
 
 /// A prompt from a small tree of shared prefixes: `family` picks the first blocks' content,

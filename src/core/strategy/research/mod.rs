@@ -2,20 +2,30 @@
 //! batch size, Algorithms 1-3) and `multi_bin` (Guldogan et al.: K bins by predicted output
 //! length, Algorithms 4-7), as the core uses them.
 //!
-//! The algorithms live in `strategy::{memory, sla, bins, batch_stats}`; this file holds their
-//! instances, the bin FIFOs, and the glue: the batch-size target, bin choice, and the
-//! statistics update after every completed batch. Nothing here allocates after `new`.
+//! Everything of theirs lives in this directory: the algorithms in [`memory`], [`sla`],
+//! [`bins`] and [`batch_stats`], their config table in [`keys`], their tests in `tests`;
+//! this file holds their instances, the bin FIFOs, and the glue: the batch-size target,
+//! bin choice, and the statistics update after every completed batch. Nothing here
+//! allocates after `new`.
 
-use super::request::{Nanos, RequestMeta};
-use super::strategy::batch_stats::EMA_WEIGHT;
-use super::strategy::batch_stats::{BatchObservation, BatchStats, OUTPUT_SAMPLE_CAPACITY};
-use super::strategy::bins::{
+pub mod batch_stats;
+pub mod bins;
+pub mod keys;
+pub mod memory;
+pub mod sla;
+#[cfg(test)]
+mod tests;
+
+use crate::core::request::{Nanos, RequestMeta};
+use crate::core::table::{Fifo, RequestTable};
+use batch_stats::EMA_WEIGHT;
+use batch_stats::{BatchObservation, BatchStats, OUTPUT_SAMPLE_CAPACITY};
+use bins::{
     choose_age_aware, longest_queue, BinBoundaries, BinPolicy, LengthPredictor, PredictorKind,
     RoundRobin, BIN_COUNT_MAX,
 };
-use super::strategy::memory::MemoryModel;
-use super::strategy::sla::{SlaController, SlaParams};
-use super::table::{Fifo, RequestTable};
+use memory::MemoryModel;
+use sla::{SlaController, SlaParams};
 
 /// Settings of the research strategies.
 #[derive(Clone, Debug, PartialEq)]

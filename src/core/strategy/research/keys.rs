@@ -7,10 +7,10 @@
 //! happen here: reading files or the environment (the config and the simulator do that),
 //! or anything that runs after start-up.
 
-use super::research::ResearchConfig;
-use super::strategy::bins::{BinPolicy, PredictorKind, BIN_COUNT_MAX};
-use super::strategy::memory::MemoryModel;
-use super::strategy::sla::SlaParams;
+use super::bins::{BinPolicy, PredictorKind, BIN_COUNT_MAX};
+use super::memory::MemoryModel;
+use super::sla::SlaParams;
+use super::ResearchConfig;
 use serde::{Deserialize, Serialize};
 
 /// `[batching.dynamic]`: the `dynamic` and `multi_bin` strategies (memory model, SLA

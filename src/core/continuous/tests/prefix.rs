@@ -1,7 +1,7 @@
 //! Prefix caching in the continuous scheduler, driven step by step: what a prompt finds,
 //! what it leaves, what is evicted, and that nothing is lost or leaked on any path.
 
-use super::*;
+use crate::core::continuous::*;
 use crate::core::prefix::{chain, BlockHash, PromptBlocks, ROOT};
 use crate::core::request::Kind;
 use rand::rngs::SmallRng;

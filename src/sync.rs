@@ -1,11 +1,13 @@
 //! The one switch between std and loom primitives for every cross-thread protocol.
 //!
-//! Production code in `runtime` takes atomics, cells, `Arc`, and park/unpark from here, so
-//! `loom-tests/` (built with `RUSTFLAGS="--cfg loom"`) model-checks the real code, not a copy.
-//! Never import atomics from std directly anywhere in `runtime` (ring, doorbell, gate,
-//! intake, submitter, engine, worker): a cross-thread flag or counter that bypasses this
-//! module is one loom cannot see. (The executors' `stop` flag is `exec`'s, a plain std
-//! `AtomicBool` shared with `serve` and the health checker; the runtime only sets it.)
+//! Production code in `runtime` takes atomics, cells, `Arc`, and park/unpark from here
+//! (as `runtime::sync`), so `loom-tests/` (built with `RUSTFLAGS="--cfg loom"`) model-checks
+//! the real code, not a copy. Never import atomics from std directly anywhere in `runtime`
+//! (ring, doorbell, gate, intake, submitter, engine, worker, telemetry): a cross-thread flag
+//! or counter that bypasses this module is one loom cannot see. It lives at the crate root,
+//! below `exec`, because the executors' `stop` flag (set by the engine at a drain's abort
+//! and when it returns, read by executors cutting abandoned work short) is one of them.
+//! Nothing here may depend on the rest of the crate.
 
 #[cfg(loom)]
 pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
