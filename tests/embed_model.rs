@@ -20,6 +20,13 @@ use std::path::{Path, PathBuf};
 const MODEL: &str = "all-MiniLM-L6-v2";
 const COSINE_MIN: f64 = 0.99999;
 
+/// A connection to `abe` whose reads wait up to 5 minutes: the encoder runs unoptimised in
+/// the test build and shares 2 cores with the other tests' servers, so a batch holding a
+/// 256-token input can take longer than the usual 30 s bound (it did under load).
+fn connect(abe: &Running) -> Client {
+    Client::connect(abe.local_addr()).with_read_timeout(std::time::Duration::from_secs(300))
+}
+
 fn model_dir() -> PathBuf {
     let dir = std::env::var_os("ABE_EMBED_MODEL_DIR")
         .map(PathBuf::from)
@@ -142,7 +149,7 @@ fn batches_total(c: &mut Client) -> f64 {
 fn matches_sentence_transformers_alone_and_batched() {
     let rows = reference();
     let abe = common::start(config(&model_dir(), None));
-    let mut c = Client::connect(abe.local_addr());
+    let mut c = connect(&abe);
     // One request per sentence: a batch of one, no padding.
     for row in &rows {
         let r = embed(&mut c, json!({"model": MODEL, "input": row.input}));
@@ -191,7 +198,7 @@ fn a_batch_of_mixed_lengths_runs_in_passes_split_by_length() {
     let mut cfg = config(&model_dir(), None);
     cfg.batching.token_bucketing_enabled = false;
     let abe = common::start(cfg);
-    let mut c = Client::connect(abe.local_addr());
+    let mut c = connect(&abe);
     let inputs: Vec<&str> = rows.iter().map(|r| r.input.as_str()).collect();
     let got = vectors(&embed(&mut c, json!({"model": MODEL, "input": inputs})));
     assert_eq!(got.len(), rows.len());
@@ -226,7 +233,7 @@ fn array_inputs_split_by_the_token_budget_and_come_back_in_order() {
     let short: Vec<&Row> = rows.iter().filter(|r| r.input.len() <= 70).collect();
     assert!(short.len() >= 4);
     let abe = common::start(cfg);
-    let mut c = Client::connect(abe.local_addr());
+    let mut c = connect(&abe);
     let order: Vec<&Row> = (0..24).map(|i| short[(i * 7) % short.len()]).collect();
     let inputs: Vec<&str> = order.iter().map(|r| r.input.as_str()).collect();
     let before = batches_total(&mut c);
@@ -255,7 +262,7 @@ fn requests_that_cannot_work_get_clear_errors() {
         .find(|r| r.tokens >= 256)
         .expect("a truncated row");
     let abe = common::start(config(&model_dir(), Some(false)));
-    let mut c = Client::connect(abe.local_addr());
+    let mut c = connect(&abe);
 
     let r = embed(
         &mut c,

@@ -33,6 +33,17 @@ step() {
   return 0
 }
 
+# The summary is printed however the suite ends, so a failed run still shows where time went.
+summary() {
+  local rc=$?
+  step ""
+  echo "== wall time per step (2 cores: the whole suite should stay under 15 minutes)"
+  printf '%s\n' "${timings[@]}"
+  printf '%5ds  whole suite\n' $((SECONDS - suite_start))
+  if [ "$rc" -eq 0 ]; then echo "== all suites passed"; else echo "== FAILED (exit $rc)"; fi
+}
+trap summary EXIT
+
 step "set-up (tools/setup.sh: what a fresh machine lacks)"
 tools/setup.sh
 
@@ -72,9 +83,3 @@ python3 tools/chaos_soak.py --seconds 30 --mode continuous
 step "embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"
 tools/fetch_minilm.sh >/dev/null
 cargo test --features embed --lib --test embed_model
-
-step ""
-echo "== wall time per step (2 cores: the whole suite should stay under 15 minutes)"
-printf '%s\n' "${timings[@]}"
-printf '%5ds  whole suite\n' $((SECONDS - suite_start))
-echo "== all suites passed"

@@ -75,6 +75,15 @@ pub struct Client {
 }
 
 impl Client {
+    /// A longer bound on each read, for servers whose answers take long on a loaded machine
+    /// (a real model's forward passes in a debug build): a bound against hanging, not a
+    /// timing check.
+    #[allow(dead_code)]
+    pub fn with_read_timeout(self, d: Duration) -> Client {
+        self.reader.get_ref().set_read_timeout(Some(d)).unwrap();
+        self
+    }
+
     pub fn connect(addr: SocketAddr) -> Client {
         let s = TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
