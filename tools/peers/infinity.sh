@@ -52,7 +52,7 @@ model_dir = "$model"
 max_concurrent_batches = 1
 [[backends.models]]
 name = "all-MiniLM-L6-v2"
-context_length = 8192
+context_length = 512
 TOML
 pids=()
 cleanup() {
