@@ -303,41 +303,51 @@ fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
     debug_assert!(b == NIL, "cached prefix longer than its hits");
 }
 
-/// Gives `s` the blocks its tokens now fill (after a step), then names the prompt blocks
-/// that are now full, in order, while each one's name is not indexed yet (another sequence
-/// that computed the same block first keeps the name; this one's copy stays blank, and so
-/// do its later blocks, so an indexed block's parent is always indexed).
-///
-/// `grown` is the tokens the step added; `prefilled` says it prefilled (only then can a
-/// prompt block have filled up). A decode step that fits the last block costs a compare.
-fn grow_blocks(
+/// Gives `s` `need` more blocks, each `bt` tokens of room, at the end of its chain.
+#[inline]
+fn take_blocks(cache: &mut BlockCache, slot: &mut Slot, s: &mut SlotBlocks, bt: u32, need: u32) {
+    for _ in 0..need {
+        let b = cache
+            .allocate(s.tail)
+            .expect("the step's KV blocks were checked before it ran (ensure_kv)");
+        if s.held == s.registered && s.registered < s.named {
+            s.reg_block = b;
+        }
+        s.tail = b;
+        s.held += 1;
+    }
+    slot.room += need * bt;
+}
+
+/// A decode token that did not fit the last block held (the caller handles the common case
+/// where it fits: `room -= 1`): one more block. Once per `bt` tokens a sequence generates.
+#[inline(never)]
+fn grow_decode(cache: &mut BlockCache, slot: &mut Slot, s: &mut SlotBlocks, bt: u32) {
+    debug_assert_eq!(slot.room, 0);
+    take_blocks(cache, slot, s, bt, 1);
+    slot.room -= 1;
+    debug_assert_eq!(slot.room, s.held * bt - (slot.prefilled + slot.generated));
+}
+
+/// After a prefill chunk (and the first output token when it ended the prompt): gives `s`
+/// the blocks its tokens now fill, then names the prompt blocks that are now full, in
+/// order, while each one's name is not indexed yet (another sequence that computed the same
+/// block first keeps the name; this one's copy stays blank, and so do its later blocks, so
+/// an indexed block's parent is always indexed). `grown` is the tokens the step added.
+#[inline(never)]
+fn grow_prefill(
     cache: &mut BlockCache,
     slot: &mut Slot,
     s: &mut SlotBlocks,
     blocks: &impl PromptBlocks,
     bt: u32,
     grown: u32,
-    prefilled: bool,
 ) {
     if grown > slot.room {
-        let need = (grown - slot.room).div_ceil(bt);
-        for _ in 0..need {
-            let b = cache
-                .allocate(s.tail)
-                .expect("the step's KV blocks were checked before it ran (ensure_kv)");
-            if s.held == s.registered && s.registered < s.named {
-                s.reg_block = b;
-            }
-            s.tail = b;
-            s.held += 1;
-        }
-        slot.room += need * bt;
+        take_blocks(cache, slot, s, bt, (grown - slot.room).div_ceil(bt));
     }
     slot.room -= grown;
     debug_assert_eq!(slot.room, s.held * bt - (slot.prefilled + slot.generated));
-    if !prefilled {
-        return;
-    }
     let full = (slot.prefilled / bt).min(s.named);
     while s.registered < full && s.reg_block != NIL {
         let name = blocks.block_hash(slot.ticket, s.registered);
@@ -393,6 +403,11 @@ pub struct Continuous {
     /// Per request-table index, the group its request was admitted into.
     request_group: Vec<u16>,
     replicas: Vec<Replica>,
+    /// KV blocks per replica with prefix caching ([`kv_blocks`]; 0 without).
+    blocks_per_replica: u32,
+    /// Most new blocks one slot can take in a step: a prefill chunk's blocks and one more
+    /// for the token sampled after it (prefix caching; computed once, not per tick).
+    step_blocks_most: u32,
     stats: ContinuousStats,
     draining: bool,
 }
@@ -421,6 +436,12 @@ impl Continuous {
             cfg.replicas
         );
         let capacity = cfg.max_queue + cfg.replicas * cfg.max_slots;
+        let blocks_per_replica = if cfg.prefix_caching {
+            kv_blocks(&cfg)
+        } else {
+            0
+        };
+        let step_blocks_most = cfg.prefill_chunk.max(1).div_ceil(cfg.block_tokens.max(1)) + 1;
         let replica_group = groups
             .iter()
             .enumerate()
@@ -435,7 +456,9 @@ impl Continuous {
                 admitted_seq: 0,
                 active: 0,
                 kv_used: 0,
-                cache: cfg.prefix_caching.then(|| BlockCache::new(kv_blocks(&cfg))),
+                cache: cfg
+                    .prefix_caching
+                    .then(|| BlockCache::new(blocks_per_replica)),
                 prefix: PrefixStats::default(),
             })
             .collect();
@@ -448,6 +471,8 @@ impl Continuous {
             group_waiting: vec![0; groups.len()],
             replica_group,
             replicas,
+            blocks_per_replica,
+            step_blocks_most,
             stats: ContinuousStats::default(),
             draining: false,
             cfg,
@@ -582,10 +607,11 @@ impl Continuous {
         }
         let needed = u64::from(meta.tokens_estimated);
         let (too_large, capacity) = if self.cfg.prefix_caching {
-            // Whole blocks: a sequence's last block may be partly used.
+            // Whole blocks: a sequence's last block may be partly used, so it fits iff
+            // ceil(needed / bt) <= blocks, i.e. needed <= blocks x bt.
             let bt = u64::from(self.cfg.block_tokens.max(1));
-            let blocks = u64::from(kv_blocks(&self.cfg));
-            (needed.div_ceil(bt) > blocks, blocks * bt)
+            let capacity = u64::from(self.blocks_per_replica) * bt;
+            (needed > capacity, capacity)
         } else {
             (
                 needed > self.cfg.kv_capacity_tokens,
@@ -712,6 +738,8 @@ impl Continuous {
             "complete_step for replica {replica} without a step out"
         );
         rep.busy = false;
+        // Read once: the loop below only writes slots, so the cache cannot come or go.
+        let caching = rep.cache.is_some();
         debug_assert_eq!(results.len(), rep.entries.len());
         for (i, result) in results.iter().enumerate().take(rep.entries.len()) {
             let entry = rep.entries[i];
@@ -719,18 +747,18 @@ impl Continuous {
             if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
                 continue; // freed while the step ran
             }
-            let grown = match entry.work {
+            let (grown, prefilled) = match entry.work {
                 StepWork::Prefill { tokens, last, .. } => {
                     slot.prefilled += tokens;
                     if last {
                         slot.phase = SlotPhase::Generating;
                         slot.generated += 1;
                     }
-                    tokens + u32::from(last)
+                    (tokens + u32::from(last), true)
                 }
                 StepWork::Decode => {
                     slot.generated += 1;
-                    1
+                    (1, false)
                 }
             };
             let done = match result {
@@ -740,10 +768,18 @@ impl Continuous {
                 EntryResult::Finished | EntryResult::Cancelled => true,
             };
             rep.kv_used += u64::from(grown);
-            if let Some(cache) = &mut rep.cache {
-                let prefilled = matches!(entry.work, StepWork::Prefill { .. });
-                let sb = &mut rep.slot_blocks[entry.slot as usize];
-                grow_blocks(cache, slot, sb, blocks, block_tokens, grown, prefilled);
+            if caching {
+                if !prefilled && slot.room > 0 {
+                    // Most steps: the decode token fits the last block held (a compare).
+                    slot.room -= 1;
+                } else if let Some(cache) = &mut rep.cache {
+                    let sb = &mut rep.slot_blocks[entry.slot as usize];
+                    if prefilled {
+                        grow_prefill(cache, slot, sb, blocks, block_tokens, grown);
+                    } else {
+                        grow_decode(cache, slot, sb, block_tokens);
+                    }
+                }
             }
             if done {
                 let ticket = rep.free(entry.slot as usize);
@@ -1013,7 +1049,7 @@ impl Continuous {
         let chunk = self.cfg.prefill_chunk.max(1);
         let free = u64::from(cache.free());
         // Quick bound: no slot can take more than this many new blocks in one step.
-        if free >= rep.active as u64 * u64::from(chunk.div_ceil(bt) + 1) {
+        if free >= rep.active as u64 * u64::from(self.step_blocks_most) {
             return true;
         }
         let needed: u64 = rep
