@@ -181,9 +181,11 @@ struct Slot {
     /// Admission order on this replica (youngest = largest), for preemption.
     admitted_seq: u64,
     fresh: bool,
-    /// Tokens that still fit in the blocks held: `held x block_tokens - (prefilled +
-    /// generated)`, so a step that fits costs no division.
-    room: u32,
+    /// `generated` at which a decode step needs more than counting: `max_tokens`, or with
+    /// prefix caching the first token that does not fit the blocks held, if sooner. So the
+    /// step loop's one compare per decode entry (`generated >= watch`) checks both, and a
+    /// token that fits its last block costs nothing more than without caching.
+    watch: u32,
 }
 
 const IDLE_SLOT: Slot = Slot {
@@ -198,7 +200,7 @@ const IDLE_SLOT: Slot = Slot {
     max_tokens: 0,
     admitted_seq: 0,
     fresh: false,
-    room: 0,
+    watch: 0,
 };
 
 /// A slot's KV blocks with prefix caching (all zero / `NIL` without it). Kept apart from
@@ -217,10 +219,11 @@ struct SlotBlocks {
     /// Full prompt blocks with a name ([`PromptBlocks::block_count`], capped by the prompt).
     named: u32,
     /// Leading blocks in the name index (hits, then blocks this slot computed and named).
-    /// Naming stops at the first block whose name another sequence indexed first.
+    /// Naming stops at the first block whose name another sequence indexed first (`named`
+    /// drops to `registered` then). Blocks from position `registered` on are blank.
     registered: u32,
-    /// The block at position `registered` if allocated (`NIL` otherwise or once naming
-    /// stopped), and the one before it (`NIL` for none).
+    /// The block at position `registered` if allocated (`NIL` otherwise): the first blank
+    /// one; and the one before it (`NIL` for none).
     reg_block: u32,
     reg_parent: u32,
 }
@@ -284,16 +287,22 @@ impl Replica {
 }
 
 /// Drops every block `slot` holds, newest first, so a sequence's later blocks are evicted
-/// before its earlier ones (a cached parent is never evicted before its child): the blocks it
-/// allocated back along its chain, then its cached prefix back along parent links.
+/// before its earlier ones (a cached parent is never evicted before its child): its blank
+/// blocks in one splice (O(1)), then the ones it named back along its chain, then its cached
+/// prefix back along parent links.
 fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
-    let mut b = slot.tail;
-    for _ in slot.hit_blocks..slot.held {
-        let prev = cache.chain_prev(b);
-        cache.release(b);
-        b = prev;
+    if slot.held > slot.registered {
+        cache.release_blank_run(slot.reg_block, slot.tail, slot.held - slot.registered);
     }
-    debug_assert!(b == NIL, "chain longer than the blocks held");
+    if slot.registered > slot.hit_blocks {
+        let mut b = slot.reg_parent;
+        for _ in slot.hit_blocks..slot.registered {
+            let prev = cache.chain_prev(b);
+            cache.release(b);
+            b = prev;
+        }
+        debug_assert!(b == NIL, "chain longer than the blocks named");
+    }
     let mut b = slot.last_hit;
     for _ in 0..slot.hit_blocks {
         let parent = cache.parent(b);
@@ -303,37 +312,47 @@ fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
     debug_assert!(b == NIL, "cached prefix longer than its hits");
 }
 
-/// Gives `s` `need` more blocks, each `bt` tokens of room, at the end of its chain.
+/// Gives `s` one more block, at the end of its chain.
 #[inline]
-fn take_blocks(cache: &mut BlockCache, slot: &mut Slot, s: &mut SlotBlocks, bt: u32, need: u32) {
-    for _ in 0..need {
-        let b = cache
-            .allocate(s.tail)
-            .expect("the step's KV blocks were checked before it ran (ensure_kv)");
-        if s.held == s.registered && s.registered < s.named {
-            s.reg_block = b;
-        }
-        s.tail = b;
-        s.held += 1;
+fn take_block(cache: &mut BlockCache, s: &mut SlotBlocks) {
+    let b = cache
+        .allocate(s.tail)
+        .expect("the step's KV blocks were checked before it ran (ensure_kv)");
+    if s.held == s.registered {
+        s.reg_block = b;
     }
-    slot.room += need * bt;
+    s.tail = b;
+    s.held += 1;
 }
 
-/// A decode token that did not fit the last block held (the caller handles the common case
-/// where it fits: `room -= 1`): one more block. Once per `bt` tokens a sequence generates.
+/// Sets `slot.watch` after `s`'s blocks cover the context: the decode token that makes the
+/// context one more than they hold is the first that needs a block.
+#[inline]
+fn set_watch(slot: &mut Slot, s: &SlotBlocks, bt: u32) {
+    let capacity = s.held * bt;
+    debug_assert!({
+        let context = slot.prefilled + slot.generated;
+        capacity >= context && capacity - context < bt
+    });
+    slot.watch = slot.max_tokens.min(capacity + 1 - slot.prefilled);
+}
+
+/// A decode step reached `slot.watch` or ended the request: takes a block if its token did
+/// not fit the ones held (even for a request that ends here, as vLLM allocates a step's
+/// slots before it runs). Once per `bt` tokens a sequence generates, and at its end.
 #[inline(never)]
 fn grow_decode(cache: &mut BlockCache, slot: &mut Slot, s: &mut SlotBlocks, bt: u32) {
-    debug_assert_eq!(slot.room, 0);
-    take_blocks(cache, slot, s, bt, 1);
-    slot.room -= 1;
-    debug_assert_eq!(slot.room, s.held * bt - (slot.prefilled + slot.generated));
+    if slot.prefilled + slot.generated > s.held * bt {
+        take_block(cache, s);
+    }
+    set_watch(slot, s, bt);
 }
 
 /// After a prefill chunk (and the first output token when it ended the prompt): gives `s`
 /// the blocks its tokens now fill, then names the prompt blocks that are now full, in
 /// order, while each one's name is not indexed yet (another sequence that computed the same
 /// block first keeps the name; this one's copy stays blank, and so do its later blocks, so
-/// an indexed block's parent is always indexed). `grown` is the tokens the step added.
+/// an indexed block's parent is always indexed).
 #[inline(never)]
 fn grow_prefill(
     cache: &mut BlockCache,
@@ -341,19 +360,17 @@ fn grow_prefill(
     s: &mut SlotBlocks,
     blocks: &impl PromptBlocks,
     bt: u32,
-    grown: u32,
 ) {
-    if grown > slot.room {
-        take_blocks(cache, slot, s, bt, (grown - slot.room).div_ceil(bt));
+    let need = (slot.prefilled + slot.generated).saturating_sub(s.held * bt);
+    for _ in 0..need.div_ceil(bt) {
+        take_block(cache, s);
     }
-    slot.room -= grown;
-    debug_assert_eq!(slot.room, s.held * bt - (slot.prefilled + slot.generated));
+    set_watch(slot, s, bt);
     let full = (slot.prefilled / bt).min(s.named);
     while s.registered < full && s.reg_block != NIL {
         let name = blocks.block_hash(slot.ticket, s.registered);
         if !cache.register(s.reg_block, name, s.reg_parent) {
             s.named = s.registered;
-            s.reg_block = NIL;
             break;
         }
         s.reg_parent = s.reg_block;
@@ -731,56 +748,80 @@ impl Continuous {
         results: &[EntryResult],
         finished: &mut impl FnMut(Ticket, EntryResult),
     ) {
-        let block_tokens = self.cfg.block_tokens.max(1);
         let rep = &mut self.replicas[replica];
         assert!(
             rep.busy,
             "complete_step for replica {replica} without a step out"
         );
         rep.busy = false;
-        // Read once: the loop below only writes slots, so the cache cannot come or go.
-        let caching = rep.cache.is_some();
         debug_assert_eq!(results.len(), rep.entries.len());
+        // Two copies of the loop, so the one without caching has no trace of it and the
+        // one with it tests nothing per entry to know.
+        if rep.cache.is_some() {
+            self.complete_entries::<true>(replica, blocks, results, finished);
+        } else {
+            self.complete_entries::<false>(replica, blocks, results, finished);
+        }
+        let rep = &mut self.replicas[replica];
+        rep.entries.clear();
+        debug_assert!(rep.counters_hold());
+        // The block table's invariants (`BlockCache::check`, O(blocks)) are checked by the
+        // tests after every step, not here: a debug simulation runs millions of steps.
+    }
+
+    /// [`Self::complete_step_with`]'s walk over the step's entries; `CACHING` says the
+    /// replica has a block cache.
+    #[inline(always)]
+    fn complete_entries<const CACHING: bool>(
+        &mut self,
+        replica: usize,
+        blocks: &impl PromptBlocks,
+        results: &[EntryResult],
+        finished: &mut impl FnMut(Ticket, EntryResult),
+    ) {
+        let block_tokens = self.cfg.block_tokens.max(1);
+        let rep = &mut self.replicas[replica];
         for (i, result) in results.iter().enumerate().take(rep.entries.len()) {
             let entry = rep.entries[i];
             let slot = &mut rep.slots[entry.slot as usize];
             if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
                 continue; // freed while the step ran
             }
-            let (grown, prefilled) = match entry.work {
+            let ended = *result != EntryResult::Continue;
+            let done = match entry.work {
                 StepWork::Prefill { tokens, last, .. } => {
                     slot.prefilled += tokens;
                     if last {
                         slot.phase = SlotPhase::Generating;
                         slot.generated += 1;
                     }
-                    (tokens + u32::from(last), true)
+                    rep.kv_used += u64::from(tokens + u32::from(last));
+                    if CACHING {
+                        if let Some(cache) = &mut rep.cache {
+                            let sb = &mut rep.slot_blocks[entry.slot as usize];
+                            grow_prefill(cache, slot, sb, blocks, block_tokens);
+                        }
+                    }
+                    ended || (last && slot.generated >= slot.max_tokens)
                 }
                 StepWork::Decode => {
                     slot.generated += 1;
-                    (1, false)
-                }
-            };
-            let done = match result {
-                EntryResult::Continue => {
-                    slot.phase == SlotPhase::Generating && slot.generated >= slot.max_tokens
-                }
-                EntryResult::Finished | EntryResult::Cancelled => true,
-            };
-            rep.kv_used += u64::from(grown);
-            if caching {
-                if !prefilled && slot.room > 0 {
-                    // Most steps: the decode token fits the last block held (a compare).
-                    slot.room -= 1;
-                } else if let Some(cache) = &mut rep.cache {
-                    let sb = &mut rep.slot_blocks[entry.slot as usize];
-                    if prefilled {
-                        grow_prefill(cache, slot, sb, blocks, block_tokens, grown);
+                    rep.kv_used += 1;
+                    // One compare for most steps: `watch` is `max_tokens`, or sooner the
+                    // first token past the blocks held.
+                    if slot.generated >= slot.watch || ended {
+                        if CACHING {
+                            if let Some(cache) = &mut rep.cache {
+                                let sb = &mut rep.slot_blocks[entry.slot as usize];
+                                grow_decode(cache, slot, sb, block_tokens);
+                            }
+                        }
+                        ended || slot.generated >= slot.max_tokens
                     } else {
-                        grow_decode(cache, slot, sb, block_tokens);
+                        false
                     }
                 }
-            }
+            };
             if done {
                 let ticket = rep.free(entry.slot as usize);
                 self.table.remove(ticket);
@@ -794,10 +835,6 @@ impl Continuous {
                 finished(ticket, r);
             }
         }
-        rep.entries.clear();
-        debug_assert!(rep.counters_hold());
-        // The block table's invariants (`BlockCache::check`, O(blocks)) are checked by the
-        // tests after every step, not here: a debug simulation runs millions of steps.
     }
 
     /// Drops every waiting request that arrived more than `timeout_ns` before `now` (no slot
@@ -975,7 +1012,7 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
-                    ..IDLE_SLOT
+                    watch: meta.max_tokens.max(1),
                 };
                 rep.active += 1;
                 used += need;
@@ -1055,8 +1092,9 @@ impl Continuous {
         let needed: u64 = rep
             .slots
             .iter()
-            .filter(|s| s.phase != SlotPhase::Idle)
-            .map(|s| {
+            .zip(&rep.slot_blocks)
+            .filter(|(s, _)| s.phase != SlotPhase::Idle)
+            .map(|(s, b)| {
                 let grow = match s.phase {
                     SlotPhase::Generating => 1,
                     _ => {
@@ -1064,11 +1102,8 @@ impl Continuous {
                         rest.min(chunk) + u32::from(rest <= chunk)
                     }
                 };
-                if grow > s.room {
-                    u64::from((grow - s.room).div_ceil(bt))
-                } else {
-                    0
-                }
+                let room = b.held * bt - (s.prefilled + s.generated);
+                u64::from(grow.saturating_sub(room).div_ceil(bt))
             })
             .sum();
         needed <= free
@@ -1139,7 +1174,7 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
-                    room: 0, // the cached blocks are full
+                    watch: meta.max_tokens.max(1), // set by the first prefill's blocks
                 };
                 rep.slot_blocks[free] = SlotBlocks {
                     held: hits,

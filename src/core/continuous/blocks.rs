@@ -1,14 +1,20 @@
 //! One replica's KV cache in blocks, for prefix caching: the block table (names, reference
-//! counts, links), the name index, and the free queue in eviction order.
+//! counts, links), the name index, the stack of blank blocks and the queue of cached ones
+//! in eviction order.
 //!
 //! A block is *referenced* while a running sequence holds it, *cached* while it is free but
 //! keeps a name in the index (a finished prompt's block, found again by a later prompt with
 //! the same prefix), and *blank* while free with no name. Allocation takes a blank block
-//! first, else evicts the least recently freed cached one (vLLM's policy); referenced blocks
-//! are never evicted.
+//! first (the most recently freed), else evicts the least recently freed cached one (vLLM's
+//! policy); referenced blocks are never evicted. A sequence's blank blocks are held by it
+//! alone (nothing can look a blank block up), so when it ends they go back to the blank
+//! stack in one splice along its chain: ending a sequence costs its named blocks, not all
+//! of them (a decode-heavy request's blocks are mostly blank).
 //!
 //! Invariants (checked by [`BlockCache::check`] in debug builds and tests):
-//! - `free_len` is the number of blocks with `refs == 0`, and exactly those are queued.
+//! - Every block is on exactly one of: the blank stack (no name; linked by `chain_next`;
+//!   its `refs` is stale and never read), the cached queue (a name, `refs == 0`), or held
+//!   (`refs > 0`). `free_len` counts the first two.
 //! - A block is in the index iff it has a name (`name != ROOT`); names in the index are
 //!   unique.
 //! - An indexed block's `parent` is the indexed block of its parent name (or `NIL` for a
@@ -57,11 +63,14 @@ const BLANK: Block = Block {
 pub(super) struct BlockCache {
     /// Per block id, its record.
     table: Vec<Block>,
-    /// Free queue: blank blocks at the head, then cached ones from least to most recently
-    /// freed. Allocation pops the head.
+    /// Top of the blank stack (`NIL`: empty), linked through `chain_next`. Allocation pops it
+    /// first.
+    blank_top: u32,
+    /// Cached queue, from least to most recently freed (linked through `q_prev`/`q_next`).
+    /// Allocation evicts its head when no blank block is left.
     q_head: u32,
     q_tail: u32,
-    /// Blocks with `refs == 0`.
+    /// Blocks on the blank stack or the cached queue: what allocation can take.
     free_len: u32,
     /// Open-addressing index, linear probing: block ids (`NIL` empty); length a power of two
     /// at least twice the blocks, so probes stay short.
@@ -78,6 +87,7 @@ impl BlockCache {
         let index_len = (2 * n).next_power_of_two().max(2);
         let mut c = BlockCache {
             table: vec![BLANK; n],
+            blank_top: NIL,
             q_head: NIL,
             q_tail: NIL,
             free_len: 0,
@@ -85,8 +95,9 @@ impl BlockCache {
             index_mask: index_len - 1,
             evicted: 0,
         };
-        for b in 0..blocks {
-            c.push_tail(b);
+        // Block 0 on top: allocation takes blocks in id order at first.
+        for b in (0..blocks).rev() {
+            c.push_blank(b);
         }
         c
     }
@@ -106,8 +117,9 @@ impl BlockCache {
         self.blocks() - self.free_len
     }
 
-    /// Is `block` free (so taking a reference on it uses up a free block)?
+    /// Is indexed block `block` free (so taking a reference on it uses up a free block)?
     pub fn is_free(&self, block: u32) -> bool {
+        debug_assert_ne!(self.table[block as usize].name, ROOT);
         self.table[block as usize].refs == 0
     }
 
@@ -134,17 +146,18 @@ impl BlockCache {
     }
 
     /// Takes a reference on `block` (found by [`Self::lookup`]); a free block leaves the
-    /// free queue.
+    /// cached queue.
     #[inline]
     pub fn hold(&mut self, block: u32) {
+        debug_assert_ne!(self.table[block as usize].name, ROOT);
         if self.table[block as usize].refs == 0 {
             self.unlink(block);
         }
         self.table[block as usize].refs += 1;
     }
 
-    /// Drops a reference on `block`; at zero it joins the free queue: at the tail if it is
-    /// indexed (cached, most recently freed), at the head if blank (taken first).
+    /// Drops a reference on `block`; at zero it is free: at the tail of the cached queue if
+    /// it is indexed (most recently freed), on the blank stack if not (taken first).
     #[inline]
     pub fn release(&mut self, block: u32) {
         let b = &mut self.table[block as usize];
@@ -152,7 +165,7 @@ impl BlockCache {
         b.refs -= 1;
         if b.refs == 0 {
             if b.name == ROOT {
-                self.push_head(block);
+                self.push_blank(block);
             } else {
                 self.push_tail(block);
             }
@@ -169,20 +182,50 @@ impl BlockCache {
         self.table[block as usize].chain_next
     }
 
+    /// Frees a run of blank blocks all at once: `count` blocks from `first` to `last` along
+    /// their `chain_next` links, each held once by the sequence that allocated them (so by
+    /// it alone: a blank block cannot be looked up). O(1): they keep their order on the
+    /// blank stack, `first` on top, as if released one by one from `last` back to `first`.
+    #[inline]
+    pub fn release_blank_run(&mut self, first: u32, last: u32, count: u32) {
+        debug_assert!(count > 0 && first != NIL && last != NIL);
+        debug_assert!({
+            let (mut b, mut n) = (first, 1);
+            while b != last {
+                let blk = &self.table[b as usize];
+                assert!(
+                    blk.name == ROOT && blk.refs == 1,
+                    "block {b} is not a held blank"
+                );
+                b = blk.chain_next;
+                n += 1;
+            }
+            n == count && self.table[last as usize].chain_next == NIL
+        });
+        self.table[last as usize].chain_next = self.blank_top;
+        self.blank_top = first;
+        self.free_len += count;
+    }
+
     /// Takes a free block for a sequence whose last allocated block is `prev` (`NIL` for
     /// none): blank first, else the least recently freed cached block, which is evicted
     /// (unindexed). Returns it held once, or `None` when every block is held.
     #[inline]
     pub fn allocate(&mut self, prev: u32) -> Option<u32> {
-        let block = self.q_head;
-        if block == NIL {
-            return None;
-        }
-        self.unlink(block);
-        if self.table[block as usize].name != ROOT {
+        let block = if self.blank_top != NIL {
+            let block = self.blank_top;
+            self.blank_top = self.table[block as usize].chain_next;
+            self.free_len -= 1;
+            block
+        } else if self.q_head != NIL {
+            let block = self.q_head;
+            self.unlink(block);
             self.unindex(block);
             self.evicted += 1;
-        }
+            block
+        } else {
+            return None;
+        };
         let b = &mut self.table[block as usize];
         b.refs = 1;
         b.parent = NIL;
@@ -275,17 +318,9 @@ impl BlockCache {
     }
 
     #[inline]
-    fn push_head(&mut self, block: u32) {
-        let head = self.q_head;
-        let b = &mut self.table[block as usize];
-        b.q_next = head;
-        b.q_prev = NIL;
-        if head == NIL {
-            self.q_tail = block;
-        } else {
-            self.table[head as usize].q_prev = block;
-        }
-        self.q_head = block;
+    fn push_blank(&mut self, block: u32) {
+        self.table[block as usize].chain_next = self.blank_top;
+        self.blank_top = block;
         self.free_len += 1;
     }
 
@@ -312,34 +347,42 @@ impl BlockCache {
     #[cfg(test)]
     pub fn check(&self) -> bool {
         let n = self.blocks() as usize;
-        let mut queued = 0u32;
-        let mut at = self.q_head;
-        let mut seen_cached = false;
+        // Where each block is: 0 held, 1 on the blank stack, 2 in the cached queue.
+        let mut on = vec![0u8; n];
+        let mut free = 0u32;
+        let mut at = self.blank_top;
         while at != NIL {
-            let b = &self.table[at as usize];
-            if b.refs != 0 {
+            let i = at as usize;
+            if on[i] != 0 || self.table[i].name != ROOT {
                 return false;
             }
-            // Blank blocks come before cached ones... except blanks released after cached
-            // ones were queued go to the head, so the order still holds.
-            if b.name == ROOT && seen_cached {
+            on[i] = 1;
+            free += 1;
+            at = self.table[i].chain_next;
+        }
+        let (mut at, mut prev) = (self.q_head, NIL);
+        while at != NIL {
+            let i = at as usize;
+            let b = &self.table[i];
+            if on[i] != 0 || b.refs != 0 || b.name == ROOT || b.q_prev != prev {
                 return false;
             }
-            seen_cached |= b.name != ROOT;
-            queued += 1;
+            on[i] = 2;
+            free += 1;
+            prev = at;
             at = b.q_next;
         }
-        let zero = self.table.iter().filter(|b| b.refs == 0).count() as u32;
         let indexed = self.index.iter().filter(|&&b| b != NIL).count();
         let named = self.table.iter().filter(|b| b.name != ROOT).count();
-        queued == self.free_len
-            && zero == self.free_len
+        prev == self.q_tail
+            && free == self.free_len
             && indexed == named
             && (0..n).all(|i| {
                 let b = &self.table[i];
-                b.name == ROOT
-                    || (self.lookup(b.name) == Some(i as u32)
-                        && (b.parent == NIL || self.table[b.parent as usize].name != ROOT))
+                (on[i] != 0 || b.refs > 0)
+                    && (b.name == ROOT
+                        || (self.lookup(b.name) == Some(i as u32)
+                            && (b.parent == NIL || self.table[b.parent as usize].name != ROOT)))
             })
     }
 }
