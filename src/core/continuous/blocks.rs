@@ -437,6 +437,33 @@ mod tests {
     }
 
     #[test]
+    fn a_blank_run_comes_back_in_one_splice_in_the_order_of_single_releases() {
+        // Two caches, the same sequence of four blank blocks: one releases them one by one
+        // (newest first), the other in one splice; later allocations take the same blocks.
+        let (mut one, mut run) = (BlockCache::new(6), BlockCache::new(6));
+        let mut held = Vec::new();
+        for c in [&mut one, &mut run] {
+            let mut prev = NIL;
+            held.clear();
+            for _ in 0..4 {
+                prev = c.allocate(prev).unwrap();
+                held.push(prev);
+            }
+        }
+        for &b in held.iter().rev() {
+            one.release(b);
+        }
+        run.release_blank_run(held[0], held[3], 4);
+        assert_eq!(one.free(), 6);
+        assert_eq!(run.free(), 6);
+        assert!(one.check() && run.check());
+        let takes =
+            |c: &mut BlockCache| (0..6).map(|_| c.allocate(NIL).unwrap()).collect::<Vec<_>>();
+        assert_eq!(takes(&mut one), takes(&mut run));
+        assert!(run.allocate(NIL).is_none());
+    }
+
+    #[test]
     fn the_index_survives_many_inserts_and_evictions() {
         // Small table, many names: exercises probe runs that wrap and backward shifts.
         let mut c = BlockCache::new(8);
