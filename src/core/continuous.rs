@@ -181,9 +181,11 @@ struct Slot {
     /// Admission order on this replica (youngest = largest), for preemption.
     admitted_seq: u64,
     fresh: bool,
-    /// Tokens that still fit in the blocks held: `held x block_tokens - (prefilled +
-    /// generated)`, so a step that fits costs no division.
-    room: u32,
+    /// `generated` at which a decode step needs more than counting: `max_tokens`, or with
+    /// prefix caching the first token that does not fit the blocks held, if sooner. So the
+    /// step loop's one compare per decode entry (`generated >= watch`) checks both, and a
+    /// token that fits its last block costs nothing more than without caching.
+    watch: u32,
 }
 
 const IDLE_SLOT: Slot = Slot {
@@ -198,7 +200,7 @@ const IDLE_SLOT: Slot = Slot {
     max_tokens: 0,
     admitted_seq: 0,
     fresh: false,
-    room: 0,
+    watch: 0,
 };
 
 /// A slot's KV blocks with prefix caching (all zero / `NIL` without it). Kept apart from
@@ -217,10 +219,11 @@ struct SlotBlocks {
     /// Full prompt blocks with a name ([`PromptBlocks::block_count`], capped by the prompt).
     named: u32,
     /// Leading blocks in the name index (hits, then blocks this slot computed and named).
-    /// Naming stops at the first block whose name another sequence indexed first.
+    /// Naming stops at the first block whose name another sequence indexed first (`named`
+    /// drops to `registered` then). Blocks from position `registered` on are blank.
     registered: u32,
-    /// The block at position `registered` if allocated (`NIL` otherwise or once naming
-    /// stopped), and the one before it (`NIL` for none).
+    /// The block at position `registered` if allocated (`NIL` otherwise): the first blank
+    /// one; and the one before it (`NIL` for none).
     reg_block: u32,
     reg_parent: u32,
 }
@@ -284,16 +287,22 @@ impl Replica {
 }
 
 /// Drops every block `slot` holds, newest first, so a sequence's later blocks are evicted
-/// before its earlier ones (a cached parent is never evicted before its child): the blocks it
-/// allocated back along its chain, then its cached prefix back along parent links.
+/// before its earlier ones (a cached parent is never evicted before its child): its blank
+/// blocks in one splice (O(1)), then the ones it named back along its chain, then its cached
+/// prefix back along parent links.
 fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
-    let mut b = slot.tail;
-    for _ in slot.hit_blocks..slot.held {
-        let prev = cache.chain_prev(b);
-        cache.release(b);
-        b = prev;
+    if slot.held > slot.registered {
+        cache.release_blank_run(slot.reg_block, slot.tail, slot.held - slot.registered);
     }
-    debug_assert!(b == NIL, "chain longer than the blocks held");
+    if slot.registered > slot.hit_blocks {
+        let mut b = slot.reg_parent;
+        for _ in slot.hit_blocks..slot.registered {
+            let prev = cache.chain_prev(b);
+            cache.release(b);
+            b = prev;
+        }
+        debug_assert!(b == NIL, "chain longer than the blocks named");
+    }
     let mut b = slot.last_hit;
     for _ in 0..slot.hit_blocks {
         let parent = cache.parent(b);
@@ -303,47 +312,65 @@ fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
     debug_assert!(b == NIL, "cached prefix longer than its hits");
 }
 
-/// Gives `s` the blocks its tokens now fill (after a step), then names the prompt blocks
-/// that are now full, in order, while each one's name is not indexed yet (another sequence
-/// that computed the same block first keeps the name; this one's copy stays blank, and so
-/// do its later blocks, so an indexed block's parent is always indexed).
-///
-/// `grown` is the tokens the step added; `prefilled` says it prefilled (only then can a
-/// prompt block have filled up). A decode step that fits the last block costs a compare.
-fn grow_blocks(
+/// Gives `s` one more block, at the end of its chain.
+#[inline]
+fn take_block(cache: &mut BlockCache, s: &mut SlotBlocks) {
+    let b = cache
+        .allocate(s.tail)
+        .expect("the step's KV blocks were checked before it ran (ensure_kv)");
+    if s.held == s.registered {
+        s.reg_block = b;
+    }
+    s.tail = b;
+    s.held += 1;
+}
+
+/// Sets `slot.watch` after `s`'s blocks cover the context: the decode token that makes the
+/// context one more than they hold is the first that needs a block.
+#[inline]
+fn set_watch(slot: &mut Slot, s: &SlotBlocks, bt: u32) {
+    let capacity = s.held * bt;
+    debug_assert!({
+        let context = slot.prefilled + slot.generated;
+        capacity >= context && capacity - context < bt
+    });
+    slot.watch = slot.max_tokens.min(capacity + 1 - slot.prefilled);
+}
+
+/// A decode step reached `slot.watch` or ended the request: takes a block if its token did
+/// not fit the ones held (even for a request that ends here, as vLLM allocates a step's
+/// slots before it runs). Once per `bt` tokens a sequence generates, and at its end.
+#[inline(never)]
+fn grow_decode(cache: &mut BlockCache, slot: &mut Slot, s: &mut SlotBlocks, bt: u32) {
+    if slot.prefilled + slot.generated > s.held * bt {
+        take_block(cache, s);
+    }
+    set_watch(slot, s, bt);
+}
+
+/// After a prefill chunk (and the first output token when it ended the prompt): gives `s`
+/// the blocks its tokens now fill, then names the prompt blocks that are now full, in
+/// order, while each one's name is not indexed yet (another sequence that computed the same
+/// block first keeps the name; this one's copy stays blank, and so do its later blocks, so
+/// an indexed block's parent is always indexed).
+#[inline(never)]
+fn grow_prefill(
     cache: &mut BlockCache,
     slot: &mut Slot,
     s: &mut SlotBlocks,
     blocks: &impl PromptBlocks,
     bt: u32,
-    grown: u32,
-    prefilled: bool,
 ) {
-    if grown > slot.room {
-        let need = (grown - slot.room).div_ceil(bt);
-        for _ in 0..need {
-            let b = cache
-                .allocate(s.tail)
-                .expect("the step's KV blocks were checked before it ran (ensure_kv)");
-            if s.held == s.registered && s.registered < s.named {
-                s.reg_block = b;
-            }
-            s.tail = b;
-            s.held += 1;
-        }
-        slot.room += need * bt;
+    let need = (slot.prefilled + slot.generated).saturating_sub(s.held * bt);
+    for _ in 0..need.div_ceil(bt) {
+        take_block(cache, s);
     }
-    slot.room -= grown;
-    debug_assert_eq!(slot.room, s.held * bt - (slot.prefilled + slot.generated));
-    if !prefilled {
-        return;
-    }
+    set_watch(slot, s, bt);
     let full = (slot.prefilled / bt).min(s.named);
     while s.registered < full && s.reg_block != NIL {
         let name = blocks.block_hash(slot.ticket, s.registered);
         if !cache.register(s.reg_block, name, s.reg_parent) {
             s.named = s.registered;
-            s.reg_block = NIL;
             break;
         }
         s.reg_parent = s.reg_block;
@@ -393,6 +420,11 @@ pub struct Continuous {
     /// Per request-table index, the group its request was admitted into.
     request_group: Vec<u16>,
     replicas: Vec<Replica>,
+    /// KV blocks per replica with prefix caching ([`kv_blocks`]; 0 without).
+    blocks_per_replica: u32,
+    /// Most new blocks one slot can take in a step: a prefill chunk's blocks and one more
+    /// for the token sampled after it (prefix caching; computed once, not per tick).
+    step_blocks_most: u32,
     stats: ContinuousStats,
     draining: bool,
 }
@@ -421,6 +453,12 @@ impl Continuous {
             cfg.replicas
         );
         let capacity = cfg.max_queue + cfg.replicas * cfg.max_slots;
+        let blocks_per_replica = if cfg.prefix_caching {
+            kv_blocks(&cfg)
+        } else {
+            0
+        };
+        let step_blocks_most = cfg.prefill_chunk.max(1).div_ceil(cfg.block_tokens.max(1)) + 1;
         let replica_group = groups
             .iter()
             .enumerate()
@@ -435,7 +473,9 @@ impl Continuous {
                 admitted_seq: 0,
                 active: 0,
                 kv_used: 0,
-                cache: cfg.prefix_caching.then(|| BlockCache::new(kv_blocks(&cfg))),
+                cache: cfg
+                    .prefix_caching
+                    .then(|| BlockCache::new(blocks_per_replica)),
                 prefix: PrefixStats::default(),
             })
             .collect();
@@ -448,6 +488,8 @@ impl Continuous {
             group_waiting: vec![0; groups.len()],
             replica_group,
             replicas,
+            blocks_per_replica,
+            step_blocks_most,
             stats: ContinuousStats::default(),
             draining: false,
             cfg,
@@ -582,10 +624,11 @@ impl Continuous {
         }
         let needed = u64::from(meta.tokens_estimated);
         let (too_large, capacity) = if self.cfg.prefix_caching {
-            // Whole blocks: a sequence's last block may be partly used.
+            // Whole blocks: a sequence's last block may be partly used, so it fits iff
+            // ceil(needed / bt) <= blocks, i.e. needed <= blocks x bt.
             let bt = u64::from(self.cfg.block_tokens.max(1));
-            let blocks = u64::from(kv_blocks(&self.cfg));
-            (needed.div_ceil(bt) > blocks, blocks * bt)
+            let capacity = u64::from(self.blocks_per_replica) * bt;
+            (needed > capacity, capacity)
         } else {
             (
                 needed > self.cfg.kv_capacity_tokens,
@@ -705,7 +748,6 @@ impl Continuous {
         results: &[EntryResult],
         finished: &mut impl FnMut(Ticket, EntryResult),
     ) {
-        let block_tokens = self.cfg.block_tokens.max(1);
         let rep = &mut self.replicas[replica];
         assert!(
             rep.busy,
@@ -713,38 +755,73 @@ impl Continuous {
         );
         rep.busy = false;
         debug_assert_eq!(results.len(), rep.entries.len());
+        // Two copies of the loop, so the one without caching has no trace of it and the
+        // one with it tests nothing per entry to know.
+        if rep.cache.is_some() {
+            self.complete_entries::<true>(replica, blocks, results, finished);
+        } else {
+            self.complete_entries::<false>(replica, blocks, results, finished);
+        }
+        let rep = &mut self.replicas[replica];
+        rep.entries.clear();
+        debug_assert!(rep.counters_hold());
+        // The block table's invariants (`BlockCache::check`, O(blocks)) are checked by the
+        // tests after every step, not here: a debug simulation runs millions of steps.
+    }
+
+    /// [`Self::complete_step_with`]'s walk over the step's entries; `CACHING` says the
+    /// replica has a block cache.
+    #[inline(always)]
+    fn complete_entries<const CACHING: bool>(
+        &mut self,
+        replica: usize,
+        blocks: &impl PromptBlocks,
+        results: &[EntryResult],
+        finished: &mut impl FnMut(Ticket, EntryResult),
+    ) {
+        let block_tokens = self.cfg.block_tokens.max(1);
+        let rep = &mut self.replicas[replica];
         for (i, result) in results.iter().enumerate().take(rep.entries.len()) {
             let entry = rep.entries[i];
             let slot = &mut rep.slots[entry.slot as usize];
             if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
                 continue; // freed while the step ran
             }
-            let grown = match entry.work {
+            let ended = *result != EntryResult::Continue;
+            let done = match entry.work {
                 StepWork::Prefill { tokens, last, .. } => {
                     slot.prefilled += tokens;
                     if last {
                         slot.phase = SlotPhase::Generating;
                         slot.generated += 1;
                     }
-                    tokens + u32::from(last)
+                    rep.kv_used += u64::from(tokens + u32::from(last));
+                    if CACHING {
+                        if let Some(cache) = &mut rep.cache {
+                            let sb = &mut rep.slot_blocks[entry.slot as usize];
+                            grow_prefill(cache, slot, sb, blocks, block_tokens);
+                        }
+                    }
+                    ended || (last && slot.generated >= slot.max_tokens)
                 }
                 StepWork::Decode => {
                     slot.generated += 1;
-                    1
+                    rep.kv_used += 1;
+                    // One compare for most steps: `watch` is `max_tokens`, or sooner the
+                    // first token past the blocks held.
+                    if slot.generated >= slot.watch || ended {
+                        if CACHING {
+                            if let Some(cache) = &mut rep.cache {
+                                let sb = &mut rep.slot_blocks[entry.slot as usize];
+                                grow_decode(cache, slot, sb, block_tokens);
+                            }
+                        }
+                        ended || slot.generated >= slot.max_tokens
+                    } else {
+                        false
+                    }
                 }
             };
-            let done = match result {
-                EntryResult::Continue => {
-                    slot.phase == SlotPhase::Generating && slot.generated >= slot.max_tokens
-                }
-                EntryResult::Finished | EntryResult::Cancelled => true,
-            };
-            rep.kv_used += u64::from(grown);
-            if let Some(cache) = &mut rep.cache {
-                let prefilled = matches!(entry.work, StepWork::Prefill { .. });
-                let sb = &mut rep.slot_blocks[entry.slot as usize];
-                grow_blocks(cache, slot, sb, blocks, block_tokens, grown, prefilled);
-            }
             if done {
                 let ticket = rep.free(entry.slot as usize);
                 self.table.remove(ticket);
@@ -758,10 +835,6 @@ impl Continuous {
                 finished(ticket, r);
             }
         }
-        rep.entries.clear();
-        debug_assert!(rep.counters_hold());
-        // The block table's invariants (`BlockCache::check`, O(blocks)) are checked by the
-        // tests after every step, not here: a debug simulation runs millions of steps.
     }
 
     /// Drops every waiting request that arrived more than `timeout_ns` before `now` (no slot
@@ -939,7 +1012,7 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
-                    ..IDLE_SLOT
+                    watch: meta.max_tokens.max(1),
                 };
                 rep.active += 1;
                 used += need;
@@ -1013,14 +1086,15 @@ impl Continuous {
         let chunk = self.cfg.prefill_chunk.max(1);
         let free = u64::from(cache.free());
         // Quick bound: no slot can take more than this many new blocks in one step.
-        if free >= rep.active as u64 * u64::from(chunk.div_ceil(bt) + 1) {
+        if free >= rep.active as u64 * u64::from(self.step_blocks_most) {
             return true;
         }
         let needed: u64 = rep
             .slots
             .iter()
-            .filter(|s| s.phase != SlotPhase::Idle)
-            .map(|s| {
+            .zip(&rep.slot_blocks)
+            .filter(|(s, _)| s.phase != SlotPhase::Idle)
+            .map(|(s, b)| {
                 let grow = match s.phase {
                     SlotPhase::Generating => 1,
                     _ => {
@@ -1028,11 +1102,8 @@ impl Continuous {
                         rest.min(chunk) + u32::from(rest <= chunk)
                     }
                 };
-                if grow > s.room {
-                    u64::from((grow - s.room).div_ceil(bt))
-                } else {
-                    0
-                }
+                let room = b.held * bt - (s.prefilled + s.generated);
+                u64::from(grow.saturating_sub(room).div_ceil(bt))
             })
             .sum();
         needed <= free
@@ -1103,7 +1174,7 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
-                    room: 0, // the cached blocks are full
+                    watch: meta.max_tokens.max(1), // set by the first prefill's blocks
                 };
                 rep.slot_blocks[free] = SlotBlocks {
                     held: hits,

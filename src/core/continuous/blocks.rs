@@ -1,14 +1,20 @@
 //! One replica's KV cache in blocks, for prefix caching: the block table (names, reference
-//! counts, links), the name index, and the free queue in eviction order.
+//! counts, links), the name index, the stack of blank blocks and the queue of cached ones
+//! in eviction order.
 //!
 //! A block is *referenced* while a running sequence holds it, *cached* while it is free but
 //! keeps a name in the index (a finished prompt's block, found again by a later prompt with
 //! the same prefix), and *blank* while free with no name. Allocation takes a blank block
-//! first, else evicts the least recently freed cached one (vLLM's policy); referenced blocks
-//! are never evicted.
+//! first (the most recently freed), else evicts the least recently freed cached one (vLLM's
+//! policy); referenced blocks are never evicted. A sequence's blank blocks are held by it
+//! alone (nothing can look a blank block up), so when it ends they go back to the blank
+//! stack in one splice along its chain: ending a sequence costs its named blocks, not all
+//! of them (a decode-heavy request's blocks are mostly blank).
 //!
 //! Invariants (checked by [`BlockCache::check`] in debug builds and tests):
-//! - `free_len` is the number of blocks with `refs == 0`, and exactly those are queued.
+//! - Every block is on exactly one of: the blank stack (no name; linked by `chain_next`;
+//!   its `refs` is stale and never read), the cached queue (a name, `refs == 0`), or held
+//!   (`refs > 0`). `free_len` counts the first two.
 //! - A block is in the index iff it has a name (`name != ROOT`); names in the index are
 //!   unique.
 //! - An indexed block's `parent` is the indexed block of its parent name (or `NIL` for a
@@ -22,27 +28,49 @@
 use crate::core::prefix::{BlockHash, ROOT};
 use crate::core::table::NIL;
 
+/// One entry of the block table: everything an operation on a block reads or writes, in
+/// one 32-byte record (half a cache line), so touching a block costs one miss, not seven.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    /// Its name while indexed, else `ROOT`.
+    name: BlockHash,
+    /// Running sequences holding it.
+    refs: u32,
+    /// The indexed block of its parent name (`NIL`: first block, or not indexed).
+    parent: u32,
+    /// The previous and next block of the sequence that allocated it (its private chain:
+    /// walked backwards when the sequence frees it, forwards as it names its blocks).
+    chain_prev: u32,
+    chain_next: u32,
+    /// Free-queue links (valid while `refs == 0`).
+    q_prev: u32,
+    q_next: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 32);
+
+const BLANK: Block = Block {
+    name: ROOT,
+    refs: 0,
+    parent: NIL,
+    chain_prev: NIL,
+    chain_next: NIL,
+    q_prev: NIL,
+    q_next: NIL,
+};
+
 /// The block table of one replica.
 pub(super) struct BlockCache {
-    /// Per block: its name while indexed, else `ROOT`.
-    name: Vec<BlockHash>,
-    /// Per block: running sequences holding it.
-    refs: Vec<u32>,
-    /// Per block: the indexed block of its parent name (`NIL`: first block, or not indexed).
-    parent: Vec<u32>,
-    /// Per block: the previous and next block of the sequence that allocated it (its
-    /// private chain: walked backwards when the sequence frees it, forwards as it names
-    /// its blocks).
-    chain_prev: Vec<u32>,
-    chain_next: Vec<u32>,
-    /// Per block: free-queue links (valid while `refs == 0`).
-    q_prev: Vec<u32>,
-    q_next: Vec<u32>,
-    /// Free queue: blank blocks at the head, then cached ones from least to most recently
-    /// freed. Allocation pops the head.
+    /// Per block id, its record.
+    table: Vec<Block>,
+    /// Top of the blank stack (`NIL`: empty), linked through `chain_next`. Allocation pops it
+    /// first.
+    blank_top: u32,
+    /// Cached queue, from least to most recently freed (linked through `q_prev`/`q_next`).
+    /// Allocation evicts its head when no blank block is left.
     q_head: u32,
     q_tail: u32,
-    /// Blocks with `refs == 0`.
+    /// Blocks on the blank stack or the cached queue: what allocation can take.
     free_len: u32,
     /// Open-addressing index, linear probing: block ids (`NIL` empty); length a power of two
     /// at least twice the blocks, so probes stay short.
@@ -58,13 +86,8 @@ impl BlockCache {
         let n = blocks as usize;
         let index_len = (2 * n).next_power_of_two().max(2);
         let mut c = BlockCache {
-            name: vec![ROOT; n],
-            refs: vec![0; n],
-            parent: vec![NIL; n],
-            chain_prev: vec![NIL; n],
-            chain_next: vec![NIL; n],
-            q_prev: vec![NIL; n],
-            q_next: vec![NIL; n],
+            table: vec![BLANK; n],
+            blank_top: NIL,
             q_head: NIL,
             q_tail: NIL,
             free_len: 0,
@@ -72,15 +95,16 @@ impl BlockCache {
             index_mask: index_len - 1,
             evicted: 0,
         };
-        for b in 0..blocks {
-            c.push_tail(b);
+        // Block 0 on top: allocation takes blocks in id order at first.
+        for b in (0..blocks).rev() {
+            c.push_blank(b);
         }
         c
     }
 
     /// Blocks in all.
     pub fn blocks(&self) -> u32 {
-        self.name.len() as u32
+        self.table.len() as u32
     }
 
     /// Blocks no running sequence holds (blank or cached): what allocation can take.
@@ -93,12 +117,14 @@ impl BlockCache {
         self.blocks() - self.free_len
     }
 
-    /// Is `block` free (so taking a reference on it uses up a free block)?
+    /// Is indexed block `block` free (so taking a reference on it uses up a free block)?
     pub fn is_free(&self, block: u32) -> bool {
-        self.refs[block as usize] == 0
+        debug_assert_ne!(self.table[block as usize].name, ROOT);
+        self.table[block as usize].refs == 0
     }
 
     /// The indexed block named `name`, if any.
+    #[inline]
     pub fn lookup(&self, name: BlockHash) -> Option<u32> {
         debug_assert_ne!(name, ROOT);
         let mut at = self.home(name);
@@ -107,7 +133,7 @@ impl BlockCache {
             if b == NIL {
                 return None;
             }
-            if self.name[b as usize] == name {
+            if self.table[b as usize].name == name {
                 return Some(b);
             }
             at = (at + 1) & self.index_mask;
@@ -116,28 +142,30 @@ impl BlockCache {
 
     /// The indexed parent of indexed block `block` (`NIL` for a first block).
     pub fn parent(&self, block: u32) -> u32 {
-        self.parent[block as usize]
+        self.table[block as usize].parent
     }
 
     /// Takes a reference on `block` (found by [`Self::lookup`]); a free block leaves the
-    /// free queue.
+    /// cached queue.
+    #[inline]
     pub fn hold(&mut self, block: u32) {
-        let b = block as usize;
-        if self.refs[b] == 0 {
+        debug_assert_ne!(self.table[block as usize].name, ROOT);
+        if self.table[block as usize].refs == 0 {
             self.unlink(block);
         }
-        self.refs[b] += 1;
+        self.table[block as usize].refs += 1;
     }
 
-    /// Drops a reference on `block`; at zero it joins the free queue: at the tail if it is
-    /// indexed (cached, most recently freed), at the head if blank (taken first).
+    /// Drops a reference on `block`; at zero it is free: at the tail of the cached queue if
+    /// it is indexed (most recently freed), on the blank stack if not (taken first).
+    #[inline]
     pub fn release(&mut self, block: u32) {
-        let b = block as usize;
-        debug_assert!(self.refs[b] > 0, "release of free block {block}");
-        self.refs[b] -= 1;
-        if self.refs[b] == 0 {
-            if self.name[b] == ROOT {
-                self.push_head(block);
+        let b = &mut self.table[block as usize];
+        debug_assert!(b.refs > 0, "release of free block {block}");
+        b.refs -= 1;
+        if b.refs == 0 {
+            if b.name == ROOT {
+                self.push_blank(block);
             } else {
                 self.push_tail(block);
             }
@@ -146,34 +174,65 @@ impl BlockCache {
 
     /// The block before `block` in the chain of the sequence that allocated it.
     pub fn chain_prev(&self, block: u32) -> u32 {
-        self.chain_prev[block as usize]
+        self.table[block as usize].chain_prev
     }
 
     /// The block after `block` in the chain of the sequence that allocated it.
     pub fn chain_next(&self, block: u32) -> u32 {
-        self.chain_next[block as usize]
+        self.table[block as usize].chain_next
+    }
+
+    /// Frees a run of blank blocks all at once: `count` blocks from `first` to `last` along
+    /// their `chain_next` links, each held once by the sequence that allocated them (so by
+    /// it alone: a blank block cannot be looked up). O(1): they keep their order on the
+    /// blank stack, `first` on top, as if released one by one from `last` back to `first`.
+    #[inline]
+    pub fn release_blank_run(&mut self, first: u32, last: u32, count: u32) {
+        debug_assert!(count > 0 && first != NIL && last != NIL);
+        debug_assert!({
+            let (mut b, mut n) = (first, 1);
+            while b != last {
+                let blk = &self.table[b as usize];
+                assert!(
+                    blk.name == ROOT && blk.refs == 1,
+                    "block {b} is not a held blank"
+                );
+                b = blk.chain_next;
+                n += 1;
+            }
+            n == count && self.table[last as usize].chain_next == NIL
+        });
+        self.table[last as usize].chain_next = self.blank_top;
+        self.blank_top = first;
+        self.free_len += count;
     }
 
     /// Takes a free block for a sequence whose last allocated block is `prev` (`NIL` for
     /// none): blank first, else the least recently freed cached block, which is evicted
     /// (unindexed). Returns it held once, or `None` when every block is held.
+    #[inline]
     pub fn allocate(&mut self, prev: u32) -> Option<u32> {
-        let block = self.q_head;
-        if block == NIL {
-            return None;
-        }
-        self.unlink(block);
-        let b = block as usize;
-        if self.name[b] != ROOT {
+        let block = if self.blank_top != NIL {
+            let block = self.blank_top;
+            self.blank_top = self.table[block as usize].chain_next;
+            self.free_len -= 1;
+            block
+        } else if self.q_head != NIL {
+            let block = self.q_head;
+            self.unlink(block);
             self.unindex(block);
             self.evicted += 1;
-        }
-        self.refs[b] = 1;
-        self.parent[b] = NIL;
-        self.chain_prev[b] = prev;
-        self.chain_next[b] = NIL;
+            block
+        } else {
+            return None;
+        };
+        let b = &mut self.table[block as usize];
+        b.refs = 1;
+        b.parent = NIL;
+        b.chain_prev = prev;
+        b.chain_next = NIL;
         if prev != NIL {
-            self.chain_next[prev as usize] = block;
+            self.table[prev as usize].chain_next = block;
         }
         Some(block)
     }
@@ -183,23 +242,24 @@ impl BlockCache {
     /// indexed (another sequence computed the same block first).
     pub fn register(&mut self, block: u32, name: BlockHash, parent: u32) -> bool {
         debug_assert_ne!(name, ROOT);
-        debug_assert!(self.refs[block as usize] > 0);
-        debug_assert_eq!(self.name[block as usize], ROOT);
-        debug_assert!(parent == NIL || self.name[parent as usize] != ROOT);
+        debug_assert!(self.table[block as usize].refs > 0);
+        debug_assert_eq!(self.table[block as usize].name, ROOT);
+        debug_assert!(parent == NIL || self.table[parent as usize].name != ROOT);
         let mut at = self.home(name);
         loop {
             let b = self.index[at];
             if b == NIL {
                 break;
             }
-            if self.name[b as usize] == name {
+            if self.table[b as usize].name == name {
                 return false;
             }
             at = (at + 1) & self.index_mask;
         }
         self.index[at] = block;
-        self.name[block as usize] = name;
-        self.parent[block as usize] = parent;
+        let b = &mut self.table[block as usize];
+        b.name = name;
+        b.parent = parent;
         true
     }
 
@@ -211,7 +271,7 @@ impl BlockCache {
     /// Removes indexed `block` from the index (backward-shift deletion: later entries of the
     /// probe run move up, so lookups never need tombstones).
     fn unindex(&mut self, block: u32) {
-        let name = self.name[block as usize];
+        let name = self.table[block as usize].name;
         let mut hole = self.home(name);
         while self.index[hole] != block {
             debug_assert_ne!(self.index[hole], NIL, "indexed block {block} not found");
@@ -224,7 +284,7 @@ impl BlockCache {
             if b == NIL {
                 break;
             }
-            let home = self.home(self.name[b as usize]);
+            let home = self.home(self.table[b as usize].name);
             // Move `b` into the hole unless its home lies cyclically in (hole, at].
             let stays = if hole <= at {
                 hole < home && home <= at
@@ -237,51 +297,49 @@ impl BlockCache {
             }
         }
         self.index[hole] = NIL;
-        self.name[block as usize] = ROOT;
-        self.parent[block as usize] = NIL;
+        let b = &mut self.table[block as usize];
+        b.name = ROOT;
+        b.parent = NIL;
     }
 
+    #[inline]
     fn push_tail(&mut self, block: u32) {
-        let b = block as usize;
-        self.q_prev[b] = self.q_tail;
-        self.q_next[b] = NIL;
-        if self.q_tail == NIL {
+        let tail = self.q_tail;
+        let b = &mut self.table[block as usize];
+        b.q_prev = tail;
+        b.q_next = NIL;
+        if tail == NIL {
             self.q_head = block;
         } else {
-            self.q_next[self.q_tail as usize] = block;
+            self.table[tail as usize].q_next = block;
         }
         self.q_tail = block;
         self.free_len += 1;
     }
 
-    fn push_head(&mut self, block: u32) {
-        let b = block as usize;
-        self.q_next[b] = self.q_head;
-        self.q_prev[b] = NIL;
-        if self.q_head == NIL {
-            self.q_tail = block;
-        } else {
-            self.q_prev[self.q_head as usize] = block;
-        }
-        self.q_head = block;
+    #[inline]
+    fn push_blank(&mut self, block: u32) {
+        self.table[block as usize].chain_next = self.blank_top;
+        self.blank_top = block;
         self.free_len += 1;
     }
 
+    #[inline]
     fn unlink(&mut self, block: u32) {
-        let b = block as usize;
-        let (p, n) = (self.q_prev[b], self.q_next[b]);
+        let b = &mut self.table[block as usize];
+        let (p, n) = (b.q_prev, b.q_next);
+        b.q_prev = NIL;
+        b.q_next = NIL;
         if p == NIL {
             self.q_head = n;
         } else {
-            self.q_next[p as usize] = n;
+            self.table[p as usize].q_next = n;
         }
         if n == NIL {
             self.q_tail = p;
         } else {
-            self.q_prev[n as usize] = p;
+            self.table[n as usize].q_prev = p;
         }
-        self.q_prev[b] = NIL;
-        self.q_next[b] = NIL;
         self.free_len -= 1;
     }
 
@@ -289,33 +347,42 @@ impl BlockCache {
     #[cfg(test)]
     pub fn check(&self) -> bool {
         let n = self.blocks() as usize;
-        let mut queued = 0u32;
-        let mut at = self.q_head;
-        let mut seen_cached = false;
+        // Where each block is: 0 held, 1 on the blank stack, 2 in the cached queue.
+        let mut on = vec![0u8; n];
+        let mut free = 0u32;
+        let mut at = self.blank_top;
         while at != NIL {
-            let b = at as usize;
-            if self.refs[b] != 0 {
+            let i = at as usize;
+            if on[i] != 0 || self.table[i].name != ROOT {
                 return false;
             }
-            // Blank blocks come before cached ones... except blanks released after cached
-            // ones were queued go to the head, so the order still holds.
-            if self.name[b] == ROOT && seen_cached {
-                return false;
-            }
-            seen_cached |= self.name[b] != ROOT;
-            queued += 1;
-            at = self.q_next[b];
+            on[i] = 1;
+            free += 1;
+            at = self.table[i].chain_next;
         }
-        let zero = self.refs.iter().filter(|&&r| r == 0).count() as u32;
+        let (mut at, mut prev) = (self.q_head, NIL);
+        while at != NIL {
+            let i = at as usize;
+            let b = &self.table[i];
+            if on[i] != 0 || b.refs != 0 || b.name == ROOT || b.q_prev != prev {
+                return false;
+            }
+            on[i] = 2;
+            free += 1;
+            prev = at;
+            at = b.q_next;
+        }
         let indexed = self.index.iter().filter(|&&b| b != NIL).count();
-        let named = self.name.iter().filter(|&&h| h != ROOT).count();
-        queued == self.free_len
-            && zero == self.free_len
+        let named = self.table.iter().filter(|b| b.name != ROOT).count();
+        prev == self.q_tail
+            && free == self.free_len
             && indexed == named
-            && (0..n).all(|b| {
-                self.name[b] == ROOT
-                    || (self.lookup(self.name[b]) == Some(b as u32)
-                        && (self.parent[b] == NIL || self.name[self.parent[b] as usize] != ROOT))
+            && (0..n).all(|i| {
+                let b = &self.table[i];
+                (on[i] != 0 || b.refs > 0)
+                    && (b.name == ROOT
+                        || (self.lookup(b.name) == Some(i as u32)
+                            && (b.parent == NIL || self.table[b.parent as usize].name != ROOT)))
             })
     }
 }
@@ -367,6 +434,33 @@ mod tests {
         assert!(c.allocate(NIL).is_none());
         assert_eq!(c.lookup(42), Some(a));
         assert!(c.check());
+    }
+
+    #[test]
+    fn a_blank_run_comes_back_in_one_splice_in_the_order_of_single_releases() {
+        // Two caches, the same sequence of four blank blocks: one releases them one by one
+        // (newest first), the other in one splice; later allocations take the same blocks.
+        let (mut one, mut run) = (BlockCache::new(6), BlockCache::new(6));
+        let mut held = Vec::new();
+        for c in [&mut one, &mut run] {
+            let mut prev = NIL;
+            held.clear();
+            for _ in 0..4 {
+                prev = c.allocate(prev).unwrap();
+                held.push(prev);
+            }
+        }
+        for &b in held.iter().rev() {
+            one.release(b);
+        }
+        run.release_blank_run(held[0], held[3], 4);
+        assert_eq!(one.free(), 6);
+        assert_eq!(run.free(), 6);
+        assert!(one.check() && run.check());
+        let takes =
+            |c: &mut BlockCache| (0..6).map(|_| c.allocate(NIL).unwrap()).collect::<Vec<_>>();
+        assert_eq!(takes(&mut one), takes(&mut run));
+        assert!(run.allocate(NIL).is_none());
     }
 
     #[test]
