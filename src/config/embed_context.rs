@@ -96,11 +96,17 @@ mod tests {
         let e = fill(vec![embed(&d, None)]).unwrap_err().to_string();
         assert!(
             e.contains("backends['e'].models['all-MiniLM-L6-v2'].context_length")
-                && e.contains("config.json"),
+                && e.contains(&*d.to_string_lossy())
+                && e.contains("is not a directory"),
             "{e}"
         );
         // Set explicitly, nothing is read.
         assert!(fill(vec![embed(&d, Some(512))]).is_ok());
+        // A directory without the encoder's config.json: the file is named.
+        std::fs::create_dir_all(&d).unwrap();
+        let e = fill(vec![embed(&d, None)]).unwrap_err().to_string();
+        assert!(e.contains("config.json"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
