@@ -57,8 +57,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
   cargo test -p loom-tests --release
 
 step "OpenAI Python SDK against abe serve"
-# The binary step 1 built (same features): no second compile of the crate.
-cargo build --bin abe --features testing
+# The binary step 1 built for the integration tests (target/debug/abe): no second compile.
+test -x target/debug/abe
 tools/with_server.sh python3 tools/openai_sdk_check.py
 step "OpenAI Python SDK against abe serve in continuous-batching mode"
 ABE_BATCHING_MODE=continuous tools/with_server.sh python3 tools/openai_sdk_check.py
