@@ -284,10 +284,10 @@ fn an_embed_backend_takes_an_input_longer_than_its_context_to_its_executor() {
 
     // truncate = false: the executor refuses that one input with its exact token count
     // (tests/embed_model.rs); the router's estimate does not pre-empt it.
-    let mut r = router(&[minilm(Some(false))], &RoutingConfig::default());
+    let r = router(&[minilm(Some(false))], &RoutingConfig::default());
     assert!(r.precheck(&long).is_ok());
     // A sim backend of the same context still refuses by the estimate.
-    let mut r = router(
+    let r = router(
         &[backend("s", 0, &[("all-MiniLM-L6-v2", 256, NONE)])],
         &RoutingConfig::default(),
     );
