@@ -55,23 +55,41 @@ def start_abe(binary, config_path, port, log_path, extra_env=None):
     return p, port
 
 
+LAST_ERROR = threading.local()
+
+
 def raw(port, data, half=False, timeout=30.0):
-    """Sends `data`, reads to EOF; returns the bytes (None if the connection failed)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    """Sends `data`, reads to EOF; returns the bytes (None if the connection failed: why is
+    in `failure()`, for the report)."""
+    LAST_ERROR.why = ""
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    except OSError as e:
+        LAST_ERROR.why = f"connect: {type(e).__name__} {e}"
+        return None
+    stage = "send"
     try:
         s.sendall(data)
         if half:
             return b""
         out = b""
+        stage = f"read after {0} bytes"
         while True:
             chunk = s.recv(65536)
             if not chunk:
                 return out
             out += chunk
-    except OSError:
+            stage = f"read after {len(out)} bytes"
+    except OSError as e:
+        LAST_ERROR.why = f"{stage}: {type(e).__name__} {e}"
         return None
     finally:
         s.close()
+
+
+def failure():
+    """Why this thread's last `raw` call returned None."""
+    return getattr(LAST_ERROR, "why", "")
 
 
 def request(method, path, body=None, headers=()):
@@ -200,7 +218,7 @@ def client(port, deadline, seed, tally):
             continue
         out = raw(port, data)
         if out is None:
-            tally.bad(f"{kind}: connection failed")
+            tally.bad(f"{kind}: connection failed ({failure()})")
             continue
         check_answer(kind, out, tally)
 
@@ -214,7 +232,7 @@ def burst(port, deadline, tally):
                 out = raw(port, request("POST", "/v1/completions",
                                         json.dumps({"prompt": "burst", "max_tokens": 8})))
                 if out is None:
-                    tally.bad("burst: connection failed")
+                    tally.bad(f"burst: connection failed ({failure()})")
                 else:
                     check_answer("burst", out, tally)
             t = threading.Thread(target=one)
