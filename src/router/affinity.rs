@@ -499,80 +499,19 @@ mod tests {
             ..PrefixConfig::default()
         };
         let m = [128, 0];
+        // Backend 0 holds the prompt's 128 blocks, backend 1 none: which one takes it.
+        let pick = |c: &[Candidate]| pick_prefix(c, &m, 128, &RequestWork::default(), &cfg);
         // abs: 64 above is not over 64; 65 is (and 165 is over 150 % of 100).
-        assert_eq!(
-            pick_prefix(
-                &[cand(0, 164), cand(1, 100)],
-                &m,
-                128,
-                &RequestWork::default(),
-                &cfg
-            ),
-            0
-        );
-        assert_eq!(
-            pick_prefix(
-                &[cand(0, 165), cand(1, 100)],
-                &m,
-                128,
-                &RequestWork::default(),
-                &cfg
-            ),
-            1
-        );
+        assert_eq!(pick(&[cand(0, 164), cand(1, 100)]), 0);
+        assert_eq!(pick(&[cand(0, 165), cand(1, 100)]), 1);
         // rel: 65 above but only 1.30x (280 against 215): stays.
-        assert_eq!(
-            pick_prefix(
-                &[cand(0, 280), cand(1, 215)],
-                &m,
-                128,
-                &RequestWork::default(),
-                &cfg
-            ),
-            0
-        );
+        assert_eq!(pick(&[cand(0, 280), cand(1, 215)]), 0);
         // rel boundary: 150 % exactly is not over; 151 % is (abs far exceeded).
-        assert_eq!(
-            pick_prefix(
-                &[cand(0, 300), cand(1, 200)],
-                &m,
-                128,
-                &RequestWork::default(),
-                &cfg
-            ),
-            0
-        );
-        assert_eq!(
-            pick_prefix(
-                &[cand(0, 302), cand(1, 200)],
-                &m,
-                128,
-                &RequestWork::default(),
-                &cfg
-            ),
-            1
-        );
+        assert_eq!(pick(&[cand(0, 300), cand(1, 200)]), 0);
+        assert_eq!(pick(&[cand(0, 302), cand(1, 200)]), 1);
         // An idle least loaded backend: the abs threshold decides.
-        assert_eq!(
-            pick_prefix(
-                &[cand(0, 64), cand(1, 0)],
-                &m,
-                128,
-                &RequestWork::default(),
-                &cfg
-            ),
-            0
-        );
-        assert_eq!(
-            pick_prefix(
-                &[cand(0, 65), cand(1, 0)],
-                &m,
-                128,
-                &RequestWork::default(),
-                &cfg
-            ),
-            1
-        );
+        assert_eq!(pick(&[cand(0, 64), cand(1, 0)]), 0);
+        assert_eq!(pick(&[cand(0, 65), cand(1, 0)]), 1);
     }
 
     #[test]
