@@ -14,6 +14,7 @@
 # Not part of the test command.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
+. "$root/tools/bench/embed_server.sh"
 old_rev=${1:?old revision}
 new_rev=${2:?new revision}
 CLIENTS="${CLIENTS:-4 8 16}"
@@ -39,19 +40,7 @@ old_bin="$(build "$old_rev")"
 new_bin="$(build "$new_rev")"
 
 cfg="$(mktemp --suffix .toml)"
-cat >"$cfg" <<TOML
-[batching]
-strategy = "$ABE_STRATEGY"
-max_batch_size = 64
-[[backends]]
-name = "minilm"
-kind = "embed"
-model_dir = "$model"
-max_concurrent_batches = 1
-[[backends.models]]
-name = "all-MiniLM-L6-v2"
-context_length = 512
-TOML
+embed_config "$cfg" "$model" "$ABE_STRATEGY" 64
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -60,15 +49,8 @@ cleanup() {
 trap cleanup EXIT
 servers=()
 start() { # label bin port
-  ABE_ENGINE_PIN=false RUST_LOG=warn "$2" serve --config "$cfg" --port "$3" >/dev/null 2>&1 &
-  pids+=($!)
+  start_embed_server "$2" "$cfg" "$3"
   servers+=("$1@abe-embed=http://127.0.0.1:$3")
-  for _ in $(seq 1 300); do
-    curl -sf -o /dev/null "http://127.0.0.1:$3/v1/embeddings" -d '{"input":"warm up"}' && return 0
-    sleep 0.2
-  done
-  echo "abe ($1) did not come up" >&2
-  exit 1
 }
 start old "$old_bin" "${OLD_PORT:-18481}"
 start new "$new_bin" "${NEW_PORT:-18482}"

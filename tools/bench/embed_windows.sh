@@ -10,6 +10,7 @@
 # Not part of the test command. Usage: tools/bench/embed_windows.sh  (VAR=value to override)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
+. "$root/tools/bench/embed_server.sh"
 CLIENTS="${CLIENTS:-16 64}"
 ROUNDS="${ROUNDS:-2}"
 DURATION_S="${DURATION_S:-8}"
@@ -31,30 +32,9 @@ start() { # name port strategy window_ms idle_dispatch
   local cfg
   cfg="$(mktemp --suffix .toml)"
   cfgs+=("$cfg")
-  cat >"$cfg" <<TOML
-[batching]
-strategy = "$3"
-max_batch_size = 64
-max_wait_ms = $4
-dispatch_when_idle = $5
-[[backends]]
-name = "minilm"
-kind = "embed"
-model_dir = "$model"
-max_concurrent_batches = 1
-[[backends.models]]
-name = "all-MiniLM-L6-v2"
-TOML
-  ABE_ENGINE_PIN=false RUST_LOG=warn "$root/target/release/abe" serve --config "$cfg" \
-    --port "$2" >/dev/null 2>&1 &
-  pids+=($!)
+  embed_config "$cfg" "$model" "$3" 64 "$4" "$5"
+  start_embed_server "$root/target/release/abe" "$cfg" "$2"
   servers+=("$1@abe-embed=http://127.0.0.1:$2")
-  for _ in $(seq 1 300); do
-    curl -sf -o /dev/null "http://127.0.0.1:$2/v1/embeddings" -d '{"input":"warm up"}' && return 0
-    sleep 0.2
-  done
-  echo "abe ($1) did not come up" >&2
-  exit 1
 }
 port=$PORT0
 start auto "$port" auto 100 true

@@ -17,6 +17,7 @@
 # MIXED=1 for mixed lengths)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
+. "$root/tools/bench/embed_server.sh"
 CLIENTS="${CLIENTS:-1 8 64}"
 ROUNDS="${ROUNDS:-3}"
 DURATION_S="${DURATION_S:-8}"
@@ -41,19 +42,7 @@ fi
 (cd "$root" && cargo build -q --release --features embed --bin abe)
 
 cfg="$(mktemp --suffix .toml)"
-cat >"$cfg" <<TOML
-[batching]
-strategy = "$ABE_STRATEGY"
-max_batch_size = $ABE_MAX_BATCH
-[[backends]]
-name = "minilm"
-kind = "embed"
-model_dir = "$model"
-max_concurrent_batches = 1
-[[backends.models]]
-name = "all-MiniLM-L6-v2"
-context_length = 512
-TOML
+embed_config "$cfg" "$model" "$ABE_STRATEGY" "$ABE_MAX_BATCH"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
