@@ -235,7 +235,17 @@ fn affinity_routing_allocations(
     let before = COUNTED.load(Ordering::Relaxed);
     drive_routed(&mut sub, 50_000, 256, prompt, &routes);
     let after = COUNTED.load(Ordering::Relaxed);
-    let snap = handle.snapshot();
+    // The snapshot is published every ~50 ms, and an idle engine publishes late: wait (up
+    // to 2 s) until it shows the 70,000 requests routed, rather than read a stale one.
+    let routed_sum = |s: &runtime::Snapshot| s.backends.iter().map(|b| b.routed).sum::<u64>();
+    let mut snap = handle.snapshot();
+    for _ in 0..200 {
+        if routed_sum(&snap) >= 70_000 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        snap = handle.snapshot();
+    }
     let report = handle.shutdown(std::time::Duration::from_secs(10));
     assert!(report.clean);
     (
