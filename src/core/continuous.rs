@@ -140,8 +140,8 @@ pub enum StepAction<'a> {
     Step {
         replica: usize,
         entries: &'a [StepEntry],
-        decode_tokens: u32,
-        prefill_tokens: u32,
+        /// The entries' tokens and attention context (what a latency model prices).
+        shape: StepShape,
     },
     /// This request was preempted (KV exhausted) and re-queued at the front; the worker
     /// drops its state, the request will be prefilled again.
@@ -250,6 +250,9 @@ struct Replica {
     admitted_seq: u64,
     /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
     active: usize,
+    /// Slots prefilling. Invariant: the count of `slots` whose phase is `Prefilling`. The
+    /// rest of `active` generate, and a generating slot takes at most one block a step.
+    prefilling: usize,
     /// KV tokens in use. Invariant: `prefilled + generated` summed over active slots.
     /// Kept so a tick costs O(active slots), not O(max_slots), when few slots are busy.
     kv_used: u64,
@@ -265,6 +268,7 @@ impl Replica {
         let slot = &mut self.slots[s];
         debug_assert!(slot.phase != SlotPhase::Idle);
         self.active -= 1;
+        self.prefilling -= usize::from(slot.phase == SlotPhase::Prefilling);
         self.kv_used -= u64::from(slot.prefilled) + u64::from(slot.generated);
         if let Some(cache) = &mut self.cache {
             release_blocks(cache, &self.slot_blocks[s]);
@@ -282,7 +286,12 @@ impl Replica {
             .clone()
             .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
             .sum();
-        live.count() == self.active && kv == self.kv_used
+        let prefilling = self
+            .slots
+            .iter()
+            .filter(|s| s.phase == SlotPhase::Prefilling)
+            .count();
+        live.count() == self.active && kv == self.kv_used && prefilling == self.prefilling
     }
 }
 
@@ -472,6 +481,7 @@ impl Continuous {
                 entries: Vec::with_capacity(cfg.max_slots),
                 admitted_seq: 0,
                 active: 0,
+                prefilling: 0,
                 kv_used: 0,
                 cache: cfg
                     .prefix_caching
@@ -519,6 +529,12 @@ impl Continuous {
     /// The group `replica` belongs to.
     pub fn group_of(&self, replica: usize) -> usize {
         self.replica_group[replica]
+    }
+
+    /// The entries of the step running on `replica` (empty when none is): valid from the
+    /// [`StepAction::Step`] that started it until [`Self::complete_step_with`].
+    pub fn step_entries(&self, replica: usize) -> &[StepEntry] {
+        &self.replicas[replica].entries
     }
 
     /// Slots in use on `replica`.
@@ -709,17 +725,15 @@ impl Continuous {
             self.admit_into_slots(r, blocks);
             self.ensure_kv(r, out);
             if self.build_step(r) {
-                let rep = &self.replicas[r];
-                let (decode, prefill) = step_tokens(&rep.entries);
+                let shape = StepShape::of(&self.replicas[r].entries);
                 self.replicas[r].busy = true;
                 self.stats.steps += 1;
-                self.stats.decode_tokens += u64::from(decode);
-                self.stats.prefill_tokens += u64::from(prefill);
+                self.stats.decode_tokens += u64::from(shape.decode_tokens);
+                self.stats.prefill_tokens += u64::from(shape.prefill_tokens);
                 out(StepAction::Step {
                     replica: r,
                     entries: &self.replicas[r].entries,
-                    decode_tokens: decode,
-                    prefill_tokens: prefill,
+                    shape,
                 });
                 any = true;
             }
@@ -794,6 +808,7 @@ impl Continuous {
                     if last {
                         slot.phase = SlotPhase::Generating;
                         slot.generated += 1;
+                        rep.prefilling -= 1;
                     }
                     rep.kv_used += u64::from(tokens + u32::from(last));
                     if CACHING {
@@ -1015,6 +1030,7 @@ impl Continuous {
                     watch: meta.max_tokens.max(1),
                 };
                 rep.active += 1;
+                rep.prefilling += 1;
                 used += need;
             }
         }
@@ -1085,8 +1101,10 @@ impl Continuous {
         let bt = self.cfg.block_tokens.max(1);
         let chunk = self.cfg.prefill_chunk.max(1);
         let free = u64::from(cache.free());
-        // Quick bound: no slot can take more than this many new blocks in one step.
-        if free >= rep.active as u64 * u64::from(self.step_blocks_most) {
+        // Quick bound: a generating slot takes at most one new block in a step, a prefilling
+        // one at most `step_blocks_most`.
+        let generating = (rep.active - rep.prefilling) as u64;
+        if free >= generating + rep.prefilling as u64 * u64::from(self.step_blocks_most) {
             return true;
         }
         let needed: u64 = rep
@@ -1187,6 +1205,7 @@ impl Continuous {
                     reg_parent: last,
                 };
                 rep.active += 1;
+                rep.prefilling += 1;
                 rep.kv_used += u64::from(cached);
                 self.take_waiting(g, p, index);
             }
@@ -1200,32 +1219,40 @@ impl Continuous {
         let mut budget = self.cfg.n_batch.max(1);
         let rep = &mut self.replicas[r];
         rep.entries.clear();
-        let active = rep.active;
+        let (active, prefilling) = (rep.active, rep.prefilling);
+        // Decode entries, in slot order; the scan ends at the last active slot.
         let mut seen = 0;
+        let mut first_prefill = rep.slots.len();
         for (i, s) in rep.slots.iter_mut().enumerate() {
             if seen == active {
                 break; // the rest are idle
             }
-            seen += usize::from(s.phase != SlotPhase::Idle);
-            if s.phase == SlotPhase::Generating && budget > 0 {
-                rep.entries.push(StepEntry {
-                    slot: i as u32,
-                    ticket: s.ticket,
-                    work: StepWork::Decode,
-                    generated: s.generated,
-                    admitted: std::mem::take(&mut s.fresh),
-                    context: s.prefilled + s.generated,
-                });
-                budget -= 1;
+            match s.phase {
+                SlotPhase::Idle => continue,
+                SlotPhase::Prefilling => first_prefill = first_prefill.min(i),
+                SlotPhase::Generating if budget > 0 => {
+                    rep.entries.push(StepEntry {
+                        slot: i as u32,
+                        ticket: s.ticket,
+                        work: StepWork::Decode,
+                        generated: s.generated,
+                        admitted: std::mem::take(&mut s.fresh),
+                        context: s.prefilled + s.generated,
+                    });
+                    budget -= 1;
+                }
+                SlotPhase::Generating => {}
             }
+            seen += 1;
         }
+        // Then prefill chunks, in slot order, from the first prefilling slot.
         let mut seen = 0;
-        for (i, s) in rep.slots.iter_mut().enumerate() {
-            if seen == active || budget == 0 {
+        for (i, s) in rep.slots.iter_mut().enumerate().skip(first_prefill) {
+            if seen == prefilling || budget == 0 {
                 break;
             }
-            seen += usize::from(s.phase != SlotPhase::Idle);
             if s.phase == SlotPhase::Prefilling {
+                seen += 1;
                 let remaining = s.prompt_tokens - s.prefilled;
                 let tokens = remaining.min(chunk).min(budget);
                 rep.entries.push(StepEntry {

@@ -10,7 +10,7 @@
 //! latency model's [`LatencyModel::step_ms`] for the step's shape.
 //!
 //! Never here: a wall-clock read, a sleep, a thread, or an allocation inside the loop (the
-//! heap, the entry copies, the result buffer and every per-request table are sized from the
+//! heap, the result buffer and every per-request table are sized from the
 //! scheduler's configuration before it starts). Closed-loop workloads are not driven here
 //! (the caller refuses them).
 
@@ -21,9 +21,7 @@ use super::record::Recorder;
 use super::tokens::TokenRecord;
 use super::workload::SimRequest;
 use super::SimError;
-use crate::core::continuous::{
-    Continuous, ContinuousConfig, EntryResult, StepAction, StepEntry, StepShape,
-};
+use crate::core::continuous::{Continuous, ContinuousConfig, EntryResult, StepAction};
 use crate::core::prefix::{BlockHash, PromptBlocks};
 use crate::core::{CoreStats, Nanos, Ticket};
 use crate::exec::latency::LatencyModel;
@@ -151,7 +149,6 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     );
     let mut slot_req = vec![u32::MAX; table_slots]; // one per request-table slot
     let mut done: BinaryHeap<Reverse<(Nanos, u32)>> = BinaryHeap::with_capacity(replicas + 1); // one per replica
-    let mut steps: Vec<Vec<StepEntry>> = (0..replicas).map(|_| Vec::with_capacity(slots)).collect(); // one step per replica
     let results = vec![EntryResult::Continue; slots]; // one step's results
     let mut started: Vec<(usize, Nanos)> = Vec::with_capacity(replicas); // steps of one tick
     let mut busy_ns = vec![0 as Nanos; replicas];
@@ -178,10 +175,11 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             }
             done.pop();
             let r = r as usize;
-            let entries = &steps[r];
+            let entries = sched.step_entries(r);
             for e in entries.iter().filter(|e| e.samples()) {
                 tokens.on_token(e.ticket.index, e.generated, now);
             }
+            let n = entries.len();
             let names = SimPromptBlocks {
                 requests,
                 arena: prefix,
@@ -190,7 +188,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             };
             let (rec, tokens, slot_req, slot_work) = (&mut rec, &mut tokens, &slot_req, &slot_work);
             let cl = &mut cluster;
-            sched.complete_step_with(r, &names, &results[..entries.len()], &mut |ticket, _| {
+            sched.complete_step_with(r, &names, &results[..n], &mut |ticket, _| {
                 tokens.on_finish(ticket.index, now);
                 rec.on_complete(now, &requests[slot_req[ticket.index as usize] as usize]);
                 if let Some(c) = cl {
@@ -245,13 +243,14 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 slot_req: &slot_req,
                 block_tokens,
             };
-            let (rec, tokens, steps, started) = (&mut rec, &mut tokens, &mut steps, &mut started);
+            let (rec, tokens, started) = (&mut rec, &mut tokens, &mut started);
             let entries_total = &mut entries_total;
             sched.tick_replicas(&names, &mut |_| true, &mut |action| match action {
                 StepAction::Step {
-                    replica, entries, ..
+                    replica,
+                    entries,
+                    shape,
                 } => {
-                    let shape = StepShape::of(entries);
                     let ns = ms_to_ns(latency.step_ms(&shape));
                     for e in entries.iter().filter(|e| e.admitted) {
                         if tokens.on_slot(e.ticket.index) {
@@ -262,9 +261,6 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                     rec.on_batch(now, entries.len());
                     tokens.on_step(shape.decode_tokens, shape.prefill_tokens);
                     *entries_total += entries.len() as u64;
-                    let buf = &mut steps[replica];
-                    buf.clear();
-                    buf.extend_from_slice(entries);
                     done.push(Reverse((now.saturating_add(ns), replica as u32)));
                     started.push((replica, ns));
                 }
@@ -294,6 +290,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     if caching {
         tokens.prefix = Some(sched.prefix_stats());
     }
+    tokens.flush();
     rec.tokens = Some(Box::new(tokens));
     let cluster = routing.map(|routing| {
         for (r, out) in per_replica.iter_mut().enumerate() {

@@ -34,9 +34,14 @@ pub struct TokenRecord {
     /// Per completed request with more than one token.
     pub tpot_ns: Histogram<u64>,
     pub tpot_sum_ns: u128,
-    /// Per token after a request's first.
+    /// Per token after a request's first. Read it after [`TokenRecord::flush`]: equal
+    /// consecutive gaps are counted in `itl_run` and recorded as one `record_n`.
     pub itl_ns: Histogram<u64>,
     pub itl_sum_ns: u128,
+    /// The gap being repeated and how many times it repeated, not yet in `itl_ns` (every
+    /// sequence that decoded in a replica's previous step sees the same gap, so one step's
+    /// tokens are mostly one run).
+    itl_run: (u64, u64),
     /// Completed requests whose TTFT and TPOT both met their targets.
     pub goodput_met: u64,
     pub ttft_target_ns: u64,
@@ -79,6 +84,7 @@ impl TokenRecord {
             tpot_sum_ns: 0,
             itl_ns: latency_histogram(),
             itl_sum_ns: 0,
+            itl_run: (0, 0),
             goodput_met: 0,
             ttft_target_ns,
             tpot_target_ns,
@@ -138,11 +144,27 @@ impl TokenRecord {
             self.ttft_sum_ns += u128::from(ttft);
         } else {
             let gap = now_ns.saturating_sub(s.last_ns);
-            self.itl_ns.saturating_record(gap.max(1));
             self.itl_sum_ns += u128::from(gap);
+            let gap = gap.max(1);
+            if gap == self.itl_run.0 {
+                self.itl_run.1 += 1;
+            } else {
+                let (g, n) = std::mem::replace(&mut self.itl_run, (gap, 1));
+                if n > 0 {
+                    self.itl_ns.saturating_record_n(g, n);
+                }
+            }
         }
         s.last_ns = now_ns;
         s.delivered += 1;
+    }
+
+    /// Records the pending run of equal inter-token gaps; `itl_ns` is complete after it.
+    pub fn flush(&mut self) {
+        let (gap, n) = std::mem::take(&mut self.itl_run);
+        if n > 0 {
+            self.itl_ns.saturating_record_n(gap, n);
+        }
     }
 
     /// The request in `index` completed at `now_ns`.
@@ -178,6 +200,8 @@ mod tests {
         t.on_token(2, 2, 1_080); // gap 20
         t.on_token(2, 1, 1_500); // regenerated after a preemption: ignored
         t.on_finish(2, 1_080);
+        t.flush();
+        assert_eq!(t.itl_ns.len(), 2, "two gaps after the first token");
         assert_eq!(t.ttft_sum_ns, 50);
         assert_eq!(t.itl_sum_ns, 30);
         assert_eq!(t.tpot_sum_ns, 15);
@@ -186,5 +210,32 @@ mod tests {
         t.on_token(0, 0, 100);
         t.on_finish(0, 100);
         assert_eq!(t.goodput_met, 1, "one token: TTFT alone decides");
+    }
+
+    #[test]
+    fn itl_runs_record_what_one_record_per_gap_records() {
+        // Three requests decoding in lockstep, then apart: runs of equal gaps and changes.
+        let mut t = TokenRecord::new(3, u64::MAX, u64::MAX, 1000, 3, 1);
+        let mut naive = latency_histogram();
+        let mut now = 0;
+        for i in 0..3 {
+            t.on_admit(i, 0);
+        }
+        for step in 0..40u32 {
+            now += if step % 7 == 0 { 5_000_000 } else { 1_200_000 };
+            for i in 0..3u32 {
+                if step > 30 && i == 2 {
+                    continue; // finished: the others' gaps no longer run with its
+                }
+                let at = now + u64::from(i) * u64::from(step > 20);
+                if t.state[i as usize].delivered > 0 {
+                    naive.record(at - t.state[i as usize].last_ns).unwrap();
+                }
+                t.on_token(i, step, at);
+            }
+        }
+        t.flush();
+        assert_eq!(t.itl_ns, naive, "the same counts in the same buckets");
+        assert_eq!(t.itl_ns.len(), 3 * 39 - 9);
     }
 }

@@ -536,9 +536,10 @@ impl Mode for IterationLevel {
                 StepAction::Step {
                     replica,
                     entries,
-                    decode_tokens,
-                    prefill_tokens,
+                    shape,
                 } => {
+                    let (decode_tokens, prefill_tokens) =
+                        (shape.decode_tokens, shape.prefill_tokens);
                     io.emit(
                         now,
                         TelemetryEvent::Tick {
