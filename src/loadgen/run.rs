@@ -32,9 +32,10 @@ use super::schedule::Schedule;
 use super::target::Target;
 use crate::core::request::ms_to_nanos;
 use crate::core::CoreStats;
+use crate::latency_histogram::{LATENCY_MAX_NS, LATENCY_MIN_NS};
 use crate::sim::arrivals::ClosedLoop;
 use crate::sim::driver::RunOutput;
-use crate::sim::record::{Recorder, LATENCY_MAX_NS};
+use crate::sim::record::Recorder;
 use crate::sim::report::RunReport;
 use crate::sim::scenario::Scenario;
 use crate::sim::workload::{Digest, Generated, SimRequest};
@@ -586,8 +587,7 @@ fn drive(
         1_000_000_000,
         expected_ns,
     );
-    let mut lag_ns = Histogram::<u64>::new_with_bounds(1_000, LATENCY_MAX_NS, 3)
-        .expect("static histogram bounds are valid");
+    let mut lag_ns = crate::latency_histogram::latency_histogram();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut received = 0u64;
     let mut end_ns = 0u64;
@@ -665,7 +665,7 @@ fn drive(
             };
             received += 1;
             end_ns = end_ns.max(done.end_ns);
-            let _ = lag_ns.record(done.lag_ns.clamp(1_000, LATENCY_MAX_NS));
+            let _ = lag_ns.record(done.lag_ns.clamp(LATENCY_MIN_NS, LATENCY_MAX_NS));
             let r = &requests[done.index as usize];
             let mut at = *r;
             at.arrival_ns = done.origin_ns;

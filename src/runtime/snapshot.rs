@@ -14,13 +14,7 @@ use hdrhistogram::Histogram;
 /// How often the engine publishes (ns).
 pub const SNAPSHOT_INTERVAL_NS: Nanos = 50_000_000;
 
-/// Highest latency the histograms track exactly: 1 hour in ns; larger values saturate.
-pub const LATENCY_MAX_NS: u64 = 3_600_000_000_000;
-
-/// A new latency histogram in ns, 3 significant digits, fixed range (never resizes).
-pub fn latency_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, LATENCY_MAX_NS, 3).expect("static histogram bounds are valid")
-}
+use crate::latency_histogram::latency_histogram;
 
 /// One worker as published.
 #[derive(Clone, Copy, Debug)]

@@ -17,7 +17,6 @@ pub mod continuous;
 pub mod dist;
 pub mod driver;
 pub mod help;
-pub mod latency_histogram;
 pub mod output;
 pub mod plot;
 pub mod prefix;

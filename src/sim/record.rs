@@ -5,12 +5,12 @@
 //! possible batch size); recording is O(1) and allocation-free, except the time series,
 //! which grows by one window per window of virtual time. Times are virtual ns.
 
-use super::latency_histogram::latency_histogram;
-pub use super::latency_histogram::LATENCY_MAX_NS;
 use super::series::TimeSeries;
 use super::tokens::TokenRecord;
 use super::workload::{Digest, SimRequest};
 use crate::core::Priority;
+use crate::latency_histogram::latency_histogram;
+pub use crate::latency_histogram::LATENCY_MAX_NS;
 use hdrhistogram::Histogram;
 
 /// Latency and counts of one priority class.

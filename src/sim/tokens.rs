@@ -7,7 +7,7 @@
 //! the scheduler, histograms over a fixed range); recording is O(1) and allocation-free.
 //! Times are virtual ns; nothing here reads a clock.
 
-use super::latency_histogram::latency_histogram;
+use crate::latency_histogram::latency_histogram;
 use hdrhistogram::Histogram;
 
 /// Token timing of one request while it is in the scheduler.

@@ -55,7 +55,7 @@ pub(super) fn latency_sample(latency_ns: u64, priority: Priority) -> u64 {
 pub(super) fn move_latency_samples(samples: &mut Vec<u64>, snap: &mut Snapshot) {
     for &v in samples.iter() {
         let latency_ns = v & ((1 << PRIORITY_SHIFT) - 1);
-        // Saturating: past LATENCY_MAX_NS a latency counts at the top, as documented there.
+        // Saturating: past `crate::latency_histogram::LATENCY_MAX_NS` a latency counts at the top.
         snap.latency.saturating_record(latency_ns);
         snap.latency_by_priority[(v >> PRIORITY_SHIFT) as usize].saturating_record(latency_ns);
     }
