@@ -253,6 +253,9 @@ struct Replica {
     /// Slots prefilling. Invariant: the count of `slots` whose phase is `Prefilling`. The
     /// rest of `active` generate, and a generating slot takes at most one block a step.
     prefilling: usize,
+    /// One bit per slot, set while the slot is not idle (bit `i % 64` of word `i / 64`), so
+    /// a step is built in O(active slots) however they are spread over `slots`.
+    live: Vec<u64>,
     /// KV tokens in use. Invariant: `prefilled + generated` summed over active slots.
     /// Kept so a tick costs O(active slots), not O(max_slots), when few slots are busy.
     kv_used: u64,
@@ -269,6 +272,7 @@ impl Replica {
         debug_assert!(slot.phase != SlotPhase::Idle);
         self.active -= 1;
         self.prefilling -= usize::from(slot.phase == SlotPhase::Prefilling);
+        self.live[s / 64] &= !(1u64 << (s % 64));
         self.kv_used -= u64::from(slot.prefilled) + u64::from(slot.generated);
         if let Some(cache) = &mut self.cache {
             release_blocks(cache, &self.slot_blocks[s]);
@@ -291,7 +295,14 @@ impl Replica {
             .iter()
             .filter(|s| s.phase == SlotPhase::Prefilling)
             .count();
-        live.count() == self.active && kv == self.kv_used && prefilling == self.prefilling
+        let bits_hold =
+            self.slots.iter().enumerate().all(|(i, s)| {
+                (s.phase != SlotPhase::Idle) == (self.live[i / 64] >> (i % 64) & 1 == 1)
+            });
+        live.count() == self.active
+            && kv == self.kv_used
+            && prefilling == self.prefilling
+            && bits_hold
     }
 }
 
@@ -482,6 +493,7 @@ impl Continuous {
                 admitted_seq: 0,
                 active: 0,
                 prefilling: 0,
+                live: vec![0; cfg.max_slots.div_ceil(64)],
                 kv_used: 0,
                 cache: cfg
                     .prefix_caching
@@ -1018,6 +1030,7 @@ impl Continuous {
                 self.take_waiting(g, p, index);
                 let rep = &mut self.replicas[r];
                 rep.admitted_seq += 1;
+                rep.live[free / 64] |= 1u64 << (free % 64);
                 rep.slots[free] = Slot {
                     phase: SlotPhase::Prefilling,
                     ticket: self.table.ticket_at(index),
@@ -1183,6 +1196,7 @@ impl Continuous {
                     rep.prefix.hit_tokens += u64::from(cached);
                 }
                 rep.admitted_seq += 1;
+                rep.live[free / 64] |= 1u64 << (free % 64);
                 rep.slots[free] = Slot {
                     phase: SlotPhase::Prefilling,
                     ticket,
@@ -1219,31 +1233,31 @@ impl Continuous {
         let mut budget = self.cfg.n_batch.max(1);
         let rep = &mut self.replicas[r];
         rep.entries.clear();
-        let (active, prefilling) = (rep.active, rep.prefilling);
-        // Decode entries, in slot order; the scan ends at the last active slot.
-        let mut seen = 0;
+        let prefilling = rep.prefilling;
+        // Decode entries, in slot order, over the live slots only.
         let mut first_prefill = rep.slots.len();
-        for (i, s) in rep.slots.iter_mut().enumerate() {
-            if seen == active {
-                break; // the rest are idle
-            }
-            match s.phase {
-                SlotPhase::Idle => continue,
-                SlotPhase::Prefilling => first_prefill = first_prefill.min(i),
-                SlotPhase::Generating if budget > 0 => {
-                    rep.entries.push(StepEntry {
-                        slot: i as u32,
-                        ticket: s.ticket,
-                        work: StepWork::Decode,
-                        generated: s.generated,
-                        admitted: std::mem::take(&mut s.fresh),
-                        context: s.prefilled + s.generated,
-                    });
-                    budget -= 1;
+        for (w, &word) in rep.live.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let s = &mut rep.slots[i];
+                match s.phase {
+                    SlotPhase::Generating if budget > 0 => {
+                        rep.entries.push(StepEntry {
+                            slot: i as u32,
+                            ticket: s.ticket,
+                            work: StepWork::Decode,
+                            generated: s.generated,
+                            admitted: std::mem::take(&mut s.fresh),
+                            context: s.prefilled + s.generated,
+                        });
+                        budget -= 1;
+                    }
+                    SlotPhase::Prefilling => first_prefill = first_prefill.min(i),
+                    _ => {}
                 }
-                SlotPhase::Generating => {}
             }
-            seen += 1;
         }
         // Then prefill chunks, in slot order, from the first prefilling slot.
         let mut seen = 0;
