@@ -15,7 +15,8 @@
 #
 # Usage: tools/bench/instruction_budget.sh [--check] [BINARY]      (default target/release/abe)
 #        tools/bench/instruction_budget.sh --nginx                 (the same count for nginx)
-# With --check it exits 1 if a case is over its budget, printing the number and the budget.
+# With --check it exits 1 if a case is over its budget, printing the number and the budget
+# (BUDGET_FILE=PATH reads the budgets from another file).
 # Needs valgrind and python3 (nginx for --nginx).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,6 +31,7 @@ for a in "$@"; do
     *) bin="$a" ;;
   esac
 done
+budget_file="${BUDGET_FILE:-$here/instruction_budget.toml}"
 low="${BUDGET_LOW:-400}"
 high="${BUDGET_HIGH:-2000}"
 out="$(mktemp -d)"
@@ -86,7 +88,7 @@ measure() { # requests conns -> Ir
 }
 
 budget_of() { # key -> budget from the toml
-  awk -F= -v k="$1" '$1 ~ "^"k" *$" {gsub(/[ _]/, "", $2); print $2}' "$here/instruction_budget.toml"
+  awk -F= -v k="$1" '$1 ~ "^"k" *$" {gsub(/[ _]/, "", $2); print $2}' "$budget_file"
 }
 
 over=0
@@ -98,7 +100,7 @@ for conns in 1 8; do
   if [ "$check" = 1 ]; then
     budget=$(budget_of "conns_$conns")
     if [ "$per" -gt "$budget" ]; then
-      echo "instruction budget: $name, $conns connection(s): $per instructions per request, OVER the budget of $budget (tools/bench/instruction_budget.toml)"
+      echo "instruction budget: $name, $conns connection(s): $per instructions per request, OVER the budget of $budget ($budget_file)"
       over=1
     else
       echo "instruction budget: $name, $conns connection(s): $per instructions per request (budget $budget)"
