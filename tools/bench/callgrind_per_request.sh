@@ -2,6 +2,9 @@
 # User-space instructions per request of `abe serve` (latency model `none`), counted with
 # valgrind's callgrind: (Ir with N requests - Ir with 0 requests) / N, all threads.
 # Idle policy `park` so no yield loop adds scheduling-dependent instructions.
+# All threads are counted, the history sampler and the events thread too, whose work is per
+# second: under valgrind a request takes milliseconds, so their share per request is much
+# larger than at load. tools/bench/instruction_budget.sh counts the request path only.
 # Usage: tools/bench/callgrind_per_request.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# User-space instructions per request of `abe serve` on the request path, counted with
+# valgrind's callgrind (deterministic: it counts instructions, not time), and checked
+# against tools/bench/instruction_budget.toml.
+#
+# What is counted: the small completion POST of keepalive_posts.py (latency model `none`,
+# idle policy `park`, no pinning) over 1 keep-alive connection and over 8 (8 requests in
+# flight per round). Each case runs twice, with LOW and HIGH requests, and the figure is
+# (Ir(HIGH) - Ir(LOW)) / (HIGH - LOW), so start-up and shutdown cancel. Only the threads
+# that do per-request work are summed: io threads, the engine, the workers. The history
+# sampler (once a second) and the events thread (at most 400 sampled events a second) cost
+# per second, not per request; under valgrind a request takes ~5 ms, so counting them
+# would charge their per-second cost to every request (the breakdown in BENCHMARKS.md
+# states them apart).
+#
+# Usage: tools/bench/instruction_budget.sh [--check] [BINARY]      (default target/release/abe)
+#        tools/bench/instruction_budget.sh --nginx                 (the same count for nginx)
+# With --check it exits 1 if a case is over its budget, printing the number and the budget
+# (BUDGET_FILE=PATH reads the budgets from another file).
+# Needs valgrind and python3 (nginx for --nginx).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+here="$(pwd)/tools/bench"
+check=0
+nginx=0
+bin=target/release/abe
+for a in "$@"; do
+  case "$a" in
+    --check) check=1 ;;
+    --nginx) nginx=1 ;;
+    *) bin="$a" ;;
+  esac
+done
+budget_file="${BUDGET_FILE:-$here/instruction_budget.toml}"
+low="${BUDGET_LOW:-400}"
+high="${BUDGET_HIGH:-2000}"
+out="$(mktemp -d)"
+pid=""
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
+
+# Request-path threads of one abe run: a thread's file names the loop it ran.
+abe_request_path_ir() {
+  local total=0 f
+  for f in "$out"/cg.*; do
+    if grep -qE 'IoThread::run|Engine<.*>::run|WorkerThread<.*>::run' "$f"; then
+      total=$((total + $(awk '/^summary:/ {print $2}' "$f")))
+    fi
+  done
+  echo "$total"
+}
+
+all_ir() {
+  local total=0 f
+  for f in "$out"/cg.*; do total=$((total + $(awk '/^summary:/ {print $2}' "$f"))); done
+  echo "$total"
+}
+
+measure() { # requests conns -> Ir
+  local reqs=$1 conns=$2 port ir
+  rm -f "$out"/cg.*
+  if [ "$nginx" = 1 ]; then
+    port=18481
+    sed -e 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' \
+      "$here/nginx.conf" >"$out/nginx.conf"
+    valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
+      nginx -c "$out/nginx.conf" 2>"$out/vg.log" &
+  else
+    port=18502
+    ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_IDLE=park ABE_ENGINE_PIN=false RUST_LOG=warn \
+      valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
+      "$bin" serve --port $port >/dev/null 2>"$out/vg.log" &
+  fi
+  pid=$!
+  local up=0
+  for _ in $(seq 1 300); do
+    kill -0 $pid 2>/dev/null || break
+    if python3 "$here/keepalive_posts.py" $port 0 2>/dev/null; then up=1; break; fi
+    sleep 0.1
+  done
+  [ "$up" = 1 ] || { echo "server under valgrind did not start: $(tail -3 "$out/vg.log")" >&2; exit 1; }
+  python3 "$here/keepalive_posts.py" $port "$reqs" "$conns"
+  if [ "$nginx" = 1 ]; then kill -QUIT $pid; else kill -TERM $pid; fi
+  wait $pid || true
+  pid=""
+  if [ "$nginx" = 1 ]; then ir=$(all_ir); else ir=$(abe_request_path_ir); fi
+  [ "$ir" -gt 0 ] || { echo "no callgrind output" >&2; exit 1; }
+  echo "$ir"
+}
+
+budget_of() { # key -> budget from the toml
+  awk -F= -v k="$1" '$1 ~ "^"k" *$" {gsub(/[ _]/, "", $2); print $2}' "$budget_file"
+}
+
+over=0
+for conns in 1 8; do
+  a=$(measure "$low" "$conns")
+  b=$(measure "$high" "$conns")
+  per=$(( (b - a) / (high - low) ))
+  name=$([ "$nginx" = 1 ] && echo nginx || echo abe)
+  if [ "$check" = 1 ]; then
+    budget=$(budget_of "conns_$conns")
+    if [ "$per" -gt "$budget" ]; then
+      echo "instruction budget: $name, $conns connection(s): $per instructions per request, OVER the budget of $budget ($budget_file)"
+      over=1
+    else
+      echo "instruction budget: $name, $conns connection(s): $per instructions per request (budget $budget)"
+    fi
+  else
+    echo "$name, $conns connection(s): $per instructions per request (Ir $a with $low requests, $b with $high)"
+  fi
+done
+exit $over
