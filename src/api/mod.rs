@@ -15,6 +15,7 @@
 
 pub mod admin;
 pub mod chat;
+pub mod faults;
 pub mod json_out;
 pub mod logprobs;
 pub mod payload;
@@ -55,6 +56,8 @@ pub struct ApiContext {
     pub events: Arc<crate::metrics::events::EventHub>,
     /// Padding and forward counters of each `embed` backend (by name), for `/metrics`.
     pub embed_stats: Vec<(Box<str>, Arc<crate::exec::embed::EmbedStats>)>,
+    /// Failures by kind injected in front of the engine (`[workers] fault_*`).
+    pub faults: faults::FrontFaults,
 }
 
 impl ApiContext {
@@ -71,6 +74,7 @@ impl ApiContext {
             .backends()
             .any(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }));
         let retention_s = (config.metrics.history_retention.0 / 1000) as usize;
+        let faults = faults::FrontFaults::new(config.workers.front_faults(), config.workers.seed);
         ApiContext {
             handle,
             config,
@@ -81,6 +85,7 @@ impl ApiContext {
             history: Arc::new(crate::metrics::history::History::new(retention_s)),
             events: Arc::default(),
             embed_stats: Vec::new(),
+            faults,
         }
     }
 
@@ -269,7 +274,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                     "the server is shutting down and no longer accepts requests",
                 ));
             }
-            ctx.decoder().decode(head, body)
+            faults::inject(&ctx.faults, ctx.decoder().decode(head, body))
         }
         "/v1/models" if is_get => Routed::Now(render::models(&ctx.router)),
         "/health" if is_get => {

@@ -131,6 +131,7 @@ pub(super) fn text(src: TextSource<'_>, mut g: GenerationBody) -> Result<Text, B
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         choices: Default::default(),
+        fault: None,
     });
     let priority = wire::priority(src.priority, src.priority_header)?;
     let mut sampling = sampling;

@@ -7,6 +7,7 @@
 //! event shapes do not depend on that: an iteration-level engine can emit them token by
 //! token. Runs on io threads only.
 
+use super::faults::{StreamFault, StreamFaultKind};
 use super::json_out;
 use crate::exec::synth::token_pieces;
 use crate::exec::Output;
@@ -18,6 +19,8 @@ pub struct StreamOptions {
     pub include_usage: bool,
     /// Choices per prompt and log-probabilities.
     pub choices: ChoiceOptions,
+    /// An injected mid-stream failure ([`super::faults`]), drawn when the request arrived.
+    pub fault: Option<StreamFault>,
 }
 
 /// How a text job's choices are laid out and annotated (both endpoints, whole answers and
@@ -113,6 +116,42 @@ pub struct StreamWriter {
     echo: Option<Vec<std::sync::Arc<str>>>,
     /// Anything (a token or a finish) was written.
     started: bool,
+    /// Where an injected fault ([`StreamOptions::fault`]) stands; idle without one.
+    fault: FaultState,
+}
+
+/// An injected stream fault in progress. Events pass until `after_chunks` went out; then
+/// a cut drops every event but the last chunk, a reset drops everything and asks the
+/// connection to reset, a stall holds everything back until its deadline.
+#[derive(Debug, Default)]
+struct FaultState {
+    /// SSE events let through so far.
+    events_out: u32,
+    /// The fault struck (a cut or reset dropped something, a stall began).
+    tripped: bool,
+    /// A stall: held back until this instant.
+    stall_until: Option<std::time::Instant>,
+    /// A stall's held-back chunks.
+    held: Vec<u8>,
+    /// Fresh chunks of one write, before the fault filters them.
+    scratch: Vec<u8>,
+}
+
+/// Splits the first HTTP/1.1 chunk (size line, data, CRLF) off `framed`, as [`event`] and
+/// [`StreamWriter::end`] write them: (the chunk, whether it is the last (size 0), the rest).
+fn split_chunk(framed: &[u8]) -> (&[u8], bool, &[u8]) {
+    let line_end = framed
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(framed.len());
+    let size = std::str::from_utf8(&framed[..line_end])
+        .ok()
+        .and_then(|h| usize::from_str_radix(h, 16).ok())
+        .unwrap_or(0);
+    // Assumes: `framed` holds whole chunks written here (size line, data, CRLF).
+    let end = (line_end + 2 + size + 2).min(framed.len());
+    debug_assert!(line_end + 2 + size + 2 <= framed.len(), "a partial chunk");
+    (&framed[..end], size == 0, &framed[end..])
 }
 
 impl StreamWriter {
@@ -150,7 +189,77 @@ impl StreamWriter {
             cached_tokens: None,
             echo: None,
             started: false,
+            fault: FaultState::default(),
         }
+    }
+
+    /// The injected fault's name for the `x-abe-fault` header, if this stream has one.
+    pub fn fault_name(&self) -> Option<&'static str> {
+        self.opts.fault.map(StreamFault::as_str)
+    }
+
+    /// An injected reset struck: the connection should be reset once what went out before
+    /// it is written.
+    pub fn wants_reset(&self) -> bool {
+        self.fault.tripped
+            && self
+                .opts
+                .fault
+                .is_some_and(|f| f.kind == StreamFaultKind::Reset)
+    }
+
+    /// A stall holds chunks back (the stream is not complete while it does).
+    pub fn holding(&self) -> bool {
+        self.fault.stall_until.is_some()
+    }
+
+    /// A stall whose deadline passed lets its held chunks go, into `out`.
+    pub fn release_due(&mut self, now: std::time::Instant, out: &mut Vec<u8>) {
+        if self.fault.stall_until.is_some_and(|t| now >= t) {
+            self.fault.stall_until = None;
+            out.append(&mut self.fault.held);
+        }
+    }
+
+    /// Runs `write` into `out`, through the injected fault's filter if there is one.
+    fn faulted(&mut self, out: &mut Vec<u8>, write: impl FnOnce(&mut Self, &mut Vec<u8>)) {
+        let Some(fault) = self.opts.fault else {
+            return write(self, out);
+        };
+        let mut fresh = std::mem::take(&mut self.fault.scratch);
+        fresh.clear();
+        write(self, &mut fresh);
+        let mut rest = &fresh[..];
+        while !rest.is_empty() {
+            let (chunk, last, tail) = split_chunk(rest);
+            rest = tail;
+            let before = self.fault.events_out < fault.after_chunks && !self.fault.tripped;
+            match fault.kind {
+                StreamFaultKind::Cut | StreamFaultKind::Reset if before && !last => {
+                    out.extend_from_slice(chunk);
+                    self.fault.events_out += 1;
+                }
+                // A cut still ends the chunked body: the stream stops, well framed.
+                StreamFaultKind::Cut if last => out.extend_from_slice(chunk),
+                StreamFaultKind::Cut | StreamFaultKind::Reset => self.fault.tripped = true,
+                StreamFaultKind::Stall { ms } => {
+                    if !before && !self.fault.tripped {
+                        self.fault.tripped = true;
+                        self.fault.stall_until = Some(
+                            std::time::Instant::now()
+                                + std::time::Duration::from_millis(u64::from(ms)),
+                        );
+                    }
+                    if self.fault.stall_until.is_some() {
+                        self.fault.held.extend_from_slice(chunk);
+                    } else {
+                        out.extend_from_slice(chunk);
+                    }
+                    self.fault.events_out += u32::from(!last);
+                }
+            }
+        }
+        self.fault.scratch = fresh;
     }
 
     /// Completions with `echo`: each choice's stream begins with its prompt (vLLM's
@@ -267,12 +376,16 @@ impl StreamWriter {
         {
             return;
         }
-        self.piece(part, text, out);
+        self.faulted(out, |w, o| w.piece(part, text, o));
     }
 
     /// Choice `part` is complete: streams whatever of its text did not go out token by
     /// token, then its finish chunk.
     pub fn finish_part(&mut self, part: usize, output: &Output, out: &mut Vec<u8>) {
+        self.faulted(out, |w, o| w.finish_part_unfiltered(part, output, o));
+    }
+
+    fn finish_part_unfiltered(&mut self, part: usize, output: &Output, out: &mut Vec<u8>) {
         let Output::Text {
             text,
             prompt_tokens,
@@ -334,15 +447,21 @@ impl StreamWriter {
 
     /// An error after the stream started: an OpenAI-shaped error event.
     pub fn error(&mut self, message: &str, out: &mut Vec<u8>) {
-        event(out, |o| {
-            o.extend_from_slice(b"{\"error\":{\"code\":\"stream_failed\",\"message\":");
-            json_out::string(o, message);
-            o.extend_from_slice(b",\"type\":\"server_error\"}}");
+        self.faulted(out, |_, out| {
+            event(out, |o| {
+                o.extend_from_slice(b"{\"error\":{\"code\":\"stream_failed\",\"message\":");
+                json_out::string(o, message);
+                o.extend_from_slice(b",\"type\":\"server_error\"}}");
+            })
         });
     }
 
     /// Ends the stream: the usage chunk if asked for, `data: [DONE]`, the last chunk.
     pub fn end(&mut self, out: &mut Vec<u8>) {
+        self.faulted(out, |w, o| w.end_unfiltered(o));
+    }
+
+    fn end_unfiltered(&mut self, out: &mut Vec<u8>) {
         if self.opts.include_usage {
             let (prompt, completion) = (self.prompt_tokens, self.completion_tokens);
             event(out, |o| {

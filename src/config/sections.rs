@@ -273,6 +273,22 @@ pub struct WorkersConfig {
     /// Fault injection: probability a batch hangs for `fault_hang_ms`.
     pub fault_hang_rate: f64,
     pub fault_hang_ms: f64,
+    /// Failures by kind, answered in front of the engine (`api::faults`): rates 0..=1 of
+    /// 429 (with `Retry-After: fault_retry_after_s`), 401, vLLM's context-length 400, 404,
+    /// 500 and 503 (summing to at most 1), and of streams cut without `[DONE]`, reset, or
+    /// stalled for `fault_stream_stall_ms` after `fault_stream_after_chunks` events.
+    pub fault_rate_limited_rate: f64,
+    pub fault_retry_after_s: u32,
+    pub fault_unauthorized_rate: f64,
+    pub fault_context_length_rate: f64,
+    pub fault_model_not_found_rate: f64,
+    pub fault_internal_error_rate: f64,
+    pub fault_unavailable_rate: f64,
+    pub fault_stream_cut_rate: f64,
+    pub fault_stream_reset_rate: f64,
+    pub fault_stream_stall_rate: f64,
+    pub fault_stream_after_chunks: u32,
+    pub fault_stream_stall_ms: u32,
     /// `[workers.backends.<name>]`: a `sim` backend's own latency keys over these
     /// ([`SimBackendLatency`]); file-only.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -293,6 +309,7 @@ impl Default for WorkersConfig {
             SimConfig::default(),
             FaultSettings::default(),
         );
+        let front = crate::api::faults::FrontFaultSettings::default();
         WorkersConfig {
             count: core.workers,
             latency_model: LatencyKind::Auto,
@@ -324,12 +341,42 @@ impl Default for WorkersConfig {
             fault_added_latency_ms: faults.added_latency_ms,
             fault_hang_rate: faults.hang_rate,
             fault_hang_ms: faults.hang_ms,
+            fault_rate_limited_rate: front.rate_limited_rate,
+            fault_retry_after_s: front.retry_after_s,
+            fault_unauthorized_rate: front.unauthorized_rate,
+            fault_context_length_rate: front.context_length_rate,
+            fault_model_not_found_rate: front.model_not_found_rate,
+            fault_internal_error_rate: front.internal_error_rate,
+            fault_unavailable_rate: front.unavailable_rate,
+            fault_stream_cut_rate: front.stream_cut_rate,
+            fault_stream_reset_rate: front.stream_reset_rate,
+            fault_stream_stall_rate: front.stream_stall_rate,
+            fault_stream_after_chunks: front.stream_after_chunks,
+            fault_stream_stall_ms: front.stream_stall_ms,
             backends: BTreeMap::new(),
         }
     }
 }
 
 impl WorkersConfig {
+    /// The failures by kind these keys ask for (`api::faults`).
+    pub fn front_faults(&self) -> crate::api::faults::FrontFaultSettings {
+        crate::api::faults::FrontFaultSettings {
+            rate_limited_rate: self.fault_rate_limited_rate,
+            retry_after_s: self.fault_retry_after_s,
+            unauthorized_rate: self.fault_unauthorized_rate,
+            context_length_rate: self.fault_context_length_rate,
+            model_not_found_rate: self.fault_model_not_found_rate,
+            internal_error_rate: self.fault_internal_error_rate,
+            unavailable_rate: self.fault_unavailable_rate,
+            stream_cut_rate: self.fault_stream_cut_rate,
+            stream_reset_rate: self.fault_stream_reset_rate,
+            stream_stall_rate: self.fault_stream_stall_rate,
+            stream_after_chunks: self.fault_stream_after_chunks,
+            stream_stall_ms: self.fault_stream_stall_ms,
+        }
+    }
+
     /// These settings with a `[workers.backends.<name>]` table's keys set over them
     /// (every other key, counts and faults included, stays as here).
     pub fn with_backend_keys(&self, table: &SimBackendLatency) -> WorkersConfig {

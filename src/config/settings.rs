@@ -369,6 +369,13 @@ impl Config {
         probability("workers.fault_hang_rate", w.fault_hang_rate)?;
         non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
         non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
+        let front = w.front_faults();
+        for (key, rate) in front.named_rates() {
+            probability(&format!("workers.fault_{key}"), rate)?;
+        }
+        front
+            .check_sums()
+            .map_err(|why| invalid("workers.fault_*_rate", "(their sum)", why))?;
         let h = &self.health;
         at_least("health.failure_threshold", h.failure_threshold as usize, 1)?;
         positive_ms("health.check_interval", h.check_interval)?;

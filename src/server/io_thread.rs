@@ -350,6 +350,16 @@ impl IoThread {
                     return;
                 }
             }
+            if conn.reset_when_flushed && conn.unwritten() == 0 {
+                // An injected reset (api::faults): a tick after the bytes before it went
+                // out, so the client reads them before the RST discards what it has not.
+                let at = *conn.reset_at.get_or_insert(now + TICK);
+                if now >= at {
+                    conn.set_reset_on_close();
+                    self.close(idx);
+                }
+                return;
+            }
             if conn.should_close() {
                 self.close(idx);
                 return;
@@ -779,11 +789,14 @@ impl IoThread {
     /// `/events` connections take what their subscriber gathered since the last tick.
     fn touch_event_streams(&mut self) {
         for (idx, conn) in self.conns.iter().enumerate() {
-            if conn
-                .as_ref()
-                .and_then(|c| c.slots.front())
-                .is_some_and(|s| s.events.is_some())
-            {
+            // Streams in an injected stall or reset (api::faults) are looked at too.
+            if conn.as_ref().is_some_and(|c| {
+                c.reset_when_flushed
+                    || c.slots.front().is_some_and(|s| {
+                        s.events.is_some()
+                            || s.stream.as_ref().is_some_and(|st| st.writer.holding())
+                    })
+            }) {
                 self.touched.push(idx);
             }
         }

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""What a gateway's tests see through the official OpenAI Python SDK when abe stands in for
+vLLM (issue 26): failures by kind injected with POST /admin/faults (each raises the SDK's
+exception for its status; a cut stream ends without [DONE]; a reset stream raises), and the
+vLLM compatibilities (X-Request-Id, integer priority, /version, continuous usage stats).
+
+Usage: [ABE_BATCHING_MODE=continuous] tools/openai_sdk_gateway_check.py http://127.0.0.1:PORT
+(tools/with_server.sh starts abe with admin enabled and no token, as the default config
+does). Leaves every fault off when it ends. Exits non-zero on the first surprise.
+"""
+import json
+import sys
+import urllib.request
+
+import openai
+from openai import OpenAI
+
+OFF = {"rate_limited_rate": 0.0, "unauthorized_rate": 0.0, "context_length_rate": 0.0,
+       "model_not_found_rate": 0.0, "internal_error_rate": 0.0, "unavailable_rate": 0.0,
+       "stream_cut_rate": 0.0, "stream_reset_rate": 0.0, "stream_stall_rate": 0.0}
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+    print(f"ok: {what}")
+
+
+def faults(base, **kw):
+    body = json.dumps({**OFF, **kw}).encode()
+    req = urllib.request.Request(f"{base}/admin/faults", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def check_failures_by_kind(base, client):
+    cases = [
+        ("rate_limited_rate", openai.RateLimitError, 429),
+        ("unauthorized_rate", openai.AuthenticationError, 401),
+        ("context_length_rate", openai.BadRequestError, 400),
+        ("model_not_found_rate", openai.NotFoundError, 404),
+        ("internal_error_rate", openai.InternalServerError, 500),
+        ("unavailable_rate", openai.InternalServerError, 503),
+    ]
+    for key, exc, status in cases:
+        faults(base, **{key: 1.0}, retry_after_s=2)
+        try:
+            client.chat.completions.create(model="abe-sim", max_tokens=3,
+                                           messages=[{"role": "user", "content": "hi"}])
+            check(False, f"{key}: the SDK raises")
+        except exc as err:
+            check(err.status_code == status and err.response.headers.get("x-abe-fault"),
+                  f"{key}: the SDK raises {exc.__name__} ({err.status_code})")
+            if status == 429:
+                check(err.response.headers.get("retry-after") == "2", "429 carries Retry-After")
+            if status == 400:
+                check("maximum context length" in str(err), "400 in vLLM's words")
+
+    faults(base, stream_cut_rate=1.0, stream_after_chunks=2)
+    chunks = list(client.completions.create(model="abe-sim", prompt="cut", max_tokens=8,
+                                            stream=True))
+    check(len(chunks) == 2 and all(c.choices[0].finish_reason is None for c in chunks),
+          f"a cut stream: the SDK's iteration ends after 2 chunks, no finish ({len(chunks)})")
+
+    faults(base, stream_reset_rate=1.0, stream_after_chunks=2)
+    got = []
+    try:
+        for c in client.completions.create(model="abe-sim", prompt="reset", max_tokens=8,
+                                           stream=True):
+            got.append(c)
+        check(False, "a reset stream raises")
+    except Exception as err:  # the SDK's APIError or its HTTP client's read error
+        check(len(got) <= 2, f"a reset stream raises {type(err).__name__} after {len(got)} chunks")
+
+    faults(base, stream_stall_rate=1.0, stream_after_chunks=2, stream_stall_ms=200)
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model="abe-sim", prompt="stall", max_tokens=5, stream=True) if c.choices)
+    check(len(text.split()) == 5, "a stalled stream completes after its stall")
+    faults(base)
+
+
+def main():
+    base = sys.argv[1].rstrip("/")
+    client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
+    check_failures_by_kind(base, client)
+    print("openai sdk gateway check: all passed")
+
+
+if __name__ == "__main__":
+    main()
