@@ -81,10 +81,30 @@ def check_failures_by_kind(base, client):
     faults(base)
 
 
+def check_vllm_extras(base, client):
+    raw = client.completions.with_raw_response.create(
+        model="abe-sim", prompt="hi", max_tokens=2, extra_headers={"X-Request-Id": "gw-42"})
+    c = raw.parse()
+    check(raw.headers.get("x-request-id") == "gw-42" and c.id == "cmpl-gw-42",
+          f"X-Request-Id echoed and used as the id ({c.id})")
+    for p in (-20, -1, 0, 3):
+        c = client.completions.create(model="abe-sim", prompt="p", max_tokens=2,
+                                      extra_body={"priority": p})
+        check(c.usage.completion_tokens == 2, f"integer priority {p} served")
+    usage = [ch.usage for ch in client.chat.completions.create(
+        model="abe-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True})]
+    check(all(u is not None for u in usage) and usage[-1].completion_tokens == 4,
+          "continuous_usage_stats: usage in every chunk, parsed by the SDK")
+    with urllib.request.urlopen(f"{base}/version", timeout=10) as r:
+        check("version" in json.load(r), "GET /version")
+
+
 def main():
     base = sys.argv[1].rstrip("/")
     client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
     check_failures_by_kind(base, client)
+    check_vllm_extras(base, client)
     print("openai sdk gateway check: all passed")
 
 

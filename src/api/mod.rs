@@ -179,6 +179,8 @@ pub struct Job {
     pub choices: stream::ChoiceOptions,
     /// Completions with `echo`: each prompt, prepended to its choices' text.
     pub echo: Option<Vec<Arc<str>>>,
+    /// The client's `X-Request-Id`: echoed, and the response's id (`cmpl-<id>`, as vLLM).
+    pub request_id: Option<Arc<str>>,
 }
 
 /// Seconds since the Unix epoch.
@@ -274,8 +276,17 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                     "the server is shutting down and no longer accepts requests",
                 ));
             }
-            faults::inject(&ctx.faults, ctx.decoder().decode(head, body))
+            let routed = faults::inject(&ctx.faults, ctx.decoder().decode(head, body));
+            match (routed, head.request_id.as_deref()) {
+                (Routed::Now(r), Some(id)) => Routed::Now(r.with_header(format!("X-Request-Id: {id}"))),
+                (routed, _) => routed,
+            }
         }
+        "/version" if is_get => Routed::Now(Response::json(
+            Status::Ok,
+            serde_json::to_vec(&serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
+                .unwrap_or_default(),
+        )),
         "/v1/models" if is_get => Routed::Now(render::models(&ctx.router)),
         "/health" if is_get => {
             Routed::Now(Response::json(Status::Ok, br#"{"status":"ok"}"#.to_vec()))
@@ -366,7 +377,8 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 )),
             }
         }
-        "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" | "/metrics/history" => {
+        "/v1/models" | "/health" | "/ready" | "/version" | "/metrics" | "/metrics/json"
+        | "/metrics/history" => {
             allow("GET, HEAD")
         }
         p if p.starts_with("/admin/") => Routed::Now(admin::admin(ctx, head, p, body)),
@@ -375,7 +387,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
+                 /v1/chat/completions, /v1/embeddings, /v1/models, /version, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
             ),
         )),
     }
@@ -487,6 +499,16 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
     }
     let mut requests = Vec::with_capacity(prompts.len() * text.n as usize);
     let mut echoed = Vec::new();
+    if let Some(usage) = text
+        .stream
+        .as_mut()
+        .and_then(|s| s.continuous_usage.as_mut())
+    {
+        *usage = prompts
+            .iter()
+            .map(|p| u64::from(crate::exec::prompt_tokens(p)))
+            .sum();
+    }
     for prompt in prompts {
         let mut route = check_model(ctx, model, |r| {
             r.text(&prompt);
@@ -515,6 +537,7 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         stream: text.stream,
         choices,
         echo: echo.then_some(echoed),
+        request_id: head.request_id.as_deref().map(Arc::from),
     }))
 }
 
@@ -625,6 +648,13 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     };
     let prompt = chat::render_prompt(b.messages).map_err(bad)?;
     check_model_len(ctx, &prompt, &text)?;
+    if let Some(usage) = text
+        .stream
+        .as_mut()
+        .and_then(|s| s.continuous_usage.as_mut())
+    {
+        *usage = u64::from(crate::exec::prompt_tokens(&prompt));
+    }
     let mut work = text.work(prompt, chat_body);
     name_prompt_blocks(ctx, &mut work);
     let requests = (0..text.n)
@@ -642,6 +672,7 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         stream: text.stream,
         choices,
         echo: None,
+        request_id: head.request_id.as_deref().map(Arc::from),
     }))
 }
 
@@ -687,5 +718,6 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
         stream: None,
         choices: Default::default(),
         echo: None,
+        request_id: head.request_id.as_deref().map(Arc::from),
     }))
 }

@@ -60,6 +60,8 @@ where
 pub struct Choices<'j> {
     pub options: super::stream::ChoiceOptions,
     pub echo: Option<&'j [std::sync::Arc<str>]>,
+    /// The client's `X-Request-Id`: the id after the prefix instead of `id` in hex.
+    pub request_id: Option<&'j str>,
 }
 
 /// [`write_text_body`] with `n` choices per prompt (a prompt's tokens count once in
@@ -97,7 +99,13 @@ where
         return Err(wrong_output(what, "an embedding"));
     }
     out.extend_from_slice(id_open);
-    json_out::hex16(out, id);
+    match choices.request_id {
+        Some(rid) => {
+            let quoted = serde_json::to_string(rid).unwrap_or_default();
+            out.extend_from_slice(&quoted.as_bytes()[1..quoted.len().max(2) - 1]);
+        }
+        None => json_out::hex16(out, id),
+    }
     out.extend_from_slice(after_id);
     json_out::uint(out, created);
     out.extend_from_slice(b",\"model\":");
@@ -306,6 +314,11 @@ pub fn write_job(
         if let Some((router, d)) = route {
             write_route_header(out, router, d);
         }
+        if let Some(rid) = &job.request_id {
+            out.extend_from_slice(b"X-Request-Id: ");
+            out.extend_from_slice(rid.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
     };
     let failed = outcomes.iter().find_map(|o| match o {
         Some(Err(e)) => Some(e),
@@ -340,6 +353,7 @@ pub fn write_job(
                         Choices {
                             options: job.choices,
                             echo: job.echo.as_deref(),
+                            request_id: job.request_id.as_deref(),
                         },
                     ),
                     JobKind::Chat => write_choices(
@@ -352,6 +366,7 @@ pub fn write_job(
                         Choices {
                             options: job.choices,
                             echo: None,
+                            request_id: job.request_id.as_deref(),
                         },
                     ),
                     JobKind::Embedding { base64 } => {
@@ -373,6 +388,9 @@ pub fn write_job(
     }
     if keep_alive_header {
         fallback.headers.push("Connection: keep-alive".into());
+    }
+    if let Some(rid) = &job.request_id {
+        fallback.headers.push(format!("X-Request-Id: {rid}"));
     }
     fallback.write_to(out, close, head_only);
     fallback.status.code()

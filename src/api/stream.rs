@@ -21,6 +21,9 @@ pub struct StreamOptions {
     pub choices: ChoiceOptions,
     /// An injected mid-stream failure ([`super::faults`]), drawn when the request arrived.
     pub fault: Option<StreamFault>,
+    /// vLLM's `stream_options.continuous_usage_stats`: every chunk carries `usage` so far;
+    /// the job's prompt tokens (counted when the request arrived).
+    pub continuous_usage: Option<u64>,
 }
 
 /// How a text job's choices are laid out and annotated (both endpoints, whole answers and
@@ -118,6 +121,10 @@ pub struct StreamWriter {
     started: bool,
     /// Where an injected fault ([`StreamOptions::fault`]) stands; idle without one.
     fault: FaultState,
+    /// Token pieces streamed so far, all choices (continuous usage's completion tokens).
+    pieces: u64,
+    /// The client's `X-Request-Id`, echoed in the head.
+    request_id: Option<std::sync::Arc<str>>,
 }
 
 /// An injected stream fault in progress. Events pass until `after_chunks` went out; then
@@ -190,6 +197,48 @@ impl StreamWriter {
             echo: None,
             started: false,
             fault: FaultState::default(),
+            pieces: 0,
+            request_id: None,
+        }
+    }
+
+    /// The client's `X-Request-Id` as the stream's id (`cmpl-<id>`, as vLLM), echoed in the
+    /// head; the number given to [`StreamWriter::new`] without one.
+    pub fn with_request_id(mut self, request_id: Option<std::sync::Arc<str>>) -> StreamWriter {
+        if let Some(rid) = request_id.as_deref() {
+            const ID_AT: &[u8] = b",\"id\":\"";
+            let at = self
+                .after_choices
+                .windows(ID_AT.len())
+                .position(|w| w == ID_AT)
+                .map(|i| i + ID_AT.len());
+            let prefix = match self.kind {
+                StreamKind::Completion => "cmpl-".len(),
+                StreamKind::Chat => "chatcmpl-".len(),
+            };
+            if let Some(at) = at {
+                let hex = at + prefix..at + prefix + 16;
+                let quoted = serde_json::to_string(rid).unwrap_or_default();
+                let inner = quoted.as_bytes()[1..quoted.len() - 1].to_vec();
+                self.after_choices.splice(hex, inner);
+            }
+        }
+        self.request_id = request_id;
+        self
+    }
+
+    /// The extra head lines of this stream: `X-Request-Id` echoed, `x-abe-fault` when a
+    /// fault was injected (each line ending in CRLF).
+    pub fn write_headers(&self, out: &mut Vec<u8>) {
+        if let Some(rid) = &self.request_id {
+            out.extend_from_slice(b"X-Request-Id: ");
+            out.extend_from_slice(rid.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if let Some(kind) = self.fault_name() {
+            out.extend_from_slice(b"x-abe-fault: ");
+            out.extend_from_slice(kind.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
     }
 
@@ -299,12 +348,24 @@ impl StreamWriter {
         self.started
     }
 
-    /// One chunk event whose `choices` array holds what `choice` writes.
+    /// One chunk event whose `choices` array holds what `choice` writes (and, with
+    /// continuous usage stats, `usage` so far).
     fn chunk_event(&self, out: &mut Vec<u8>, choice: impl FnOnce(&mut Vec<u8>)) {
         event(out, |o| {
             o.extend_from_slice(b"{\"choices\":[");
             choice(o);
             o.extend_from_slice(&self.after_choices);
+            if let Some(prompt) = self.opts.continuous_usage {
+                // Keys stay sorted: "usage" follows "object".
+                let completion = self.pieces.max(self.completion_tokens);
+                o.extend_from_slice(b",\"usage\":{\"completion_tokens\":");
+                json_out::uint(o, completion);
+                o.extend_from_slice(b",\"prompt_tokens\":");
+                json_out::uint(o, prompt);
+                o.extend_from_slice(b",\"total_tokens\":");
+                json_out::uint(o, prompt + completion);
+                o.push(b'}');
+            }
             o.push(b'}');
         });
     }
@@ -312,6 +373,7 @@ impl StreamWriter {
     fn piece(&mut self, part: usize, piece: &str, out: &mut Vec<u8>) {
         self.echo_part(part, out);
         self.started = true;
+        self.pieces += u64::from(!piece.is_empty());
         let offset = self.parts[part].sent_bytes;
         let echo_len = self.parts[part].echo_len;
         let logprobs = self.opts.choices.logprobs.filter(|_| !piece.is_empty());

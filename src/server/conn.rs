@@ -247,16 +247,12 @@ impl Conn {
                 if !st.head_written && (st.done || !st.pending.is_empty()) {
                     st.head_written = true;
                     let route = front.route;
-                    let fault = st.writer.fault_name();
+                    let writer = &st.writer;
                     crate::api::stream::write_head(&mut self.write_buf, front.close, |out| {
                         if let Some(d) = &route {
                             crate::api::render::write_route_header(out, router, d);
                         }
-                        if let Some(kind) = fault {
-                            out.extend_from_slice(b"x-abe-fault: ");
-                            out.extend_from_slice(kind.as_bytes());
-                            out.extend_from_slice(b"\r\n");
-                        }
+                        writer.write_headers(out);
                     });
                 }
                 if st.head_written && !st.pending.is_empty() {

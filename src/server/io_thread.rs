@@ -559,7 +559,8 @@ impl IoThread {
                     self.next_response_id,
                     parts,
                 )
-                .with_echo(echo),
+                .with_echo(echo)
+                .with_request_id(job.request_id.clone()),
                 pending: Vec::new(),
                 head_written: false,
                 done: false,
