@@ -2,7 +2,9 @@
 """What a gateway's tests see through the official OpenAI Python SDK when abe stands in for
 vLLM (issue 26): failures by kind injected with POST /admin/faults (each raises the SDK's
 exception for its status; a cut stream ends without [DONE]; a reset stream raises), and the
-vLLM compatibilities (X-Request-Id, integer priority, /version, continuous usage stats).
+vLLM compatibilities (X-Request-Id, integer priority, /version, continuous usage stats), and
+tools and structured output (tool_calls[0].function.arguments valid for the function's
+parameters, whole and streamed; response_format json_schema; a clear 400).
 
 Usage: [ABE_BATCHING_MODE=continuous] tools/openai_sdk_gateway_check.py http://127.0.0.1:PORT
 (tools/with_server.sh starts abe with admin enabled and no token, as the default config
@@ -100,11 +102,56 @@ def check_vllm_extras(base, client):
         check("version" in json.load(r), "GET /version")
 
 
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
+                                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+
+
+def valid_weather(args):
+    return (set(args) == {"city", "days"} and isinstance(args["city"], str)
+            and isinstance(args["days"], int) and 1 <= args["days"] <= 7)
+
+
+def check_tools_and_structured(client):
+    msgs = [{"role": "user", "content": "weather in Lyon?"}]
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = client.chat.completions.create(model="abe-sim", messages=msgs, tools=TOOLS,
+                                           tool_choice=choice)
+        call = r.choices[0].message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        check(call.function.name == "get_weather" and valid_weather(args)
+              and r.choices[0].finish_reason == "tool_calls",
+              f"tool_choice {choice}: the SDK parses tool_calls[0].function.arguments ({args})")
+    calls = {}
+    for chunk in client.chat.completions.create(model="abe-sim", messages=msgs, tools=TOOLS,
+                                                stream=True):
+        for d in chunk.choices[0].delta.tool_calls or []:
+            c = calls.setdefault(d.index, {"name": "", "arguments": ""})
+            c["name"] += d.function.name or ""
+            c["arguments"] += d.function.arguments or ""
+    check(calls and valid_weather(json.loads(calls[0]["arguments"])),
+          f"streamed tool-call deltas add up to valid arguments ({calls})")
+    r = client.chat.completions.create(
+        model="abe-sim", messages=msgs,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}})
+    check(valid_weather(json.loads(r.choices[0].message.content)),
+          "response_format json_schema: the content is valid JSON for the schema")
+    try:
+        client.chat.completions.create(model="abe-sim", messages=msgs, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "string", "pattern": "^[0-9]+$"}}})
+        check(False, "an unsatisfiable schema is refused")
+    except openai.BadRequestError as err:
+        check("pattern" in str(err), "an unsatisfiable schema is a 400 saying why")
+
+
 def main():
     base = sys.argv[1].rstrip("/")
     client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
     check_failures_by_kind(base, client)
     check_vllm_extras(base, client)
+    check_tools_and_structured(client)
     print("openai sdk gateway check: all passed")
 
 

@@ -20,7 +20,9 @@ pub mod json_out;
 pub mod logprobs;
 pub mod payload;
 pub mod render;
+pub mod schema_gen;
 pub mod stream;
+pub mod structured;
 pub mod tokenize;
 pub mod wire;
 
@@ -181,6 +183,8 @@ pub struct Job {
     pub echo: Option<Vec<Arc<str>>>,
     /// The client's `X-Request-Id`: echoed, and the response's id (`cmpl-<id>`, as vLLM).
     pub request_id: Option<Arc<str>>,
+    /// Tools and structured output: each part's shape, written in place of its words.
+    pub structured: Option<Arc<[structured::Shape]>>,
 }
 
 /// Seconds since the Unix epoch.
@@ -460,6 +464,16 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
     let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
     let session = session_of(head, b.user.as_deref());
     let generation = b.generation();
+    let explicit_max = generation.max_tokens.is_some();
+    let plan = structured::plan(&structured::Asks {
+        response_format: b.response_format.as_ref(),
+        guided_json: b.guided_json.as_ref(),
+        guided_choice: b.guided_choice.as_deref(),
+        guided_regex: b.guided_regex.is_some(),
+        structured_outputs: b.structured_outputs.as_ref(),
+        ..Default::default()
+    })
+    .map_err(bad)?;
     let source = text_source(ctx, head, "max_tokens", b.priority.as_deref());
     let mut text = payload::text(source, generation).map_err(bad)?;
     let logprobs = match b.logprobs {
@@ -529,6 +543,7 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         }
     }
     let model = model.to_string();
+    let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
     Ok(Routed::Submit(Job {
         kind: JobKind::Completion,
         model,
@@ -538,6 +553,7 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         choices,
         echo: echo.then_some(echoed),
         request_id: head.request_id.as_deref().map(Arc::from),
+        structured,
     }))
 }
 
@@ -599,6 +615,18 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     let mut b: ChatBody = wire::parse_body(body).map_err(bad)?;
     let session = session_of(head, b.user.as_deref());
     let mut generation = b.generation();
+    let explicit_max = generation.max_tokens.is_some() || b.max_completion_tokens.is_some();
+    let plan = structured::plan(&structured::Asks {
+        tools: b.tools.as_deref(),
+        tool_choice: b.tool_choice.as_ref(),
+        parallel_tool_calls: b.parallel_tool_calls,
+        response_format: b.response_format.as_ref(),
+        guided_json: b.guided_json.as_ref(),
+        guided_choice: b.guided_choice.as_deref(),
+        guided_regex: b.guided_regex.is_some(),
+        structured_outputs: b.structured_outputs.as_ref(),
+    })
+    .map_err(bad)?;
     let field = match b.max_completion_tokens {
         Some(n) => {
             generation.max_tokens = Some(n);
@@ -657,13 +685,14 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     }
     let mut work = text.work(prompt, chat_body);
     name_prompt_blocks(ctx, &mut work);
-    let requests = (0..text.n)
+    let mut requests: Vec<Request> = (0..text.n)
         .map(|j| Request {
             priority: text.priority,
             route: Some(route),
             work: payload::Text::choice(&work, j),
         })
         .collect();
+    let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
     Ok(Routed::Submit(Job {
         kind: JobKind::Chat,
         model,
@@ -673,7 +702,40 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         choices,
         echo: None,
         request_id: head.request_id.as_deref().map(Arc::from),
+        structured,
     }))
+}
+
+/// Tools and structured output ([`structured`]): each part's shape, drawn from its seed and
+/// prompt, and its output tokens set to what the shape needs (at most an explicit
+/// `max_tokens`; run to the end, so the engine's count is the shape's). Nothing when the
+/// request asks for plain text, or when some backend is `upstream` (it answers tools
+/// itself, from the forwarded body).
+fn shape_parts(
+    ctx: &Decoder<'_>,
+    plan: Option<&structured::Plan>,
+    requests: &mut [Request],
+    explicit_max: bool,
+) -> Result<Option<Arc<[structured::Shape]>>, Routed> {
+    let Some(plan) = plan.filter(|_| !ctx.has_upstream) else {
+        return Ok(None);
+    };
+    let limit = ctx.config.server.max_tokens_limit;
+    let mut shapes = Vec::with_capacity(requests.len());
+    for (i, r) in requests.iter_mut().enumerate() {
+        let seed = structured::seed_of(r.work.sampling.seed, &r.work.prompt, i as u32);
+        let shape = structured::shape(plan, seed).map_err(bad)?;
+        let needed = shape.tokens().min(limit);
+        r.work.max_tokens = if explicit_max {
+            r.work.max_tokens.min(needed)
+        } else {
+            needed
+        };
+        r.work.sampling.ignore_eos = true;
+        r.work.sampling.min_tokens = 0;
+        shapes.push(shape);
+    }
+    Ok(Some(shapes.into()))
 }
 
 fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
@@ -719,5 +781,6 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
         choices: Default::default(),
         echo: None,
         request_id: head.request_id.as_deref().map(Arc::from),
+        structured: None,
     }))
 }

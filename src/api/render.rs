@@ -336,42 +336,23 @@ pub fn write_job(
                 outcomes.len(),
                 "all parts answered"
             );
+            // Tools and structured output: each part's shape in place of its words.
+            let shaped: Option<Vec<Output>> = job.structured.as_ref().map(|shapes| {
+                outputs
+                    .clone()
+                    .zip(shapes.iter())
+                    .map(|(o, shape)| shape.output(o))
+                    .collect()
+            });
             let written = response::write_json_ok(
                 out,
                 close,
                 keep_alive_header,
                 head_only,
                 route_header,
-                |body| match job.kind {
-                    JobKind::Completion => write_choices(
-                        body,
-                        TextShape::Completion,
-                        &job.model,
-                        job.created_unix,
-                        id,
-                        outputs,
-                        Choices {
-                            options: job.choices,
-                            echo: job.echo.as_deref(),
-                            request_id: job.request_id.as_deref(),
-                        },
-                    ),
-                    JobKind::Chat => write_choices(
-                        body,
-                        TextShape::Chat,
-                        &job.model,
-                        job.created_unix,
-                        id,
-                        outputs,
-                        Choices {
-                            options: job.choices,
-                            echo: None,
-                            request_id: job.request_id.as_deref(),
-                        },
-                    ),
-                    JobKind::Embedding { base64 } => {
-                        write_embedding_body(body, &job.model, base64, outputs)
-                    }
+                |body| match &shaped {
+                    Some(shaped) => job_body(job, id, shaped.iter(), body),
+                    None => job_body(job, id, outputs, body),
                 },
             );
             match written {
@@ -394,6 +375,42 @@ pub fn write_job(
     }
     fallback.write_to(out, close, head_only);
     fallback.status.code()
+}
+
+/// The body of a finished text or embedding job, from its outputs in part order.
+fn job_body<'a, I>(job: &Job, id: u64, outputs: I, body: &mut Vec<u8>) -> Result<(), Response>
+where
+    I: Iterator<Item = &'a Output> + Clone,
+{
+    match job.kind {
+        JobKind::Completion => write_choices(
+            body,
+            TextShape::Completion,
+            &job.model,
+            job.created_unix,
+            id,
+            outputs,
+            Choices {
+                options: job.choices,
+                echo: job.echo.as_deref(),
+                request_id: job.request_id.as_deref(),
+            },
+        ),
+        JobKind::Chat => write_choices(
+            body,
+            TextShape::Chat,
+            &job.model,
+            job.created_unix,
+            id,
+            outputs,
+            Choices {
+                options: job.choices,
+                echo: None,
+                request_id: job.request_id.as_deref(),
+            },
+        ),
+        JobKind::Embedding { base64 } => write_embedding_body(body, &job.model, base64, outputs),
+    }
 }
 
 /// Appends the `x-abe-route` header line (with its CRLF) saying where the engine routed a

@@ -9,6 +9,7 @@
 
 use super::faults::{StreamFault, StreamFaultKind};
 use super::json_out;
+use super::structured::{self, Shape};
 use crate::exec::synth::token_pieces;
 use crate::exec::Output;
 
@@ -98,6 +99,8 @@ struct PartState {
     /// Bytes of the echoed prompt before this choice's text (log-probability offsets count
     /// them, as in a whole answer).
     echo_len: usize,
+    /// Tools and structured output: tokens of this choice's shape written so far.
+    shaped_tokens: u32,
 }
 
 /// Writes one stream's events, token by token or all at the end, as HTTP/1.1 chunks.
@@ -125,6 +128,9 @@ pub struct StreamWriter {
     pieces: u64,
     /// The client's `X-Request-Id`, echoed in the head.
     request_id: Option<std::sync::Arc<str>>,
+    /// Tools and structured output: each choice's shape, streamed a token per token event
+    /// in place of the engine's words ([`super::structured`]).
+    structured: Option<std::sync::Arc<[Shape]>>,
 }
 
 /// An injected stream fault in progress. Events pass until `after_chunks` went out; then
@@ -199,6 +205,137 @@ impl StreamWriter {
             fault: FaultState::default(),
             pieces: 0,
             request_id: None,
+            structured: None,
+        }
+    }
+
+    /// Streams these shapes (one per choice) in place of the engine's words.
+    pub fn with_structured(mut self, shapes: Option<std::sync::Arc<[Shape]>>) -> StreamWriter {
+        self.structured = shapes;
+        self
+    }
+
+    /// The shape of choice `part`, if it has one.
+    fn shape_of(&self, part: usize) -> Option<std::sync::Arc<[Shape]>> {
+        self.structured.clone().filter(|s| part < s.len())
+    }
+
+    /// Writes the next token of choice `part`'s shape: a piece of its text, or of a tool
+    /// call's arguments (a call's first piece comes with its id and name, as OpenAI
+    /// streams them). Nothing once the shape is all out.
+    fn shaped_token(&mut self, part: usize, shapes: &[Shape], out: &mut Vec<u8>) {
+        let t = self.parts[part].shaped_tokens;
+        match &shapes[part] {
+            Shape::Text(s) => match structured::pieces(s).nth(t as usize) {
+                Some(p) => self.piece(part, p, out),
+                None => return,
+            },
+            Shape::Calls(calls) => {
+                let mut left = t as usize;
+                let found = calls.iter().enumerate().find_map(|(k, c)| {
+                    let n = structured::pieces(&c.arguments).count();
+                    if left < n {
+                        Some((k, c, left))
+                    } else {
+                        left -= n;
+                        None
+                    }
+                });
+                let Some((k, call, i)) = found else {
+                    return;
+                };
+                let piece = structured::pieces(&call.arguments).nth(i).unwrap_or("");
+                self.call_delta(part, k, call, i == 0, piece, out);
+            }
+        }
+        self.parts[part].shaped_tokens += 1;
+    }
+
+    /// One `tool_calls` delta of choice `part`: call `k`'s id, type and name with its first
+    /// argument piece (`first`), or just the next piece.
+    fn call_delta(
+        &mut self,
+        part: usize,
+        k: usize,
+        call: &structured::Call,
+        first: bool,
+        piece: &str,
+        out: &mut Vec<u8>,
+    ) {
+        self.started = true;
+        self.pieces += 1;
+        if !self.parts[part].role_sent {
+            self.parts[part].role_sent = true;
+            self.chunk_event(out, |o| {
+                o.extend_from_slice(b"{\"delta\":{\"content\":null,\"role\":\"assistant\"},\"finish_reason\":null,\"index\":");
+                json_out::uint(o, part as u64);
+                o.extend_from_slice(b",\"logprobs\":null}");
+            });
+        }
+        self.chunk_event(out, |o| {
+            o.extend_from_slice(b"{\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":");
+            json_out::string(o, piece);
+            if first {
+                o.extend_from_slice(b",\"name\":");
+                json_out::string(o, &call.name);
+                o.extend_from_slice(b"},\"id\":");
+                json_out::string(o, &call.id);
+                o.extend_from_slice(b",\"index\":");
+                json_out::uint(o, k as u64);
+                o.extend_from_slice(b",\"type\":\"function\"}");
+            } else {
+                o.extend_from_slice(b"},\"index\":");
+                json_out::uint(o, k as u64);
+                o.push(b'}');
+            }
+            o.extend_from_slice(b"]},\"finish_reason\":null,\"index\":");
+            json_out::uint(o, part as u64);
+            o.extend_from_slice(b",\"logprobs\":null}");
+        });
+    }
+
+    /// Choice `part` is done with this shape: the rest of what its tokens cover is written;
+    /// returns the output the usual finish writes (nothing left to stream, the shape's
+    /// finish reason, no tool calls to repeat).
+    fn finish_shape(
+        &mut self,
+        part: usize,
+        shapes: &[Shape],
+        output: &Output,
+        out: &mut Vec<u8>,
+    ) -> Output {
+        let shaped = shapes[part].output(output);
+        let Output::Text {
+            completion_tokens, ..
+        } = output
+        else {
+            return shaped;
+        };
+        let upto = (*completion_tokens).min(shapes[part].tokens());
+        while self.parts[part].shaped_tokens < upto {
+            self.shaped_token(part, shapes, out);
+        }
+        match shaped {
+            Output::Text {
+                text,
+                prompt_tokens,
+                completion_tokens,
+                finish_reason,
+                cached_tokens,
+                ..
+            } => Output::Text {
+                text: if matches!(shapes[part], Shape::Calls(_)) {
+                    String::new()
+                } else {
+                    text
+                },
+                prompt_tokens,
+                completion_tokens,
+                finish_reason,
+                tool_calls: None,
+                cached_tokens,
+            },
+            other => other,
         }
     }
 
@@ -429,7 +566,12 @@ impl StreamWriter {
 
     /// Text of choice `part` starting at byte `offset` of its output; kept only if it
     /// continues exactly where the stream stands (a repeat or a gap waits for the finish).
+    /// With a shape (tools, structured output), each token event writes the shape's next
+    /// token instead, whatever its text.
     pub fn token(&mut self, part: usize, offset: u32, text: &str, out: &mut Vec<u8>) {
+        if let Some(shapes) = self.shape_of(part).filter(|_| !text.is_empty()) {
+            return self.faulted(out, |w, o| w.shaped_token(part, &shapes, o));
+        }
         if self
             .parts
             .get(part)
@@ -448,6 +590,14 @@ impl StreamWriter {
     }
 
     fn finish_part_unfiltered(&mut self, part: usize, output: &Output, out: &mut Vec<u8>) {
+        let shaped;
+        let output = match self.shape_of(part) {
+            Some(shapes) => {
+                shaped = self.finish_shape(part, &shapes, output, out);
+                &shaped
+            }
+            None => output,
+        };
         let Output::Text {
             text,
             prompt_tokens,

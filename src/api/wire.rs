@@ -206,6 +206,12 @@ text_bodies! {
         /// `X-Session-Id` header is given.
         #[serde(borrow)]
         pub user: Option<Str<'a>>,
+        /// Structured output (`api::structured`): vLLM accepts these on completions too.
+        pub response_format: Option<ResponseFormat>,
+        pub guided_json: Option<serde_json::Value>,
+        pub guided_choice: Option<Vec<String>>,
+        pub guided_regex: Option<serde::de::IgnoredAny>,
+        pub structured_outputs: Option<serde_json::Value>,
     }
 
     /// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
@@ -217,10 +223,16 @@ text_bodies! {
         pub max_completion_tokens: Option<i64>,
         #[serde(borrow)]
         pub priority: Option<PriorityField<'a>>,
-        /// Function-calling tools (only their count matters to abe: routing needs a backend
-        /// with the `tools` capability when there are any).
-        pub tools: Option<Vec<serde::de::IgnoredAny>>,
+        /// Function-calling tools: routing needs a backend with the `tools` capability
+        /// when there are any; a `sim` answer calls them (`api::structured`).
+        pub tools: Option<Vec<serde_json::Value>>,
+        pub tool_choice: Option<serde_json::Value>,
+        pub parallel_tool_calls: Option<bool>,
         pub response_format: Option<ResponseFormat>,
+        pub guided_json: Option<serde_json::Value>,
+        pub guided_choice: Option<Vec<String>>,
+        pub guided_regex: Option<serde::de::IgnoredAny>,
+        pub structured_outputs: Option<serde_json::Value>,
         /// Synthetic log-probabilities of the output tokens...
         pub logprobs: Option<bool>,
         /// ...with this many alternatives each (0..=20; needs `logprobs: true`).
@@ -257,11 +269,14 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
-/// `response_format`: only its type matters to abe (`json_object` needs JSON mode).
+/// `response_format`: its type (`json_object` needs JSON mode when routing) and, for
+/// `json_schema`, the schema (`{"name": .., "schema": {..}}`).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct ResponseFormat {
     #[serde(rename = "type", default)]
     pub kind: Option<String>,
+    #[serde(default)]
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// Body of `POST /v1/embeddings`.

@@ -560,7 +560,8 @@ impl IoThread {
                     parts,
                 )
                 .with_echo(echo)
-                .with_request_id(job.request_id.clone()),
+                .with_request_id(job.request_id.clone())
+                .with_structured(job.structured.clone()),
                 pending: Vec::new(),
                 head_written: false,
                 done: false,
