@@ -4,7 +4,8 @@ vLLM (issue 26): failures by kind injected with POST /admin/faults (each raises 
 exception for its status; a cut stream ends without [DONE]; a reset stream raises), and the
 vLLM compatibilities (X-Request-Id, integer priority, /version, continuous usage stats), and
 tools and structured output (tool_calls[0].function.arguments valid for the function's
-parameters, whole and streamed; response_format json_schema; a clear 400).
+parameters, whole and streamed; response_format json_schema; a clear 400), and the
+Responses API (create, retrieve, stream).
 
 Usage: [ABE_BATCHING_MODE=continuous] tools/openai_sdk_gateway_check.py http://127.0.0.1:PORT
 (tools/with_server.sh starts abe with admin enabled and no token, as the default config
@@ -146,12 +147,32 @@ def check_tools_and_structured(client):
         check("pattern" in str(err), "an unsatisfiable schema is a 400 saying why")
 
 
+def check_responses(client):
+    r = client.responses.create(model="abe-sim", input="tell me a story", max_output_tokens=6)
+    check(len(r.output_text.split()) == 6 and r.usage.output_tokens == 6,
+          f"responses.create: output_text and usage parse ({r.output_text!r})")
+    again = client.responses.retrieve(r.id)
+    check(again.id == r.id and again.output_text == r.output_text,
+          "responses.retrieve: the stored response comes back")
+    types, deltas, final = [], "", None
+    for ev in client.responses.create(model="abe-sim", input=[{"role": "user", "content": "hi"}],
+                                      instructions="Be brief.", max_output_tokens=4, stream=True):
+        types.append(ev.type)
+        if ev.type == "response.output_text.delta":
+            deltas += ev.delta
+        if ev.type in ("response.completed", "response.incomplete"):
+            final = ev.response
+    check(types[0] == "response.created" and final is not None and final.output_text == deltas,
+          f"responses stream: the SDK's typed events, deltas add up ({len(types)} events)")
+
+
 def main():
     base = sys.argv[1].rstrip("/")
     client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
     check_failures_by_kind(base, client)
     check_vllm_extras(base, client)
     check_tools_and_structured(client)
+    check_responses(client)
     print("openai sdk gateway check: all passed")
 
 

@@ -20,6 +20,7 @@ pub mod json_out;
 pub mod logprobs;
 pub mod payload;
 pub mod render;
+pub mod responses;
 pub mod schema_gen;
 pub mod stream;
 pub mod structured;
@@ -60,6 +61,8 @@ pub struct ApiContext {
     pub embed_stats: Vec<(Box<str>, Arc<crate::exec::embed::EmbedStats>)>,
     /// Failures by kind injected in front of the engine (`[workers] fault_*`).
     pub faults: faults::FrontFaults,
+    /// `POST /v1/responses` answers kept for `GET /v1/responses/{id}` (bounded).
+    pub responses: Arc<responses::ResponseStore>,
 }
 
 impl ApiContext {
@@ -88,6 +91,7 @@ impl ApiContext {
             events: Arc::default(),
             embed_stats: Vec::new(),
             faults,
+            responses: Arc::default(),
         }
     }
 
@@ -145,6 +149,7 @@ impl Decoder<'_> {
         let routed = match head.path.as_str() {
             "/v1/completions" => completions(self, head, body),
             "/v1/chat/completions" => chat_completions(self, head, body),
+            "/v1/responses" => responses::decode(self, head, body),
             _ => embeddings(self, head, body),
         };
         routed.unwrap_or_else(|r| r)
@@ -166,7 +171,13 @@ pub enum Routed {
 pub enum JobKind {
     Completion,
     Chat,
-    Embedding { base64: bool },
+    Embedding {
+        base64: bool,
+    },
+    /// `POST /v1/responses`; `store`: kept for `GET /v1/responses/{id}`.
+    Response {
+        store: bool,
+    },
 }
 
 /// Engine requests from one HTTP request, and how to answer once they are done.
@@ -185,6 +196,8 @@ pub struct Job {
     pub request_id: Option<Arc<str>>,
     /// Tools and structured output: each part's shape, written in place of its words.
     pub structured: Option<Arc<[structured::Shape]>>,
+    /// `POST /v1/responses`: what its JSON repeats, and its store.
+    pub response: Option<Arc<responses::ResponseMeta>>,
 }
 
 /// Seconds since the Unix epoch.
@@ -269,7 +282,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
     };
     let is_get = matches!(head.method, Method::Get | Method::Head);
     match path {
-        "/v1/completions" | "/v1/chat/completions" | "/v1/embeddings" => {
+        "/v1/completions" | "/v1/chat/completions" | "/v1/embeddings" | "/v1/responses" => {
             if head.method != Method::Post {
                 return allow("POST");
             }
@@ -281,11 +294,16 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 ));
             }
             let routed = faults::inject(&ctx.faults, ctx.decoder().decode(head, body));
+            let routed = responses::attach_store(&ctx.responses, routed);
             match (routed, head.request_id.as_deref()) {
                 (Routed::Now(r), Some(id)) => Routed::Now(r.with_header(format!("X-Request-Id: {id}"))),
                 (routed, _) => routed,
             }
         }
+        p if p.starts_with("/v1/responses/") && is_get => Routed::Now(responses::get(
+            &ctx.responses,
+            &p["/v1/responses/".len()..],
+        )),
         "/version" if is_get => Routed::Now(Response::json(
             Status::Ok,
             serde_json::to_vec(&serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
@@ -391,7 +409,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/embeddings, /v1/models, /version, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
+                 /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models, /version, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
             ),
         )),
     }
@@ -554,6 +572,7 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         echo: echo.then_some(echoed),
         request_id: head.request_id.as_deref().map(Arc::from),
         structured,
+        response: None,
     }))
 }
 
@@ -703,6 +722,7 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         echo: None,
         request_id: head.request_id.as_deref().map(Arc::from),
         structured,
+        response: None,
     }))
 }
 
@@ -782,5 +802,6 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
         echo: None,
         request_id: head.request_id.as_deref().map(Arc::from),
         structured: None,
+        response: None,
     }))
 }

@@ -410,6 +410,13 @@ where
             },
         ),
         JobKind::Embedding { base64 } => write_embedding_body(body, &job.model, base64, outputs),
+        JobKind::Response { .. } => {
+            let (Some(meta), Some(output)) = (&job.response, outputs.clone().next()) else {
+                return Err(wrong_output("response", "nothing"));
+            };
+            body.extend_from_slice(super::responses::finish(meta, output).as_bytes());
+            Ok(())
+        }
     }
 }
 

@@ -1,6 +1,9 @@
 //! Server-Sent Events for `stream: true` on completions and chat completions: OpenAI's
 //! chunk shapes (`text_completion` chunks, `chat.completion.chunk` with `delta`), an optional
-//! usage chunk (`stream_options.include_usage`), then `data: [DONE]`.
+//! usage chunk (`stream_options.include_usage`), then `data: [DONE]`; and on
+//! `/v1/responses`, the Responses API's named events. Injected stream faults
+//! ([`super::faults`]), tools and structured output ([`super::structured`]), vLLM's
+//! continuous usage stats and `X-Request-Id` ids are applied here too.
 //!
 //! In request-level batching a request's tokens all arrive when its batch completes, so the
 //! whole stream is rendered at once; each event is one chunk of the chunked response. The
@@ -50,6 +53,9 @@ impl ChoiceOptions {
 pub enum StreamKind {
     Completion,
     Chat,
+    /// `POST /v1/responses`: named events (`response.created` .. `response.completed`),
+    /// no `[DONE]`.
+    Response,
 }
 
 /// The longest chunk-size line: 16 hex digits and CRLF.
@@ -85,6 +91,19 @@ fn event(out: &mut Vec<u8>, json: impl FnOnce(&mut Vec<u8>)) {
     out.copy_within(payload_at.., start + n);
     out.truncate(start + n + len);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Appends one named SSE event (`event: <name>`, then `data: <json>`) as one chunk.
+fn named_event(out: &mut Vec<u8>, name: &str, json: &str) {
+    let mut line = [0u8; CHUNK_SIZE_MAX];
+    let len = "event: ".len() + name.len() + "\ndata: ".len() + json.len() + 2;
+    let n = chunk_size_line(&mut line, len);
+    out.extend_from_slice(&line[..n]);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(json.as_bytes());
+    out.extend_from_slice(b"\n\n\r\n");
 }
 
 /// Where one choice of a stream is.
@@ -131,6 +150,12 @@ pub struct StreamWriter {
     /// Tools and structured output: each choice's shape, streamed a token per token event
     /// in place of the engine's words ([`super::structured`]).
     structured: Option<std::sync::Arc<[Shape]>>,
+    /// `POST /v1/responses`: the response's fields, its text so far, its finished output,
+    /// and the events' sequence number.
+    response: Option<std::sync::Arc<super::responses::ResponseMeta>>,
+    response_text: String,
+    response_output: Option<Output>,
+    sequence: u64,
 }
 
 /// An injected stream fault in progress. Events pass until `after_chunks` went out; then
@@ -180,6 +205,7 @@ impl StreamWriter {
         let (id_prefix, object) = match kind {
             StreamKind::Completion => (&b"cmpl-"[..], &b"text_completion"[..]),
             StreamKind::Chat => (&b"chatcmpl-"[..], &b"chat.completion.chunk"[..]),
+            StreamKind::Response => (&b"resp_"[..], &b"response"[..]),
         };
         let mut after_choices = Vec::with_capacity(96 + model.len());
         after_choices.extend_from_slice(b"],\"created\":");
@@ -206,7 +232,123 @@ impl StreamWriter {
             pieces: 0,
             request_id: None,
             structured: None,
+            response: None,
+            response_text: String::new(),
+            response_output: None,
+            sequence: 0,
         }
+    }
+
+    /// A `POST /v1/responses` stream's fields.
+    pub fn with_response(
+        mut self,
+        meta: Option<std::sync::Arc<super::responses::ResponseMeta>>,
+    ) -> StreamWriter {
+        self.response = meta;
+        self
+    }
+
+    /// One named event of a Responses stream: `event: <type>` and its JSON, with `type`
+    /// and `sequence_number` added.
+    fn response_event(&mut self, kind: &str, mut v: serde_json::Value, out: &mut Vec<u8>) {
+        v["type"] = kind.into();
+        v["sequence_number"] = self.sequence.into();
+        self.sequence += 1;
+        named_event(out, kind, &v.to_string());
+    }
+
+    /// The opening events of a Responses stream, before its first delta (or its end).
+    fn response_open(&mut self, out: &mut Vec<u8>) {
+        let Some(meta) = self.response.clone() else {
+            return;
+        };
+        let r = super::responses::response_json(&meta, None);
+        self.response_event(
+            "response.created",
+            serde_json::json!({ "response": r }),
+            out,
+        );
+        self.response_event(
+            "response.in_progress",
+            serde_json::json!({ "response": r }),
+            out,
+        );
+        let mut item = super::responses::message_json(&meta, "", "in_progress");
+        item["content"] = serde_json::json!([]);
+        self.response_event(
+            "response.output_item.added",
+            serde_json::json!({ "output_index": 0, "item": item }),
+            out,
+        );
+        self.response_event(
+            "response.content_part.added",
+            serde_json::json!({
+                "item_id": meta.message_id, "output_index": 0, "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []},
+            }),
+            out,
+        );
+    }
+
+    /// The closing events of a Responses stream (the answer stored when asked), then the
+    /// last chunk.
+    fn response_close(&mut self, out: &mut Vec<u8>) {
+        let Some(meta) = self.response.clone() else {
+            return;
+        };
+        if !self.started {
+            self.started = true;
+            self.response_open(out);
+        }
+        let text = std::mem::take(&mut self.response_text);
+        let ids =
+            serde_json::json!({"item_id": meta.message_id, "output_index": 0, "content_index": 0});
+        let mut done = ids.clone();
+        done["text"] = text.as_str().into();
+        self.response_event("response.output_text.done", done, out);
+        let mut part = ids;
+        part["part"] = serde_json::json!({"type": "output_text", "text": text, "annotations": []});
+        self.response_event("response.content_part.done", part, out);
+        let item = super::responses::message_json(&meta, &text, "completed");
+        self.response_event(
+            "response.output_item.done",
+            serde_json::json!({ "output_index": 0, "item": item }),
+            out,
+        );
+        let output = self.response_output.take().unwrap_or(Output::Text {
+            text: String::new(),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            finish_reason: crate::exec::FinishReason::Stop,
+            tool_calls: None,
+            cached_tokens: None,
+        });
+        let output = match output {
+            Output::Text {
+                prompt_tokens,
+                completion_tokens,
+                finish_reason,
+                cached_tokens,
+                ..
+            } => Output::Text {
+                text,
+                prompt_tokens,
+                completion_tokens,
+                finish_reason,
+                tool_calls: None,
+                cached_tokens,
+            },
+            other => other,
+        };
+        let body = super::responses::finish(&meta, &output);
+        let response: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let kind = if response["status"] == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        self.response_event(kind, serde_json::json!({ "response": response }), out);
+        out.extend_from_slice(b"0\r\n\r\n");
     }
 
     /// Streams these shapes (one per choice) in place of the engine's words.
@@ -352,6 +494,7 @@ impl StreamWriter {
             let prefix = match self.kind {
                 StreamKind::Completion => "cmpl-".len(),
                 StreamKind::Chat => "chatcmpl-".len(),
+                StreamKind::Response => "resp_".len(),
             };
             if let Some(at) = at {
                 let hex = at + prefix..at + prefix + 16;
@@ -508,6 +651,26 @@ impl StreamWriter {
     }
 
     fn piece(&mut self, part: usize, piece: &str, out: &mut Vec<u8>) {
+        if self.kind == StreamKind::Response {
+            if !self.started {
+                self.started = true;
+                self.response_open(out);
+            }
+            if !piece.is_empty() {
+                self.pieces += 1;
+                self.response_text.push_str(piece);
+                self.parts[part].sent_bytes += piece.len();
+                let item_id = self.response.as_ref().map(|m| m.message_id.clone());
+                self.response_event(
+                    "response.output_text.delta",
+                    serde_json::json!({
+                        "item_id": item_id, "output_index": 0, "content_index": 0, "delta": piece,
+                    }),
+                    out,
+                );
+            }
+            return;
+        }
         self.echo_part(part, out);
         self.started = true;
         self.pieces += u64::from(!piece.is_empty());
@@ -560,6 +723,7 @@ impl StreamWriter {
                     }
                 });
             }
+            StreamKind::Response => {} // written above
         }
         self.parts[part].sent_bytes += piece.len();
     }
@@ -623,6 +787,10 @@ impl StreamWriter {
         for piece in token_pieces(rest) {
             self.piece(part, piece, out);
         }
+        if self.kind == StreamKind::Response {
+            self.response_output = Some(output.clone());
+            return;
+        }
         if self.kind == StreamKind::Chat && !self.parts[part].role_sent {
             self.piece(part, "", out);
         }
@@ -653,12 +821,20 @@ impl StreamWriter {
                 json_out::uint(o, part as u64);
                 o.extend_from_slice(b",\"logprobs\":null}");
             }),
+            StreamKind::Response => {} // returned above: the close writes its end
         }
         self.started = true;
     }
 
     /// An error after the stream started: an OpenAI-shaped error event.
     pub fn error(&mut self, message: &str, out: &mut Vec<u8>) {
+        if self.kind == StreamKind::Response {
+            let v = serde_json::json!({"code": "stream_failed", "message": message});
+            return self.faulted(out, |w, o| {
+                w.response_event("error", v, o);
+                o.extend_from_slice(b"0\r\n\r\n");
+            });
+        }
         self.faulted(out, |_, out| {
             event(out, |o| {
                 o.extend_from_slice(b"{\"error\":{\"code\":\"stream_failed\",\"message\":");
@@ -674,6 +850,12 @@ impl StreamWriter {
     }
 
     fn end_unfiltered(&mut self, out: &mut Vec<u8>) {
+        if self.kind == StreamKind::Response {
+            if self.response_output.is_some() || !self.started {
+                self.response_close(out);
+            }
+            return;
+        }
         if self.opts.include_usage {
             let (prompt, completion) = (self.prompt_tokens, self.completion_tokens);
             event(out, |o| {

@@ -548,6 +548,7 @@ impl IoThread {
             self.next_response_id += 1;
             let kind = match job.kind {
                 api::JobKind::Chat => api::stream::StreamKind::Chat,
+                api::JobKind::Response { .. } => api::stream::StreamKind::Response,
                 _ => api::stream::StreamKind::Completion,
             };
             StreamSlot {
@@ -561,7 +562,8 @@ impl IoThread {
                 )
                 .with_echo(echo)
                 .with_request_id(job.request_id.clone())
-                .with_structured(job.structured.clone()),
+                .with_structured(job.structured.clone())
+                .with_response(job.response.clone()),
                 pending: Vec::new(),
                 head_written: false,
                 done: false,
