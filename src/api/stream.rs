@@ -1005,6 +1005,7 @@ mod tests {
                         assert_eq!(v["id"], "chatcmpl-0000000000000abc");
                         assert_eq!(v["object"], "chat.completion.chunk");
                     }
+                    StreamKind::Response => unreachable!("not among the kinds tested here"),
                 }
                 if let Some(usage) = v.get("usage") {
                     assert_eq!(v["choices"], serde_json::json!([]));
@@ -1020,6 +1021,7 @@ mod tests {
                 let piece = match kind {
                     StreamKind::Completion => c["text"].as_str().unwrap(),
                     StreamKind::Chat => c["delta"]["content"].as_str().unwrap_or(""),
+                    StreamKind::Response => unreachable!("not among the kinds tested here"),
                 };
                 streamed.push_str(piece);
             }
