@@ -262,7 +262,6 @@ fn a_stalled_stream_pauses_after_n_events_then_completes() {
             events += usize::from(line.starts_with("data: "));
         }
         let paused_at = Instant::now();
-        let sent_at = sent_at;
         let mut rest = String::new();
         loop {
             line.clear();

@@ -160,8 +160,9 @@ impl Decoder<'_> {
 pub enum Routed {
     /// Answer now.
     Now(Response),
-    /// Submit these engine requests; render the answer when all are back.
-    Submit(Job),
+    /// Submit these engine requests; render the answer when all are back (boxed: a job is
+    /// large, and most answers are `Now`).
+    Submit(Box<Job>),
     /// `GET /events`: stream this subscriber's telemetry until the connection closes.
     Subscribe(Arc<crate::metrics::events::Subscriber>),
 }
@@ -562,7 +563,7 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
     }
     let model = model.to_string();
     let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
-    Ok(Routed::Submit(Job {
+    Ok(Routed::Submit(Box::new(Job {
         kind: JobKind::Completion,
         model,
         requests,
@@ -573,7 +574,7 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         request_id: head.request_id.as_deref().map(Arc::from),
         structured,
         response: None,
-    }))
+    })))
 }
 
 /// vLLM's 400 when prompt + max_tokens exceed `server.max_model_len` (0: no limit).
@@ -712,7 +713,7 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         })
         .collect();
     let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
-    Ok(Routed::Submit(Job {
+    Ok(Routed::Submit(Box::new(Job {
         kind: JobKind::Chat,
         model,
         requests,
@@ -723,7 +724,7 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         request_id: head.request_id.as_deref().map(Arc::from),
         structured,
         response: None,
-    }))
+    })))
 }
 
 /// Tools and structured output ([`structured`]): each part's shape, drawn from its seed and
@@ -792,7 +793,7 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
             work: payload::embedding(input, dimensions),
         })
         .collect();
-    Ok(Routed::Submit(Job {
+    Ok(Routed::Submit(Box::new(Job {
         kind: JobKind::Embedding { base64 },
         model,
         requests,
@@ -803,5 +804,5 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
         request_id: head.request_id.as_deref().map(Arc::from),
         structured: None,
         response: None,
-    }))
+    })))
 }

@@ -22,10 +22,13 @@ use std::sync::{Arc, Mutex};
 /// `server.max_tokens_limit` tokens each (a few MiB on defaults).
 pub const STORE_MAX: usize = 1024;
 
+/// The kept responses by id, and their ids oldest first.
+type Kept = (HashMap<Arc<str>, Arc<str>>, VecDeque<Arc<str>>);
+
 /// The stored responses, oldest first out.
 #[derive(Debug, Default)]
 pub struct ResponseStore {
-    inner: Mutex<(HashMap<Arc<str>, Arc<str>>, VecDeque<Arc<str>>)>,
+    inner: Mutex<Kept>,
 }
 
 impl ResponseStore {
@@ -233,7 +236,7 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
         store: None,
     };
     let store = b.store != Some(false);
-    Ok(Routed::Submit(Job {
+    Ok(Routed::Submit(Box::new(Job {
         kind: JobKind::Response { store },
         model,
         requests: vec![Request {
@@ -248,7 +251,7 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
         request_id: head.request_id.as_deref().map(Arc::from),
         structured: None,
         response: Some(Arc::new(meta)),
-    }))
+    })))
 }
 
 /// Gives a response job that asked for `store` the server's store.

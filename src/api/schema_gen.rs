@@ -55,7 +55,7 @@ impl Draw {
         Draw(seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -67,11 +67,11 @@ impl Draw {
     pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
         debug_assert!(lo <= hi);
         let span = (hi as i128 - lo as i128 + 1) as u128;
-        (lo as i128 + (u128::from(self.next()) % span) as i128) as i64
+        (lo as i128 + (u128::from(self.next_u64()) % span) as i128) as i64
     }
 
     pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[(self.next() % xs.len() as u64) as usize]
+        &xs[(self.next_u64() % xs.len() as u64) as usize]
     }
 }
 
@@ -166,7 +166,7 @@ impl<'a> Gen<'a, '_> {
             "string" => self.string(obj, at),
             "integer" => self.integer(obj, at).map(Value::from),
             "number" => self.number(obj, at),
-            "boolean" => Ok(Value::Bool(self.draw.next() & 1 == 1)),
+            "boolean" => Ok(Value::Bool(self.draw.next_u64() & 1 == 1)),
             "null" => Ok(Value::Null),
             other => Err(no(at, format!("unknown type '{other}'"))),
         }
@@ -364,7 +364,7 @@ impl<'a> Gen<'a, '_> {
             Some("email") => format!("{}@example.com", self.draw.pick(&WORDS)),
             Some("uri") | Some("url") => format!("https://example.com/{}", self.draw.pick(&WORDS)),
             Some("uuid") => {
-                let (a, b) = (self.draw.next(), self.draw.next());
+                let (a, b) = (self.draw.next_u64(), self.draw.next_u64());
                 format!(
                     "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
                     a >> 32,
@@ -491,7 +491,7 @@ impl<'a> Gen<'a, '_> {
         let (lo, hi, lo_open, hi_open) = self.bounds(o, at)?;
         let (lo, hi) = (lo.max(-1000.0), hi.min(1000.0));
         let (lo, hi) = if lo > hi { (hi, hi) } else { (lo, hi) };
-        let t = (self.draw.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let t = (self.draw.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         let mut v = ((lo + (hi - lo) * t) * 100.0).round() / 100.0;
         if (lo_open && v <= lo) || v < lo || (hi_open && v >= hi) || v > hi {
             v = (lo + hi) / 2.0;

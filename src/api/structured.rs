@@ -253,7 +253,7 @@ pub fn shape(plan: &Plan, seed: u64) -> Result<Shape, BodyError> {
                 .map(|(name, params)| {
                     let args = schema_gen::generate(params, &mut draw).map_err(schema_error)?;
                     Ok(Call {
-                        id: format!("call_{:016x}", draw.next()),
+                        id: format!("call_{:016x}", draw.next_u64()),
                         name: name.clone(),
                         arguments: args.to_string(),
                     })
@@ -352,7 +352,7 @@ impl Shape {
             ),
         };
         Output::Text {
-            text: text.into(),
+            text,
             prompt_tokens: *prompt_tokens,
             completion_tokens: *completion_tokens,
             finish_reason,

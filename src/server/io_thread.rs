@@ -477,7 +477,7 @@ impl IoThread {
                     self.push_ready(idx, endpoint, response, close, head_only)
                 }
                 Routed::Submit(job) => {
-                    self.submit_job(idx, endpoint, job, close, keep_alive_header, received)
+                    self.submit_job(idx, endpoint, *job, close, keep_alive_header, received)
                 }
                 Routed::Subscribe(subscriber) => {
                     // A placeholder response, replaced by the stream just below.
