@@ -110,25 +110,31 @@ pub struct FrontFaultSettings {
 }
 
 impl Default for FrontFaultSettings {
+    /// The `[workers] fault_*` defaults (all off).
     fn default() -> Self {
-        FrontFaultSettings {
-            rate_limited_rate: 0.0,
-            retry_after_s: 1,
-            unauthorized_rate: 0.0,
-            context_length_rate: 0.0,
-            model_not_found_rate: 0.0,
-            internal_error_rate: 0.0,
-            unavailable_rate: 0.0,
-            stream_cut_rate: 0.0,
-            stream_reset_rate: 0.0,
-            stream_stall_rate: 0.0,
-            stream_after_chunks: 2,
-            stream_stall_ms: 500,
-        }
+        FrontFaultSettings::from_config(&crate::config::WorkersConfig::default())
     }
 }
 
 impl FrontFaultSettings {
+    /// What the `[workers] fault_*` keys ask for (checked when the config was).
+    pub fn from_config(w: &crate::config::WorkersConfig) -> FrontFaultSettings {
+        FrontFaultSettings {
+            rate_limited_rate: w.fault_rate_limited_rate,
+            retry_after_s: w.fault_retry_after_s,
+            unauthorized_rate: w.fault_unauthorized_rate,
+            context_length_rate: w.fault_context_length_rate,
+            model_not_found_rate: w.fault_model_not_found_rate,
+            internal_error_rate: w.fault_internal_error_rate,
+            unavailable_rate: w.fault_unavailable_rate,
+            stream_cut_rate: w.fault_stream_cut_rate,
+            stream_reset_rate: w.fault_stream_reset_rate,
+            stream_stall_rate: w.fault_stream_stall_rate,
+            stream_after_chunks: w.fault_stream_after_chunks,
+            stream_stall_ms: w.fault_stream_stall_ms,
+        }
+    }
+
     /// The HTTP kinds with their rates, in draw order.
     pub fn http_rates(&self) -> [(HttpFault, f64); 6] {
         [

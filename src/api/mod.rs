@@ -20,6 +20,7 @@ pub mod json_out;
 pub mod logprobs;
 pub mod payload;
 pub mod render;
+pub mod response_object;
 pub mod responses;
 pub mod schema_gen;
 pub mod stream;
@@ -62,7 +63,7 @@ pub struct ApiContext {
     /// Failures by kind injected in front of the engine (`[workers] fault_*`).
     pub faults: faults::FrontFaults,
     /// `POST /v1/responses` answers kept for `GET /v1/responses/{id}` (bounded).
-    pub responses: Arc<responses::ResponseStore>,
+    pub responses: Arc<response_object::ResponseStore>,
 }
 
 impl ApiContext {
@@ -79,7 +80,10 @@ impl ApiContext {
             .backends()
             .any(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }));
         let retention_s = (config.metrics.history_retention.0 / 1000) as usize;
-        let faults = faults::FrontFaults::new(config.workers.front_faults(), config.workers.seed);
+        let faults = faults::FrontFaults::new(
+            faults::FrontFaultSettings::from_config(&config.workers),
+            config.workers.seed,
+        );
         ApiContext {
             handle,
             config,
@@ -198,7 +202,7 @@ pub struct Job {
     /// Tools and structured output: each part's shape, written in place of its words.
     pub structured: Option<Arc<[structured::Shape]>>,
     /// `POST /v1/responses`: what its JSON repeats, and its store.
-    pub response: Option<Arc<responses::ResponseMeta>>,
+    pub response: Option<Arc<response_object::ResponseMeta>>,
 }
 
 /// Seconds since the Unix epoch.
@@ -301,7 +305,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 (routed, _) => routed,
             }
         }
-        p if p.starts_with("/v1/responses/") && is_get => Routed::Now(responses::get(
+        p if p.starts_with("/v1/responses/") && is_get => Routed::Now(response_object::get(
             &ctx.responses,
             &p["/v1/responses/".len()..],
         )),

@@ -414,7 +414,7 @@ where
             let (Some(meta), Some(output)) = (&job.response, outputs.clone().next()) else {
                 return Err(wrong_output("response", "nothing"));
             };
-            body.extend_from_slice(super::responses::finish(meta, output).as_bytes());
+            body.extend_from_slice(super::response_object::finish(meta, output).as_bytes());
             Ok(())
         }
     }

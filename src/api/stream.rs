@@ -152,7 +152,7 @@ pub struct StreamWriter {
     structured: Option<std::sync::Arc<[Shape]>>,
     /// `POST /v1/responses`: the response's fields, its text so far, its finished output,
     /// and the events' sequence number.
-    response: Option<std::sync::Arc<super::responses::ResponseMeta>>,
+    response: Option<std::sync::Arc<super::response_object::ResponseMeta>>,
     response_text: String,
     response_output: Option<Output>,
     sequence: u64,
@@ -242,7 +242,7 @@ impl StreamWriter {
     /// A `POST /v1/responses` stream's fields.
     pub fn with_response(
         mut self,
-        meta: Option<std::sync::Arc<super::responses::ResponseMeta>>,
+        meta: Option<std::sync::Arc<super::response_object::ResponseMeta>>,
     ) -> StreamWriter {
         self.response = meta;
         self
@@ -262,7 +262,7 @@ impl StreamWriter {
         let Some(meta) = self.response.clone() else {
             return;
         };
-        let r = super::responses::response_json(&meta, None);
+        let r = super::response_object::response_json(&meta, None);
         self.response_event(
             "response.created",
             serde_json::json!({ "response": r }),
@@ -273,7 +273,7 @@ impl StreamWriter {
             serde_json::json!({ "response": r }),
             out,
         );
-        let mut item = super::responses::message_json(&meta, "", "in_progress");
+        let mut item = super::response_object::message_json(&meta, "", "in_progress");
         item["content"] = serde_json::json!([]);
         self.response_event(
             "response.output_item.added",
@@ -309,7 +309,7 @@ impl StreamWriter {
         let mut part = ids;
         part["part"] = serde_json::json!({"type": "output_text", "text": text, "annotations": []});
         self.response_event("response.content_part.done", part, out);
-        let item = super::responses::message_json(&meta, &text, "completed");
+        let item = super::response_object::message_json(&meta, &text, "completed");
         self.response_event(
             "response.output_item.done",
             serde_json::json!({ "output_index": 0, "item": item }),
@@ -340,7 +340,7 @@ impl StreamWriter {
             },
             other => other,
         };
-        let body = super::responses::finish(&meta, &output);
+        let body = super::response_object::finish(&meta, &output);
         let response: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         let kind = if response["status"] == "incomplete" {
             "response.incomplete"

@@ -309,7 +309,6 @@ impl Default for WorkersConfig {
             SimConfig::default(),
             FaultSettings::default(),
         );
-        let front = crate::api::faults::FrontFaultSettings::default();
         WorkersConfig {
             count: core.workers,
             latency_model: LatencyKind::Auto,
@@ -341,42 +340,26 @@ impl Default for WorkersConfig {
             fault_added_latency_ms: faults.added_latency_ms,
             fault_hang_rate: faults.hang_rate,
             fault_hang_ms: faults.hang_ms,
-            fault_rate_limited_rate: front.rate_limited_rate,
-            fault_retry_after_s: front.retry_after_s,
-            fault_unauthorized_rate: front.unauthorized_rate,
-            fault_context_length_rate: front.context_length_rate,
-            fault_model_not_found_rate: front.model_not_found_rate,
-            fault_internal_error_rate: front.internal_error_rate,
-            fault_unavailable_rate: front.unavailable_rate,
-            fault_stream_cut_rate: front.stream_cut_rate,
-            fault_stream_reset_rate: front.stream_reset_rate,
-            fault_stream_stall_rate: front.stream_stall_rate,
-            fault_stream_after_chunks: front.stream_after_chunks,
-            fault_stream_stall_ms: front.stream_stall_ms,
+            // Failures by kind (`api::faults` reads them): all off; a 429's Retry-After
+            // 1 s; stream faults after 2 events, stalls of 500 ms.
+            fault_rate_limited_rate: 0.0,
+            fault_retry_after_s: 1,
+            fault_unauthorized_rate: 0.0,
+            fault_context_length_rate: 0.0,
+            fault_model_not_found_rate: 0.0,
+            fault_internal_error_rate: 0.0,
+            fault_unavailable_rate: 0.0,
+            fault_stream_cut_rate: 0.0,
+            fault_stream_reset_rate: 0.0,
+            fault_stream_stall_rate: 0.0,
+            fault_stream_after_chunks: 2,
+            fault_stream_stall_ms: 500,
             backends: BTreeMap::new(),
         }
     }
 }
 
 impl WorkersConfig {
-    /// The failures by kind these keys ask for (`api::faults`).
-    pub fn front_faults(&self) -> crate::api::faults::FrontFaultSettings {
-        crate::api::faults::FrontFaultSettings {
-            rate_limited_rate: self.fault_rate_limited_rate,
-            retry_after_s: self.fault_retry_after_s,
-            unauthorized_rate: self.fault_unauthorized_rate,
-            context_length_rate: self.fault_context_length_rate,
-            model_not_found_rate: self.fault_model_not_found_rate,
-            internal_error_rate: self.fault_internal_error_rate,
-            unavailable_rate: self.fault_unavailable_rate,
-            stream_cut_rate: self.fault_stream_cut_rate,
-            stream_reset_rate: self.fault_stream_reset_rate,
-            stream_stall_rate: self.fault_stream_stall_rate,
-            stream_after_chunks: self.fault_stream_after_chunks,
-            stream_stall_ms: self.fault_stream_stall_ms,
-        }
-    }
-
     /// These settings with a `[workers.backends.<name>]` table's keys set over them
     /// (every other key, counts and faults included, stays as here).
     pub fn with_backend_keys(&self, table: &SimBackendLatency) -> WorkersConfig {
