@@ -236,7 +236,7 @@ fn a_reset_stream_resets_the_connection_after_n_events() {
 
 #[test]
 fn a_stalled_stream_pauses_after_n_events_then_completes() {
-    const STALL_MS: u64 = 300;
+    const STALL_MS: u64 = 600;
     for mode in MODES {
         let mut cfg = config(mode);
         cfg.workers.fault_stream_stall_rate = 1.0;
