@@ -11,11 +11,15 @@ mid-body and 10% of streams after their first chunk; bursts past the queue capac
 (429 + Retry-After); a strategy switch every 0.5 s through /admin with the bearer token.
 Faults, switched at run time (POST /admin/faults) once a second between: none; 10% of
 batches failing; 2% hanging for 400 ms (past the 300 ms batch timeout); 20 ms added per
-batch; and a mix (2% errors, 0.5% hangs, +2 ms, also the start setting). In request mode a second abe serves as an upstream backend and is
+batch; a mix (2% errors, 0.5% hangs, +2 ms, also the start setting); and failures by kind
+(2% each of injected 429/401/400/404/500/503, 10% each of streams cut without [DONE], reset,
+or stalled 200 ms after 2 events). In request mode a second abe serves as an upstream backend and is
 killed (SIGKILL) and restarted every 8 s. At the end: SIGTERM, exit status 0.
 
 Checks: every request not abandoned got exactly one complete response (200 of its shape, a
-stream ending in [DONE] or an error event, or an OpenAI-shaped error with a 4xx/5xx status);
+stream ending in [DONE] or an error event, or an OpenAI-shaped error with a 4xx/5xx status;
+an injected failure, marked x-abe-fault, with its kind's status and shape: a cut stream
+without [DONE], a reset after the head; no kind seen more often than the server injected it);
 admitted = completed + failed with nothing live (a retry moved to
 another backend, `readmitted`, is counted once), and every failure has its reason (worker
 error, batch timeout, cancelled, expired: `failed_other` is 0); no "panicked" in either log;
@@ -62,6 +66,8 @@ def raw(port, data, half=False, timeout=30.0):
     """Sends `data`, reads to EOF; returns the bytes (None if the connection failed: why is
     in `failure()`, for the report)."""
     LAST_ERROR.why = ""
+    LAST_ERROR.partial = b""
+    out = b""
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     except OSError as e:
@@ -82,6 +88,7 @@ def raw(port, data, half=False, timeout=30.0):
             stage = f"read after {len(out)} bytes"
     except OSError as e:
         LAST_ERROR.why = f"{stage}: {type(e).__name__} {e}"
+        LAST_ERROR.partial = out if stage.startswith("read") else b""
         return None
     finally:
         s.close()
@@ -165,6 +172,24 @@ PATHS = {"completions": "/v1/completions", "completions_stream": "/v1/completion
          "embeddings": "/v1/embeddings"}
 
 
+# The status each injected HTTP fault (x-abe-fault) answers with.
+FAULT_STATUS = {"rate_limited": 429, "unauthorized": 401, "context_length": 400,
+                "model_not_found": 404, "internal_error": 500, "unavailable": 503,
+                "stream_cut": 200, "stream_stall": 200}
+
+
+def connection_failed(kind, tally):
+    """A connection that failed: an injected reset after the stream's head is expected
+    (counted), anything else is a violation."""
+    partial = getattr(LAST_ERROR, "partial", b"")
+    if b"x-abe-fault: stream_reset" in partial and "Reset" in failure():
+        if b"[DONE]" in partial:
+            tally.bad(f"{kind}: a reset stream that had ended")
+        tally.add("injected stream_reset")
+    else:
+        tally.bad(f"{kind}: connection failed ({failure()})")
+
+
 def check_answer(kind, data, tally):
     try:
         status, headers, body = parse_one(data)
@@ -172,7 +197,15 @@ def check_answer(kind, data, tally):
         tally.bad(f"{kind}: {e}")
         return
     tally.add(f"{kind} {status}")
-    if status == 200 and kind.endswith("stream"):
+    fault = headers.get("x-abe-fault")
+    if fault is not None:
+        tally.add(f"injected {fault}")
+        if FAULT_STATUS.get(fault) != status:
+            tally.bad(f"{kind}: injected {fault} answered {status}")
+    if fault == "stream_cut":
+        if b"[DONE]" in body:
+            tally.bad(f"{kind}: a cut stream with [DONE]")
+    elif status == 200 and kind.endswith("stream"):
         text = body.decode(errors="replace")
         if not (text.rstrip().endswith("data: [DONE]") or '"error"' in text):
             tally.bad(f"{kind}: a stream that neither ended nor failed: {text[-200:]!r}")
@@ -218,7 +251,7 @@ def client(port, deadline, seed, tally):
             continue
         out = raw(port, data)
         if out is None:
-            tally.bad(f"{kind}: connection failed ({failure()})")
+            connection_failed(kind, tally)
             continue
         check_answer(kind, out, tally)
 
@@ -232,7 +265,7 @@ def burst(port, deadline, tally):
                 out = raw(port, request("POST", "/v1/completions",
                                         json.dumps({"prompt": "burst", "max_tokens": 8})))
                 if out is None:
-                    tally.bad(f"burst: connection failed ({failure()})")
+                    connection_failed("burst", tally)
                 else:
                     check_answer("burst", out, tally)
             t = threading.Thread(target=one)
@@ -268,6 +301,20 @@ FAULT_PROFILES = [
     ("slow", {"error_rate": 0.0, "hang_rate": 0.0, "added_latency_ms": 20.0}),
     ("mixed", {"error_rate": 0.02, "hang_rate": 0.005, "hang_ms": 400.0,
                "added_latency_ms": 2.0}),
+]
+
+
+# Failures by kind (api::faults), off in every profile but "kinds".
+FRONT_OFF = {"rate_limited_rate": 0.0, "unauthorized_rate": 0.0, "context_length_rate": 0.0,
+             "model_not_found_rate": 0.0, "internal_error_rate": 0.0, "unavailable_rate": 0.0,
+             "stream_cut_rate": 0.0, "stream_reset_rate": 0.0, "stream_stall_rate": 0.0}
+FAULT_PROFILES = [(n, {**FRONT_OFF, **p}) for n, p in FAULT_PROFILES] + [
+    ("kinds", {**FRONT_OFF, "error_rate": 0.0, "hang_rate": 0.0, "added_latency_ms": 0.0,
+               "rate_limited_rate": 0.02, "unauthorized_rate": 0.02,
+               "context_length_rate": 0.02, "model_not_found_rate": 0.02,
+               "internal_error_rate": 0.02, "unavailable_rate": 0.02,
+               "stream_cut_rate": 0.1, "stream_reset_rate": 0.1, "stream_stall_rate": 0.1,
+               "stream_after_chunks": 2, "stream_stall_ms": 200}),
 ]
 
 
@@ -412,20 +459,26 @@ check_interval = "250ms"
                  if f"pid={front.pid}," in l and up_port and f"127.0.0.1:{up_port} " in l)
     client_fds = fds - pooled
     r = m["requests"]
+    out = raw(port, request("GET", "/admin/faults", None, [("Authorization", f"Bearer {TOKEN}")]))
+    injected = json.loads(parse_one(out)[2])["injected"]
     front.send_signal(signal.SIGTERM)
     code = front.wait(timeout=30)
     if upstream is not None:
         upstream.send_signal(signal.SIGTERM)
         upstream.wait(timeout=30)
 
-    checked = sum(n for k, n in tally.by.items() if not k.startswith(("abandoned", "strategy", "fault")))
+    checked = sum(n for k, n in tally.by.items()
+                  if not k.startswith(("abandoned", "strategy", "fault", "injected"))
+                  or k == "injected stream_reset")
     print(f"chaos soak ({a.mode} mode): {a.seconds:.0f} s, {a.clients} clients + bursts of 300")
     print(f"  requests checked answered exactly once: {checked}")
     for k in sorted(tally.by):
         print(f"    {k}: {tally.by[k]}")
     switches = sum(n for k, n in tally.by.items() if k.startswith("fault switches"))
     print(f"  faults: switched {switches} times at run time between off, 10% worker errors, "
-          f"2% hangs of 400 ms past a 300 ms batch timeout, +20 ms per batch, and a mix; "
+          f"2% hangs of 400 ms past a 300 ms batch timeout, +20 ms per batch, a mix, and "
+          f"failures by kind (2% each of 429/401/400/404/500/503, 10% each of streams cut, "
+          f"reset, stalled 200 ms after 2 events); "
           f"upstream killed and restarted {kills} times")
     print(f"  server: admitted {r['admitted']} (readmitted {r['readmitted']}) = completed "
           f"{r['completed']} + failed {r['failed']} (worker errors {r['worker_error']}, "
@@ -433,7 +486,15 @@ check_interval = "250ms"
           f"{r['expired']}); rejected {r['rejected']}")
     print(f"  RSS {base_rss >> 20} MiB -> {rss >> 20} MiB, fds {base_fds} -> {client_fds} "
           f"(+ {pooled} pooled to the upstream); exit {code}")
+    seen = {k[len("injected "):]: n for k, n in tally.by.items() if k.startswith("injected ")}
+    print(f"  failures by kind: injected {injected}; seen by the clients {seen} (abandoned "
+          f"requests and stalls cut short by a client see fewer)")
     problems = list(tally.violations)
+    for kind, n in seen.items():
+        if n > injected.get(kind, 0):
+            problems.append(f"clients saw {n} {kind} faults, the server injected {injected.get(kind, 0)}")
+    if tally.by.get("fault switches to kinds", 0) > 0 and not seen:
+        problems.append("the 'kinds' fault profile ran but no client saw an injected fault")
     if r["admitted"] != r["completed"] + r["failed"]:
         problems.append("counters do not reconcile")
     if r["failed_other"] != 0:

@@ -64,6 +64,9 @@ test -x target/debug/abe
 tools/with_server.sh python3 tools/openai_sdk_check.py
 step "OpenAI Python SDK against abe serve in continuous-batching mode"
 ABE_BATCHING_MODE=continuous tools/with_server.sh python3 tools/openai_sdk_check.py
+step "OpenAI Python SDK as a gateway's tests use it (failures by kind, vLLM extras; both modes)"
+tools/with_server.sh python3 tools/openai_sdk_gateway_check.py
+ABE_BATCHING_MODE=continuous tools/with_server.sh python3 tools/openai_sdk_gateway_check.py
 
 step "curl -N streaming against abe serve (both batching modes)"
 tools/with_server.sh tools/curl_stream_check.sh

@@ -1,6 +1,7 @@
 //! `/admin/*`: the bearer-token protected control endpoints. `GET /admin/strategy` and
 //! `POST /admin/strategy/{name}` (switch the request-level strategy at run time),
-//! `GET`/`POST /admin/faults` (the faults every `sim` worker injects).
+//! `GET`/`POST /admin/faults` (the faults every `sim` worker injects, and the failures by
+//! kind answered in front of the engine, `api::faults`).
 //!
 //! Runs on io threads, like the rest of the API: it only reads the snapshot and pushes
 //! control messages, never blocks. What must never happen here: an admin call served
@@ -98,24 +99,54 @@ pub fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response
     }
 }
 
-/// The body of `POST /admin/faults`: a key left out keeps its current value.
+/// The body of `POST /admin/faults`: a key left out keeps its current value; an unknown
+/// key is refused (by [`front_faults`], which gets every key not named here).
 #[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 struct FaultsBody {
     error_rate: Option<f64>,
     hang_rate: Option<f64>,
     hang_ms: Option<f64>,
     added_latency_ms: Option<f64>,
+    /// Failures by kind (`api::faults`): any of its keys, merged over the current ones.
+    #[serde(flatten)]
+    front: serde_json::Map<String, serde_json::Value>,
 }
 
-fn faults_json(f: FaultSettings) -> Response {
-    let body = serde_json::json!({
+fn faults_json(ctx: &ApiContext, f: FaultSettings) -> Response {
+    let mut body = serde_json::json!({
         "error_rate": f.error_rate,
         "hang_rate": f.hang_rate,
         "hang_ms": f.hang_ms,
         "added_latency_ms": f.added_latency_ms,
     });
+    if let Ok(serde_json::Value::Object(front)) = serde_json::to_value(ctx.faults.get()) {
+        if let Some(b) = body.as_object_mut() {
+            b.extend(front);
+        }
+    }
+    body["injected"] = ctx.faults.injected();
     Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// The failures by kind with `keys` merged over the current ones, checked.
+fn front_faults(
+    ctx: &ApiContext,
+    keys: serde_json::Map<String, serde_json::Value>,
+) -> Result<crate::api::faults::FrontFaultSettings, String> {
+    let mut merged = match serde_json::to_value(ctx.faults.get()) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    for (k, v) in keys {
+        if !merged.contains_key(&k) {
+            return Err(format!("unknown field '{k}'"));
+        }
+        merged.insert(k, v);
+    }
+    let s: crate::api::faults::FrontFaultSettings =
+        serde_json::from_value(serde_json::Value::Object(merged)).map_err(|e| e.to_string())?;
+    s.check()?;
+    Ok(s)
 }
 
 /// `GET /admin/faults` shows, `POST /admin/faults` changes, the faults every `sim` worker
@@ -124,7 +155,7 @@ fn faults_json(f: FaultSettings) -> Response {
 fn admin_faults(ctx: &ApiContext, head: &Head, body: &[u8]) -> Response {
     let current = ctx.handle.faults(0).unwrap_or_default();
     match head.method {
-        Method::Get | Method::Head => return faults_json(current),
+        Method::Get | Method::Head => return faults_json(ctx, current),
         Method::Post => {}
         _ => {
             return Response::error(
@@ -143,10 +174,15 @@ fn admin_faults(ctx: &ApiContext, head: &Head, body: &[u8]) -> Response {
                 "invalid_faults",
                 format!(
                     "POST /admin/faults takes a JSON object with any of error_rate, hang_rate \
-                     (0..=1), hang_ms, added_latency_ms (>= 0): {e}"
+                     (0..=1), hang_ms, added_latency_ms (>= 0) and the failures by kind \
+                     (docs/endpoints.md): {e}"
                 ),
             )
         }
+    };
+    let front = match front_faults(ctx, b.front) {
+        Ok(f) => f,
+        Err(e) => return Response::error(Status::BadRequest, "invalid_faults", e),
     };
     let next = FaultSettings {
         error_rate: b.error_rate.unwrap_or(current.error_rate),
@@ -171,6 +207,7 @@ fn admin_faults(ctx: &ApiContext, head: &Head, body: &[u8]) -> Response {
         }
     }
     ctx.handle.set_faults_all(next);
+    ctx.faults.set(front);
     tracing::info!(
         error_rate = next.error_rate,
         hang_rate = next.hang_rate,
@@ -178,5 +215,5 @@ fn admin_faults(ctx: &ApiContext, head: &Head, body: &[u8]) -> Response {
         added_latency_ms = next.added_latency_ms,
         "faults switched via admin API"
     );
-    faults_json(next)
+    faults_json(ctx, next)
 }

@@ -15,11 +15,16 @@
 
 pub mod admin;
 pub mod chat;
+pub mod faults;
 pub mod json_out;
 pub mod logprobs;
 pub mod payload;
 pub mod render;
+pub mod response_object;
+pub mod responses;
+pub mod schema_gen;
 pub mod stream;
+pub mod structured;
 pub mod tokenize;
 pub mod wire;
 
@@ -55,6 +60,10 @@ pub struct ApiContext {
     pub events: Arc<crate::metrics::events::EventHub>,
     /// Padding and forward counters of each `embed` backend (by name), for `/metrics`.
     pub embed_stats: Vec<(Box<str>, Arc<crate::exec::embed::EmbedStats>)>,
+    /// Failures by kind injected in front of the engine (`[workers] fault_*`).
+    pub faults: faults::FrontFaults,
+    /// `POST /v1/responses` answers kept for `GET /v1/responses/{id}` (bounded).
+    pub responses: Arc<response_object::ResponseStore>,
 }
 
 impl ApiContext {
@@ -71,6 +80,10 @@ impl ApiContext {
             .backends()
             .any(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }));
         let retention_s = (config.metrics.history_retention.0 / 1000) as usize;
+        let faults = faults::FrontFaults::new(
+            faults::FrontFaultSettings::from_config(&config.workers),
+            config.workers.seed,
+        );
         ApiContext {
             handle,
             config,
@@ -81,6 +94,8 @@ impl ApiContext {
             history: Arc::new(crate::metrics::history::History::new(retention_s)),
             events: Arc::default(),
             embed_stats: Vec::new(),
+            faults,
+            responses: Arc::default(),
         }
     }
 
@@ -138,6 +153,7 @@ impl Decoder<'_> {
         let routed = match head.path.as_str() {
             "/v1/completions" => completions(self, head, body),
             "/v1/chat/completions" => chat_completions(self, head, body),
+            "/v1/responses" => responses::decode(self, head, body),
             _ => embeddings(self, head, body),
         };
         routed.unwrap_or_else(|r| r)
@@ -148,8 +164,9 @@ impl Decoder<'_> {
 pub enum Routed {
     /// Answer now.
     Now(Response),
-    /// Submit these engine requests; render the answer when all are back.
-    Submit(Job),
+    /// Submit these engine requests; render the answer when all are back (boxed: a job is
+    /// large, and most answers are `Now`).
+    Submit(Box<Job>),
     /// `GET /events`: stream this subscriber's telemetry until the connection closes.
     Subscribe(Arc<crate::metrics::events::Subscriber>),
 }
@@ -159,7 +176,13 @@ pub enum Routed {
 pub enum JobKind {
     Completion,
     Chat,
-    Embedding { base64: bool },
+    Embedding {
+        base64: bool,
+    },
+    /// `POST /v1/responses`; `store`: kept for `GET /v1/responses/{id}`.
+    Response {
+        store: bool,
+    },
 }
 
 /// Engine requests from one HTTP request, and how to answer once they are done.
@@ -174,6 +197,12 @@ pub struct Job {
     pub choices: stream::ChoiceOptions,
     /// Completions with `echo`: each prompt, prepended to its choices' text.
     pub echo: Option<Vec<Arc<str>>>,
+    /// The client's `X-Request-Id`: echoed, and the response's id (`cmpl-<id>`, as vLLM).
+    pub request_id: Option<Arc<str>>,
+    /// Tools and structured output: each part's shape, written in place of its words.
+    pub structured: Option<Arc<[structured::Shape]>>,
+    /// `POST /v1/responses`: what its JSON repeats, and its store.
+    pub response: Option<Arc<response_object::ResponseMeta>>,
 }
 
 /// Seconds since the Unix epoch.
@@ -258,7 +287,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
     };
     let is_get = matches!(head.method, Method::Get | Method::Head);
     match path {
-        "/v1/completions" | "/v1/chat/completions" | "/v1/embeddings" => {
+        "/v1/completions" | "/v1/chat/completions" | "/v1/embeddings" | "/v1/responses" => {
             if head.method != Method::Post {
                 return allow("POST");
             }
@@ -269,8 +298,22 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                     "the server is shutting down and no longer accepts requests",
                 ));
             }
-            ctx.decoder().decode(head, body)
+            let routed = faults::inject(&ctx.faults, ctx.decoder().decode(head, body));
+            let routed = responses::attach_store(&ctx.responses, routed);
+            match (routed, head.request_id.as_deref()) {
+                (Routed::Now(r), Some(id)) => Routed::Now(r.with_header(format!("X-Request-Id: {id}"))),
+                (routed, _) => routed,
+            }
         }
+        p if p.starts_with("/v1/responses/") && is_get => Routed::Now(response_object::get(
+            &ctx.responses,
+            &p["/v1/responses/".len()..],
+        )),
+        "/version" if is_get => Routed::Now(Response::json(
+            Status::Ok,
+            serde_json::to_vec(&serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
+                .unwrap_or_default(),
+        )),
         "/v1/models" if is_get => Routed::Now(render::models(&ctx.router)),
         "/health" if is_get => {
             Routed::Now(Response::json(Status::Ok, br#"{"status":"ok"}"#.to_vec()))
@@ -361,7 +404,8 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 )),
             }
         }
-        "/v1/models" | "/health" | "/ready" | "/metrics" | "/metrics/json" | "/metrics/history" => {
+        "/v1/models" | "/health" | "/ready" | "/version" | "/metrics" | "/metrics/json"
+        | "/metrics/history" => {
             allow("GET, HEAD")
         }
         p if p.starts_with("/admin/") => Routed::Now(admin::admin(ctx, head, p, body)),
@@ -370,7 +414,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/embeddings, /v1/models, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
+                 /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models, /version, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
             ),
         )),
     }
@@ -443,6 +487,16 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
     let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
     let session = session_of(head, b.user.as_deref());
     let generation = b.generation();
+    let explicit_max = generation.max_tokens.is_some();
+    let plan = structured::plan(&structured::Asks {
+        response_format: b.response_format.as_ref(),
+        guided_json: b.guided_json.as_ref(),
+        guided_choice: b.guided_choice.as_deref(),
+        guided_regex: b.guided_regex.is_some(),
+        structured_outputs: b.structured_outputs.as_ref(),
+        ..Default::default()
+    })
+    .map_err(bad)?;
     let source = text_source(ctx, head, "max_tokens", b.priority.as_deref());
     let mut text = payload::text(source, generation).map_err(bad)?;
     let logprobs = match b.logprobs {
@@ -482,6 +536,16 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
     }
     let mut requests = Vec::with_capacity(prompts.len() * text.n as usize);
     let mut echoed = Vec::new();
+    if let Some(usage) = text
+        .stream
+        .as_mut()
+        .and_then(|s| s.continuous_usage.as_mut())
+    {
+        *usage = prompts
+            .iter()
+            .map(|p| u64::from(crate::exec::prompt_tokens(p)))
+            .sum();
+    }
     for prompt in prompts {
         let mut route = check_model(ctx, model, |r| {
             r.text(&prompt);
@@ -502,7 +566,8 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         }
     }
     let model = model.to_string();
-    Ok(Routed::Submit(Job {
+    let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
+    Ok(Routed::Submit(Box::new(Job {
         kind: JobKind::Completion,
         model,
         requests,
@@ -510,7 +575,10 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         stream: text.stream,
         choices,
         echo: echo.then_some(echoed),
-    }))
+        request_id: head.request_id.as_deref().map(Arc::from),
+        structured,
+        response: None,
+    })))
 }
 
 /// vLLM's 400 when prompt + max_tokens exceed `server.max_model_len` (0: no limit).
@@ -571,6 +639,18 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     let mut b: ChatBody = wire::parse_body(body).map_err(bad)?;
     let session = session_of(head, b.user.as_deref());
     let mut generation = b.generation();
+    let explicit_max = generation.max_tokens.is_some() || b.max_completion_tokens.is_some();
+    let plan = structured::plan(&structured::Asks {
+        tools: b.tools.as_deref(),
+        tool_choice: b.tool_choice.as_ref(),
+        parallel_tool_calls: b.parallel_tool_calls,
+        response_format: b.response_format.as_ref(),
+        guided_json: b.guided_json.as_ref(),
+        guided_choice: b.guided_choice.as_deref(),
+        guided_regex: b.guided_regex.is_some(),
+        structured_outputs: b.structured_outputs.as_ref(),
+    })
+    .map_err(bad)?;
     let field = match b.max_completion_tokens {
         Some(n) => {
             generation.max_tokens = Some(n);
@@ -620,16 +700,24 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     };
     let prompt = chat::render_prompt(b.messages).map_err(bad)?;
     check_model_len(ctx, &prompt, &text)?;
+    if let Some(usage) = text
+        .stream
+        .as_mut()
+        .and_then(|s| s.continuous_usage.as_mut())
+    {
+        *usage = u64::from(crate::exec::prompt_tokens(&prompt));
+    }
     let mut work = text.work(prompt, chat_body);
     name_prompt_blocks(ctx, &mut work);
-    let requests = (0..text.n)
+    let mut requests: Vec<Request> = (0..text.n)
         .map(|j| Request {
             priority: text.priority,
             route: Some(route),
             work: payload::Text::choice(&work, j),
         })
         .collect();
-    Ok(Routed::Submit(Job {
+    let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
+    Ok(Routed::Submit(Box::new(Job {
         kind: JobKind::Chat,
         model,
         requests,
@@ -637,7 +725,42 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         stream: text.stream,
         choices,
         echo: None,
-    }))
+        request_id: head.request_id.as_deref().map(Arc::from),
+        structured,
+        response: None,
+    })))
+}
+
+/// Tools and structured output ([`structured`]): each part's shape, drawn from its seed and
+/// prompt, and its output tokens set to what the shape needs (at most an explicit
+/// `max_tokens`; run to the end, so the engine's count is the shape's). Nothing when the
+/// request asks for plain text, or when some backend is `upstream` (it answers tools
+/// itself, from the forwarded body).
+fn shape_parts(
+    ctx: &Decoder<'_>,
+    plan: Option<&structured::Plan>,
+    requests: &mut [Request],
+    explicit_max: bool,
+) -> Result<Option<Arc<[structured::Shape]>>, Routed> {
+    let Some(plan) = plan.filter(|_| !ctx.has_upstream) else {
+        return Ok(None);
+    };
+    let limit = ctx.config.server.max_tokens_limit;
+    let mut shapes = Vec::with_capacity(requests.len());
+    for (i, r) in requests.iter_mut().enumerate() {
+        let seed = structured::seed_of(r.work.sampling.seed, &r.work.prompt, i as u32);
+        let shape = structured::shape(plan, seed).map_err(bad)?;
+        let needed = shape.tokens().min(limit);
+        r.work.max_tokens = if explicit_max {
+            r.work.max_tokens.min(needed)
+        } else {
+            needed
+        };
+        r.work.sampling.ignore_eos = true;
+        r.work.sampling.min_tokens = 0;
+        shapes.push(shape);
+    }
+    Ok(Some(shapes.into()))
 }
 
 fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
@@ -674,7 +797,7 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
             work: payload::embedding(input, dimensions),
         })
         .collect();
-    Ok(Routed::Submit(Job {
+    Ok(Routed::Submit(Box::new(Job {
         kind: JobKind::Embedding { base64 },
         model,
         requests,
@@ -682,5 +805,8 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
         stream: None,
         choices: Default::default(),
         echo: None,
-    }))
+        request_id: head.request_id.as_deref().map(Arc::from),
+        structured: None,
+        response: None,
+    })))
 }

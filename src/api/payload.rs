@@ -131,6 +131,13 @@ pub(super) fn text(src: TextSource<'_>, mut g: GenerationBody) -> Result<Text, B
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         choices: Default::default(),
+        fault: None,
+        // Filled with the prompt tokens by the endpoint, which knows the prompts.
+        continuous_usage: g
+            .stream_options
+            .and_then(|o| o.continuous_usage_stats)
+            .filter(|&on| on)
+            .map(|_| 0),
     });
     let priority = wire::priority(src.priority, src.priority_header)?;
     let mut sampling = sampling;

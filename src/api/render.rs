@@ -60,6 +60,8 @@ where
 pub struct Choices<'j> {
     pub options: super::stream::ChoiceOptions,
     pub echo: Option<&'j [std::sync::Arc<str>]>,
+    /// The client's `X-Request-Id`: the id after the prefix instead of `id` in hex.
+    pub request_id: Option<&'j str>,
 }
 
 /// [`write_text_body`] with `n` choices per prompt (a prompt's tokens count once in
@@ -97,7 +99,13 @@ where
         return Err(wrong_output(what, "an embedding"));
     }
     out.extend_from_slice(id_open);
-    json_out::hex16(out, id);
+    match choices.request_id {
+        Some(rid) => {
+            let quoted = serde_json::to_string(rid).unwrap_or_default();
+            out.extend_from_slice(&quoted.as_bytes()[1..quoted.len().max(2) - 1]);
+        }
+        None => json_out::hex16(out, id),
+    }
     out.extend_from_slice(after_id);
     json_out::uint(out, created);
     out.extend_from_slice(b",\"model\":");
@@ -306,6 +314,11 @@ pub fn write_job(
         if let Some((router, d)) = route {
             write_route_header(out, router, d);
         }
+        if let Some(rid) = &job.request_id {
+            out.extend_from_slice(b"X-Request-Id: ");
+            out.extend_from_slice(rid.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
     };
     let failed = outcomes.iter().find_map(|o| match o {
         Some(Err(e)) => Some(e),
@@ -323,40 +336,23 @@ pub fn write_job(
                 outcomes.len(),
                 "all parts answered"
             );
+            // Tools and structured output: each part's shape in place of its words.
+            let shaped: Option<Vec<Output>> = job.structured.as_ref().map(|shapes| {
+                outputs
+                    .clone()
+                    .zip(shapes.iter())
+                    .map(|(o, shape)| shape.output(o))
+                    .collect()
+            });
             let written = response::write_json_ok(
                 out,
                 close,
                 keep_alive_header,
                 head_only,
                 route_header,
-                |body| match job.kind {
-                    JobKind::Completion => write_choices(
-                        body,
-                        TextShape::Completion,
-                        &job.model,
-                        job.created_unix,
-                        id,
-                        outputs,
-                        Choices {
-                            options: job.choices,
-                            echo: job.echo.as_deref(),
-                        },
-                    ),
-                    JobKind::Chat => write_choices(
-                        body,
-                        TextShape::Chat,
-                        &job.model,
-                        job.created_unix,
-                        id,
-                        outputs,
-                        Choices {
-                            options: job.choices,
-                            echo: None,
-                        },
-                    ),
-                    JobKind::Embedding { base64 } => {
-                        write_embedding_body(body, &job.model, base64, outputs)
-                    }
+                |body| match &shaped {
+                    Some(shaped) => job_body(job, id, shaped.iter(), body),
+                    None => job_body(job, id, outputs, body),
                 },
             );
             match written {
@@ -374,8 +370,54 @@ pub fn write_job(
     if keep_alive_header {
         fallback.headers.push("Connection: keep-alive".into());
     }
+    if let Some(rid) = &job.request_id {
+        fallback.headers.push(format!("X-Request-Id: {rid}"));
+    }
     fallback.write_to(out, close, head_only);
     fallback.status.code()
+}
+
+/// The body of a finished text or embedding job, from its outputs in part order.
+fn job_body<'a, I>(job: &Job, id: u64, outputs: I, body: &mut Vec<u8>) -> Result<(), Response>
+where
+    I: Iterator<Item = &'a Output> + Clone,
+{
+    match job.kind {
+        JobKind::Completion => write_choices(
+            body,
+            TextShape::Completion,
+            &job.model,
+            job.created_unix,
+            id,
+            outputs,
+            Choices {
+                options: job.choices,
+                echo: job.echo.as_deref(),
+                request_id: job.request_id.as_deref(),
+            },
+        ),
+        JobKind::Chat => write_choices(
+            body,
+            TextShape::Chat,
+            &job.model,
+            job.created_unix,
+            id,
+            outputs,
+            Choices {
+                options: job.choices,
+                echo: None,
+                request_id: job.request_id.as_deref(),
+            },
+        ),
+        JobKind::Embedding { base64 } => write_embedding_body(body, &job.model, base64, outputs),
+        JobKind::Response { .. } => {
+            let (Some(meta), Some(output)) = (&job.response, outputs.clone().next()) else {
+                return Err(wrong_output("response", "nothing"));
+            };
+            body.extend_from_slice(super::response_object::finish(meta, output).as_bytes());
+            Ok(())
+        }
+    }
 }
 
 /// Appends the `x-abe-route` header line (with its CRLF) saying where the engine routed a

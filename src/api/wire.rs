@@ -78,11 +78,50 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
+/// A `priority`: one of abe's names, or vLLM's integer (read as its decimal text; see
+/// [`priority`]). Reads as a `str`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PriorityField<'a>(pub std::borrow::Cow<'a, str>);
+
+impl std::ops::Deref for PriorityField<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for PriorityField<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PriorityField<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a priority name or an integer")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(PriorityField(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(PriorityField(std::borrow::Cow::Owned(v.to_string())))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(PriorityField(std::borrow::Cow::Owned(v.to_string())))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(PriorityField(std::borrow::Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `stream_options` of a streaming request.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct StreamOptionsBody {
     pub include_usage: Option<bool>,
+    /// vLLM: `usage` (so far) in every chunk.
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// Declares the bodies of the text endpoints. `shared` lists the fields that
@@ -158,7 +197,7 @@ text_bodies! {
         pub model: Option<Str<'a>>,
         pub prompt: Option<TextInputs>,
         #[serde(borrow)]
-        pub priority: Option<Str<'a>>,
+        pub priority: Option<PriorityField<'a>>,
         /// Synthetic log-probabilities of this many alternatives per token (0..=5).
         pub logprobs: Option<i64>,
         /// Prepend the prompt to each choice's text.
@@ -167,6 +206,12 @@ text_bodies! {
         /// `X-Session-Id` header is given.
         #[serde(borrow)]
         pub user: Option<Str<'a>>,
+        /// Structured output (`api::structured`): vLLM accepts these on completions too.
+        pub response_format: Option<ResponseFormat>,
+        pub guided_json: Option<serde_json::Value>,
+        pub guided_choice: Option<Vec<String>>,
+        pub guided_regex: Option<serde::de::IgnoredAny>,
+        pub structured_outputs: Option<serde_json::Value>,
     }
 
     /// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
@@ -177,11 +222,17 @@ text_bodies! {
         /// The newer name of `max_tokens`; wins when both are given.
         pub max_completion_tokens: Option<i64>,
         #[serde(borrow)]
-        pub priority: Option<Str<'a>>,
-        /// Function-calling tools (only their count matters to abe: routing needs a backend
-        /// with the `tools` capability when there are any).
-        pub tools: Option<Vec<serde::de::IgnoredAny>>,
+        pub priority: Option<PriorityField<'a>>,
+        /// Function-calling tools: routing needs a backend with the `tools` capability
+        /// when there are any; a `sim` answer calls them (`api::structured`).
+        pub tools: Option<Vec<serde_json::Value>>,
+        pub tool_choice: Option<serde_json::Value>,
+        pub parallel_tool_calls: Option<bool>,
         pub response_format: Option<ResponseFormat>,
+        pub guided_json: Option<serde_json::Value>,
+        pub guided_choice: Option<Vec<String>>,
+        pub guided_regex: Option<serde::de::IgnoredAny>,
+        pub structured_outputs: Option<serde_json::Value>,
         /// Synthetic log-probabilities of the output tokens...
         pub logprobs: Option<bool>,
         /// ...with this many alternatives each (0..=20; needs `logprobs: true`).
@@ -218,11 +269,14 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
-/// `response_format`: only its type matters to abe (`json_object` needs JSON mode).
+/// `response_format`: its type (`json_object` needs JSON mode when routing) and, for
+/// `json_schema`, the schema (`{"name": .., "schema": {..}}`).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct ResponseFormat {
     #[serde(rename = "type", default)]
     pub kind: Option<String>,
+    #[serde(default)]
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// Body of `POST /v1/embeddings`.
@@ -236,7 +290,7 @@ pub struct EmbeddingBody<'a> {
     pub encoding_format: Option<Str<'a>>,
     pub dimensions: Option<i64>,
     #[serde(borrow)]
-    pub priority: Option<Str<'a>>,
+    pub priority: Option<PriorityField<'a>>,
 }
 
 /// A request body problem: HTTP 400 with `code` and `message`.
@@ -311,15 +365,28 @@ fn strip_position(msg: &str) -> &str {
     msg.find(" at line ").map(|i| &msg[..i]).unwrap_or(msg)
 }
 
-/// Priority from the body field, else the `X-Priority` header, else normal.
+/// Priority from the body field, else the `X-Priority` header, else normal. A name
+/// (`critical`, `high`, `normal`, `low`), or vLLM's integer, where lower is served first
+/// (vLLM's default is 0): -10 or lower is critical, -9..=-1 high, 0 normal, 1 or more low.
 pub fn priority(body: Option<&str>, header: Option<&str>) -> Result<Priority, BodyError> {
     match body.or(header) {
         None => Ok(Priority::Normal),
+        Some(s) if s.parse::<i64>().is_ok() => Ok(priority_of_level(s.parse().unwrap_or(0))),
         Some(s) => s
             .parse()
             .map_err(|e: crate::core::request::UnknownPriority| {
                 body_error("invalid_priority", e.to_string())
             }),
+    }
+}
+
+/// vLLM's integer priority (lower first) as one of abe's classes.
+pub fn priority_of_level(level: i64) -> Priority {
+    match level {
+        i64::MIN..=-10 => Priority::Critical,
+        -9..=-1 => Priority::High,
+        0 => Priority::Normal,
+        _ => Priority::Low,
     }
 }
 
@@ -427,6 +494,20 @@ mod tests {
         assert_eq!(e.code, "invalid_json");
         let e = parse_body::<CompletionBody>(b"").unwrap_err();
         assert!(e.message.contains("empty"));
+    }
+
+    #[test]
+    fn vllm_integer_priorities_map_lower_to_earlier_classes() {
+        let classes: Vec<Priority> = [-100, -10, -9, -1, 0, 1, 50]
+            .into_iter()
+            .map(priority_of_level)
+            .collect();
+        use Priority::*;
+        assert_eq!(classes, [Critical, Critical, High, High, Normal, Low, Low]);
+        assert_eq!(priority(Some("-3"), None).unwrap(), High);
+        assert_eq!(priority(None, Some("2")).unwrap(), Low);
+        let b: CompletionBody = parse_body(br#"{"priority":-12}"#).unwrap();
+        assert_eq!(b.priority.as_deref(), Some("-12"));
     }
 
     #[test]

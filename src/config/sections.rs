@@ -273,6 +273,22 @@ pub struct WorkersConfig {
     /// Fault injection: probability a batch hangs for `fault_hang_ms`.
     pub fault_hang_rate: f64,
     pub fault_hang_ms: f64,
+    /// Failures by kind, answered in front of the engine (`api::faults`): rates 0..=1 of
+    /// 429 (with `Retry-After: fault_retry_after_s`), 401, vLLM's context-length 400, 404,
+    /// 500 and 503 (summing to at most 1), and of streams cut without `[DONE]`, reset, or
+    /// stalled for `fault_stream_stall_ms` after `fault_stream_after_chunks` events.
+    pub fault_rate_limited_rate: f64,
+    pub fault_retry_after_s: u32,
+    pub fault_unauthorized_rate: f64,
+    pub fault_context_length_rate: f64,
+    pub fault_model_not_found_rate: f64,
+    pub fault_internal_error_rate: f64,
+    pub fault_unavailable_rate: f64,
+    pub fault_stream_cut_rate: f64,
+    pub fault_stream_reset_rate: f64,
+    pub fault_stream_stall_rate: f64,
+    pub fault_stream_after_chunks: u32,
+    pub fault_stream_stall_ms: u32,
     /// `[workers.backends.<name>]`: a `sim` backend's own latency keys over these
     /// ([`SimBackendLatency`]); file-only.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -324,6 +340,20 @@ impl Default for WorkersConfig {
             fault_added_latency_ms: faults.added_latency_ms,
             fault_hang_rate: faults.hang_rate,
             fault_hang_ms: faults.hang_ms,
+            // Failures by kind (`api::faults` reads them): all off; a 429's Retry-After
+            // 1 s; stream faults after 2 events, stalls of 500 ms.
+            fault_rate_limited_rate: 0.0,
+            fault_retry_after_s: 1,
+            fault_unauthorized_rate: 0.0,
+            fault_context_length_rate: 0.0,
+            fault_model_not_found_rate: 0.0,
+            fault_internal_error_rate: 0.0,
+            fault_unavailable_rate: 0.0,
+            fault_stream_cut_rate: 0.0,
+            fault_stream_reset_rate: 0.0,
+            fault_stream_stall_rate: 0.0,
+            fault_stream_after_chunks: 2,
+            fault_stream_stall_ms: 500,
             backends: BTreeMap::new(),
         }
     }

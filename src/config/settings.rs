@@ -369,6 +369,43 @@ impl Config {
         probability("workers.fault_hang_rate", w.fault_hang_rate)?;
         non_negative("workers.fault_added_latency_ms", w.fault_added_latency_ms)?;
         non_negative("workers.fault_hang_ms", w.fault_hang_ms)?;
+        let http_rates = [
+            ("workers.fault_rate_limited_rate", w.fault_rate_limited_rate),
+            ("workers.fault_unauthorized_rate", w.fault_unauthorized_rate),
+            (
+                "workers.fault_context_length_rate",
+                w.fault_context_length_rate,
+            ),
+            (
+                "workers.fault_model_not_found_rate",
+                w.fault_model_not_found_rate,
+            ),
+            (
+                "workers.fault_internal_error_rate",
+                w.fault_internal_error_rate,
+            ),
+            ("workers.fault_unavailable_rate", w.fault_unavailable_rate),
+        ];
+        let stream_rates = [
+            ("workers.fault_stream_cut_rate", w.fault_stream_cut_rate),
+            ("workers.fault_stream_reset_rate", w.fault_stream_reset_rate),
+            ("workers.fault_stream_stall_rate", w.fault_stream_stall_rate),
+        ];
+        // One draw picks at most one kind of each group (`api::faults`).
+        for group in [&http_rates[..], &stream_rates[..]] {
+            for &(key, rate) in group {
+                probability(key, rate)?;
+            }
+            let sum: f64 = group.iter().map(|(_, r)| r).sum();
+            if sum > 1.0 + 1e-9 {
+                let keys: Vec<&str> = group.iter().map(|(k, _)| *k).collect();
+                return Err(invalid(
+                    &keys.join(" + "),
+                    sum,
+                    "one draw picks at most one kind, so these rates must sum to at most 1",
+                ));
+            }
+        }
         let h = &self.health;
         at_least("health.failure_threshold", h.failure_threshold as usize, 1)?;
         positive_ms("health.check_interval", h.check_interval)?;

@@ -109,6 +109,8 @@ pub struct Head {
     pub authorization: Option<String>,
     /// Value of `X-Session-Id`, if any: a client's session, for session-affinity routing.
     pub session_id: Option<String>,
+    /// Value of `X-Request-Id`, if any: echoed, and the response's id (as vLLM does).
+    pub request_id: Option<String>,
     /// The query string after `?`, if any (only the few GET endpoints with parameters read
     /// it, e.g. `/metrics/history?seconds=N`).
     pub query: Option<String>,
@@ -225,6 +227,7 @@ pub fn parse_head(
     let mut priority = None;
     let mut authorization = None;
     let mut session_id = None;
+    let mut request_id = None;
     for h in req.headers.iter() {
         let name = h.name;
         // Every header value must be UTF-8 (httparse lets obs-text through); ASCII, the
@@ -284,6 +287,8 @@ pub fn parse_head(
             authorization = Some(value().to_string());
         } else if name.eq_ignore_ascii_case("x-session-id") {
             session_id = Some(value().to_string());
+        } else if name.eq_ignore_ascii_case("x-request-id") {
+            request_id = Some(value().to_string());
         }
     }
     if transfer_encoding {
@@ -331,6 +336,7 @@ pub fn parse_head(
         priority,
         authorization,
         session_id,
+        request_id,
         query,
     };
     // Guarantees: the head fits its limit, the body its own, the path has no query.

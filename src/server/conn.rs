@@ -104,6 +104,10 @@ pub struct Conn {
     pub read_closed_hint: bool,
     /// Close once every slot is written.
     pub close_when_flushed: bool,
+    /// An injected stream reset struck: reset the connection once the write buffer is out
+    /// and the client had a tick to read it (`reset_at`, set then).
+    pub reset_when_flushed: bool,
+    pub reset_at: Option<Instant>,
 }
 
 /// What a read found.
@@ -133,6 +137,8 @@ impl Conn {
             readable: true,
             read_closed_hint: false,
             close_when_flushed: false,
+            reset_when_flushed: false,
+            reset_at: None,
         }
     }
 
@@ -237,13 +243,16 @@ impl Conn {
             if let (Some(st), None) = (front.stream.as_mut(), front.response.as_ref()) {
                 // A stream at the front: its head goes out with its first bytes (until then
                 // a failure can still be a plain HTTP error), then whatever is ready.
+                st.writer.release_due(Instant::now(), &mut st.pending);
                 if !st.head_written && (st.done || !st.pending.is_empty()) {
                     st.head_written = true;
                     let route = front.route;
+                    let writer = &st.writer;
                     crate::api::stream::write_head(&mut self.write_buf, front.close, |out| {
                         if let Some(d) = &route {
                             crate::api::render::write_route_header(out, router, d);
                         }
+                        writer.write_headers(out);
                     });
                 }
                 if st.head_written && !st.pending.is_empty() {
@@ -251,7 +260,13 @@ impl Conn {
                     st.pending.clear();
                     staged = true;
                 }
-                if !st.done {
+                if st.head_written && st.writer.wants_reset() {
+                    // An injected reset (api::faults): what went before it is written, then
+                    // the io thread resets the connection.
+                    self.reset_when_flushed = true;
+                    break;
+                }
+                if !st.done || st.writer.holding() {
                     break;
                 }
                 let slot = self.slots.pop_front().expect("front exists");
@@ -315,6 +330,28 @@ impl Conn {
     /// Response bytes staged and not yet written.
     pub fn unwritten(&self) -> usize {
         self.write_buf.len() - self.written
+    }
+
+    /// Resets the connection (TCP RST, not FIN) when it is closed: `SO_LINGER` with a zero
+    /// timeout. For injected stream resets only.
+    pub fn set_reset_on_close(&self) {
+        use std::os::fd::AsRawFd;
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: the descriptor is this connection's open socket, owned by `self.stream`
+        // for the whole call; `linger` is a valid `struct linger` that outlives the call,
+        // and its exact size is passed.
+        let _ = unsafe {
+            libc::setsockopt(
+                self.stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
     }
 
     /// Writes as much of the write buffer as the socket takes.

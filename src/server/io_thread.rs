@@ -356,6 +356,16 @@ impl IoThread {
                     return;
                 }
             }
+            if conn.reset_when_flushed && conn.unwritten() == 0 {
+                // An injected reset (api::faults): a tick after the bytes before it went
+                // out, so the client reads them before the RST discards what it has not.
+                let at = *conn.reset_at.get_or_insert(now + TICK);
+                if now >= at {
+                    conn.set_reset_on_close();
+                    self.close(idx);
+                }
+                return;
+            }
             if conn.should_close() {
                 self.close(idx);
                 return;
@@ -473,7 +483,7 @@ impl IoThread {
                     self.push_ready(idx, endpoint, response, close, head_only)
                 }
                 Routed::Submit(job) => {
-                    self.submit_job(idx, endpoint, job, close, keep_alive_header, received)
+                    self.submit_job(idx, endpoint, *job, close, keep_alive_header, received)
                 }
                 Routed::Subscribe(subscriber) => {
                     // A placeholder response, replaced by the stream just below.
@@ -544,6 +554,7 @@ impl IoThread {
             self.next_response_id += 1;
             let kind = match job.kind {
                 api::JobKind::Chat => api::stream::StreamKind::Chat,
+                api::JobKind::Response { .. } => api::stream::StreamKind::Response,
                 _ => api::stream::StreamKind::Completion,
             };
             StreamSlot {
@@ -555,7 +566,10 @@ impl IoThread {
                     self.next_response_id,
                     parts,
                 )
-                .with_echo(echo),
+                .with_echo(echo)
+                .with_request_id(job.request_id.clone())
+                .with_structured(job.structured.clone())
+                .with_response(job.response.clone()),
                 pending: Vec::new(),
                 head_written: false,
                 done: false,
@@ -783,11 +797,14 @@ impl IoThread {
     /// `/events` connections take what their subscriber gathered since the last tick.
     fn touch_event_streams(&mut self) {
         for (idx, conn) in self.conns.iter().enumerate() {
-            if conn
-                .as_ref()
-                .and_then(|c| c.slots.front())
-                .is_some_and(|s| s.events.is_some())
-            {
+            // Streams in an injected stall or reset (api::faults) are looked at too.
+            if conn.as_ref().is_some_and(|c| {
+                c.reset_when_flushed
+                    || c.slots.front().is_some_and(|s| {
+                        s.events.is_some()
+                            || s.stream.as_ref().is_some_and(|st| st.writer.holding())
+                    })
+            }) {
                 self.touched.push(idx);
             }
         }

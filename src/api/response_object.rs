@@ -1,0 +1,183 @@
+//! The Responses API's response object and its store: the JSON of a response (whole, the
+//! stream's `response.created` / `response.completed`, the stored copy) built from what the
+//! request asked and what the engine answered, and the bounded store `GET /v1/responses/{id}`
+//! reads (`store`, default true; the oldest of [`STORE_MAX`] answers goes first). Decoding
+//! the request lives in [`super::responses`]; the stream's events in [`super::stream`].
+//!
+//! What must never happen here: a store that grows past its bound, or an id that answers
+//! with another request's response.
+
+use crate::exec::{FinishReason, Output};
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// Responses kept for `GET /v1/responses/{id}`: 1,024 answers of at most
+/// `server.max_tokens_limit` tokens each (a few MiB on defaults).
+pub const STORE_MAX: usize = 1024;
+
+/// The kept responses by id, and their ids oldest first.
+type Kept = (HashMap<Arc<str>, Arc<str>>, VecDeque<Arc<str>>);
+
+/// The stored responses, oldest first out.
+#[derive(Debug, Default)]
+pub struct ResponseStore {
+    inner: Mutex<Kept>,
+}
+
+impl ResponseStore {
+    /// Keeps `body` (the response's JSON) under `id`, dropping the oldest past the bound.
+    pub fn insert(&self, id: &str, body: String) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, order) = &mut *g;
+        let id: Arc<str> = id.into();
+        if map.insert(id.clone(), body.into()).is_none() {
+            order.push_back(id);
+        }
+        while order.len() > STORE_MAX {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+            }
+        }
+        // Guarantees: the bound holds and every kept id is in both.
+        debug_assert!(map.len() == order.len() && map.len() <= STORE_MAX);
+    }
+
+    /// The stored response `id`, if still kept.
+    pub fn get(&self, id: &str) -> Option<Arc<str>> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.get(id).cloned()
+    }
+}
+
+/// What a response's JSON repeats from its request, and where it is stored.
+#[derive(Debug)]
+pub struct ResponseMeta {
+    /// `resp_<hex>`.
+    pub id: String,
+    /// `msg_<hex>`: the output message's id.
+    pub message_id: String,
+    pub model: String,
+    pub created_at: u64,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u32>,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// Set (by the endpoint) when `store` is on: the answer goes there when complete.
+    pub store: Option<Arc<ResponseStore>>,
+}
+
+/// The response object: `status` `in_progress` with no output (a stream's start), or
+/// complete with `text` and usage (`incomplete` when `max_output_tokens` cut it).
+pub fn response_json(meta: &ResponseMeta, done: Option<(&str, u64, u64, bool)>) -> Value {
+    let (status, output, usage, incomplete) = match done {
+        None => ("in_progress", json!([]), Value::Null, Value::Null),
+        Some((text, input, output, cut)) => (
+            if cut { "incomplete" } else { "completed" },
+            json!([message_json(meta, text, "completed")]),
+            json!({
+                "input_tokens": input,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input + output,
+            }),
+            if cut {
+                json!({"reason": "max_output_tokens"})
+            } else {
+                Value::Null
+            },
+        ),
+    };
+    json!({
+        "id": meta.id,
+        "object": "response",
+        "created_at": meta.created_at,
+        "status": status,
+        "error": null,
+        "incomplete_details": incomplete,
+        "instructions": meta.instructions,
+        "max_output_tokens": meta.max_output_tokens,
+        "model": meta.model,
+        "output": output,
+        "parallel_tool_calls": true,
+        "previous_response_id": null,
+        "store": meta.store.is_some(),
+        "temperature": meta.temperature,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": meta.top_p,
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": {},
+    })
+}
+
+/// The output message item.
+pub fn message_json(meta: &ResponseMeta, text: &str, status: &str) -> Value {
+    json!({
+        "type": "message",
+        "id": meta.message_id,
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    })
+}
+
+/// The finished response of `output`, stored when asked: (its JSON text).
+pub fn finish(meta: &ResponseMeta, output: &Output) -> String {
+    let (text, input, out, cut) = match output {
+        Output::Text {
+            text,
+            prompt_tokens,
+            completion_tokens,
+            finish_reason,
+            ..
+        } => (
+            text.as_str(),
+            u64::from(*prompt_tokens),
+            u64::from(*completion_tokens),
+            *finish_reason == FinishReason::Length && meta.max_output_tokens.is_some(),
+        ),
+        Output::Embedding { .. } => ("", 0, 0, false),
+    };
+    let body = response_json(meta, Some((text, input, out, cut))).to_string();
+    if let Some(store) = &meta.store {
+        store.insert(&meta.id, body.clone());
+    }
+    body
+}
+
+/// `GET /v1/responses/{id}`.
+pub fn get(store: &ResponseStore, id: &str) -> crate::http::response::Response {
+    use crate::http::response::{Response, Status};
+    match store.get(id) {
+        Some(body) => Response::json(Status::Ok, body.as_bytes().to_vec()),
+        None => Response::error(
+            Status::NotFound,
+            "not_found",
+            format!(
+                "no stored response '{id}': it was not stored ('store': false), or is older \
+                 than the newest {STORE_MAX}"
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_keeps_the_newest_up_to_its_bound() {
+        let s = ResponseStore::default();
+        for i in 0..STORE_MAX + 10 {
+            s.insert(&format!("resp_{i}"), format!("{{\"n\":{i}}}"));
+        }
+        assert!(s.get("resp_0").is_none());
+        assert!(s.get("resp_9").is_none());
+        assert_eq!(s.get("resp_10").as_deref(), Some("{\"n\":10}"));
+        assert!(s.get(&format!("resp_{}", STORE_MAX + 9)).is_some());
+    }
+}

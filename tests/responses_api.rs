@@ -1,0 +1,151 @@
+//! `POST /v1/responses` and `GET /v1/responses/{id}` over loopback, in both batching modes:
+//! the response object, its stream of named events (deltas adding up to the final text, no
+//! `[DONE]`), the store (and `store: false`), message-list input with instructions.
+
+mod common;
+
+use abe::core::BatchingMode;
+use common::{start, test_config, Client};
+use serde_json::Value;
+
+const MODES: [BatchingMode; 2] = [BatchingMode::Request, BatchingMode::Continuous];
+
+/// (event name, data) of each SSE event.
+fn named_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (name, data) = e.split_once('\n').expect("event and data lines");
+            let name = name
+                .strip_prefix("event: ")
+                .expect("an event line")
+                .to_string();
+            let data = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            (name, data)
+        })
+        .collect()
+}
+
+fn output_text(r: &Value) -> &str {
+    r["output"][0]["content"][0]["text"].as_str().unwrap()
+}
+
+#[test]
+fn a_response_is_answered_stored_and_fetched_again() {
+    for mode in MODES {
+        let mut cfg = test_config();
+        cfg.batching.mode = mode;
+        let abe = start(cfg);
+        let mut c = Client::connect(abe.local_addr());
+        let r = c.request(
+            "POST",
+            "/v1/responses",
+            Some(r#"{"model":"abe-sim","input":"tell me a story","max_output_tokens":5}"#),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["object"], "response");
+        assert!(v["id"].as_str().unwrap().starts_with("resp_"));
+        assert_eq!(output_text(&v).split(' ').count(), 5, "{v}");
+        assert_eq!(v["output"][0]["role"], "assistant");
+        assert_eq!(v["usage"]["output_tokens"], 5);
+        assert_eq!(
+            v["usage"]["total_tokens"].as_u64().unwrap(),
+            v["usage"]["input_tokens"].as_u64().unwrap() + 5
+        );
+        // Cut by max_output_tokens: incomplete, and says why.
+        assert_eq!(v["status"], "incomplete");
+        assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+        let id = v["id"].as_str().unwrap();
+        let got = c.request("GET", &format!("/v1/responses/{id}"), None);
+        assert_eq!(got.status, 200);
+        assert_eq!(got.json(), v, "{mode:?}: the stored copy is the answer");
+        // store: false is not kept; an unknown id is a 404 saying so.
+        let r = c.request(
+            "POST",
+            "/v1/responses",
+            Some(r#"{"input":"x","max_output_tokens":2,"store":false}"#),
+        );
+        let id = r.json()["id"].as_str().unwrap().to_string();
+        assert_eq!(r.json()["store"], false);
+        let got = c.request("GET", &format!("/v1/responses/{id}"), None);
+        assert_eq!(got.status, 404);
+        assert!(got.error_message().contains("not stored"));
+        // A message list with parts, and instructions; without max_output_tokens it completes.
+        let r = c.request(
+            "POST",
+            "/v1/responses",
+            Some(
+                r#"{"instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"role":"assistant","content":"hello"},{"role":"user","content":"again"}]}"#,
+            ),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["status"], "completed");
+        assert_eq!(r.json()["instructions"], "Be brief.");
+        for (body, says) in [
+            (r#"{"max_output_tokens":2}"#, "'input'"),
+            (
+                r#"{"input":"x","previous_response_id":"resp_1"}"#,
+                "previous_response_id",
+            ),
+        ] {
+            let r = c.request("POST", "/v1/responses", Some(body));
+            assert_eq!(r.status, 400, "{body}");
+            assert!(r.error_message().contains(says), "{}", r.text());
+        }
+        abe.shutdown();
+    }
+}
+
+#[test]
+fn a_streamed_response_sends_the_responses_event_types_in_order() {
+    for mode in MODES {
+        let mut cfg = test_config();
+        cfg.batching.mode = mode;
+        let abe = start(cfg);
+        let mut c = Client::connect(abe.local_addr());
+        let r = c.request(
+            "POST",
+            "/v1/responses",
+            Some(r#"{"input":"stream a story","max_output_tokens":4,"stream":true}"#),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(!r.text().contains("[DONE]"));
+        let events = named_events(&r.text());
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        let mut expected = vec![
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ];
+        expected.extend(["response.output_text.delta"; 4]);
+        expected.extend([
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.incomplete",
+        ]);
+        assert_eq!(names, expected, "{mode:?}");
+        for (i, (name, data)) in events.iter().enumerate() {
+            assert_eq!(data["type"], name.as_str());
+            assert_eq!(data["sequence_number"], i as u64);
+        }
+        let deltas: String = events
+            .iter()
+            .filter_map(|(_, d)| d["delta"].as_str())
+            .collect();
+        let last = &events.last().unwrap().1["response"];
+        assert_eq!(output_text(last), deltas);
+        assert_eq!(events[8].1["text"], deltas.as_str());
+        assert_eq!(events[0].1["response"]["status"], "in_progress");
+        let id = last["id"].as_str().unwrap();
+        assert_eq!(events[0].1["response"]["id"], id);
+        let got = c.request("GET", &format!("/v1/responses/{id}"), None);
+        assert_eq!(
+            got.json()["output"][0]["content"][0]["text"],
+            deltas.as_str()
+        );
+        abe.shutdown();
+    }
+}

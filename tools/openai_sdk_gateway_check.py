@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""What a gateway's tests see through the official OpenAI Python SDK when abe stands in for
+vLLM (issue 26): failures by kind injected with POST /admin/faults (each raises the SDK's
+exception for its status; a cut stream ends without [DONE]; a reset stream raises), and the
+vLLM compatibilities (X-Request-Id, integer priority, /version, continuous usage stats), and
+tools and structured output (tool_calls[0].function.arguments valid for the function's
+parameters, whole and streamed; response_format json_schema; a clear 400), and the
+Responses API (create, retrieve, stream).
+
+Usage: [ABE_BATCHING_MODE=continuous] tools/openai_sdk_gateway_check.py http://127.0.0.1:PORT
+(tools/with_server.sh starts abe with admin enabled and no token, as the default config
+does). Leaves every fault off when it ends. Exits non-zero on the first surprise.
+"""
+import json
+import sys
+import urllib.request
+
+import openai
+from openai import OpenAI
+
+OFF = {"rate_limited_rate": 0.0, "unauthorized_rate": 0.0, "context_length_rate": 0.0,
+       "model_not_found_rate": 0.0, "internal_error_rate": 0.0, "unavailable_rate": 0.0,
+       "stream_cut_rate": 0.0, "stream_reset_rate": 0.0, "stream_stall_rate": 0.0}
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+    print(f"ok: {what}")
+
+
+def faults(base, **kw):
+    body = json.dumps({**OFF, **kw}).encode()
+    req = urllib.request.Request(f"{base}/admin/faults", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def check_failures_by_kind(base, client):
+    cases = [
+        ("rate_limited_rate", openai.RateLimitError, 429),
+        ("unauthorized_rate", openai.AuthenticationError, 401),
+        ("context_length_rate", openai.BadRequestError, 400),
+        ("model_not_found_rate", openai.NotFoundError, 404),
+        ("internal_error_rate", openai.InternalServerError, 500),
+        ("unavailable_rate", openai.InternalServerError, 503),
+    ]
+    for key, exc, status in cases:
+        faults(base, **{key: 1.0}, retry_after_s=2)
+        try:
+            client.chat.completions.create(model="abe-sim", max_tokens=3,
+                                           messages=[{"role": "user", "content": "hi"}])
+            check(False, f"{key}: the SDK raises")
+        except exc as err:
+            check(err.status_code == status and err.response.headers.get("x-abe-fault"),
+                  f"{key}: the SDK raises {exc.__name__} ({err.status_code})")
+            if status == 429:
+                check(err.response.headers.get("retry-after") == "2", "429 carries Retry-After")
+            if status == 400:
+                check("maximum context length" in str(err), "400 in vLLM's words")
+
+    faults(base, stream_cut_rate=1.0, stream_after_chunks=2)
+    chunks = list(client.completions.create(model="abe-sim", prompt="cut", max_tokens=8,
+                                            stream=True))
+    check(len(chunks) == 2 and all(c.choices[0].finish_reason is None for c in chunks),
+          f"a cut stream: the SDK's iteration ends after 2 chunks, no finish ({len(chunks)})")
+
+    faults(base, stream_reset_rate=1.0, stream_after_chunks=2)
+    got = []
+    try:
+        for c in client.completions.create(model="abe-sim", prompt="reset", max_tokens=8,
+                                           stream=True):
+            got.append(c)
+        check(False, "a reset stream raises")
+    except Exception as err:  # the SDK's APIError or its HTTP client's read error
+        check(len(got) <= 2, f"a reset stream raises {type(err).__name__} after {len(got)} chunks")
+
+    faults(base, stream_stall_rate=1.0, stream_after_chunks=2, stream_stall_ms=200)
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model="abe-sim", prompt="stall", max_tokens=5, stream=True) if c.choices)
+    check(len(text.split()) == 5, "a stalled stream completes after its stall")
+    faults(base)
+
+
+def check_vllm_extras(base, client):
+    raw = client.completions.with_raw_response.create(
+        model="abe-sim", prompt="hi", max_tokens=2, extra_headers={"X-Request-Id": "gw-42"})
+    c = raw.parse()
+    check(raw.headers.get("x-request-id") == "gw-42" and c.id == "cmpl-gw-42",
+          f"X-Request-Id echoed and used as the id ({c.id})")
+    for p in (-20, -1, 0, 3):
+        c = client.completions.create(model="abe-sim", prompt="p", max_tokens=2,
+                                      extra_body={"priority": p})
+        check(c.usage.completion_tokens == 2, f"integer priority {p} served")
+    usage = [ch.usage for ch in client.chat.completions.create(
+        model="abe-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True})]
+    check(all(u is not None for u in usage) and usage[-1].completion_tokens == 4,
+          "continuous_usage_stats: usage in every chunk, parsed by the SDK")
+    with urllib.request.urlopen(f"{base}/version", timeout=10) as r:
+        check("version" in json.load(r), "GET /version")
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
+                                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+
+
+def valid_weather(args):
+    return (set(args) == {"city", "days"} and isinstance(args["city"], str)
+            and isinstance(args["days"], int) and 1 <= args["days"] <= 7)
+
+
+def check_tools_and_structured(client):
+    msgs = [{"role": "user", "content": "weather in Lyon?"}]
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = client.chat.completions.create(model="abe-sim", messages=msgs, tools=TOOLS,
+                                           tool_choice=choice)
+        call = r.choices[0].message.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        check(call.function.name == "get_weather" and valid_weather(args)
+              and r.choices[0].finish_reason == "tool_calls",
+              f"tool_choice {choice}: the SDK parses tool_calls[0].function.arguments ({args})")
+    calls = {}
+    for chunk in client.chat.completions.create(model="abe-sim", messages=msgs, tools=TOOLS,
+                                                stream=True):
+        for d in chunk.choices[0].delta.tool_calls or []:
+            c = calls.setdefault(d.index, {"name": "", "arguments": ""})
+            c["name"] += d.function.name or ""
+            c["arguments"] += d.function.arguments or ""
+    check(calls and valid_weather(json.loads(calls[0]["arguments"])),
+          f"streamed tool-call deltas add up to valid arguments ({calls})")
+    r = client.chat.completions.create(
+        model="abe-sim", messages=msgs,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}})
+    check(valid_weather(json.loads(r.choices[0].message.content)),
+          "response_format json_schema: the content is valid JSON for the schema")
+    try:
+        client.chat.completions.create(model="abe-sim", messages=msgs, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "string", "pattern": "^[0-9]+$"}}})
+        check(False, "an unsatisfiable schema is refused")
+    except openai.BadRequestError as err:
+        check("pattern" in str(err), "an unsatisfiable schema is a 400 saying why")
+
+
+def check_responses(client):
+    r = client.responses.create(model="abe-sim", input="tell me a story", max_output_tokens=6)
+    check(len(r.output_text.split()) == 6 and r.usage.output_tokens == 6,
+          f"responses.create: output_text and usage parse ({r.output_text!r})")
+    again = client.responses.retrieve(r.id)
+    check(again.id == r.id and again.output_text == r.output_text,
+          "responses.retrieve: the stored response comes back")
+    types, deltas, final = [], "", None
+    for ev in client.responses.create(model="abe-sim", input=[{"role": "user", "content": "hi"}],
+                                      instructions="Be brief.", max_output_tokens=4, stream=True):
+        types.append(ev.type)
+        if ev.type == "response.output_text.delta":
+            deltas += ev.delta
+        if ev.type in ("response.completed", "response.incomplete"):
+            final = ev.response
+    check(types[0] == "response.created" and final is not None and final.output_text == deltas,
+          f"responses stream: the SDK's typed events, deltas add up ({len(types)} events)")
+
+
+def main():
+    base = sys.argv[1].rstrip("/")
+    client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
+    check_failures_by_kind(base, client)
+    check_vllm_extras(base, client)
+    check_tools_and_structured(client)
+    check_responses(client)
+    print("openai sdk gateway check: all passed")
+
+
+if __name__ == "__main__":
+    main()
