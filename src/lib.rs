@@ -15,6 +15,7 @@ pub mod exec;
 #[cfg(any(test, feature = "testing"))]
 pub mod fuzz;
 pub mod http;
+pub mod live;
 pub mod loadgen;
 pub mod metrics;
 pub mod router;

@@ -14,6 +14,7 @@
 //! [`admin`].
 
 pub mod admin;
+pub mod admin_backends;
 pub mod chat;
 pub mod json_out;
 pub mod logprobs;
@@ -55,6 +56,9 @@ pub struct ApiContext {
     pub events: Arc<crate::metrics::events::EventHub>,
     /// Padding and forward counters of each `embed` backend (by name), for `/metrics`.
     pub embed_stats: Vec<(Box<str>, Arc<crate::exec::embed::EmbedStats>)>,
+    /// The backend slots' control plane (`/admin/backends`, `/admin/reload`); `None` for a
+    /// context built without `serve`.
+    pub live: Option<Arc<crate::live::LiveBackends>>,
 }
 
 impl ApiContext {
@@ -81,6 +85,7 @@ impl ApiContext {
             history: Arc::new(crate::metrics::history::History::new(retention_s)),
             events: Arc::default(),
             embed_stats: Vec::new(),
+            live: None,
         }
     }
 

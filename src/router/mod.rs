@@ -14,6 +14,8 @@
 //!   [`CacheView`] an exact cache answers through.
 //! - [`prefix_index`]: the approximate, bounded, LRU prefix index kept per backend.
 //! - [`select`]: the decision flow ([`Router::route`]).
+//! - [`slots`]: backends that come and go: each backend is a slot (active, draining,
+//!   empty); `discovery` tables expand into slots.
 //! - [`error`]: config errors and per-request errors with their HTTP status.
 //!
 //! ```
@@ -39,6 +41,7 @@ pub mod registry;
 pub mod requirements;
 pub mod resolve;
 pub mod select;
+pub mod slots;
 pub mod strategy;
 
 #[cfg(test)]
@@ -57,5 +60,6 @@ pub use registry::{
 };
 pub use requirements::{estimate_tokens, Requirements, RequirementsBuilder};
 pub use resolve::{NameId, Resolver, Routable};
-pub use select::{Decision, DecisionText, Need, Router, RoutingConfig, Via};
+pub use select::{Decision, DecisionText, LiveRouting, Need, Router, RoutingConfig, Via};
+pub use slots::{Discovery, DiscoveryPlan, SlotState};
 pub use strategy::{score, Candidate, Strategy, UnknownStrategy, Weights};

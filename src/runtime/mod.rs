@@ -529,6 +529,32 @@ impl Handle {
         Ok(())
     }
 
+    /// Backend `backend` becomes active again, or starts draining: nothing new is routed
+    /// to it, what it holds finishes, then the engine marks it empty (the snapshot's
+    /// `backends[b].slot` shows each step). `Busy` when the control queue is full.
+    pub fn set_slot(
+        &self,
+        backend: crate::router::BackendId,
+        slot: crate::router::SlotState,
+    ) -> Result<(), RequestError> {
+        self.shared
+            .control
+            .push(Control::SetSlot { backend, slot })
+            .map_err(|_| RequestError::Busy)?;
+        self.shared.engine_bell.ring();
+        Ok(())
+    }
+
+    /// `[routing]` settings a reload changed (the engine's router takes them between turns).
+    pub fn set_routing(&self, live: crate::router::LiveRouting) -> Result<(), RequestError> {
+        self.shared
+            .control
+            .push(Control::SetRouting(live))
+            .map_err(|_| RequestError::Busy)?;
+        self.shared.engine_bell.ring();
+        Ok(())
+    }
+
     /// Changes the faults injected into worker `worker` (tests and chaos runs).
     pub fn set_faults(&self, worker: usize, faults: FaultSettings) {
         if let Some(f) = self.shared.faults.get(worker) {
