@@ -384,3 +384,259 @@ fn a_sim_backend_removed_under_continuous_batching_drains_and_comes_back() {
     assert_reconciles(&abe, answers.len());
     abe.shutdown();
 }
+
+/// A config file in a directory of its own, rewritten by the test.
+struct ConfigFile {
+    path: std::path::PathBuf,
+}
+
+impl ConfigFile {
+    fn new(tag: &str) -> ConfigFile {
+        let dir = std::env::temp_dir().join(format!("abe-live-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        ConfigFile {
+            path: dir.join("abe.toml"),
+        }
+    }
+
+    /// Writes the test server's settings and `rest` (backends, routing).
+    fn write(&self, server_extra: &str, rest: &str) {
+        let text = format!(
+            "[server]\nport = 0\n{server_extra}\n[workers]\ncount = 2\nlatency_model = \"none\"\n\
+             [engine]\npin = false\n{rest}"
+        );
+        std::fs::write(&self.path, text).unwrap();
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.path.parent().unwrap());
+    }
+}
+
+#[test]
+fn a_reload_applies_what_can_change_reports_the_rest_and_refuses_a_bad_file_whole() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    let two = format!(
+        "{}{}[routing]\nstrategy = \"round_robin\"\n",
+        upstream_table("a", &a.base_url()),
+        upstream_table("b", &b.base_url())
+    );
+    let file = ConfigFile::new("reload");
+    file.write("", &two);
+    let abe = Running::start(Config::from_file(&file.path).unwrap()).unwrap();
+    let path = file.path.clone();
+    abe.set_config_source(Box::new(move || Config::from_file(&path)));
+    let addr = abe.local_addr();
+    let mut c = Client::connect(addr);
+    let load = Load::start(addr, "m", 4);
+    load.wait_for(20);
+
+    // b gone, another strategy, a port and an alias (which need a restart).
+    file.write(
+        "max_body_bytes = 1000000",
+        &format!(
+            "{}[routing]\nstrategy = \"least_loaded\"\n[routing.aliases]\nmm = \"m\"\n",
+            upstream_table("a", &a.base_url())
+        ),
+    );
+    let r = c.request("POST", "/admin/reload", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let report = r.json();
+    let applied: Vec<&str> = report["applied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let kept: Vec<&str> = report["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        applied.contains(&"routing.strategy: round_robin -> least_loaded"),
+        "{report}"
+    );
+    assert!(
+        applied.contains(&"backend 'b': removed (draining)"),
+        "{report}"
+    );
+    assert!(
+        kept.iter().any(|k| k.starts_with("server.max_body_bytes")),
+        "{report}"
+    );
+    assert!(
+        kept.iter().any(|k| k.starts_with("routing.aliases")),
+        "{report}"
+    );
+    backends_until(addr, "b drained", |l| state_of(l, "b") == "empty");
+    // The alias was kept out: the running config still does not know it.
+    let r = c.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"model": "mm", "prompt": "x", "max_tokens": 1}"#),
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    // A file that does not check: refused with the start's error; nothing changes.
+    file.write(
+        "",
+        &format!(
+            "{}{}[routing.weights]\npriority = 90\nload = 30\nlatency = 20\n",
+            upstream_table("a", &a.base_url()),
+            upstream_table("b", &b.base_url())
+        ),
+    );
+    let at_start = Config::from_file(&file.path)
+        .unwrap()
+        .check()
+        .unwrap_err()
+        .to_string();
+    let r = c.request("POST", "/admin/reload", None);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.error_message().contains(&at_start),
+        "{} vs {at_start}",
+        r.text()
+    );
+    let list = backends_until(addr, "the list", |_| true);
+    assert_eq!(
+        state_of(&list, "b"),
+        "empty",
+        "a refused reload changes nothing"
+    );
+    assert_eq!(state_of(&list, "a"), "active");
+
+    // The first file again: b comes back.
+    file.write("", &two);
+    let r = c.request("POST", "/admin/reload", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("backend 'b': added back"), "{}", r.text());
+    backends_until(addr, "b back", |l| state_of(l, "b") == "active");
+    let answers = load.finish();
+    assert_reconciles(&abe, answers.len());
+    abe.shutdown();
+}
+
+/// `abe serve --config <file>` as a child process; its stderr lines collected.
+struct ServeProcess {
+    child: std::process::Child,
+    addr: SocketAddr,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServeProcess {
+    fn start(config: &std::path::Path) -> ServeProcess {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_abe"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("abe starts");
+        let stdout = child.stdout.take().unwrap();
+        let stderr_pipe = child.stderr.take().unwrap();
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = stderr.clone();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(stderr_pipe)
+                .lines()
+                .map_while(Result::ok)
+            {
+                lines.lock().unwrap().push(l);
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(a) = l.strip_prefix("abe listening on http://") {
+                    let _ = tx.send(a.parse::<SocketAddr>().unwrap());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("abe prints its address");
+        ServeProcess {
+            child,
+            addr,
+            stderr,
+        }
+    }
+
+    fn hup(&self) {
+        let ok = std::process::Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -HUP");
+    }
+
+    fn log_until(&self, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(l) = self
+                .stderr
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(what))
+            {
+                return l.clone();
+            }
+            assert!(Instant::now() < deadline, "no log line with '{what}'");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn sighup_reloads_the_config_file_and_a_bad_one_leaves_the_server_as_it_was() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    let file = ConfigFile::new("sighup");
+    file.write(
+        "",
+        &format!(
+            "{}{}",
+            upstream_table("a", &a.base_url()),
+            upstream_table("b", &b.base_url())
+        ),
+    );
+    let abe = ServeProcess::start(&file.path);
+    let load = Load::start(abe.addr, "m", 3);
+    load.wait_for(20);
+    file.write("", &upstream_table("a", &a.base_url()));
+    abe.hup();
+    backends_until(abe.addr, "b drained", |l| state_of(l, "b") == "empty");
+    abe.log_until("backend 'b': removed (draining)");
+
+    file.write(
+        "",
+        "[[backends]]\nname = \"a\"\nkind = \"upstream\"\nmodels = []\n",
+    );
+    abe.hup();
+    let line = abe.log_until("reload refused");
+    assert!(line.contains("base_url"), "the start's error: {line}");
+    load.wait_for(20);
+    let list = backends_until(abe.addr, "the list", |_| true);
+    assert_eq!(state_of(&list, "a"), "active");
+    assert_eq!(state_of(&list, "b"), "empty");
+    load.finish();
+}
