@@ -56,7 +56,8 @@ fn state_of<'a>(list: &'a [Value], name: &str) -> &'a str {
         .unwrap_or("missing")
 }
 
-/// Clients sending completions for `model` until stopped; every answer's status and route.
+/// Clients sending completions for `model` until stopped; every answer's status and route
+/// (an error's body instead of a route).
 struct Load {
     stop: Arc<AtomicBool>,
     answers: Arc<Mutex<Vec<(u16, String)>>>,
@@ -80,7 +81,10 @@ impl Load {
                         });
                         let r: Resp = c.request("POST", "/v1/completions", Some(&body.to_string()));
                         sent += 1;
-                        let route = r.header("x-abe-route").unwrap_or("").to_string();
+                        let route = match r.status {
+                            200 => r.header("x-abe-route").unwrap_or("").to_string(),
+                            _ => r.text(),
+                        };
                         answers.lock().unwrap().push((r.status, route));
                     }
                     sent
@@ -639,4 +643,179 @@ fn sighup_reloads_the_config_file_and_a_bad_one_leaves_the_server_as_it_was() {
     assert_eq!(state_of(&list, "a"), "active");
     assert_eq!(state_of(&list, "b"), "empty");
     load.finish();
+}
+
+/// Lines of `/etc/hosts` naming one test host; removed on drop. The file is replaced
+/// whole by a rename, and only the lines this guard wrote are touched.
+struct HostsLines {
+    name: String,
+}
+
+const HOSTS: &str = "/etc/hosts";
+
+impl HostsLines {
+    fn new(name: &str) -> HostsLines {
+        let h = HostsLines { name: name.into() };
+        h.edit(|_| {});
+        h
+    }
+
+    fn edit(&self, f: impl FnOnce(&mut Vec<String>)) {
+        let text = std::fs::read_to_string(HOSTS).expect("read /etc/hosts");
+        let mut mine: Vec<String> = text
+            .lines()
+            .filter(|l| l.ends_with(&format!(" {}", self.name)))
+            .map(String::from)
+            .collect();
+        f(&mut mine);
+        let mut out: String = text
+            .lines()
+            .filter(|l| !l.ends_with(&format!(" {}", self.name)))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        for l in mine {
+            out.push_str(&l);
+            out.push('\n');
+        }
+        // Whole or not at all: a resolver reading a half-written file would see the name
+        // gone (and discovery would rightly drain its backends).
+        let next = format!("{HOSTS}.{}", self.name);
+        std::fs::write(&next, out).expect("write beside /etc/hosts (the test runs as root)");
+        std::fs::rename(&next, HOSTS).expect("replace /etc/hosts");
+    }
+
+    fn add(&self, ip: &str) {
+        let line = format!("{ip} {}", self.name);
+        self.edit(|m| m.push(line));
+    }
+
+    fn remove(&self, ip: &str) {
+        let line = format!("{ip} {}", self.name);
+        self.edit(|m| m.retain(|l| *l != line));
+    }
+}
+
+impl Drop for HostsLines {
+    fn drop(&mut self) {
+        self.edit(|m| m.clear());
+    }
+}
+
+/// An in-process abe serving model `m` on `host:port`.
+fn abe_on(host: &str, port: u16) -> Running {
+    let mut c = test_config();
+    c.server.host = host.into();
+    c.server.port = port;
+    c.server.model_name = "m".into();
+    start(c)
+}
+
+#[test]
+fn discovery_follows_a_name_in_etc_hosts_as_addresses_come_and_go() {
+    let writable = std::fs::OpenOptions::new().append(true).open(HOSTS).is_ok();
+    assert!(writable, "this test edits /etc/hosts: run it as root");
+    let name = format!("abe-live-{}.test", std::process::id());
+    let hosts = HostsLines::new(&name);
+    let two = abe_on("127.0.0.2", 0);
+    let port = two.local_addr().port();
+    let three = abe_on("127.0.0.3", port);
+    hosts.add("127.0.0.2");
+    let mut cfg = with_backends(
+        test_config(),
+        &format!(
+            r#"
+            [[backends]]
+            name = "pool"
+            kind = "upstream"
+            discovery = {{ dns = "{name}", port = {port}, every = "100ms", max_addresses = 3 }}
+            [[backends.models]]
+            name = "m"
+            context_length = 4096
+            [routing]
+            strategy = "round_robin"
+            [health]
+            check_interval = "100ms"
+            "#
+        ),
+    );
+    cfg.server.model_name = "m".into();
+    let front = start(cfg);
+    let addr = front.local_addr();
+    let url = |ip: &str| format!("http://{ip}:{port}");
+    let slot_at = |l: &[Value], ip: &str| {
+        l.iter()
+            .find(|b| b["base_url"] == url(ip).as_str() && b["state"] == "active")
+            .map(|b| b["name"].as_str().unwrap().to_string())
+    };
+    let list = backends_until(addr, "127.0.0.2 found", |l| {
+        slot_at(l, "127.0.0.2").is_some()
+    });
+    let at_two = slot_at(&list, "127.0.0.2").unwrap();
+    assert_eq!(
+        list.iter().filter(|b| b["state"] == "active").count(),
+        1,
+        "{list:?}"
+    );
+    let load = Load::start(addr, "m", 4);
+    load.wait_for(20);
+
+    hosts.add("127.0.0.3");
+    let list = backends_until(addr, "127.0.0.3 found", |l| {
+        slot_at(l, "127.0.0.3").is_some()
+    });
+    let at_three = slot_at(&list, "127.0.0.3").unwrap();
+    let since = load.count();
+    load.wait_for(60);
+    let routes = load.routes_since(since);
+    assert!(routes
+        .iter()
+        .any(|r| r.starts_with(&format!("backend={at_three};"))));
+    assert!(
+        three.handle.snapshot().stats.completed > 0,
+        "127.0.0.3 served"
+    );
+
+    hosts.remove("127.0.0.2");
+    backends_until(addr, "127.0.0.2's slot drained", |l| {
+        l.iter()
+            .any(|b| b["name"] == at_two.as_str() && b["state"] == "empty")
+    });
+    let served_by_two = two.handle.snapshot().stats.completed;
+    let since = load.count();
+    load.wait_for(60);
+    assert!(load
+        .routes_since(since)
+        .iter()
+        .all(|r| r.starts_with(&format!("backend={at_three};"))));
+    let metrics = Client::connect(addr)
+        .request("GET", "/metrics", None)
+        .text();
+    assert!(
+        !metrics.contains(&format!("backend=\"{at_two}\"")),
+        "its series are gone"
+    );
+
+    // Back again: the address takes a slot and work.
+    hosts.add("127.0.0.2");
+    let list = backends_until(addr, "127.0.0.2 back", |l| {
+        slot_at(l, "127.0.0.2").is_some()
+    });
+    assert_eq!(
+        slot_at(&list, "127.0.0.2").unwrap(),
+        at_two,
+        "it takes its old slot back"
+    );
+    let since = load.count();
+    load.wait_for(60);
+    assert!(load
+        .routes_since(since)
+        .iter()
+        .any(|r| r.starts_with(&format!("backend={at_two};"))));
+    let answers = load.finish();
+    assert_reconciles(&front, answers.len());
+    assert!(two.handle.snapshot().stats.completed > served_by_two);
+    front.shutdown();
+    drop(hosts);
+    two.shutdown();
+    three.shutdown();
 }

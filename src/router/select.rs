@@ -628,12 +628,15 @@ impl RouterView<'_> {
                 serving: 0,
                 unhealthy: 0,
                 circuit_not_closed: 0,
+                removed: 0,
             };
             for o in offers.iter().filter(|o| o.capable(req)) {
                 let s = self.registry.state(o.backend);
                 debug_assert!(!s.routable(), "a capable routable backend would be picked");
                 unavailable.serving += 1;
-                if !s.healthy() {
+                if !s.slot().is_active() {
+                    unavailable.removed += 1;
+                } else if !s.healthy() {
                     unavailable.unhealthy += 1;
                 } else {
                     unavailable.circuit_not_closed += 1;

@@ -276,7 +276,12 @@ mod tests {
         router
             .registry_mut()
             .set_slot(BackendId::from_index(1), SlotState::Empty);
-        assert_eq!(router.route(&req).unwrap_err().status(), 503);
+        let e = router.route(&req).unwrap_err();
+        assert_eq!(e.status(), 503);
+        assert!(
+            e.to_string().contains("2 removed (draining or empty)"),
+            "{e}"
+        );
         router
             .registry_mut()
             .set_slot(BackendId::from_index(0), SlotState::Active);

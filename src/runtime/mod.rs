@@ -255,6 +255,11 @@ pub fn start_routed(
     let strategy = cfg.core.strategy;
     let mut snapshot = Snapshot::new(total_workers, strategy);
     snapshot.backends = vec![Default::default(); backends];
+    // Slots that start empty (discovery's) say so before the engine's first publish.
+    for (b, dst) in snapshot.backends.iter_mut().enumerate() {
+        let id = crate::router::BackendId::from_index(b);
+        dst.slot = routing.router.registry().state(id).slot();
+    }
     snapshot.backend_names = routing
         .router
         .registry()
