@@ -18,4 +18,4 @@ mod wire;
 
 pub use client::{UpstreamClient, UpstreamTarget, UpstreamTimeouts};
 pub use executor::{UpstreamExecutor, CONCURRENT_REQUESTS_MAX};
-pub use slot::UpstreamSlot;
+pub use slot::{SlotCell, UpstreamSlot};
