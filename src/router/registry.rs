@@ -12,7 +12,7 @@
 use super::capabilities::Capabilities;
 use super::error::RouterConfigError;
 use super::requirements::Requirements;
-pub use super::slots::SlotState;
+pub use super::slot::SlotState;
 use crate::core::circuit::CircuitState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -169,7 +169,7 @@ pub struct BackendConfig {
     /// `upstream` only, instead of `base_url`: follow a DNS name; every address it resolves
     /// to becomes a backend of its own (see [`super::slots`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discovery: Option<super::slots::Discovery>,
+    pub discovery: Option<super::discovery::Discovery>,
 }
 
 fn priority_default() -> u32 {

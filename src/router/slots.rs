@@ -12,106 +12,11 @@
 //! What must never happen here: I/O, clocks, threads. This file is the plain data of the
 //! plan; the live side (who resolves, who retargets) is `crate::live`.
 
+use super::discovery::{Discovery, DISCOVERY_MAX_ADDRESSES_MAX};
 use super::error::RouterConfigError;
 use super::registry::{BackendConfig, BackendKindName};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-/// A backend slot's state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum SlotState {
-    /// Routable (when also healthy with a closed circuit).
-    #[default]
-    Active,
-    /// Removed: nothing new is routed here; what it holds finishes (or times out), then
-    /// the engine marks it [`SlotState::Empty`].
-    Draining,
-    /// Holds nothing and takes nothing; its series are gone from `/metrics`.
-    Empty,
-}
-
-impl SlotState {
-    /// Routable.
-    #[inline]
-    pub const fn is_active(self) -> bool {
-        matches!(self, SlotState::Active)
-    }
-
-    /// As shown by `GET /admin/backends`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            SlotState::Active => "active",
-            SlotState::Draining => "draining",
-            SlotState::Empty => "empty",
-        }
-    }
-}
-
-/// Most slots one `discovery` table may reserve when it does not say (`max_addresses`).
-pub const DISCOVERY_MAX_ADDRESSES_DEFAULT: u32 = 8;
-
-/// Most slots one `discovery` table may reserve at all (each has its own workers).
-pub const DISCOVERY_MAX_ADDRESSES_MAX: u32 = 64;
-
-/// `discovery = { dns = "...", port = 8000, every = "5s", max_addresses = 8 }`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Discovery {
-    /// The name to resolve (a Kubernetes headless Service: one A record per ready pod).
-    pub dns: String,
-    /// The port every address serves on.
-    pub port: u16,
-    /// How often to resolve again: `"5s"`, `"500ms"`, `"1m"` or an integer of ms.
-    #[serde(
-        default = "every_default",
-        serialize_with = "ser_ms",
-        deserialize_with = "de_ms"
-    )]
-    pub every: u64,
-    /// Slots reserved for its addresses; addresses beyond them are logged and left out.
-    #[serde(default = "max_addresses_default")]
-    pub max_addresses: u32,
-}
-
-fn every_default() -> u64 {
-    5000
-}
-
-fn max_addresses_default() -> u32 {
-    DISCOVERY_MAX_ADDRESSES_DEFAULT
-}
-
-fn ser_ms<S: Serializer>(ms: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format!("{ms}ms"))
-}
-
-fn de_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Text {
-        Ms(u64),
-        Text(String),
-    }
-    match Text::deserialize(d)? {
-        Text::Ms(ms) => Ok(ms),
-        Text::Text(t) => parse_ms(&t).map_err(serde::de::Error::custom),
-    }
-}
-
-/// `"5s"`, `"250ms"`, `"1m"` as milliseconds.
-fn parse_ms(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("'{text}' is not a duration like 5s, 500ms, 1m"))?;
-    match unit {
-        "" | "ms" => Ok(n),
-        "s" => Ok(n.saturating_mul(1000)),
-        "m" => Ok(n.saturating_mul(60_000)),
-        _ => Err(format!("'{text}': unknown unit '{unit}' (use ms, s or m)")),
-    }
-}
+#[cfg(doc)]
+use super::slot::SlotState;
 
 /// One `discovery` table, expanded: the name to follow and the slots its addresses fill.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,9 +117,10 @@ pub fn expand_discovery(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::router::SlotState;
 
     fn parse(toml_text: &str) -> Vec<BackendConfig> {
-        #[derive(Deserialize)]
+        #[derive(serde::Deserialize)]
         struct F {
             backends: Vec<BackendConfig>,
         }
@@ -316,7 +222,5 @@ mod tests {
             "upstream",
         );
         assert!(e.contains("max_addresses"), "{e}");
-        assert!(parse_ms("5x").is_err());
-        assert_eq!(parse_ms("2m"), Ok(120_000));
     }
 }
