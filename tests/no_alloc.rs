@@ -211,12 +211,13 @@ fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
         ..Default::default()
     };
     let (router, _) = Router::build(&[backend("a"), backend("b")], &routing_cfg, 7).unwrap();
+    let name = router.lookup("m").unwrap();
     let route = Some(RouteRequest {
-        name: router.lookup("m").unwrap(),
+        name,
         need: Need::default(),
         session: None,
     });
-    let routing = Routing::new(router, route.unwrap().name, None);
+    let routing = Routing::new(router, name, None);
     let cfg = engine_config(1);
     let stop = Arc::new(AtomicBool::new(false));
     let lanes = (0..2)
