@@ -195,6 +195,42 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_changes_the_strategy_and_keeps_the_index_size() {
+        use crate::router::{BackendId, Requirements, Router, RoutingConfig, Strategy};
+        let mut a = BackendConfig::default_sim("m", 1000);
+        a.name = "a".into();
+        let mut b = a.clone();
+        b.name = "b".into();
+        b.priority = 10;
+        let routing = RoutingConfig {
+            strategy: "round_robin".into(),
+            ..RoutingConfig::default()
+        };
+        let (mut router, _) = Router::build(&[a, b], &routing, 1).unwrap();
+        let req = Requirements::text("m", 10);
+        let picks = |r: &mut Router| -> Vec<BackendId> {
+            (0..4).map(|_| r.route(&req).unwrap().backend).collect()
+        };
+        assert_eq!(
+            picks(&mut router).iter().filter(|b| b.index() == 1).count(),
+            2
+        );
+        let mut live = router.live_routing();
+        live.strategy = Strategy::PriorityOnly;
+        live.max_retries = 5;
+        live.prefix.max_tracked_blocks = 7;
+        router.set_live_routing(live);
+        // a has priority 0 (default_sim), b 10: priority_only always picks a.
+        assert!(picks(&mut router).iter().all(|b| b.index() == 0));
+        assert_eq!(router.max_retries(), 5);
+        assert_ne!(
+            router.prefix_config().max_tracked_blocks,
+            7,
+            "fixed at build"
+        );
+    }
+
+    #[test]
     fn discovery_mistakes_name_the_key() {
         let bad = |extra: &str, kind: &str| {
             let b = parse(&format!(
