@@ -112,6 +112,7 @@ fn router() -> Router {
                 priority: rng.gen_range(0..120),
                 max_concurrent_batches: 8,
                 prompt_array: None,
+                discovery: None,
                 models: names
                     .into_iter()
                     .map(|m| ModelConfig {

@@ -16,6 +16,7 @@ pub mod exec;
 pub mod fuzz;
 pub mod http;
 pub mod latency_histogram;
+pub mod live;
 pub mod loadgen;
 pub mod metrics;
 pub mod router;

@@ -255,6 +255,11 @@ fn serve(args: &ServeArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let signals = abe::serve::install_signals().map_err(|e| e.to_string())?;
     let running = abe::serve::Running::start(config).map_err(|e| e.to_string())?;
+    // A reload (SIGHUP, POST /admin/reload) reads file, environment and flags as above.
+    let (file, overrides) = (args.config.clone(), flags(args));
+    running.set_config_source(Box::new(move || {
+        Config::layered(file.as_deref(), std::env::vars(), &overrides)
+    }));
     println!("abe listening on http://{}", running.local_addr());
     tracing::info!(
         addr = %running.local_addr(),

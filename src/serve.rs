@@ -1,5 +1,6 @@
 //! `abe serve`: wires config, runtime and HTTP front end together, and shuts them down in
-//! order on SIGINT/SIGTERM (stop accepting, drain the engine, write every answer, exit).
+//! order on SIGINT/SIGTERM (stop accepting, drain the engine, write every answer, exit);
+//! SIGHUP reloads the config (`live::reload`).
 
 use crate::api::ApiContext;
 use crate::config::{Config, ConfigError, Settings};
@@ -7,10 +8,15 @@ use crate::exec::embed::EmbedStats;
 use crate::exec::health::{spawn_health_checker, HealthBoard};
 use crate::exec::latency::LatencyModel;
 use crate::exec::sim::Faults;
-use crate::exec::upstream::{UpstreamClient, UpstreamExecutor, UpstreamTarget, UpstreamTimeouts};
+use crate::exec::upstream::{
+    UpstreamClient, UpstreamExecutor, UpstreamSlot, UpstreamTarget, UpstreamTimeouts,
+};
 use crate::exec::Executor;
+use crate::live::discovery::{DiscoveryThreads, Resolve, SystemResolver};
+use crate::live::reload::{ReloadError, ReloadReport};
+use crate::live::{ConfigSource, LiveBackends};
 use crate::metrics::http_stats::HttpStats;
-use crate::router::{BackendConfig, BackendId, BackendKind, Router};
+use crate::router::{BackendConfig, BackendId, BackendKind, Router, SlotState};
 use crate::runtime::engine::{BackendHealth, Routing};
 use crate::runtime::{self, Handle, LaneWorkers, RuntimeConfig, ShutdownReport, StartError};
 use crate::server::{self, ServeError, Server};
@@ -50,6 +56,10 @@ pub struct Running {
     history: Option<crate::metrics::history::sampler::Sampler>,
     /// The events thread feeding `/events` subscribers.
     events: Option<crate::metrics::events::EventsThread>,
+    /// The control plane over the backend slots (admin API, reload, discovery).
+    pub live: Arc<LiveBackends>,
+    /// One thread per `discovery` table, if any.
+    discovery: Option<DiscoveryThreads>,
 }
 
 impl Running {
@@ -61,14 +71,32 @@ impl Running {
     /// Starts everything `settings` describe. The engine gets the router; the io threads a
     /// copy of it, for lookups and static checks.
     pub fn start_checked(settings: Settings) -> Result<Running, RunError> {
+        Self::start_checked_with(settings, Arc::new(SystemResolver))
+    }
+
+    /// As [`start_checked`](Self::start_checked), with discovery resolving through
+    /// `resolver` (tests answer without DNS).
+    pub fn start_checked_with(
+        settings: Settings,
+        resolver: Arc<dyn Resolve>,
+    ) -> Result<Running, RunError> {
         let Settings {
             runtime: runtime_cfg,
             backends,
             sim_latency,
-            router: engine_router,
+            router: mut engine_router,
             routing_warning,
+            discovery,
             config,
         } = settings;
+        // A discovery table's slots start empty: its addresses fill them.
+        for plan in &discovery {
+            for &b in &plan.slots {
+                engine_router
+                    .registry_mut()
+                    .set_slot(BackendId::from_index(b), SlotState::Empty);
+            }
+        }
         if let Some(w) = routing_warning {
             tracing::warn!("{w}");
         }
@@ -93,13 +121,15 @@ impl Running {
             request: config.upstream.request_timeout.duration(),
         };
         let mut clients = Vec::new();
+        let mut cells = Vec::with_capacity(backends.len());
         let mut embed_stats = Vec::new();
         let mut lanes = Vec::with_capacity(backends.len());
         for (b, backend) in backends.iter().enumerate() {
-            let client = upstream_client(&io_router, b, timeouts);
+            let client = upstream_client(&io_router, b, timeouts).map(UpstreamSlot::new);
             if let Some(c) = &client {
                 clients.push((b, c.clone()));
             }
+            cells.push(client.clone());
             let kind = io_router
                 .registry()
                 .backend(BackendId::from_index(b))
@@ -136,6 +166,7 @@ impl Running {
             })?;
             Some((health_stop, thread))
         };
+        let running_config = config.clone();
         let config = Arc::new(config);
         let http_stats = Arc::new(HttpStats::new());
         let health_view = health
@@ -152,8 +183,16 @@ impl Running {
                 return Err(e.into());
             }
         };
+        let live = Arc::new(LiveBackends::new(
+            handle.clone(),
+            &backends,
+            cells,
+            discovery,
+            running_config,
+        ));
         let mut ctx = ApiContext::new(handle.clone(), config, http_stats, io_router);
         ctx.embed_stats = embed_stats;
+        ctx.live = Some(live.clone());
         let ctx = Arc::new(ctx);
         let server = server::start(ctx.clone())?;
         // Without the thread abe serves on, with an empty history: not worth refusing to run.
@@ -167,6 +206,17 @@ impl Running {
             crate::metrics::events::EventsThread::spawn(handle.clone(), ctx.events.clone())
                 .map_err(|e| tracing::warn!("no /events: cannot start abe-events: {e}"))
                 .ok();
+        let discovery = if live.plans().is_empty() {
+            None
+        } else {
+            match DiscoveryThreads::spawn(live.clone(), resolver) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::warn!("no discovery: cannot start abe-discovery: {e}");
+                    None
+                }
+            }
+        };
         Ok(Running {
             handle,
             server,
@@ -174,6 +224,8 @@ impl Running {
             health,
             history,
             events,
+            live,
+            discovery,
         })
     }
 
@@ -191,6 +243,9 @@ impl Running {
             .write_timeout
             .duration()
             .min(Duration::from_secs(5));
+        if let Some(d) = self.discovery {
+            d.stop();
+        }
         let control = self.server.control();
         control.begin_stop();
         let report = self.handle.shutdown(drain);
@@ -214,10 +269,29 @@ impl Running {
         report
     }
 
-    /// Blocks until SIGINT or SIGTERM arrives on `signals`, then shuts down gracefully.
+    /// Where a reload (`SIGHUP`, `POST /admin/reload`) reads the config again.
+    pub fn set_config_source(&self, source: ConfigSource) {
+        self.live.set_source(source);
+    }
+
+    /// Reads the config again and applies what can change live (see `live::reload`).
+    pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
+        self.live.reload()
+    }
+
+    /// Serves until SIGINT or SIGTERM arrives on `signals`, then shuts down gracefully. A
+    /// SIGHUP reloads the config (a refused one is logged; the running one stays).
     pub fn run_until_signal(self, mut signals: Signals) -> ShutdownReport {
-        if let Some(sig) = signals.forever().next() {
+        for sig in signals.forever() {
+            if sig == signal_hook::consts::SIGHUP {
+                tracing::info!("SIGHUP: reloading the config");
+                if let Err(e) = self.reload() {
+                    tracing::error!("{e}");
+                }
+                continue;
+            }
             tracing::info!(signal = sig, "shutting down: draining in-flight requests");
+            break;
         }
         self.shutdown()
     }
@@ -263,7 +337,7 @@ struct Lane<'a> {
 fn lane_workers(
     cfg: &RuntimeConfig,
     lane: Lane<'_>,
-    client: Option<UpstreamClient>,
+    client: Option<UpstreamSlot>,
     stop: &Arc<crate::sync::AtomicBool>,
     embed_stats: &mut Vec<(Box<str>, Arc<EmbedStats>)>,
 ) -> Result<LaneWorkers, RunError> {
@@ -279,7 +353,7 @@ fn lane_workers(
         return Ok(LaneWorkers {
             executors: (0..n)
                 .map(|_| {
-                    Box::new(UpstreamExecutor::new(client.clone(), stop.clone()))
+                    Box::new(UpstreamExecutor::in_slot(client.clone(), stop.clone()))
                         as Box<dyn Executor>
                 })
                 .collect(),
@@ -372,8 +446,9 @@ impl BackendHealth for HealthBoard {
 
 pub use signal_hook::iterator::Signals;
 
-/// Installs SIGINT/SIGTERM handling (before anything starts, so no signal is missed).
+/// Installs SIGINT/SIGTERM (stop) and SIGHUP (reload) handling, before anything starts, so
+/// no signal is missed.
 pub fn install_signals() -> Result<Signals, RunError> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    Signals::new([SIGINT, SIGTERM]).map_err(RunError::Signals)
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(RunError::Signals)
 }

@@ -12,14 +12,14 @@
 #[cfg(loom)]
 pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
-pub use loom::sync::Arc;
+pub use loom::sync::{Arc, Mutex};
 #[cfg(loom)]
 pub use loom::thread::{current as current_thread, Thread};
 
 #[cfg(not(loom))]
 pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub use std::sync::Arc;
+pub use std::sync::{Arc, Mutex};
 #[cfg(not(loom))]
 pub use std::thread::{current as current_thread, Thread};
 

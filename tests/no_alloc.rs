@@ -8,7 +8,7 @@ use abe::core::strategy::StrategyKind;
 use abe::core::{Action, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
 use abe::exec::latency::LatencyModel;
 use abe::exec::Work;
-use abe::router::{BackendConfig, Need, Router, RoutingConfig};
+use abe::router::{BackendConfig, Need, Router, RoutingConfig, SlotState};
 use abe::runtime::engine::Routing;
 use abe::runtime::{self, Request, RouteRequest, RuntimeConfig, ThreadRole};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -194,6 +194,67 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
     // Every backend took its share: m alternates between a and b, n goes to c.
     let routed: Vec<u64> = snap.backends.iter().map(|b| b.routed).collect();
     assert!(routed.iter().all(|&r| r > 10_000), "{routed:?}");
+}
+
+#[test]
+fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
+    // Two sim backends of model m; between chunks of requests the test removes `b` (it
+    // drains, then the engine empties its slot) and adds it back, ten times over.
+    let backend = |name: &str| {
+        let mut b = BackendConfig::default_sim("m", 100_000);
+        b.name = name.into();
+        b.max_concurrent_batches = 1;
+        b
+    };
+    let routing_cfg = RoutingConfig {
+        strategy: "round_robin".into(),
+        ..Default::default()
+    };
+    let (router, _) = Router::build(&[backend("a"), backend("b")], &routing_cfg, 7).unwrap();
+    let name = router.lookup("m").unwrap();
+    let route = Some(RouteRequest {
+        name,
+        need: Need::default(),
+        session: None,
+    });
+    let routing = Routing::new(router, name, None);
+    let cfg = engine_config(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let lanes = (0..2)
+        .map(|l| runtime::sim_lane(&cfg, &cfg.sim.latency, 1, l << 32, &stop))
+        .collect();
+    let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
+    let mut sub = handle.submitter(None).expect("submitter");
+    let b = abe::router::BackendId::from_index(1);
+    // Warm-up passes through every state once (first-touch growth is allowed there).
+    for slot in [SlotState::Draining, SlotState::Active] {
+        handle.set_slot(b, slot).unwrap();
+        drive_routed(&mut sub, 10_000, 256, "warm up the engine", &[route]);
+    }
+    let before = COUNTED.load(Ordering::Relaxed);
+    for round in 0..10 {
+        let slot = if round % 2 == 0 {
+            SlotState::Draining
+        } else {
+            SlotState::Active
+        };
+        handle.set_slot(b, slot).unwrap();
+        drive_routed(&mut sub, 10_000, 256, "steady state", &[route]);
+    }
+    let after = COUNTED.load(Ordering::Relaxed);
+    let snap = handle.snapshot();
+    let report = handle.shutdown(std::time::Duration::from_secs(10));
+    assert!(report.clean);
+    assert_eq!(
+        after - before,
+        0,
+        "engine thread allocated {} times while a backend came and went",
+        after - before
+    );
+    assert_eq!(report.completed, 120_000, "{report:?}");
+    // b took work in the rounds it was active, and was left active.
+    assert!(snap.backends[1].routed > 10_000, "{:?}", snap.backends);
+    assert_eq!(snap.backends[1].slot, SlotState::Active);
 }
 
 /// Request-level routing by affinity over two backends of model m: `prefix_aware` with a

@@ -587,8 +587,14 @@ fn the_health_checker_flips_the_board_both_ways() {
     let board = HealthBoard::new(3);
     let stop = Arc::new(AtomicBool::new(false));
     let targets = vec![
-        (0, client_for(up.base_url(), true, Duration::from_secs(5))),
-        (2, client_for(down.base_url(), true, Duration::from_secs(5))),
+        (
+            0,
+            client_for(up.base_url(), true, Duration::from_secs(5)).into(),
+        ),
+        (
+            2,
+            client_for(down.base_url(), true, Duration::from_secs(5)).into(),
+        ),
     ];
     let checker = spawn_health_checker(
         targets,

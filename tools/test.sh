@@ -7,7 +7,8 @@
 #   3. the OpenAI Python SDK against a live `abe serve`
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
 #   5. the /dashboard in headless Chromium against a live `abe serve` under load
-#   6. a bounded chaos soak in both batching modes (tools/chaos_soak.py)
+#   6. a bounded chaos soak in both batching modes (tools/chaos_soak.py), and the
+#      live-backends soak (tools/live_soak.py); deploy/check.py over the deploy files
 #   7. the instruction budget: user-space instructions per request on the request path,
 #      counted by callgrind on a release build, against tools/bench/instruction_budget.toml
 #   8. the `embed` feature: its unit tests, and all-MiniLM-L6-v2 served over HTTP against
@@ -83,6 +84,13 @@ ABE_BATCHING_MODE=continuous DASHBOARD_MODE=continuous tools/with_server.sh tool
 step "chaos soak (bounded; RELIABILITY.md has the long runs)"
 python3 tools/chaos_soak.py --seconds 30 --mode request
 python3 tools/chaos_soak.py --seconds 30 --mode continuous
+
+step "live-backends soak (bounded): backends removed, added, reloaded, re-resolved under load"
+python3 tools/live_soak.py --seconds 15 --mode request
+python3 tools/live_soak.py --seconds 15 --mode continuous
+
+step "deploy/ files: Dockerfile and Kubernetes manifests, as far as this machine allows"
+python3 deploy/check.py --abe target/debug/abe
 
 step "instruction budget (release build; callgrind, tools/bench/instruction_budget.toml)"
 # A release build (the count is of what users run; a debug build's count says little about

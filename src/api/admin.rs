@@ -1,7 +1,8 @@
 //! `/admin/*`: the bearer-token protected control endpoints. `GET /admin/strategy` and
 //! `POST /admin/strategy/{name}` (switch the request-level strategy at run time),
 //! `GET`/`POST /admin/faults` (the faults every `sim` worker injects, and the failures by
-//! kind answered in front of the engine, `api::faults`).
+//! kind answered in front of the engine, `api::faults`); `/admin/backends` and
+//! `/admin/reload` are `admin_backends`'.
 //!
 //! Runs on io threads, like the rest of the API: it only reads the snapshot and pushes
 //! control messages, never blocks. What must never happen here: an admin call served
@@ -57,13 +58,19 @@ pub fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response
     if path == "/admin/faults" {
         return admin_faults(ctx, head, body);
     }
+    if let Some(r) = super::admin_backends::backends(ctx, head, path, body) {
+        return r;
+    }
+    if let Some(r) = super::admin_backends::reload(ctx, head, path) {
+        return r;
+    }
     let Some(name) = path.strip_prefix("/admin/strategy/") else {
         return Response::error(
             Status::NotFound,
             "not_found",
             format!(
-                "no such admin endpoint: {path}; try POST /admin/strategy/{{name}} or \
-                 /admin/faults"
+                "no such admin endpoint: {path}; try POST /admin/strategy/{{name}}, \
+                 /admin/faults, /admin/backends or POST /admin/reload"
             ),
         );
     };

@@ -14,6 +14,7 @@
 //! [`admin`].
 
 pub mod admin;
+pub mod admin_backends;
 pub mod chat;
 pub mod faults;
 pub mod json_out;
@@ -64,6 +65,9 @@ pub struct ApiContext {
     pub faults: faults::FrontFaults,
     /// `POST /v1/responses` answers kept for `GET /v1/responses/{id}` (bounded).
     pub responses: Arc<response_object::ResponseStore>,
+    /// The backend slots' control plane (`/admin/backends`, `/admin/reload`); `None` for a
+    /// context built without `serve`.
+    pub live: Option<Arc<crate::live::LiveBackends>>,
 }
 
 impl ApiContext {
@@ -96,6 +100,7 @@ impl ApiContext {
             embed_stats: Vec::new(),
             faults,
             responses: Arc::default(),
+            live: None,
         }
     }
 

@@ -38,6 +38,8 @@ pub struct Settings {
     pub router: Router,
     /// Set when `routing.strategy` names no strategy (`smart` is used): to be logged.
     pub routing_warning: Option<UnknownStrategy>,
+    /// The `discovery` tables, each expanded into empty upstream slots of `backends`.
+    pub discovery: Vec<crate::router::DiscoveryPlan>,
     /// The layered config these came from: the HTTP front end reads its `[server]` section
     /// (limits and timeouts, all typed by serde) and `[upstream]`, `[health]` from it.
     pub config: Config,
@@ -49,7 +51,9 @@ impl Config {
     /// problem: it comes back as [`Settings::routing_warning`].
     pub fn check(mut self) -> Result<Settings, ConfigError> {
         let runtime = self.runtime_config()?;
-        let backends = super::embed_context::fill(self.effective_backends())?;
+        let (backends, discovery) =
+            crate::router::slots::expand_discovery(self.effective_backends())?;
+        let backends = super::embed_context::fill(backends)?;
         let (router, routing_warning) = self.check_routing(&backends)?;
         let sim_latency = self.sim_latency(&backends, &runtime)?;
         if self.server.max_model_len == 0 {
@@ -78,6 +82,7 @@ impl Config {
             sim_latency,
             router,
             routing_warning,
+            discovery,
             config: self,
         })
     }

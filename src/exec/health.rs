@@ -5,7 +5,7 @@
 //! their own short-lived threads, the checker only waits on them in short slices), a
 //! transition logged more than once, or the board locked (reads are two atomic loads).
 
-use super::upstream::UpstreamClient;
+use super::upstream::UpstreamSlot;
 use super::ExecError;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -79,7 +79,7 @@ impl HealthBoard {
 /// that hangs until `timeout` delays neither the others nor a stop; a probe still running at
 /// stop finishes on its own within `timeout` and its result is dropped.
 pub fn spawn_health_checker(
-    targets: Vec<(usize, UpstreamClient)>,
+    targets: Vec<(usize, UpstreamSlot)>,
     board: Arc<HealthBoard>,
     interval: Duration,
     timeout: Duration,
@@ -108,7 +108,9 @@ pub fn spawn_health_checker(
 }
 
 struct Checker {
-    targets: Vec<(usize, UpstreamClient)>,
+    /// Each backend's slot: its current client is probed (it may be filled again with
+    /// another address between rounds).
+    targets: Vec<(usize, UpstreamSlot)>,
     board: Arc<HealthBoard>,
     timeout: Duration,
     path: String,
@@ -145,7 +147,7 @@ impl Checker {
         let mut waiting = 0usize;
         for (slot, (_, client)) in self.targets.iter().enumerate() {
             let tx = tx.clone();
-            let client = client.clone();
+            let client = client.current();
             let path = self.path.clone();
             let timeout = self.timeout;
             let spawned = std::thread::Builder::new()
@@ -160,7 +162,10 @@ impl Checker {
                 Err(e) => {
                     // No thread to spare: probe here (this round may then overrun a stop).
                     tracing::warn!(error = %e, "cannot start a health probe thread; probing inline");
-                    let result = self.targets[slot].1.probe(&self.path, self.timeout);
+                    let result = self.targets[slot]
+                        .1
+                        .current()
+                        .probe(&self.path, self.timeout);
                     self.mark(slot, result);
                 }
             }
@@ -180,7 +185,8 @@ impl Checker {
 
     /// Records one probe's result and logs a transition.
     fn mark(&self, slot: usize, result: Result<(), ExecError>) {
-        let (i, client) = &self.targets[slot];
+        let (i, cell) = &self.targets[slot];
+        let client = cell.current();
         let was = self.board.healthy(*i);
         self.board.set(*i, result.is_ok());
         match result {

@@ -27,6 +27,8 @@ pub enum Method {
     Get,
     Post,
     Head,
+    /// `DELETE /admin/backends/{name}` only.
+    Delete,
     Other,
 }
 
@@ -210,6 +212,7 @@ pub fn parse_head(
         "GET" => Method::Get,
         "POST" => Method::Post,
         "HEAD" => Method::Head,
+        "DELETE" => Method::Delete,
         _ => Method::Other,
     };
     let target = req.path.unwrap_or("/");

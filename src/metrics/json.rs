@@ -170,9 +170,11 @@ fn backends(snapshot: &Snapshot) -> Value {
         .iter()
         .zip(&snapshot.backends)
         .enumerate()
+        .filter(|(_, (_, b))| b.slot != crate::router::SlotState::Empty)
         .map(|(i, (name, b))| {
             json!({
                 "name": name,
+                "slot": b.slot.as_str(),
                 "healthy": b.healthy,
                 "circuit": b.circuit.as_str(),
                 "pending_batches": b.pending_batches,

@@ -548,12 +548,25 @@ fn render_workers(snapshot: &Snapshot, out: &mut String) {
 /// Routing: each backend's health, circuit, load, latency and request counts.
 fn render_backends(snapshot: &Snapshot, out: &mut String) {
     let names = &snapshot.backend_names;
-    let rows = || names.iter().zip(&snapshot.backends);
+    // An empty slot (a removed backend, drained; an unfilled discovery slot) has no series.
+    let rows = || {
+        names
+            .iter()
+            .zip(&snapshot.backends)
+            .filter(|(_, b)| b.slot != crate::router::SlotState::Empty)
+    };
     let name = "abe_backend_healthy";
     let help = "1 while a backend's last health probe succeeded (sim backends are always healthy).";
     family(out, name, MetricType::Gauge, help);
     for (n, b) in rows() {
         sample(out, name, &[("backend", n)], b.healthy);
+    }
+    let name = "abe_backend_draining";
+    let help = "1 while a removed backend finishes what it holds (then its series go).";
+    family(out, name, MetricType::Gauge, help);
+    for (n, b) in rows() {
+        let draining = b.slot == crate::router::SlotState::Draining;
+        sample(out, name, &[("backend", n)], draining);
     }
     let name = "abe_backend_circuit_state";
     let help = "Backend circuit (from its workers' breakers): 1 for the current state.";
@@ -671,7 +684,15 @@ fn render_auto(snapshot: &Snapshot, out: &mut String) {
     if snapshot.auto.is_empty() {
         return;
     }
-    let rows = || snapshot.backend_names.iter().zip(&snapshot.auto);
+    let rows = || {
+        snapshot
+            .backend_names
+            .iter()
+            .zip(&snapshot.auto)
+            .zip(&snapshot.backends)
+            .filter(|(_, b)| b.slot != crate::router::SlotState::Empty)
+            .map(|(row, _)| row)
+    };
     let gauges: [AutoGauge; 9] = [
         (
             "abe_auto_cost_fixed_seconds",
@@ -1165,16 +1186,30 @@ mod tests {
     }
 
     #[test]
+    fn a_draining_backend_says_so_and_an_empty_one_has_no_series() {
+        let mut snap = busy_snapshot();
+        snap.backends[0].slot = crate::router::SlotState::Draining;
+        let out = page(&snap, &busy_http());
+        assert_line(&out, "abe_backend_draining{backend=\"gpu-a\"} 1");
+        assert_line(&out, "abe_backend_draining{backend=\"remote \\\"b\\\"\"} 0");
+        snap.backends[0].slot = crate::router::SlotState::Empty;
+        let out = page(&snap, &busy_http());
+        assert!(!out.contains("backend=\"gpu-a\""), "{out}");
+        assert!(out.contains("abe_backend_healthy{backend=\"remote"));
+        check(&out).unwrap();
+    }
+
+    #[test]
     fn every_family_is_documented_once() {
         let out = page(&busy_snapshot(), &busy_http());
         let summary = check(&out).unwrap();
         let helps = out.lines().filter(|l| l.starts_with("# HELP ")).count();
         let types = out.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!((helps, types), (summary.families, summary.families));
-        // 28 engine and HTTP families (evictions among them) + latency by priority + 5 of routing + 8 of the
-        // research controllers (a ninth, the decode-TBT gauge, appears once the SLA
-        // controller has an observation).
-        assert_eq!(summary.families, 42);
+        // 28 engine and HTTP families (evictions among them) + latency by priority + 6 of
+        // routing (draining among them) + 8 of the research controllers (a ninth, the
+        // decode-TBT gauge, appears once the SLA controller has an observation).
+        assert_eq!(summary.families, 43);
     }
 
     #[test]

@@ -102,6 +102,8 @@ pub struct Unavailable {
     pub unhealthy: u32,
     /// Of those, healthy but with a circuit that is open or half-open.
     pub circuit_not_closed: u32,
+    /// Of those, removed: draining or an empty slot (see `router::slots`).
+    pub removed: u32,
 }
 
 impl fmt::Display for Unavailable {
@@ -114,7 +116,11 @@ impl fmt::Display for Unavailable {
             if self.serving == 1 { "s" } else { "" },
             self.unhealthy,
             self.circuit_not_closed
-        )
+        )?;
+        if self.removed > 0 {
+            write!(f, ", {} removed (draining or empty)", self.removed)?;
+        }
+        Ok(())
     }
 }
 
@@ -322,6 +328,7 @@ mod tests {
             serving: 1,
             unhealthy: 1,
             circuit_not_closed: 0,
+            removed: 0,
         };
         assert_eq!(
             u.to_string(),
@@ -331,6 +338,7 @@ mod tests {
             serving: 3,
             unhealthy: 2,
             circuit_not_closed: 1,
+            removed: 0,
         };
         assert_eq!(
             u.to_string(),

@@ -14,6 +14,9 @@
 //!   [`CacheView`] an exact cache answers through.
 //! - [`prefix_index`]: the approximate, bounded, LRU prefix index kept per backend.
 //! - [`select`]: the decision flow ([`Router::route`]).
+//! - [`slot`]: a backend slot's state (active, draining, empty); [`discovery`]: the
+//!   `discovery` key (a DNS name instead of a `base_url`); [`slots`]: backends that come
+//!   and go within the slots abe starts with, `discovery` tables expanded into slots.
 //! - [`error`]: config errors and per-request errors with their HTTP status.
 //!
 //! ```
@@ -33,12 +36,15 @@
 
 pub mod affinity;
 pub mod capabilities;
+pub mod discovery;
 pub mod error;
 pub mod prefix_index;
 pub mod registry;
 pub mod requirements;
 pub mod resolve;
 pub mod select;
+pub mod slot;
+pub mod slots;
 pub mod strategy;
 
 #[cfg(test)]
@@ -46,6 +52,7 @@ mod tests;
 
 pub use affinity::{Affinity, CacheView, PrefixConfig};
 pub use capabilities::Capabilities;
+pub use discovery::Discovery;
 pub use error::{
     ContextShortfall, MissingCapabilities, ModelOutcome, RouteError, RouterConfigError, TriedModel,
     Unavailable,
@@ -57,5 +64,7 @@ pub use registry::{
 };
 pub use requirements::{estimate_tokens, Requirements, RequirementsBuilder};
 pub use resolve::{NameId, Resolver, Routable};
-pub use select::{Decision, DecisionText, Need, Router, RoutingConfig, Via};
+pub use select::{Decision, DecisionText, LiveRouting, Need, Router, RoutingConfig, Via};
+pub use slot::SlotState;
+pub use slots::DiscoveryPlan;
 pub use strategy::{score, Candidate, Strategy, UnknownStrategy, Weights};

@@ -12,6 +12,7 @@
 use super::capabilities::Capabilities;
 use super::error::RouterConfigError;
 use super::requirements::Requirements;
+pub use super::slot::SlotState;
 use crate::core::circuit::CircuitState;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -165,6 +166,10 @@ pub struct BackendConfig {
     pub prompt_array: Option<bool>,
     /// The models it serves; at least one.
     pub models: Vec<ModelConfig>,
+    /// `upstream` only, instead of `base_url`: follow a DNS name; every address it resolves
+    /// to becomes a backend of its own (see [`super::slots`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<super::discovery::Discovery>,
 }
 
 fn priority_default() -> u32 {
@@ -198,6 +203,7 @@ impl BackendConfig {
                     json_mode: true,
                 },
             }],
+            discovery: None,
         }
     }
 }
@@ -301,6 +307,8 @@ pub struct BackendState {
     pending_work: u64,
     /// `None` until the first measurement; then finite and `>= 0`.
     latency_ema_ms: Option<f64>,
+    /// Whether the backend takes new work at all (it may be draining or an empty slot).
+    slot: SlotState,
 }
 
 impl BackendState {
@@ -310,6 +318,7 @@ impl BackendState {
         pending_batches: 0,
         pending_work: 0,
         latency_ema_ms: None,
+        slot: SlotState::Active,
     };
 
     pub fn healthy(&self) -> bool {
@@ -327,10 +336,14 @@ impl BackendState {
     pub fn latency_ema_ms(&self) -> Option<f64> {
         self.latency_ema_ms
     }
-    /// May receive new work: healthy and circuit closed.
+    /// Active, draining or empty.
+    pub fn slot(&self) -> SlotState {
+        self.slot
+    }
+    /// May receive new work: an active slot, healthy, circuit closed.
     #[inline]
     pub fn routable(&self) -> bool {
-        self.healthy && matches!(self.circuit, CircuitState::Closed)
+        self.healthy && matches!(self.circuit, CircuitState::Closed) && self.slot.is_active()
     }
 }
 
@@ -526,6 +539,12 @@ impl Registry {
         self.state[id.index()].healthy = healthy;
     }
 
+    /// The backend's slot changed state (added, removed, drained: see [`super::slots`]).
+    /// Only [`SlotState::Active`] is routable; the router forgets nothing else here.
+    pub fn set_slot(&mut self, id: BackendId, slot: SlotState) {
+        self.state[id.index()].slot = slot;
+    }
+
     /// The backend's circuit breaker moved.
     pub fn set_circuit(&mut self, id: BackendId, circuit: CircuitState) {
         self.state[id.index()].circuit = circuit;
@@ -604,6 +623,14 @@ fn validate_backend(i: usize, cfg: &BackendConfig) -> Result<Backend, RouterConf
         return Err(backend_err(
             "name",
             "must not be empty; give every backend a unique name".into(),
+        ));
+    }
+    if cfg.discovery.is_some() {
+        return Err(backend_err(
+            "discovery",
+            "is expanded into backend slots before the registry is built \
+             (router::slots::expand_discovery, which Config::check calls)"
+                .into(),
         ));
     }
     if cfg.kind != BackendKindName::Embed && (cfg.model_dir.is_some() || cfg.truncate.is_some()) {
@@ -765,6 +792,7 @@ pub(crate) fn sim_backend(
         priority,
         max_concurrent_batches: MAX_CONCURRENT_BATCHES_DEFAULT,
         prompt_array: None,
+        discovery: None,
         models: models
             .iter()
             .map(|&(n, c, capabilities)| ModelConfig {

@@ -116,6 +116,17 @@ pub struct Decision {
     pub work: u64,
 }
 
+/// The `[routing]` settings a running router takes from a reload ([`Router::set_live_routing`]):
+/// plain data, so it crosses to the engine in a control message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveRouting {
+    pub strategy: Strategy,
+    pub weights: Weights,
+    pub max_retries: u32,
+    /// All but `max_tracked_blocks` (the indexes' size, fixed at build).
+    pub prefix: PrefixConfig,
+}
+
 /// Routes requests to backends. See the module doc.
 #[derive(Debug)]
 pub struct Router {
@@ -617,12 +628,15 @@ impl RouterView<'_> {
                 serving: 0,
                 unhealthy: 0,
                 circuit_not_closed: 0,
+                removed: 0,
             };
             for o in offers.iter().filter(|o| o.capable(req)) {
                 let s = self.registry.state(o.backend);
                 debug_assert!(!s.routable(), "a capable routable backend would be picked");
                 unavailable.serving += 1;
-                if !s.healthy() {
+                if !s.slot().is_active() {
+                    unavailable.removed += 1;
+                } else if !s.healthy() {
                     unavailable.unhealthy += 1;
                 } else {
                     unavailable.circuit_not_closed += 1;
@@ -772,6 +786,30 @@ impl Router {
 
     pub fn weights(&self) -> Weights {
         self.weights
+    }
+
+    /// The `[routing]` settings a reload may change while abe runs.
+    pub fn live_routing(&self) -> LiveRouting {
+        LiveRouting {
+            strategy: self.strategy,
+            weights: self.weights,
+            max_retries: self.max_retries,
+            prefix: self.prefix,
+        }
+    }
+
+    /// Takes [`LiveRouting`] from a reload (checked by `Config::check` first). The prefix
+    /// indexes keep their size: `prefix.max_tracked_blocks` is kept as built. Switching to
+    /// `prefix_aware` the first time allocates its indexes (see
+    /// [`set_strategy`](Self::set_strategy)): a reload is not the hot path.
+    pub fn set_live_routing(&mut self, live: LiveRouting) {
+        self.weights = live.weights;
+        self.max_retries = live.max_retries;
+        self.prefix = PrefixConfig {
+            max_tracked_blocks: self.prefix.max_tracked_blocks,
+            ..live.prefix
+        };
+        self.set_strategy(live.strategy);
     }
 
     pub fn max_retries(&self) -> u32 {

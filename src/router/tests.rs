@@ -362,7 +362,8 @@ fn ac02_all_unhealthy_is_503_no_healthy_backend() {
             unavailable: Unavailable {
                 serving: 3,
                 unhealthy: 2,
-                circuit_not_closed: 1
+                circuit_not_closed: 1,
+                removed: 0,
             }
         }
     );

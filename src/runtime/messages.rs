@@ -240,6 +240,13 @@ pub enum Control {
     Drain {
         deadline_ns: u64,
     },
+    /// A backend slot becomes active, or starts draining (see `router::slots`).
+    SetSlot {
+        backend: crate::router::BackendId,
+        slot: crate::router::SlotState,
+    },
+    /// `[routing]` settings a reload changed (strategy, weights, retries, prefix thresholds).
+    SetRouting(crate::router::LiveRouting),
 }
 
 /// Which runtime thread is starting (for `RuntimeConfig::on_thread_start`).

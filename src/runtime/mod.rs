@@ -255,6 +255,11 @@ pub fn start_routed(
     let strategy = cfg.core.strategy;
     let mut snapshot = Snapshot::new(total_workers, strategy);
     snapshot.backends = vec![Default::default(); backends];
+    // Slots that start empty (discovery's) say so before the engine's first publish.
+    for (b, dst) in snapshot.backends.iter_mut().enumerate() {
+        let id = crate::router::BackendId::from_index(b);
+        dst.slot = routing.router.registry().state(id).slot();
+    }
     snapshot.backend_names = routing
         .router
         .registry()
@@ -524,6 +529,32 @@ impl Handle {
         self.shared
             .control
             .push(Control::SetStrategy(kind))
+            .map_err(|_| RequestError::Busy)?;
+        self.shared.engine_bell.ring();
+        Ok(())
+    }
+
+    /// Backend `backend` becomes active again, or starts draining: nothing new is routed
+    /// to it, what it holds finishes, then the engine marks it empty (the snapshot's
+    /// `backends[b].slot` shows each step). `Busy` when the control queue is full.
+    pub fn set_slot(
+        &self,
+        backend: crate::router::BackendId,
+        slot: crate::router::SlotState,
+    ) -> Result<(), RequestError> {
+        self.shared
+            .control
+            .push(Control::SetSlot { backend, slot })
+            .map_err(|_| RequestError::Busy)?;
+        self.shared.engine_bell.ring();
+        Ok(())
+    }
+
+    /// `[routing]` settings a reload changed (the engine's router takes them between turns).
+    pub fn set_routing(&self, live: crate::router::LiveRouting) -> Result<(), RequestError> {
+        self.shared
+            .control
+            .push(Control::SetRouting(live))
             .map_err(|_| RequestError::Busy)?;
         self.shared.engine_bell.ring();
         Ok(())

@@ -120,6 +120,8 @@ pub struct BackendSnapshot {
     /// Requests routed here through an alias or a fallback chain.
     pub via_alias: u64,
     pub via_fallback: u64,
+    /// Active, draining (removed, finishing what it holds) or empty (gone: no series).
+    pub slot: crate::router::SlotState,
 }
 
 impl Default for BackendSnapshot {
@@ -134,6 +136,7 @@ impl Default for BackendSnapshot {
             failed: 0,
             via_alias: 0,
             via_fallback: 0,
+            slot: crate::router::SlotState::Active,
         }
     }
 }

@@ -127,6 +127,18 @@ impl UpstreamClient {
         &self.inner.target.base_url
     }
 
+    /// A client of the same backend (name, prompt arrays, time limits) at another address,
+    /// with a connection pool of its own (a backend slot filled again, see `slot`).
+    pub fn retargeted(&self, base_url: &str, api_key: Option<String>) -> UpstreamClient {
+        let target = UpstreamTarget {
+            name: self.inner.target.name.clone(),
+            base_url: base_url.to_string(),
+            api_key,
+            prompt_array: self.inner.target.prompt_array,
+        };
+        UpstreamClient::new(target, self.inner.timeouts)
+    }
+
     /// Whether /v1/completions takes an array of prompts.
     pub fn prompt_array(&self) -> bool {
         self.inner.target.prompt_array

@@ -7,6 +7,7 @@
 //! batch, a new request started after `stop` is set, or a token piece delivered out of order.
 
 use super::client::{Call, UpstreamClient, RESPONSE_BYTES_MAX};
+use super::slot::UpstreamSlot;
 use super::sse::{SseEvent, SseReader};
 use super::wire::{self, BackendUsage, Choice, ChunkError, TextResponse};
 use crate::core::Kind;
@@ -29,13 +30,29 @@ const EMBEDDINGS: &str = "/v1/embeddings";
 /// pool) is shared by all of the backend's workers.
 pub struct UpstreamExecutor {
     client: UpstreamClient,
+    /// A backend slot's cell: `client` is taken from it at the start of every batch (the
+    /// slot may have been filled with another address since the last one).
+    slot: Option<UpstreamSlot>,
     /// Set at shutdown: no new request starts once it is.
     stop: Arc<AtomicBool>,
 }
 
 impl UpstreamExecutor {
     pub fn new(client: UpstreamClient, stop: Arc<AtomicBool>) -> UpstreamExecutor {
-        UpstreamExecutor { client, stop }
+        UpstreamExecutor {
+            client,
+            slot: None,
+            stop,
+        }
+    }
+
+    /// An executor for a backend slot: each batch goes to the slot's address of the moment.
+    pub fn in_slot(slot: UpstreamSlot, stop: Arc<AtomicBool>) -> UpstreamExecutor {
+        UpstreamExecutor {
+            client: slot.current(),
+            slot: Some(slot),
+            stop,
+        }
     }
 }
 
@@ -45,6 +62,9 @@ impl Executor for UpstreamExecutor {
         items: &mut [BatchItem],
         tokens: &mut dyn TokenSink,
     ) -> Result<(), ExecError> {
+        if let Some(slot) = &self.slot {
+            self.client = slot.current();
+        }
         let (jobs, failed) = plan(items, self.client.name(), self.client.prompt_array());
         for (index, error) in failed {
             items[index].error = Some(error);

@@ -257,6 +257,9 @@ impl Mode for IterationLevel {
     /// are admitted (nothing else wakes the engine when a recovery time passes).
     #[inline]
     fn begin_turn(&mut self, now: Nanos) {
+        // A backend's load here is its requests waiting for or holding a slot (see
+        // `finish`): at 0 a draining backend holds nothing.
+        self.routing.settle_unloaded_drains();
         for g in 0..self.routing.circuit_due_ns.len() {
             if now >= self.routing.circuit_due_ns[g] {
                 self.sync_circuit(g, now);
@@ -270,6 +273,10 @@ impl Mode for IterationLevel {
 
     fn begin_drain(&mut self) {
         self.sched.begin_drain();
+    }
+
+    fn routing(&mut self) -> &mut Routing {
+        &mut self.routing
     }
 
     /// Routes the submission to a backend and queues it for that backend's replicas.

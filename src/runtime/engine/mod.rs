@@ -68,6 +68,10 @@ pub trait Mode {
     /// Stops admitting: what is admitted finishes, later submissions are refused.
     fn begin_drain(&mut self);
 
+    /// The routing state, for controls that change it between turns (`SetSlot`,
+    /// `SetRouting`); the mode marks a draining slot empty once it holds nothing.
+    fn routing(&mut self) -> &mut Routing;
+
     /// Admits one submission from submitter `submitter`, or answers it with a refusal.
     fn admit(&mut self, io: &mut EngineIo<Self::Job>, now: Nanos, submitter: u16, sub: Submission);
 
@@ -295,6 +299,8 @@ impl<M: Mode> Engine<M> {
             worked = true;
             match c {
                 Control::SetStrategy(kind) => self.mode.set_strategy(kind),
+                Control::SetSlot { backend, slot } => self.mode.routing().set_slot(backend, slot),
+                Control::SetRouting(live) => self.mode.routing().router.set_live_routing(live),
                 Control::Drain { deadline_ns } => {
                     // Admit what is already in the rings before refusing new work.
                     while self.admit_submissions(now) {}

@@ -367,6 +367,9 @@ impl Mode for RequestLevel {
     #[inline]
     fn begin_turn(&mut self, now: Nanos) {
         self.routing.refresh_health();
+        let lanes = &self.lanes;
+        // A lane holds nothing once its core has nothing queued and nothing out.
+        self.routing.settle_drains(|b| lanes[b].core.is_idle());
         for (l, lane) in self.lanes.iter().enumerate() {
             if now >= self.routing.circuit_due_ns[l] {
                 self.routing
@@ -379,6 +382,10 @@ impl Mode for RequestLevel {
         for lane in &mut self.lanes {
             lane.core.set_strategy(kind);
         }
+    }
+
+    fn routing(&mut self) -> &mut Routing {
+        &mut self.routing
     }
 
     fn begin_drain(&mut self) {

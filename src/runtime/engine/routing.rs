@@ -6,7 +6,7 @@
 
 use crate::core::circuit::{CircuitBreaker, CircuitParams, CircuitState};
 use crate::core::{Core, Nanos};
-use crate::router::{BackendId, Decision, ModelId, NameId, Need, Router};
+use crate::router::{BackendId, Decision, ModelId, NameId, Need, Router, SlotState};
 use std::sync::Arc;
 
 /// Where a routed request went, and the backends that failed it.
@@ -76,6 +76,8 @@ pub struct Routing {
     /// completing (an open worker circuit becomes due its probe); `Nanos::MAX`: not before
     /// the next completion.
     pub(super) circuit_due_ns: Vec<Nanos>,
+    /// Backends in [`SlotState::Draining`]: while 0, a turn looks at no slot.
+    draining: u32,
 }
 
 impl Routing {
@@ -103,6 +105,72 @@ impl Routing {
             health_seen: u64::MAX,
             counters,
             circuit_due_ns,
+            draining: 0,
+        }
+        .with_slots_of_router()
+    }
+
+    /// Counts the slots the router was built with in each state (a discovery table's start
+    /// empty) and copies them into the counters.
+    fn with_slots_of_router(mut self) -> Routing {
+        for b in 0..self.counters.len() {
+            let slot = self
+                .router
+                .registry()
+                .state(BackendId::from_index(b))
+                .slot();
+            self.counters[b].slot = slot;
+            self.draining += u32::from(slot == SlotState::Draining);
+        }
+        self
+    }
+
+    /// A `Control::SetSlot`: backend `backend` becomes `slot` (an empty or draining slot
+    /// active again, an active one draining; `Empty` only through [`Self::settle_drains`]
+    /// or for a slot that holds nothing). Out-of-range ids are ignored (a stale message).
+    pub(super) fn set_slot(&mut self, backend: BackendId, slot: SlotState) {
+        let Some(c) = self.counters.get_mut(backend.index()) else {
+            return;
+        };
+        let was = c.slot;
+        if was == slot {
+            return;
+        }
+        c.slot = slot;
+        self.draining -= u32::from(was == SlotState::Draining);
+        self.draining += u32::from(slot == SlotState::Draining);
+        self.router.registry_mut().set_slot(backend, slot);
+    }
+
+    /// [`Self::settle_drains`] by the registry's load: every draining backend with no
+    /// pending batch (continuous batching counts each request waiting for or holding a
+    /// slot as one) becomes empty.
+    #[inline]
+    pub(super) fn settle_unloaded_drains(&mut self) {
+        if self.draining == 0 {
+            return;
+        }
+        for b in 0..self.counters.len() {
+            let id = BackendId::from_index(b);
+            if self.counters[b].slot == SlotState::Draining
+                && self.router.registry().state(id).pending_batches() == 0
+            {
+                self.set_slot(id, SlotState::Empty);
+            }
+        }
+    }
+
+    /// Every draining backend for which `holds_nothing(b)` becomes empty. A plain loop over
+    /// the backends, only while some drain: no allocation.
+    #[inline]
+    pub(super) fn settle_drains(&mut self, holds_nothing: impl Fn(usize) -> bool) {
+        if self.draining == 0 {
+            return;
+        }
+        for b in 0..self.counters.len() {
+            if self.counters[b].slot == SlotState::Draining && holds_nothing(b) {
+                self.set_slot(BackendId::from_index(b), SlotState::Empty);
+            }
         }
     }
 

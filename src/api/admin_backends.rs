@@ -1,0 +1,119 @@
+//! `/admin/backends` and `/admin/reload`: backends that come and go while abe serves.
+//! `GET /admin/backends` lists every backend slot and its state, `POST /admin/backends`
+//! adds one (a `[[backends]]` table as JSON), `DELETE /admin/backends/{name}` removes one
+//! (it drains), `POST /admin/reload` reads the config again (as `SIGHUP` does).
+//!
+//! Called by `admin` after the token check, on io threads: the work is the control plane's
+//! (`crate::live`), a short lock and a control message, never a wait for the engine. What
+//! must never happen here: a refused change that changes something.
+
+use super::ApiContext;
+use crate::http::parse::{Head, Method};
+use crate::http::response::{Response, Status};
+use crate::live::reload::ReloadError;
+use crate::live::{LiveBackends, LiveError};
+use crate::router::BackendConfig;
+
+/// `/admin/backends[/{name}]`; `None` when `path` is neither.
+pub fn backends(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Option<Response> {
+    let rest = path.strip_prefix("/admin/backends")?;
+    let Some(live) = &ctx.live else {
+        return Some(no_live());
+    };
+    Some(match (rest.strip_prefix('/'), head.method) {
+        (None, Method::Get | Method::Head) if rest.is_empty() => list(live),
+        (None, Method::Post) if rest.is_empty() => add(live, body),
+        (Some(name), Method::Delete) if !name.is_empty() => match live.remove(name) {
+            Ok(()) => {
+                tracing::info!(backend = name, "backend removed via admin API: draining");
+                ok_json(&serde_json::json!({ "name": name, "requested": "draining" }))
+            }
+            Err(e) => live_error(&e),
+        },
+        (None, _) if rest.is_empty() => not_allowed(
+            "/admin/backends supports GET and POST",
+            "Allow: GET, HEAD, POST",
+        ),
+        (Some(_), _) => not_allowed("/admin/backends/{name} supports DELETE", "Allow: DELETE"),
+        _ => return None,
+    })
+}
+
+/// `POST /admin/reload`; `None` for another path.
+pub fn reload(ctx: &ApiContext, head: &Head, path: &str) -> Option<Response> {
+    if path != "/admin/reload" {
+        return None;
+    }
+    if head.method != Method::Post {
+        return Some(not_allowed("/admin/reload supports POST", "Allow: POST"));
+    }
+    let Some(live) = &ctx.live else {
+        return Some(no_live());
+    };
+    Some(match live.reload() {
+        Ok(report) => ok_json(&report),
+        Err(e @ ReloadError::Refused(_)) => {
+            tracing::error!("{e}");
+            Response::error(Status::BadRequest, "reload_refused", e.to_string())
+        }
+        Err(e @ ReloadError::NoSource) => {
+            Response::error(Status::BadRequest, "reload_unavailable", e.to_string())
+        }
+        Err(ReloadError::Live(e)) => live_error(&e),
+    })
+}
+
+fn list(live: &LiveBackends) -> Response {
+    ok_json(&serde_json::json!({ "backends": live.list() }))
+}
+
+fn add(live: &LiveBackends, body: &[u8]) -> Response {
+    let config: BackendConfig = match serde_json::from_slice(body) {
+        Ok(c) => c,
+        Err(e) => {
+            return Response::error(
+                Status::BadRequest,
+                "invalid_backend",
+                format!(
+                    "POST /admin/backends takes one [[backends]] table as a JSON object \
+                     (name, kind, base_url, models, ...): {e}"
+                ),
+            )
+        }
+    };
+    match live.add(&config) {
+        Ok(()) => {
+            tracing::info!(backend = %config.name, "backend added via admin API");
+            ok_json(&serde_json::json!({ "name": config.name, "requested": "active" }))
+        }
+        Err(e) => live_error(&e),
+    }
+}
+
+fn live_error(e: &LiveError) -> Response {
+    let (status, code) = match e {
+        LiveError::NotFound(_) => (Status::NotFound, "backend_not_found"),
+        LiveError::Invalid(_) => (Status::BadRequest, "invalid_backend"),
+        LiveError::NoSlot(_) | LiveError::Fixed { .. } | LiveError::Discovered { .. } => {
+            (Status::Conflict, "backend_conflict")
+        }
+        LiveError::Busy => (Status::ServiceUnavailable, "busy"),
+    };
+    Response::error(status, code, e.to_string())
+}
+
+fn ok_json(body: &impl serde::Serialize) -> Response {
+    Response::json(Status::Ok, serde_json::to_vec(body).unwrap_or_default())
+}
+
+fn not_allowed(why: &str, allow: &'static str) -> Response {
+    Response::error(Status::MethodNotAllowed, "method_not_allowed", why).with_header(allow)
+}
+
+fn no_live() -> Response {
+    Response::error(
+        Status::NotFound,
+        "not_found",
+        "backends cannot change in this server (not started by `abe serve`)",
+    )
+}

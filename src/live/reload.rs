@@ -1,0 +1,243 @@
+//! A reload (`SIGHUP`, `POST /admin/reload`): read the config again as at start (file,
+//! `ABE_*` environment, flags), check it whole with the start's checks, and apply what can
+//! change while abe runs:
+//!
+//! - backends: a table gone drains its backend; a table back, or with a new `base_url` or
+//!   `api_key`, fills its slot; a new table, or one whose fixed keys changed (kind, models,
+//!   priority, workers), is reported and left as it runs (it needs a slot of its own shape);
+//! - `[routing]`: strategy, weights, max_retries and the prefix thresholds change; aliases,
+//!   fallbacks and the prefix index's size are reported and kept;
+//! - every other key (ports, thread counts, batching mode, limits) is reported and kept.
+//!
+//! A config that does not check is refused with the start's error, and nothing changes.
+//! What must never happen here: a partly applied refusal, or a silent difference between
+//! the file and what runs (everything kept is in the report and the log).
+
+use super::{fixed_keys_differ, lock, LiveBackends, LiveError};
+use crate::config::{Config, ConfigError, Settings};
+use crate::router::SlotState;
+use serde::Serialize;
+
+/// What a reload changed, and what it left as it runs (needs a restart).
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct ReloadReport {
+    pub applied: Vec<String>,
+    pub kept: Vec<String>,
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("reload: abe was started without a config source to read again")]
+    NoSource,
+    #[error("reload refused, the running config stays: {0}")]
+    Refused(#[from] ConfigError),
+    #[error("reload: {0}")]
+    Live(#[from] LiveError),
+}
+
+impl LiveBackends {
+    /// Reads the config again and applies it (see the module doc).
+    pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
+        let config = {
+            let source = lock(&self.source);
+            let source = source.as_ref().ok_or(ReloadError::NoSource)?;
+            source()?
+        };
+        let settings = config.check()?;
+        let report = self.apply(settings)?;
+        for line in &report.applied {
+            tracing::info!("reload: applied: {line}");
+        }
+        for line in &report.kept {
+            tracing::warn!("reload: kept as running (needs a restart): {line}");
+        }
+        Ok(report)
+    }
+
+    /// Applies checked `next` settings against what runs.
+    pub fn apply(&self, next: Settings) -> Result<ReloadReport, ReloadError> {
+        let mut report = ReloadReport::default();
+        let mut running = lock(&self.running);
+        fixed_sections(&running, &next.config, &mut report.kept);
+        self.apply_routing(&mut running, &next, &mut report)?;
+        self.apply_backends(&next, &mut report)?;
+        Ok(report)
+    }
+
+    fn apply_routing(
+        &self,
+        running: &mut Config,
+        next: &Settings,
+        report: &mut ReloadReport,
+    ) -> Result<(), ReloadError> {
+        let (was, now) = (&running.routing, &next.config.routing);
+        if was.aliases != now.aliases {
+            report
+                .kept
+                .push("routing.aliases: cannot change live yet".into());
+        }
+        if was.fallbacks != now.fallbacks {
+            report
+                .kept
+                .push("routing.fallbacks: cannot change live yet".into());
+        }
+        if was.prefix.max_tracked_blocks != now.prefix.max_tracked_blocks {
+            report
+                .kept
+                .push("routing.prefix.max_tracked_blocks: the indexes' size is fixed".into());
+        }
+        let mut changed = Vec::new();
+        if was.strategy != now.strategy {
+            changed.push(format!(
+                "routing.strategy: {} -> {}",
+                was.strategy, now.strategy
+            ));
+        }
+        if was.weights != now.weights {
+            changed.push("routing.weights".to_string());
+        }
+        if was.max_retries != now.max_retries {
+            changed.push(format!(
+                "routing.max_retries: {} -> {}",
+                was.max_retries, now.max_retries
+            ));
+        }
+        let mut prefix = now.prefix;
+        prefix.max_tracked_blocks = was.prefix.max_tracked_blocks;
+        if prefix != was.prefix {
+            changed.push("routing.prefix thresholds".to_string());
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        self.handle
+            .set_routing(next.router.live_routing())
+            .map_err(|_| LiveError::Busy)?;
+        running.routing.strategy.clone_from(&now.strategy);
+        running.routing.weights = now.weights;
+        running.routing.max_retries = now.max_retries;
+        running.routing.prefix = prefix;
+        report.applied.extend(changed);
+        Ok(())
+    }
+
+    fn apply_backends(
+        &self,
+        next: &Settings,
+        report: &mut ReloadReport,
+    ) -> Result<(), ReloadError> {
+        // Discovery tables are fixed at start (their slots are).
+        let plans_now: Vec<_> = next
+            .discovery
+            .iter()
+            .map(|p| (&p.name, &p.discovery))
+            .collect();
+        let plans_was: Vec<_> = self.plans.iter().map(|p| (&p.name, &p.discovery)).collect();
+        if plans_now != plans_was {
+            report
+                .kept
+                .push("backends' discovery tables: fixed at start".into());
+        }
+        let discovered: Vec<&str> = next
+            .discovery
+            .iter()
+            .flat_map(|p| p.slots.iter().map(|&b| next.backends[b].name.as_str()))
+            .collect();
+        let plain = || {
+            next.backends
+                .iter()
+                .filter(|b| !discovered.contains(&b.name.as_str()))
+        };
+        // (name, asked, discovery slot) of every slot, read once.
+        let running: Vec<(String, SlotState, bool)> = lock(&self.slots)
+            .iter()
+            .map(|s| (s.config.name.clone(), s.asked, s.plan.is_some()))
+            .collect();
+        for (name, asked, is_discovered) in &running {
+            if *is_discovered {
+                continue;
+            }
+            match plain().find(|b| &b.name == name) {
+                None if *asked == SlotState::Active => {
+                    self.remove(name)?;
+                    report
+                        .applied
+                        .push(format!("backend '{name}': removed (draining)"));
+                }
+                None => {}
+                Some(table) => {
+                    let fixed = {
+                        let slots = lock(&self.slots);
+                        let s = slots.iter().find(|s| &s.config.name == name);
+                        s.map(|s| (fixed_keys_differ(&s.config, table), s.config.clone()))
+                    };
+                    let Some((fixed, was)) = fixed else { continue };
+                    if !fixed.is_empty() {
+                        report.kept.push(format!(
+                            "backend '{name}': {} cannot change live",
+                            fixed.join(", ")
+                        ));
+                        continue;
+                    }
+                    let moved = was.base_url != table.base_url || was.api_key != table.api_key;
+                    if moved || *asked != SlotState::Active {
+                        self.add(table)?;
+                        report.applied.push(match (moved, *asked) {
+                            (true, _) => format!(
+                                "backend '{name}': now at {}",
+                                table.base_url.as_deref().unwrap_or("-")
+                            ),
+                            _ => format!("backend '{name}': added back"),
+                        });
+                    }
+                }
+            }
+        }
+        for table in plain() {
+            if !running.iter().any(|(name, _, _)| name == &table.name) {
+                report.kept.push(format!(
+                    "backend '{}': new; it has no slot (restart to add it)",
+                    table.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The keys outside `[[backends]]` and `[routing]` that differ: each needs a restart.
+fn fixed_sections(running: &Config, next: &Config, kept: &mut Vec<String>) {
+    let (Ok(toml::Value::Table(a)), Ok(toml::Value::Table(b))) =
+        (toml::Value::try_from(running), toml::Value::try_from(next))
+    else {
+        kept.push(
+            "the config could not be compared; nothing outside backends and routing \
+                   changed"
+                .into(),
+        );
+        return;
+    };
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        if key == "backends" || key == "routing" {
+            continue;
+        }
+        match (a.get(key), b.get(key)) {
+            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => {
+                let mut sub: Vec<&String> = x.keys().chain(y.keys()).collect();
+                sub.sort();
+                sub.dedup();
+                for k in sub {
+                    if x.get(k) != y.get(k) {
+                        kept.push(format!("{key}.{k}: needs a restart"));
+                    }
+                }
+            }
+            (x, y) if x != y => kept.push(format!("{key}: needs a restart")),
+            _ => {}
+        }
+    }
+}
