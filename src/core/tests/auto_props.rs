@@ -187,12 +187,12 @@ fn run(case: &Case, strategy: StrategyKind) -> f64 {
             .min()
             .expect("a closed loop always has something pending");
         now = now.max(next);
-        for w in 0..case.workers {
-            let Some((t, batch)) = busy[w] else { continue };
+        for slot in busy.iter_mut() {
+            let Some((t, batch)) = *slot else { continue };
             if t > now {
                 continue;
             }
-            busy[w] = None;
+            *slot = None;
             let clients: Vec<usize> = core
                 .batch_tickets(batch)
                 .iter()

@@ -113,11 +113,16 @@ use cost::{Cost, CostModel};
 /// followed this many arrivals ahead at most).
 const CANDIDATES_MAX: usize = 80;
 
-/// What a hold costs beyond its length, ns: the engine parks and is woken for it (a park and
-/// an unpark take 5-60 us on Linux, more on a loaded machine) and polls again. Charged as
-/// extra wait to everyone held, it makes a hold that saves less than that worthless: with a
-/// batch cost of a few microseconds (latency model `none`), or a sliver of an expected
-/// joiner, `auto` dispatches at once instead of renewing tiny holds up to the max wait.
+/// What a hold costs beyond its length, ns: the engine parks for it and is woken (by an
+/// arrival's doorbell, or at the deadline) and polls again. Measured on this 2-vCPU machine
+/// with `benches/park.rs` (2026-11-27, shared with four other builds, load average 8-11): an
+/// unpark reaches the parked thread in 10.6 / 20.7 / 14.6 us (`park/wake_one_way`, medians of
+/// three runs); 20 us is the top of that range. A hold that runs to its deadline oversleeps
+/// more under such load (`park/timeout_overshoot`: 290-330 us after a 200 us park), which is
+/// not charged: most holds end early, at the arrival they wait for. Charged as extra wait to
+/// everyone held, it makes a hold that saves less than that worthless: with a batch cost of
+/// a few microseconds (latency model `none`), or a sliver of an expected joiner, `auto`
+/// dispatches at once instead of renewing tiny holds up to the max wait.
 pub const HOLD_OVERHEAD_NS: f64 = 20_000.0;
 
 /// Largest echo mass used in the downstream weight `e / (1 - e)`. The weight counts the
