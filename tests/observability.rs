@@ -240,3 +240,60 @@ fn events_stream_batches_ticks_and_requests_as_server_sent_events() {
         abe.shutdown();
     }
 }
+
+/// `auto` holding a partial batch for clients about to come back shows up on `/events` as a
+/// `hold` event saying how many it expects, for how long, and why. Eight closed-loop
+/// clients against one worker whose batches take 10 ms: after a few batches `auto` has
+/// learned the fixed cost and the clients' echo, and holds the ones left waiting for those
+/// just answered.
+#[test]
+fn a_held_batch_shows_up_on_events() {
+    use std::io::Write;
+    let mut cfg = test_config();
+    cfg.workers.count = 1;
+    cfg.workers.max_inflight = 1;
+    cfg.workers.latency_model = abe::exec::latency::LatencyKind::Linear;
+    cfg.workers.base_latency_ms = 10.0;
+    cfg.workers.per_token_latency_ms = 0.0;
+    cfg.workers.latency_variance = 0.0;
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    let mut sub = std::net::TcpStream::connect(addr).unwrap();
+    sub.write_all(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    read_until(&mut sub, |t| t.contains("event: hello"));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                for _ in 0..30 {
+                    let r = c.request(
+                        "POST",
+                        "/v1/completions",
+                        Some(r#"{"prompt":"hold","max_tokens":2}"#),
+                    );
+                    assert_eq!(r.status, 200);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let text = read_until(&mut sub, |t| t.contains("event: hold"));
+    let hold: serde_json::Value = text
+        .split("event: hold\ndata: ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .map(|line| serde_json::from_str(line).unwrap())
+        .unwrap_or_else(|| {
+            panic!("no hold event in 240 requests of 8 closed-loop clients: {text}")
+        });
+    assert_eq!(hold["reason"], "echo", "{hold}");
+    let wait_ms = hold["planned_wait_ms"].as_f64().unwrap();
+    // The rule's horizon: the batch the held requests would have run in (10 ms).
+    assert!(wait_ms > 0.0 && wait_ms <= 10.5, "{hold}");
+    assert!(hold["expected_joiners"].as_f64().unwrap() > 0.0, "{hold}");
+    assert!(hold["queued"].as_u64().unwrap() >= 1, "{hold}");
+    abe.shutdown();
+}

@@ -20,7 +20,8 @@ import tempfile
 import time
 import urllib.request
 
-REQUEST_CHARTS = ["throughput", "latency", "priority", "queue", "batch", "flush", "workers", "tokens"]
+REQUEST_CHARTS = ["throughput", "latency", "priority", "queue", "batch", "flush", "workers", "tokens",
+                  "auto-cost", "auto-holds"]
 CONTINUOUS_CHARTS = ["throughput", "latency", "tokens", "slots", "ttft", "prefix"]
 
 

@@ -160,10 +160,20 @@ impl Core {
         if free > 1 {
             return true;
         }
+        // Room for joiners: in requests, and in tokens at the group's mean per request (a
+        // joiner that cannot fit would not join this batch).
+        let per_request = (s.tokens / s.len.max(1) as u64).max(1);
+        let token_room =
+            u64::from(self.cfg.max_batch_tokens).saturating_sub(s.tokens) / per_request;
+        let room = self
+            .cfg
+            .max_batch_size
+            .saturating_sub(s.len)
+            .min(usize::try_from(token_room).unwrap_or(usize::MAX));
         let group = auto::Group {
             queued: s.len,
             tokens: s.tokens,
-            room: self.cfg.max_batch_size.saturating_sub(s.len),
+            room,
             bucket: self.cfg.token_bucketing.then_some(g),
             latest,
         };

@@ -22,6 +22,12 @@ impl Core {
         self.auto.snapshot()
     }
 
+    /// `auto`'s holds so far and the last one (a copy of two fields: cheap enough to ask
+    /// after every poll).
+    pub fn auto_holds(&self) -> (u64, auto::Hold) {
+        self.auto.holds()
+    }
+
     /// Controller state of the research strategies (for metrics).
     pub fn research_snapshot(&self) -> research::ResearchSnapshot {
         self.research.snapshot()

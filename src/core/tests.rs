@@ -2,6 +2,8 @@
 
 /// `auto` through the core in closed loops (`tests/auto.rs`).
 mod auto;
+/// `auto` over closed loops drawn from seeds (`tests/auto_props.rs`).
+mod auto_props;
 
 use super::strategy::StrategyKind;
 use super::*;

@@ -432,6 +432,7 @@ mod tests {
                 b_ns: 2_000_000.0,
                 c_ns_per_token: 500.0,
                 samples: 64,
+                outliers: 0,
             },
             arrival_rate_per_s: 125.5,
             arrival_burstiness: 2.25,

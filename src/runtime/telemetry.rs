@@ -1,15 +1,17 @@
 //! Telemetry events the engine emits for `/events`: one per formed batch (request-level) or
-//! tick (continuous), one per answered request. Plain `Copy` data pushed into a bounded
+//! tick (continuous), one per answered request, one per poll in which `auto` decided to hold
+//! a partial batch. Plain `Copy` data pushed into a bounded
 //! lock-free queue in [`Shared`](super::Shared); the `abe-events` thread
 //! (`metrics::events`) takes them from there and fans them out to subscribers.
 //!
 //! The engine side never allocates, never blocks and never waits for anyone: a push that
 //! finds the queue full drops the event and counts it. Under load the engine samples: at
 //! most [`EVENTS_PER_WINDOW`] events of each kind per [`SAMPLE_WINDOW_NS`] (200 batch or
-//! tick events and 200 request events a second); the rest are counted as sampled out, so a
+//! tick events, 200 request events and 200 hold events a second); the rest are counted as sampled out, so a
 //! subscriber can tell what it did not see.
 
 use super::sync::{AtomicU64, Ordering};
+use crate::core::strategy::auto::HoldReason;
 use crate::core::strategy::StrategyKind;
 use crate::core::{FlushReason, Nanos, Priority};
 use crossbeam_queue::ArrayQueue;
@@ -47,6 +49,19 @@ pub enum TelemetryEvent {
         decode_tokens: u32,
         prefill_tokens: u32,
     },
+    /// `auto` held a partial batch instead of dispatching it (the last hold of a poll).
+    Hold {
+        at_ns: Nanos,
+        backend: u16,
+        /// Requests held.
+        queued: u32,
+        /// Joiners expected by the end of the hold, and within the rule's horizon.
+        expected_joiners: f64,
+        joiners_within_horizon: f64,
+        /// How long it plans to hold (a new arrival or completion decides again sooner).
+        planned_wait_ns: Nanos,
+        reason: HoldReason,
+    },
     /// A request answered.
     Request {
         at_ns: Nanos,
@@ -77,8 +92,8 @@ pub struct TelemetryCounters {
 /// The engine's end: the sampling windows and the queue.
 pub struct TelemetryTx {
     window_start_ns: Nanos,
-    /// Events emitted in this window: batches/ticks, requests.
-    emitted: [u32; 2],
+    /// Events emitted in this window: batches/ticks, requests, holds.
+    emitted: [u32; 3],
     /// Counted locally and added to the shared counters once per window (one atomic add
     /// per window, not per event).
     sampled_out: u64,
@@ -95,7 +110,7 @@ impl TelemetryTx {
     pub const fn new() -> TelemetryTx {
         TelemetryTx {
             window_start_ns: 0,
-            emitted: [0; 2],
+            emitted: [0; 3],
             sampled_out: 0,
             queue_full: 0,
         }
@@ -112,10 +127,14 @@ impl TelemetryTx {
     ) {
         if now.saturating_sub(self.window_start_ns) >= SAMPLE_WINDOW_NS {
             self.window_start_ns = now;
-            self.emitted = [0; 2];
+            self.emitted = [0; 3];
             self.flush(counters);
         }
-        let kind = usize::from(matches!(event, TelemetryEvent::Request { .. }));
+        let kind = match event {
+            TelemetryEvent::Batch { .. } | TelemetryEvent::Tick { .. } => 0,
+            TelemetryEvent::Request { .. } => 1,
+            TelemetryEvent::Hold { .. } => 2,
+        };
         if self.emitted[kind] >= EVENTS_PER_WINDOW {
             self.sampled_out += 1;
             return;

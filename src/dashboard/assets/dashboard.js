@@ -63,6 +63,50 @@ function drawChart(canvas, series, opts) {
   });
 }
 
+// An x-y chart: `line` = [[x, y], ...] drawn as a line, `points` = [[x, y], ...] as dots.
+function drawXY(canvas, line, points, opts) {
+  const dpr = window.devicePixelRatio || 1;
+  const w = canvas.clientWidth, h = canvas.clientHeight;
+  if (canvas.width !== w * dpr || canvas.height !== h * dpr) {
+    canvas.width = w * dpr; canvas.height = h * dpr;
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  const left = 48, right = 8, top = 18, bottom = 20;
+  canvas.dataset.points = String(line.length + points.length);
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillStyle = "#7b8794";
+  if (!line.length && !points.length) {
+    ctx.fillText("waiting for data…", left, top + 20);
+    return;
+  }
+  let xMax = 1, yMax = 0;
+  for (const [px, py] of line.concat(points)) { xMax = Math.max(xMax, px); yMax = Math.max(yMax, py); }
+  yMax = niceMax(yMax > 0 ? yMax : 1);
+  const x = (v) => left + v / xMax * (w - left - right);
+  const y = (v) => top + (1 - v / yMax) * (h - top - bottom);
+  ctx.strokeStyle = "#263040"; ctx.lineWidth = 1;
+  for (let i = 0; i <= 4; i++) {
+    const v = yMax * i / 4, yy = y(v);
+    ctx.beginPath(); ctx.moveTo(left, yy); ctx.lineTo(w - right, yy); ctx.stroke();
+    ctx.fillText(fmt(v), 2, yy + 4);
+  }
+  ctx.fillText("0", left, h - 4);
+  ctx.fillText(opts.xLabel + " " + Math.round(xMax), w - right - 90, h - 4);
+  ctx.strokeStyle = COLORS[0]; ctx.lineWidth = 1.6;
+  ctx.beginPath();
+  line.forEach(([px, py], j) => { j ? ctx.lineTo(x(px), y(py)) : ctx.moveTo(x(px), y(py)); });
+  ctx.stroke();
+  ctx.fillStyle = COLORS[2];
+  for (const [px, py] of points) ctx.fillRect(x(px) - 2, y(py) - 2, 4, 4);
+  ctx.fillStyle = COLORS[0]; ctx.fillRect(left, 4, 8, 8);
+  ctx.fillStyle = "#d8dee9"; ctx.fillText(opts.lineName, left + 11, 12);
+  const lx = left + 30 + ctx.measureText(opts.lineName).width;
+  ctx.fillStyle = COLORS[2]; ctx.fillRect(lx, 4, 8, 8);
+  ctx.fillStyle = "#d8dee9"; ctx.fillText(opts.pointsName, lx + 11, 12);
+}
+
 function niceMax(v) {
   const p = Math.pow(10, Math.floor(Math.log10(v)));
   for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
@@ -199,6 +243,10 @@ async function poll() {
     if (r.ok) {
       const h = await r.json();
       document.body.dataset.historySeconds = String(h.seconds.length);
+      try {
+        const j = await fetch("/metrics/json", { cache: "no-store" });
+        if (j.ok) noteAuto(await j.json());
+      } catch (e) { /* drawn without it */ }
       render(h);
       if (pendingSwitch && h.seconds.length >= 2 && $("strategy-select").options.length) {
         $("strategy-select").value = pendingSwitch;
@@ -267,11 +315,12 @@ function listenEvents() {
     const t = (d.at_ms / 1000).toFixed(3) + "s ";
     if (kind === "batch") li.textContent = t + `batch  size ${d.size}  tokens ${d.tokens}  flush ${d.reason} (${d.strategy})  worker ${d.worker}`;
     else if (kind === "tick") li.textContent = t + `tick   replica ${d.replica}  entries ${d.entries}  decode ${d.decode_tokens}  prefill ${d.prefill_tokens}`;
+    else if (kind === "hold") li.textContent = t + `hold   ${d.queued} queued  expects ${d.expected_joiners.toFixed(1)} of ${d.joiners_within_horizon.toFixed(1)}  for ${d.planned_wait_ms.toFixed(2)} ms  (${d.reason})`;
     else li.textContent = t + `req    ${d.priority}  ${d.outcome}  ${d.latency_ms.toFixed(1)} ms` + (d.queue_wait_ms != null ? `  queued ${d.queue_wait_ms.toFixed(1)} ms` : "") + (d.ttft_ms != null ? `  ttft ${d.ttft_ms.toFixed(1)} ms` : "") + `  ${d.completion_tokens} tok` + (d.cached_tokens != null ? `  cached ${d.cached_tokens}` : "");
     log.prepend(li);
     while (log.children.length > 60) log.lastChild.remove();
   };
-  for (const kind of ["batch", "tick", "request"]) es.addEventListener(kind, (e) => add(kind, JSON.parse(e.data)));
+  for (const kind of ["batch", "tick", "request", "hold"]) es.addEventListener(kind, (e) => add(kind, JSON.parse(e.data)));
   es.addEventListener("hello", (e) => { $("events-info").textContent = JSON.parse(e.data).sampling; });
   es.addEventListener("stats", (e) => {
     lost = JSON.parse(e.data);

@@ -63,6 +63,27 @@ pub fn render_event(event: &TelemetryEvent, out: &mut Vec<u8>) {
             }),
             out,
         ),
+        TelemetryEvent::Hold {
+            at_ns,
+            backend,
+            queued,
+            expected_joiners,
+            joiners_within_horizon,
+            planned_wait_ns,
+            reason,
+        } => sse(
+            "hold",
+            &json!({
+                "at_ms": ms(at_ns),
+                "backend": backend,
+                "queued": queued,
+                "expected_joiners": expected_joiners,
+                "joiners_within_horizon": joiners_within_horizon,
+                "planned_wait_ms": ms(planned_wait_ns),
+                "reason": reason.as_str(),
+            }),
+            out,
+        ),
         TelemetryEvent::Request {
             at_ns,
             priority,
@@ -99,10 +120,11 @@ pub fn hello() -> Vec<u8> {
     sse(
         "hello",
         &json!({
-            "kinds": ["batch", "tick", "request", "stats"],
+            "kinds": ["batch", "tick", "request", "hold", "stats"],
             "sampling": format!(
-                "at most {EVENTS_PER_WINDOW} batch/tick events and {EVENTS_PER_WINDOW} request \
-                 events per {} ms ({per_second}/s each); the rest are counted in stats.sampled_out",
+                "at most {EVENTS_PER_WINDOW} batch/tick events, {EVENTS_PER_WINDOW} request \
+                 events and {EVENTS_PER_WINDOW} hold events per {} ms ({per_second}/s each); \
+                 the rest are counted in stats.sampled_out",
                 SAMPLE_WINDOW_NS / 1_000_000
             ),
             "max_per_second_per_kind": per_second,

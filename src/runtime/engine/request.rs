@@ -30,6 +30,9 @@ pub(super) struct Lane {
     pub pending_base: u32,
     /// The lane's worker `w` is the engine's worker `worker_base + w`.
     pub worker_base: u32,
+    /// `auto`'s holds already emitted as events (the core counts them; a poll that moved
+    /// the count emits the last one).
+    pub holds_emitted: u64,
 }
 
 /// A lane's offsets, copied out so closures over the I/O can use them while the lane's core
@@ -120,6 +123,7 @@ impl RequestLevel {
             lanes.push(Lane {
                 pending_base: table as u32,
                 worker_base: worker_lane.len() as u32,
+                holds_emitted: 0,
                 core,
             });
             table += capacity;
@@ -539,6 +543,22 @@ impl Mode for RequestLevel {
                 dispatched = true;
                 act(io, free_bufs, routing, now, at, a)
             });
+            let (held, hold) = lane.core.auto_holds();
+            if held != lane.holds_emitted {
+                lane.holds_emitted = held;
+                io.emit(
+                    now,
+                    TelemetryEvent::Hold {
+                        at_ns: now,
+                        backend: at.backend.index() as u16,
+                        queued: hold.queued,
+                        expected_joiners: hold.expected_joiners,
+                        joiners_within_horizon: hold.joiners_within_horizon,
+                        planned_wait_ns: hold.wait_ns,
+                        reason: hold.reason,
+                    },
+                );
+            }
             next = match (next, lane_next) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

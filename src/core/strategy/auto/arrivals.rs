@@ -46,10 +46,12 @@ const ECHO_TOP_OCTAVE: u32 = 29;
 /// Quarter-octave steps as multiples of 1/1024: 2^(k/4) for k = 0..3.
 const QUARTER_STEPS: [u64; 4] = [1024, 1218, 1448, 1722];
 /// Weight of a new window in a bin's moving average (1/16: about 16 completions to settle).
-const ECHO_ALPHA: f64 = 1.0 / 16.0;
+pub const ECHO_ALPHA: f64 = 1.0 / 16.0;
 /// Weight of a new arrival in the bucket shares and gap averages.
 const SHARE_ALPHA: f64 = 1.0 / 32.0;
 const GAP_ALPHA: f64 = 1.0 / 64.0;
+/// Closed windows between recounts of `echo_total` from the bins.
+const ECHO_RECOUNT: u64 = 1024;
 
 /// Lower edge of bin `j`, ns.
 const fn bin_lower_ns(j: usize) -> Nanos {
@@ -120,6 +122,10 @@ impl GapStats {
 pub struct ArrivalModel {
     /// Expected arrivals in each offset bin after a completion.
     echo: [f64; ECHO_BINS],
+    /// Their sum (kept with every update; recounted every [`ECHO_RECOUNT`] windows so
+    /// rounding cannot build up): what a completion brings over the whole horizon.
+    echo_total: f64,
+    windows_closed: u64,
     /// The completion the open window counts from: its time and size, and what came since.
     window_start_ns: Option<Nanos>,
     window_requests: u32,
@@ -139,6 +145,8 @@ impl Default for ArrivalModel {
     fn default() -> Self {
         ArrivalModel {
             echo: [0.0; ECHO_BINS],
+            echo_total: 0.0,
+            windows_closed: 0,
             window_start_ns: None,
             window_requests: 0,
             window_seen: 0,
@@ -221,8 +229,26 @@ impl ArrivalModel {
                 break;
             }
             let observed = f64::from(self.window_counts[j]);
-            self.echo[j] += ECHO_ALPHA * (observed - self.echo[j]);
+            let step = ECHO_ALPHA * (observed - self.echo[j]);
+            self.echo[j] += step;
+            self.echo_total += step;
         }
+        self.windows_closed += 1;
+        if self.windows_closed % ECHO_RECOUNT == 0 {
+            self.echo_total = self.echo.iter().sum();
+        }
+    }
+
+    /// Whether the last completion may still bring an echo: over the whole horizon, more
+    /// arrivals are expected after it than have come. When not, no wait can see a joiner
+    /// from the echo model, and the caller skips it (one comparison instead of a walk over
+    /// the bins).
+    pub fn echo_pending(&self) -> bool {
+        // Below a millionth of a request, no hold can pay (the hold overhead alone is
+        // microseconds); the margin also absorbs the running sum's rounding.
+        self.window_start_ns.is_some()
+            && self.window_requests > 0
+            && self.echo_total - f64::from(self.window_seen) > 1e-6
     }
 
     /// Share of arrivals that fall in token bucket `bucket` (1 before anything arrived).

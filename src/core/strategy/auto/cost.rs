@@ -10,6 +10,18 @@
 //! model knows nothing and says `a = 0`: waiting never pays, so `auto` starts out
 //! work-conserving.
 //!
+//! Incremental: the window's sums are kept as exact integers (requests, tokens and
+//! nanoseconds are integers, and their products over 64 batches fit in `u128`), a new batch
+//! added and the evicted one taken off, so a fit is a handful of operations per completed
+//! batch, not a pass over the window, and nothing drifts.
+//!
+//! Outliers: a batch that took more than [`OUTLIER_FACTOR`] times what the fit predicts for
+//! its shape (a worker descheduled, a page fault storm, a GC pause upstream) is counted in
+//! [`Cost::outliers`] and kept out of the window: one 300 ms stall among 64 batches of 20 ms
+//! would otherwise move `a` by 4.4 ms. More than [`OUTLIER_RUN_MAX`] outliers in a run (one
+//! up per outlier, one down per normal batch) are not stalls but a slower executor: those
+//! batches enter the window, and the fit follows.
+//!
 //! Fixed-size arrays only: nothing here allocates, reads a clock or depends on anything but
 //! the samples it was given.
 
@@ -23,12 +35,24 @@ pub const COST_WINDOW: usize = 64;
 /// two batch sizes 4 and 8 in the window it biases `b` by 0.1 %.
 const RIDGE: f64 = 1e-4;
 
+/// A batch slower than this multiple of its predicted time is an outlier. The noisiest
+/// executor abe models (the Go spec's latency model, 10 % Gaussian noise on `a`) never
+/// strays past 1.5x; a real slow-down of 4x is followed after [`OUTLIER_RUN_MAX`] batches.
+pub const OUTLIER_FACTOR: f64 = 4.0;
+
+/// Outliers in a row that are still taken for stalls; the next one enters the fit. Three
+/// batches are 5 % of the window: following a real change that much later costs little.
+pub const OUTLIER_RUN_MAX: u32 = 3;
+
+/// Batches in the window before outliers are judged (a fit on fewer is itself unsure).
+const OUTLIER_MIN_SAMPLES: usize = 8;
+
 /// One completed batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Sample {
-    requests: f64,
-    tokens: f64,
-    service_ns: f64,
+    requests: u64,
+    tokens: u64,
+    service_ns: u64,
 }
 
 /// The fitted cost `S(n, t) = a + b n + c t`, in nanoseconds.
@@ -42,6 +66,8 @@ pub struct Cost {
     pub c_ns_per_token: f64,
     /// Batches the fit rests on (0: the prior alone, `a = b = c = 0`).
     pub samples: usize,
+    /// Batches kept out of the fit as outliers, since start.
+    pub outliers: u64,
 }
 
 impl Cost {
@@ -51,6 +77,60 @@ impl Cost {
     }
 }
 
+/// Exact sums over the window: of `n`, `t`, `s` (service ns) and of their products.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Sums {
+    n: u128,
+    t: u128,
+    s: u128,
+    nn: u128,
+    tt: u128,
+    nt: u128,
+    ns: u128,
+    ts: u128,
+}
+
+impl Sums {
+    fn add(&mut self, x: &Sample) {
+        let (n, t, s) = (
+            u128::from(x.requests),
+            u128::from(x.tokens),
+            u128::from(x.service_ns),
+        );
+        self.n += n;
+        self.t += t;
+        self.s += s;
+        self.nn += n * n;
+        self.tt += t * t;
+        self.nt += n * t;
+        self.ns += n * s;
+        self.ts += t * s;
+    }
+
+    fn remove(&mut self, x: &Sample) {
+        let (n, t, s) = (
+            u128::from(x.requests),
+            u128::from(x.tokens),
+            u128::from(x.service_ns),
+        );
+        self.n -= n;
+        self.t -= t;
+        self.s -= s;
+        self.nn -= n * n;
+        self.tt -= t * t;
+        self.nt -= n * t;
+        self.ns -= n * s;
+        self.ts -= t * s;
+    }
+}
+
+/// `len` times the centred co-moment of two regressors, `len * sum(xy) - sum(x) sum(y)`,
+/// computed exactly, divided by `len` in floating point.
+fn centred(len: u128, xy: u128, x: u128, y: u128) -> f64 {
+    let scaled = len as i128 * xy as i128 - x as i128 * y as i128;
+    scaled as f64 / len as f64
+}
+
 /// Sliding-window least squares over the last [`COST_WINDOW`] batches.
 #[derive(Clone, Debug)]
 pub struct CostModel {
@@ -58,6 +138,11 @@ pub struct CostModel {
     /// Next slot to write in `window`; `len` of them are valid.
     next: usize,
     len: usize,
+    /// Sums over the `len` valid samples (kept equal to a recount: a debug check says so).
+    sums: Sums,
+    /// Outliers so far, and the current run: +1 per outlier, -1 per normal batch.
+    outliers: u64,
+    outlier_run: u32,
     fitted: Cost,
 }
 
@@ -67,24 +152,49 @@ impl Default for CostModel {
             window: [Sample::default(); COST_WINDOW],
             next: 0,
             len: 0,
+            sums: Sums::default(),
+            outliers: 0,
+            outlier_run: 0,
             fitted: Cost::default(),
         }
     }
 }
 
 impl CostModel {
-    /// Adds a completed batch and refits.
+    /// Adds a completed batch (unless it is an outlier) and refits.
     pub fn observe(&mut self, requests: usize, tokens: u64, service_ns: u64) {
         if requests == 0 {
             return;
         }
-        self.window[self.next] = Sample {
-            requests: requests as f64,
-            tokens: tokens as f64,
-            service_ns: service_ns as f64,
+        let sample = Sample {
+            requests: requests as u64,
+            tokens,
+            service_ns,
         };
+        if self.len >= OUTLIER_MIN_SAMPLES {
+            let predicted = self.fitted.service_ns(requests as f64, tokens as f64);
+            if service_ns as f64 > OUTLIER_FACTOR * predicted {
+                self.outlier_run += 1;
+                if self.outlier_run <= OUTLIER_RUN_MAX {
+                    self.outliers += 1;
+                    self.fitted.outliers = self.outliers;
+                    return;
+                }
+            } else {
+                // Decays rather than resets: an executor that became slower makes some
+                // batches look normal again as the fit moves, and must not start over.
+                self.outlier_run = self.outlier_run.saturating_sub(1);
+            }
+        }
+        if self.len == COST_WINDOW {
+            let evicted = self.window[self.next];
+            self.sums.remove(&evicted);
+        }
+        self.window[self.next] = sample;
+        self.sums.add(&sample);
         self.next = (self.next + 1) % COST_WINDOW;
         self.len = (self.len + 1).min(COST_WINDOW);
+        debug_assert!(self.sums_match_the_window());
         self.fitted = self.fit();
     }
 
@@ -93,37 +203,38 @@ impl CostModel {
         self.fitted
     }
 
-    /// Solves the ridge-regularised normal equations. The sums are recomputed from the
-    /// window each time (64 x 9 multiply-adds): no running sums to drift.
+    /// The running sums equal a recount of the window (debug builds check this after every
+    /// batch).
+    fn sums_match_the_window(&self) -> bool {
+        let mut recount = Sums::default();
+        for s in &self.window[..self.len] {
+            recount.add(s);
+        }
+        recount == self.sums
+    }
+
+    /// Solves the ridge-regularised normal equations from the running sums.
     ///
     /// Regressors are centred on their window means, so the intercept separates from the
     /// slopes and the ridge penalty acts on the slopes alone; `a` is the mean service time
     /// less what the slopes explain.
     fn fit(&self) -> Cost {
-        let samples = &self.window[..self.len];
-        let n = samples.len() as f64;
-        if samples.is_empty() {
-            return Cost::default();
+        if self.len == 0 {
+            return Cost {
+                outliers: self.outliers,
+                ..Cost::default()
+            };
         }
-        let (mut mn, mut mt, mut ms) = (0.0, 0.0, 0.0);
-        for s in samples {
-            mn += s.requests;
-            mt += s.tokens;
-            ms += s.service_ns;
-        }
-        mn /= n;
-        mt /= n;
-        ms /= n;
-        // Centred second moments.
-        let (mut snn, mut stt, mut snt, mut sns, mut sts) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        for s in samples {
-            let (dn, dt, ds) = (s.requests - mn, s.tokens - mt, s.service_ns - ms);
-            snn += dn * dn;
-            stt += dt * dt;
-            snt += dn * dt;
-            sns += dn * ds;
-            sts += dt * ds;
-        }
+        let len = self.len as u128;
+        let n = self.len as f64;
+        let z = &self.sums;
+        let (mn, mt, ms) = (z.n as f64 / n, z.t as f64 / n, z.s as f64 / n);
+        // Centred second moments, exact up to the final division.
+        let snn = centred(len, z.nn, z.n, z.n);
+        let stt = centred(len, z.tt, z.t, z.t);
+        let snt = centred(len, z.nt, z.n, z.t);
+        let sns = centred(len, z.ns, z.n, z.s);
+        let sts = centred(len, z.ts, z.t, z.s);
         // Ridge scaled by the regressor's mean (not its spread: a window with no spread must
         // still be penalised), so the penalty is unit-free.
         let rn = RIDGE * n * (mn * mn).max(1.0);
@@ -150,7 +261,8 @@ impl CostModel {
             a_ns: a,
             b_ns: b,
             c_ns_per_token: c,
-            samples: samples.len(),
+            samples: self.len,
+            outliers: self.outliers,
         }
     }
 }
@@ -222,7 +334,8 @@ mod tests {
             let n = 1 + i % 4;
             m.observe(n, 0, 1_000_000 * n as u64);
         }
-        for i in 0..COST_WINDOW {
+        // The first few are taken for stalls, then the window fills with the new executor.
+        for i in 0..COST_WINDOW + OUTLIER_RUN_MAX as usize {
             let n = 1 + i % 4;
             m.observe(n, 0, 20_000_000 + 500_000 * n as u64);
         }
@@ -243,5 +356,93 @@ mod tests {
             c.a_ns >= 0.0 && c.b_ns >= 0.0 && c.c_ns_per_token >= 0.0,
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn one_stall_does_not_move_the_fit() {
+        let mut m = CostModel::default();
+        // a = 20 ms, b = 1 ms; one batch stalls 300 ms in the middle of the window.
+        for i in 0..COST_WINDOW as u64 {
+            let n = 1 + i % 4;
+            let s = if i == 40 {
+                300_000_000
+            } else {
+                20_000_000 + 1_000_000 * n
+            };
+            m.observe(n as usize, 0, s);
+        }
+        let c = m.cost();
+        assert_eq!(c.outliers, 1, "{c:?}");
+        assert!(close(c.a_ns, 20e6, 0.001), "{c:?}");
+        assert!(close(c.b_ns, 1e6, 0.001), "{c:?}");
+    }
+
+    #[test]
+    fn a_slower_executor_is_followed_not_rejected() {
+        let mut m = CostModel::default();
+        for i in 0..COST_WINDOW as u64 {
+            m.observe(1 + (i % 4) as usize, 0, 1_000_000 * (1 + i % 4));
+        }
+        // Ten times slower from now on: the first OUTLIER_RUN_MAX are taken for stalls.
+        for i in 0..2 * COST_WINDOW as u64 {
+            m.observe(1 + (i % 4) as usize, 0, 10_000_000 * (1 + i % 4));
+        }
+        let c = m.cost();
+        assert_eq!(c.outliers, u64::from(OUTLIER_RUN_MAX), "{c:?}");
+        assert!(close(c.b_ns, 10e6, 0.01), "{c:?}");
+        assert!(c.a_ns < 0.01 * 10e6, "{c:?}");
+    }
+
+    /// The textbook two-pass fit in floating point over a list of samples (what the
+    /// running sums replace): means first, then centred moments, then the same solve.
+    fn refit(samples: &[(u64, u64, u64)]) -> Cost {
+        let n = samples.len() as f64;
+        let mean =
+            |f: fn(&(u64, u64, u64)) -> u64| samples.iter().map(|x| f(x) as f64).sum::<f64>() / n;
+        let (mn, mt, ms) = (mean(|x| x.0), mean(|x| x.1), mean(|x| x.2));
+        let (mut snn, mut stt, mut snt, mut sns, mut sts) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for &(rn, rt, rs) in samples {
+            let (dn, dt, ds) = (rn as f64 - mn, rt as f64 - mt, rs as f64 - ms);
+            snn += dn * dn;
+            stt += dt * dt;
+            snt += dn * dt;
+            sns += dn * ds;
+            sts += dt * ds;
+        }
+        let a11 = snn + RIDGE * n * (mn * mn).max(1.0);
+        let a22 = stt + RIDGE * n * (mt * mt).max(1.0);
+        let det = a11 * a22 - snt * snt;
+        let b = (sns * a22 - sts * snt) / det;
+        let c = (a11 * sts - snt * sns) / det;
+        Cost {
+            a_ns: ms - b * mn - c * mt,
+            b_ns: b,
+            c_ns_per_token: c,
+            samples: samples.len(),
+            outliers: 0,
+        }
+    }
+
+    #[test]
+    fn running_sums_fit_what_a_refit_of_the_window_fits() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+        let mut m = CostModel::default();
+        let mut all = Vec::new();
+        for _ in 0..1000 {
+            let n = rng.gen_range(1..=64u64);
+            let t = n * rng.gen_range(10..2000u64);
+            // a = 3 ms, b = 0.2 ms, c = 1 us/token, +-10 % noise: never an outlier.
+            let s = (3e6 + 2e5 * n as f64 + 1e3 * t as f64) * rng.gen_range(0.9..1.1);
+            m.observe(n as usize, t, s as u64);
+            all.push((n, t, s as u64));
+        }
+        let expected = refit(&all[all.len() - COST_WINDOW..]);
+        let got = m.cost();
+        assert_eq!(got.outliers, 0);
+        assert!(close(got.a_ns, expected.a_ns, 1e-6), "{got:?} {expected:?}");
+        assert!(close(got.b_ns, expected.b_ns, 1e-6), "{got:?} {expected:?}");
+        assert!(close(got.c_ns_per_token, expected.c_ns_per_token, 1e-6));
+        assert!(close(got.a_ns, 3e6, 0.1), "{got:?}");
     }
 }

@@ -106,25 +106,35 @@ fn the_snapshot_tells_a_closed_loop_from_bursts() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
-    /// Whatever was learned, a hold never ends past the group's latest instant, nor more
-    /// than the fitted fixed cost `a` from now.
+    /// Whatever was learned, a hold never ends past the group's latest instant, nor after
+    /// the last joiner the model can expect is due: the clients come back one round trip
+    /// after the completion, so every echo is in by the end of the round trip's bin (a
+    /// quarter octave: under 1.19 x the round trip). Past that the benefit only falls, so a
+    /// longer hold would be a wrong argmax; nothing clamps the wait there (the rule's
+    /// horizon is the batch time, 10 ms and more here), so this can fail.
     #[test]
-    fn never_holds_past_latest_or_a(
+    fn never_holds_past_latest_or_the_last_expected_joiner(
         clients in 1usize..40,
         rtt_us in 1u64..5_000,
         queued in 1usize..31,
         latest_ms in 0u64..200,
         offset_us in 0u64..20_000,
     ) {
-        let (mut auto, now) = trained(clients, rtt_us * 1000, 30);
+        let rtt = rtt_us * 1000;
+        let (mut auto, now) = trained(clients, rtt, 30);
         auto.observe_completion(now, clients, 0, Some(10 * MS));
         let at = now + offset_us * 1000;
         let latest = at + latest_ms * MS;
-        let a = auto.snapshot().cost.a_ns as Nanos;
+        let last_joiner_due = now + (rtt as f64 * 1.19).max(4096.0) as Nanos + 1;
         if let Decision::HoldUntil(t) = auto.decide(at, &group(queued, latest)) {
             prop_assert!(t > at);
             prop_assert!(t <= latest, "held to {t}, latest {latest}");
-            prop_assert!(t - at <= a, "held {} ns, a = {a}", t - at);
+            prop_assert!(
+                t <= last_joiner_due,
+                "held {} ns past the completion, the last joiner is due by {} ns",
+                t - now,
+                last_joiner_due - now
+            );
         }
     }
 
