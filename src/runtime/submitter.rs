@@ -118,8 +118,13 @@ impl Submitter {
         received: Option<Instant>,
     ) -> Result<(), RequestError> {
         let clock = self.shared.clock;
-        let now = clock.now();
-        let arrival_ns = received.map_or(now, |at| clock.reading(at).min(now));
+        // One clock conversion, not two: `received` is an `Instant` this process read
+        // earlier, so (monotonic) it is never after now, and `submit_stamped` keeps arrivals
+        // in order whatever they are.
+        let arrival_ns = match received {
+            Some(at) => clock.reading(at),
+            None => clock.now(),
+        };
         self.submit_stamped(request, reply, arrival_ns)
     }
 

@@ -87,6 +87,9 @@ pub const TOKEN_ROOM: usize = 64;
 
 impl<J: Job> WorkerThread<J> {
     /// The worker's loop; returns when `exit` is set and its ring is empty.
+    ///
+    /// Never inlined: `tools/bench/instruction_budget.sh` finds this thread by the name.
+    #[inline(never)]
     pub fn run(mut self) {
         self.bell.bind_current();
         let mut idler = Idler::new(self.idle, self.spin);

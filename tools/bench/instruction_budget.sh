@@ -38,14 +38,28 @@ out="$(mktemp -d)"
 pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
 
-# Request-path threads of one abe run: a thread's file names the loop it ran.
+# Request-path threads of one abe run: a thread's file names the loop it ran. The engine's
+# `run` is `#[inline(never)]` for this; `EngineIo::drain_submissions` (called by the engine
+# thread only) names it too, should `run` ever be inlined again (it was, once, and the engine
+# dropped out of the count silently). Each kind of thread must be found, or the count fails.
 abe_request_path_ir() {
-  local total=0 f
+  local total=0 f io=0 engine=0 worker=0
   for f in "$out"/cg.*; do
-    if grep -qE 'IoThread::run|Engine<.*>::run|WorkerThread<.*>::run' "$f"; then
-      total=$((total + $(awk '/^summary:/ {print $2}' "$f")))
+    if grep -qE 'IoThread::run' "$f"; then
+      io=$((io + 1))
+    elif grep -qE 'Engine<[^ ]*>::run|EngineIo<[^ ]*>::drain_submissions' "$f"; then
+      engine=$((engine + 1))
+    elif grep -qE 'WorkerThread<[^ ]*>::run' "$f"; then
+      worker=$((worker + 1))
+    else
+      continue
     fi
+    total=$((total + $(awk '/^summary:/ {print $2}' "$f")))
   done
+  if [ "$io" -lt 1 ] || [ "$engine" -ne 1 ] || [ "$worker" -lt 1 ]; then
+    echo "request-path threads not all found ($io io, $engine engine, $worker worker): the count would be wrong" >&2
+    exit 1
+  fi
   echo "$total"
 }
 

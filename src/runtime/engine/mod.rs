@@ -178,6 +178,9 @@ impl<M: Mode> Engine<M> {
     /// Runs until drained (after a `Drain` control) and every job has come back: a
     /// [`Engine::turn`] at the clock's time, then another at once if input is waiting, else
     /// idle per the idle policy until the turn's deadline or a doorbell.
+    ///
+    /// Never inlined: `tools/bench/instruction_budget.sh` finds this thread by the name.
+    #[inline(never)]
     pub fn run(mut self) {
         self.io.shared.engine_bell.bind_current();
         loop {
