@@ -40,6 +40,17 @@ const DEPTH_MAX: u32 = 16;
 /// Past this depth only required properties are written.
 const OPTIONAL_DEPTH_MAX: u32 = 4;
 
+/// Most values (objects, arrays, strings, numbers...) one answer holds: nesting multiplies
+/// (`minItems` 64 at each of 16 levels, or a `$ref` back to itself), so the walk is bounded
+/// by count, not only by depth. The generator runs on an io thread, on client input.
+const VALUES_MAX: u32 = 4_096;
+
+/// Most bytes of strings one answer holds (`minLength` adds up over the values).
+const STRING_BYTES_MAX: usize = 1 << 20;
+
+/// Most extra properties `minProperties` makes abe write (as `minItems` for arrays).
+const MIN_PROPERTIES_MAX: u64 = 64;
+
 /// Words string values are made of.
 const WORDS: [&str; 16] = [
     "amber", "river", "stone", "north", "quiet", "lamp", "cedar", "harbor", "ember", "maple",
@@ -77,12 +88,22 @@ impl Draw {
 
 /// A value valid against `schema` (the root, for `$ref`s), drawn from `draw`.
 pub fn generate(schema: &Value, draw: &mut Draw) -> Result<Value, Unsatisfiable> {
-    Gen { root: schema, draw }.value(schema, "#", 0)
+    Gen {
+        root: schema,
+        draw,
+        values_left: VALUES_MAX,
+        bytes_left: STRING_BYTES_MAX,
+    }
+    .value(schema, "#", 0)
 }
 
 struct Gen<'a, 'd> {
     root: &'a Value,
     draw: &'d mut Draw,
+    /// Values still allowed in this answer ([`VALUES_MAX`]).
+    values_left: u32,
+    /// String bytes still allowed in this answer ([`STRING_BYTES_MAX`]).
+    bytes_left: usize,
 }
 
 fn no(at: &str, why: impl Into<String>) -> Unsatisfiable {
@@ -109,6 +130,13 @@ impl<'a> Gen<'a, '_> {
         if depth > DEPTH_MAX {
             return Err(no(at, format!("nested deeper than {DEPTH_MAX} levels")));
         }
+        if self.values_left == 0 {
+            return Err(no(
+                at,
+                format!("the schema asks for more than abe writes ({VALUES_MAX} values)"),
+            ));
+        }
+        self.values_left -= 1;
         let obj = match s {
             Value::Bool(true) => return Ok(Value::Object(Map::new())),
             Value::Bool(false) => return Err(no(at, "the schema `false` accepts nothing")),
@@ -251,6 +279,12 @@ impl<'a> Gen<'a, '_> {
         }
         let min = count(o, "minProperties", at)?.unwrap_or(0);
         let max = count(o, "maxProperties", at)?.unwrap_or(u64::MAX);
+        if min > MIN_PROPERTIES_MAX {
+            return Err(no(
+                at,
+                format!("minProperties {min} is more than abe writes ({MIN_PROPERTIES_MAX})"),
+            ));
+        }
         if (out.len() as u64) > max {
             return Err(no(
                 at,
@@ -349,6 +383,13 @@ impl<'a> Gen<'a, '_> {
         if min > max {
             return Err(no(at, format!("minLength {min} > maxLength {max}")));
         }
+        if min > self.bytes_left {
+            return Err(no(
+                at,
+                format!("the schema asks for more than abe writes ({STRING_BYTES_MAX} bytes of strings)"),
+            ));
+        }
+        self.bytes_left -= min;
         let mut s = match o.get("format").and_then(Value::as_str) {
             Some("date-time") => format!(
                 "2026-11-{:02}T{:02}:00:00Z",
@@ -606,5 +647,35 @@ mod tests {
             deep = json!({"type":"array","items":deep,"minItems":1});
         }
         assert!(gen(deep, 1).unwrap_err().why.contains("deeper"));
+    }
+
+    #[test]
+    fn schemas_that_ask_for_huge_answers_are_refused_not_generated() {
+        // Each would hang an io thread or exhaust memory if generated.
+        let mut wide = json!({"type":"string","minLength":1});
+        for _ in 0..4 {
+            wide = json!({"type":"array","items":wide,"minItems":64}); // 64^4 values
+        }
+        let cases = [
+            (
+                json!({"type":"object","minProperties":1_000_000_000_000u64}),
+                "minProperties",
+            ),
+            (wide, "values"),
+            (
+                json!({"type":"array","minItems":64,
+                       "items":{"type":"string","minLength":60_000}}),
+                "bytes",
+            ),
+            (
+                json!({"$defs":{"t":{"type":"array","minItems":2,"items":{"$ref":"#/$defs/t"}}},
+                       "$ref":"#/$defs/t"}),
+                "", // self-reference: refused by the value budget or the depth bound
+            ),
+        ];
+        for (s, why) in cases {
+            let e = gen(s.clone(), 1).unwrap_err();
+            assert!(e.why.contains(why), "{s}: {e}");
+        }
     }
 }
