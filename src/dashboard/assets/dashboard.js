@@ -107,6 +107,53 @@ function drawXY(canvas, line, points, opts) {
   ctx.fillStyle = "#d8dee9"; ctx.fillText(opts.pointsName, lx + 11, 12);
 }
 
+// `auto`'s state per poll, from /metrics/json: the first backend lane that runs `auto`
+// (null when none does: continuous batching, or another strategy). Holds per second come
+// from the change of the lane's hold count between polls.
+let autoLast = null;
+const autoSeen = []; // [{t, echo, holds}], newest last, at most WINDOW_S
+function noteAuto(m) {
+  autoLast = (m.backends || []).map((b) => b.auto).find((a) => a && a.decisions) || null;
+  if (!autoLast) return;
+  autoSeen.push({ t: Date.now() / 1000, echo: autoLast.echo_fraction, holds: autoLast.decisions.hold });
+  while (autoSeen.length > WINDOW_S) autoSeen.shift();
+}
+
+// The two `auto` charts: the fitted cost a + b n + c tokens against each second's measured
+// busy time per batch, both at that second's mean batch size; and the echo fraction with
+// holds per second.
+function renderAuto(S, last) {
+  const show = !!autoLast && !last.continuous;
+  for (const el of document.querySelectorAll(".auto")) el.classList.toggle("hidden", !show);
+  if (!show) return;
+  const a = autoLast;
+  // Per second with batches: its mean batch size n, its tokens per batch, and its busy
+  // time per batch (the workers' busy share of the second over its batches).
+  const perSecond = S.filter((s) => s.batch_size.batches > 0 && s.interval_s > 0).map((s) => ({
+    n: s.batch_size.mean,
+    tokens: ((s.prompt_tokens || 0) + (s.generation_tokens || 0)) / s.batch_size.batches,
+    busy: (s.workers || []).reduce((t, w) => t + (w.utilization || 0), 0) * s.interval_s * 1000 / s.batch_size.batches,
+  }));
+  const measured = perSecond.map((p) => [p.n, p.busy]);
+  // The fit at each second's shape: a + b n + c tokens, in order of n.
+  const line = a.cost_samples > 0
+    ? perSecond.map((p) => [p.n, a.cost_fixed_ms + a.cost_per_request_ms * p.n + a.cost_per_token_ms * p.tokens])
+      .sort((u, v) => u[0] - v[0])
+    : [];
+  drawXY($("chart-auto-cost"), line, measured, { xLabel: "batch size", lineName: "fitted a + b n + c tokens", pointsName: "measured" });
+  const echo = autoSeen.map((p) => [p.t, p.echo]);
+  const holds = [];
+  for (let i = 1; i < autoSeen.length; i++) {
+    const dt = autoSeen[i].t - autoSeen[i - 1].t;
+    if (dt > 0) holds.push([autoSeen[i].t, Math.max(0, autoSeen[i].holds - autoSeen[i - 1].holds) / dt]);
+  }
+  // One axis: the echo fraction in percent (0-100) and holds per second.
+  drawChart($("chart-auto-holds"), [
+    { name: "echo %", color: COLORS[4], points: echo.map(([t, v]) => [t, v * 100]) },
+    { name: "holds/s", color: COLORS[2], points: holds },
+  ]);
+}
+
 function niceMax(v) {
   const p = Math.pow(10, Math.floor(Math.log10(v)));
   for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
@@ -202,6 +249,7 @@ function render(h) {
       series(withP, "hit rate", (s) => s.continuous.prefix_cache.hit_rate),
     ], { max: 1, unit: "%" });
   }
+  renderAuto(S, last);
   fillTable("workers-table", last.workers.map((w, i) => [
     "worker-" + i, cls(w.status, w.status === "unhealthy" ? "bad" : "ok"),
     cls(w.circuit, w.circuit === "closed" ? "ok" : w.circuit === "open" ? "bad" : "warn"),
