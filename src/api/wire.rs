@@ -372,12 +372,24 @@ pub fn priority(body: Option<&str>, header: Option<&str>) -> Result<Priority, Bo
     match body.or(header) {
         None => Ok(Priority::Normal),
         Some(s) if s.parse::<i64>().is_ok() => Ok(priority_of_level(s.parse().unwrap_or(0))),
+        // An integer past i64 either way is still an integer: far past -10 or past 0.
+        Some(s) if is_integer(s) => Ok(priority_of_level(if s.starts_with('-') {
+            i64::MIN
+        } else {
+            i64::MAX
+        })),
         Some(s) => s
             .parse()
             .map_err(|e: crate::core::request::UnknownPriority| {
                 body_error("invalid_priority", e.to_string())
             }),
     }
+}
+
+/// An optional sign and at least one digit, nothing else.
+fn is_integer(s: &str) -> bool {
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// vLLM's integer priority (lower first) as one of abe's classes.
@@ -506,6 +518,15 @@ mod tests {
         assert_eq!(classes, [Critical, Critical, High, High, Normal, Low, Low]);
         assert_eq!(priority(Some("-3"), None).unwrap(), High);
         assert_eq!(priority(None, Some("2")).unwrap(), Low);
+        // Past i64 either way: still an integer, not an unknown name.
+        assert_eq!(priority(Some("18446744073709551615"), None).unwrap(), Low);
+        assert_eq!(
+            priority(Some("-99999999999999999999"), None).unwrap(),
+            Critical
+        );
+        assert!(priority(Some("-"), None).is_err());
+        let b: CompletionBody = parse_body(br#"{"priority":18446744073709551615}"#).unwrap();
+        assert_eq!(b.priority.as_deref(), Some("18446744073709551615"));
         let b: CompletionBody = parse_body(br#"{"priority":-12}"#).unwrap();
         assert_eq!(b.priority.as_deref(), Some("-12"));
     }
