@@ -7,7 +7,7 @@ mod common;
 
 use abe::config::Config;
 use abe::core::BatchingMode;
-use common::{start, test_config, Client};
+use common::{start, test_config, Client, MODES};
 use std::io::{BufRead, Read};
 use std::time::{Duration, Instant};
 
@@ -19,8 +19,6 @@ fn config(mode: BatchingMode) -> Config {
     c.server.admin_token = "t0ken".into();
     c
 }
-
-const MODES: [BatchingMode; 2] = [BatchingMode::Request, BatchingMode::Continuous];
 
 fn sse_events(body: &str) -> Vec<String> {
     body.split("\n\n")

@@ -4,11 +4,8 @@
 
 mod common;
 
-use abe::core::BatchingMode;
-use common::{start, test_config, Client};
+use common::{start_in, Client, MODES};
 use serde_json::Value;
-
-const MODES: [BatchingMode; 2] = [BatchingMode::Request, BatchingMode::Continuous];
 
 /// (event name, data) of each SSE event.
 fn named_events(body: &str) -> Vec<(String, Value)> {
@@ -33,9 +30,7 @@ fn output_text(r: &Value) -> &str {
 #[test]
 fn a_response_is_answered_stored_and_fetched_again() {
     for mode in MODES {
-        let mut cfg = test_config();
-        cfg.batching.mode = mode;
-        let abe = start(cfg);
+        let abe = start_in(mode);
         let mut c = Client::connect(abe.local_addr());
         let r = c.request(
             "POST",
@@ -100,9 +95,7 @@ fn a_response_is_answered_stored_and_fetched_again() {
 #[test]
 fn a_streamed_response_sends_the_responses_event_types_in_order() {
     for mode in MODES {
-        let mut cfg = test_config();
-        cfg.batching.mode = mode;
-        let abe = start(cfg);
+        let abe = start_in(mode);
         let mut c = Client::connect(abe.local_addr());
         let r = c.request(
             "POST",

@@ -5,11 +5,8 @@
 
 mod common;
 
-use abe::core::BatchingMode;
-use common::{start, test_config, Client};
+use common::{start, start_in, test_config, Client, MODES};
 use serde_json::{json, Value};
-
-const MODES: [BatchingMode; 2] = [BatchingMode::Request, BatchingMode::Continuous];
 
 fn assert_valid(schema: &Value, instance: &Value) {
     let v = jsonschema::validator_for(schema).expect("a valid schema");
@@ -70,9 +67,7 @@ fn params_of(name: &str) -> Value {
 #[test]
 fn json_schema_answers_are_valid_deterministic_and_counted() {
     for mode in MODES {
-        let mut cfg = test_config();
-        cfg.batching.mode = mode;
-        let abe = start(cfg);
+        let abe = start_in(mode);
         let mut c = Client::connect(abe.local_addr());
         let rf = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": weather_schema()}}, "seed": 4});
         let r = chat(&mut c, rf.clone());
@@ -139,9 +134,7 @@ fn json_schema_answers_are_valid_deterministic_and_counted() {
 #[test]
 fn tool_calls_are_valid_for_their_function_in_answers_and_streams() {
     for mode in MODES {
-        let mut cfg = test_config();
-        cfg.batching.mode = mode;
-        let abe = start(cfg);
+        let abe = start_in(mode);
         let mut c = Client::connect(abe.local_addr());
         for choice in [json!("auto"), json!("required"), Value::Null] {
             let mut extra = json!({"tools": tools()});

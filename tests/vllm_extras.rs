@@ -4,10 +4,7 @@
 
 mod common;
 
-use abe::core::BatchingMode;
-use common::{start, test_config, Client};
-
-const MODES: [BatchingMode; 2] = [BatchingMode::Request, BatchingMode::Continuous];
+use common::{start, start_in, test_config, Client, MODES};
 
 fn sse_json(body: &str) -> Vec<serde_json::Value> {
     body.split("\n\n")
@@ -19,9 +16,7 @@ fn sse_json(body: &str) -> Vec<serde_json::Value> {
 #[test]
 fn integer_priorities_are_accepted_and_other_types_refused() {
     for mode in MODES {
-        let mut cfg = test_config();
-        cfg.batching.mode = mode;
-        let abe = start(cfg);
+        let abe = start_in(mode);
         let mut c = Client::connect(abe.local_addr());
         for p in ["-20", "-3", "0", "5"] {
             let body = format!(r#"{{"prompt":"p","max_tokens":2,"priority":{p}}}"#);
@@ -53,9 +48,7 @@ fn integer_priorities_are_accepted_and_other_types_refused() {
 #[test]
 fn continuous_usage_stats_put_usage_so_far_in_every_chunk() {
     for mode in MODES {
-        let mut cfg = test_config();
-        cfg.batching.mode = mode;
-        let abe = start(cfg);
+        let abe = start_in(mode);
         let mut c = Client::connect(abe.local_addr());
         let r = c.request(
             "POST",
@@ -102,9 +95,7 @@ fn continuous_usage_stats_put_usage_so_far_in_every_chunk() {
 #[test]
 fn x_request_id_is_echoed_and_becomes_the_response_id() {
     for mode in MODES {
-        let mut cfg = test_config();
-        cfg.batching.mode = mode;
-        let abe = start(cfg);
+        let abe = start_in(mode);
         let mut c = Client::connect(abe.local_addr());
         let rid = [("X-Request-Id", "gw-7f3a")];
         let r = c.request_with(

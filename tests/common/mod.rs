@@ -25,6 +25,19 @@ pub fn start(config: Config) -> Running {
     Running::start(config).expect("abe starts")
 }
 
+/// Both batching modes, for tests that check a behaviour in each.
+pub const MODES: [abe::core::BatchingMode; 2] = [
+    abe::core::BatchingMode::Request,
+    abe::core::BatchingMode::Continuous,
+];
+
+/// Starts abe on [`test_config`] in batching mode `mode`.
+pub fn start_in(mode: abe::core::BatchingMode) -> Running {
+    let mut cfg = test_config();
+    cfg.batching.mode = mode;
+    start(cfg)
+}
+
 /// POSTs a `/v1/completions` request for `model` (at most 4 tokens) and reads the answer.
 pub fn post_completion(c: &mut Client, model: &str, prompt: &str) -> Resp {
     let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 4});
