@@ -1288,12 +1288,6 @@ impl Continuous {
     }
 }
 
-/// (decode tokens, prefill tokens) of a step.
-pub fn step_tokens(entries: &[StepEntry]) -> (u32, u32) {
-    let s = StepShape::of(entries);
-    (s.decode_tokens, s.prefill_tokens)
-}
-
 /// What a latency model needs to know of a step: its tokens and the context they attend to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepShape {

@@ -76,7 +76,8 @@ fn decode_tokens_come_before_prefill_and_the_budget_is_never_exceeded() {
                     .all(|e| matches!(e.work, StepWork::Prefill { .. })),
                 "decode entries precede prefill entries"
             );
-            let (d, p) = step_tokens(&entries);
+            let shape = StepShape::of(&entries);
+            let (d, p) = (shape.decode_tokens, shape.prefill_tokens);
             assert!(d + p <= 16, "budget exceeded: {d} + {p}");
             let results: Vec<EntryResult> = entries
                 .iter()
