@@ -120,6 +120,11 @@ struct PartState {
     echo_len: usize,
     /// Tools and structured output: tokens of this choice's shape written so far.
     shaped_tokens: u32,
+    /// Where the next token of the shape starts: the tool call (0 for text) and the byte
+    /// offset in its text or arguments, so each token is found in O(1), not by walking
+    /// the shape from its start (which made a long structured stream quadratic).
+    shaped_call: usize,
+    shaped_at: usize,
 }
 
 /// Writes one stream's events, token by token or all at the end, as HTTP/1.1 chunks.
@@ -366,28 +371,34 @@ impl StreamWriter {
     /// call's arguments (a call's first piece comes with its id and name, as OpenAI
     /// streams them). Nothing once the shape is all out.
     fn shaped_token(&mut self, part: usize, shapes: &[Shape], out: &mut Vec<u8>) {
-        let t = self.parts[part].shaped_tokens;
+        let at = self.parts[part].shaped_at;
         match &shapes[part] {
-            Shape::Text(s) => match structured::pieces(s).nth(t as usize) {
-                Some(p) => self.piece(part, p, out),
-                None => return,
-            },
-            Shape::Calls(calls) => {
-                let mut left = t as usize;
-                let found = calls.iter().enumerate().find_map(|(k, c)| {
-                    let n = structured::pieces(&c.arguments).count();
-                    if left < n {
-                        Some((k, c, left))
-                    } else {
-                        left -= n;
-                        None
-                    }
-                });
-                let Some((k, call, i)) = found else {
+            Shape::Text(s) => {
+                let Some(p) = structured::pieces(s.get(at..).unwrap_or("")).next() else {
                     return;
                 };
-                let piece = structured::pieces(&call.arguments).nth(i).unwrap_or("");
-                self.call_delta(part, k, call, i == 0, piece, out);
+                self.parts[part].shaped_at = at + p.len();
+                self.piece(part, p, out);
+            }
+            Shape::Calls(calls) => {
+                let mut k = self.parts[part].shaped_call;
+                let mut at = at;
+                // A call with no argument bytes has no token of its own: skip to the next.
+                while calls.get(k).is_some_and(|c| at >= c.arguments.len()) {
+                    k += 1;
+                    at = 0;
+                }
+                let Some(call) = calls.get(k) else {
+                    self.parts[part].shaped_call = k;
+                    self.parts[part].shaped_at = 0;
+                    return;
+                };
+                let piece = structured::pieces(&call.arguments[at..])
+                    .next()
+                    .unwrap_or("");
+                self.parts[part].shaped_call = k;
+                self.parts[part].shaped_at = at + piece.len();
+                self.call_delta(part, k, call, at == 0, piece, out);
             }
         }
         self.parts[part].shaped_tokens += 1;
@@ -1086,5 +1097,57 @@ mod tests {
             "the pieces concatenate to the text exactly once"
         );
         assert_eq!(texts.len(), 5); // x, " y", " z", finish, DONE
+    }
+
+    #[test]
+    fn a_structured_stream_rebuilds_each_call_and_text_from_its_deltas() {
+        use super::structured::{Call, Shape};
+        let call = |id: &str, args: &str| Call {
+            id: id.into(),
+            name: "f".into(),
+            arguments: args.into(),
+        };
+        // Multi-byte characters, a call with no argument bytes, a long argument string.
+        let long = format!("{{\"k\":\"{}\"}}", "é0".repeat(300));
+        let calls = vec![call("a", "{\"x\":\"ü\"}"), call("b", ""), call("c", &long)];
+        let shapes: std::sync::Arc<[Shape]> = vec![Shape::Calls(calls.clone())].into();
+        let tokens = shapes[0].tokens();
+        let mut w = StreamWriter::new(StreamKind::Chat, StreamOptions::default(), "m", 1, 7, 1)
+            .with_structured(Some(shapes));
+        let mut body = vec![];
+        for t in 0..tokens + 3 {
+            w.token(0, t, "w", &mut body); // more token events than the shape has: no extra deltas
+        }
+        let done = Output::Text {
+            text: String::new(),
+            prompt_tokens: 2,
+            completion_tokens: tokens + 3,
+            finish_reason: FinishReason::Stop,
+            tool_calls: None,
+            cached_tokens: None,
+        };
+        w.finish_part(0, &done, &mut body);
+        w.end(&mut body);
+        let mut args = vec![String::new(); calls.len()];
+        let mut deltas = 0;
+        for t in payloads(&body) {
+            let Some(json) = t.strip_prefix("data: ").filter(|j| j.trim() != "[DONE]") else {
+                continue;
+            };
+            let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+            for c in v["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let k = c["index"].as_u64().unwrap() as usize;
+                args[k].push_str(c["function"]["arguments"].as_str().unwrap());
+                deltas += 1;
+            }
+        }
+        for (k, c) in calls.iter().enumerate() {
+            assert_eq!(args[k], c.arguments, "call {k} rebuilt from its deltas");
+        }
+        assert_eq!(deltas, tokens, "one delta per token of argument text");
     }
 }
