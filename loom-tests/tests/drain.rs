@@ -9,7 +9,7 @@
 //! emptied). What must hold: every submission the gate let in is popped (answered) before
 //! the engine exits, none twice, and the rest were refused as shutting down; the engine
 //! never sleeps through the last submitter leaving (that would be a deadlock here).
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use abe::runtime::doorbell::Doorbell;
 use abe::runtime::gate::Gate;

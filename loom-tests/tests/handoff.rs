@@ -12,7 +12,7 @@
 //! Passes at preemption bound 3 (the test command's bound) since `Doorbell::ring` clears
 //! `sleeping` with a compare-exchange rather than a swap (loom's RMW-atomicity bug,
 //! tokio-rs/loom#254; see `doorbell.rs`).
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use abe::runtime::doorbell::Doorbell;
 use abe::runtime::ring::ring;

@@ -8,7 +8,7 @@
 //! What must hold: no item is lost (a bit cleared by the swap while its push is unread
 //! would strand it: the engine would sleep, a deadlock here), none is popped twice, and
 //! each class comes out in push order.
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use abe::runtime::doorbell::Doorbell;
 use abe::runtime::intake::intake;

@@ -5,7 +5,7 @@
 //! is read and written concurrently. What must hold: items arrive in order, none lost or
 //! duplicated, a full ring gives the item back, and items left inside when both ends are
 //! dropped are dropped exactly once (whichever thread drops the last end).
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use abe::runtime::ring::ring;
 use abe::runtime::sync::{Arc, AtomicUsize, Ordering};

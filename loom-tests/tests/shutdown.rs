@@ -14,7 +14,7 @@
 //! (`worker::signal_exit`, which sets `stop` then `exit`); its reply still comes back once
 //! and the worker exits. Were `stop` not set, or set only after the join, the job would
 //! never end and loom would report the model as not terminating.
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use abe::runtime::doorbell::Doorbell;
 use abe::runtime::idle::IdlePolicy;

@@ -3,7 +3,7 @@
 //! current one at the start of each batch. What must hold: a reader sees a whole value
 //! (here a pair whose halves agree), the old or the new, and once it saw the new it never
 //! sees the old again; the writer's value is the one left.
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 
 use abe::exec::upstream::SlotCell;
 use loom::thread;
