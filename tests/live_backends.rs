@@ -273,6 +273,170 @@ fn an_upstream_removed_under_load_drains_and_comes_back_through_the_admin_api() 
     abe.shutdown();
 }
 
+fn model_json(name: &str, url: &str, model: &str) -> String {
+    serde_json::json!({
+        "name": name, "kind": "upstream", "base_url": url,
+        "models": [{ "name": model, "context_length": 4096 }]
+    })
+    .to_string()
+}
+
+/// A backend the config never named fills a spare slot under load: its model is served at
+/// once (io threads and engine swap tables), its `/metrics` series appear; with every spare
+/// slot in use the next new one is refused naming the key to raise; removed, it drains,
+/// its series go, and its slot takes another new backend.
+#[test]
+fn a_new_backend_fills_a_spare_slot_under_load_and_its_slot_is_reused_once_empty() {
+    let (a, c, d) = (
+        MockUpstream::start(),
+        MockUpstream::start(),
+        MockUpstream::start(),
+    );
+    c.set_delay(Duration::from_millis(5));
+    let abe = start(with_backends(
+        test_config(),
+        &format!(
+            "{}[routing]\nspare_backend_slots = 1\n",
+            upstream_table("a", &a.base_url())
+        ),
+    ));
+    let addr = abe.local_addr();
+    let mut admin = Client::connect(addr);
+    let list = backends_until(addr, "the list", |_| true);
+    assert_eq!(list.len(), 2, "a and one spare slot: {list:?}");
+    assert_eq!(list[1]["spare"], true);
+    assert_eq!(list[1]["state"], "empty");
+    let load = Load::start(addr, "m", 3);
+    load.wait_for(20);
+
+    let r = admin.request(
+        "POST",
+        "/admin/backends",
+        Some(&model_json("c", &c.base_url(), "m2")),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Answered once the tables swapped: the new model is served now, on every io thread.
+    let new_load = Load::start(addr, "m2", 2);
+    new_load.wait_for(20);
+    assert!(new_load
+        .routes_since(0)
+        .iter()
+        .all(|r| r.starts_with("backend=c; model=m2")));
+    assert!(c.requests("/v1/completions") > 0);
+    let metrics = admin.request("GET", "/metrics", None).text();
+    assert!(metrics.contains("backend=\"c\""), "c's series appear");
+    let models = admin.request("GET", "/v1/models", None).text();
+    assert!(models.contains("\"m2\""), "{models}");
+
+    // Every spare slot in use: refused, with the key to raise; nothing changes.
+    let r = admin.request(
+        "POST",
+        "/admin/backends",
+        Some(&model_json("d", &d.base_url(), "m3")),
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.error_message().contains("routing.spare_backend_slots"),
+        "{}",
+        r.text()
+    );
+    let answered_m2 = new_load.finish();
+
+    // Removed: drains, its series go, then its slot takes another new backend.
+    let r = admin.request("DELETE", "/admin/backends/c", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    backends_until(addr, "c drained", |l| state_of(l, "c") == "empty");
+    let metrics = admin.request("GET", "/metrics", None).text();
+    assert!(!metrics.contains("backend=\"c\""), "c's series are gone");
+    let r = admin.request(
+        "POST",
+        "/admin/backends",
+        Some(&model_json("d", &d.base_url(), "m3")),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let list = backends_until(addr, "d active", |l| state_of(l, "d") == "active");
+    assert_eq!(list.len(), 2, "d took c's slot: {list:?}");
+    let r = admin.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"model": "m3", "prompt": "x", "max_tokens": 1}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("x-abe-route"),
+        Some("backend=d; model=m3; via=direct")
+    );
+    // c's model is served by nobody now.
+    let r = admin.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"model": "m2", "prompt": "x", "max_tokens": 1}"#),
+    );
+    assert!(matches!(r.status, 404 | 503), "{}", r.text());
+    let answers = load.finish();
+    assert_reconciles(&abe, answers.len() + answered_m2.len() + 1);
+    abe.shutdown();
+}
+
+/// A reload that adds a table the config did not have at start fills a spare slot, and its
+/// fallbacks change live: a model whose backend is removed falls back to the new one.
+#[test]
+fn a_reload_adds_a_new_backend_in_a_spare_slot_and_changes_fallbacks() {
+    let (a, b) = (MockUpstream::start(), MockUpstream::start());
+    let file = ConfigFile::new("spare");
+    file.write(
+        "",
+        &format!(
+            "{}[routing]\nspare_backend_slots = 2\n",
+            upstream_table("a", &a.base_url())
+        ),
+    );
+    let abe = Running::start(Config::from_file(&file.path).unwrap()).unwrap();
+    let path = file.path.clone();
+    abe.set_config_source(Box::new(move || Config::from_file(&path)));
+    let addr = abe.local_addr();
+    let mut c = Client::connect(addr);
+    let load = Load::start(addr, "m", 3);
+    load.wait_for(20);
+    let with_b = format!(
+        "{}{}[routing]\nspare_backend_slots = 2\n[routing.fallbacks]\nm = [\"m2\"]\n",
+        upstream_table("a", &a.base_url()),
+        r#"
+        [[backends]]
+        name = "b"
+        kind = "upstream"
+        base_url = "BURL"
+        [[backends.models]]
+        name = "m2"
+        context_length = 4096
+        "#
+        .replace("BURL", &b.base_url())
+    );
+    file.write("", &with_b);
+    let r = c.request("POST", "/admin/reload", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text().contains("backend 'b': new, in a spare slot"),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("routing.fallbacks"), "{}", r.text());
+    backends_until(addr, "b active", |l| state_of(l, "b") == "active");
+    // a removed by hand: requests for m fall back to m2 on b, no error.
+    let r = c.request("DELETE", "/admin/backends/a", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    backends_until(addr, "a drained", |l| state_of(l, "a") == "empty");
+    let since = load.count();
+    load.wait_for(20);
+    assert!(load
+        .routes_since(since)
+        .iter()
+        .all(|r| r.starts_with("backend=b; model=m2; via=fallback; requested=m")));
+    let answers = load.finish();
+    assert_reconciles(&abe, answers.len());
+    abe.shutdown();
+}
+
 /// A move of a backend that holds requests: they finish at the old address (the slot
 /// drains there first); the new address takes everything routed after the move.
 #[test]

@@ -643,3 +643,69 @@ pub fn fixed_keys_differ(running: &BackendConfig, next: &BackendConfig) -> Vec<&
     }
     keys
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::strategy::StrategyKind;
+    use crate::router::slots::spare_placeholder;
+    use crate::runtime::snapshot::BackendSnapshot;
+
+    fn slot(asked: SlotState, seq: u32) -> Slot {
+        Slot {
+            config: spare_placeholder("spare-0".into(), BackendKindName::Upstream),
+            upstream: None,
+            asked,
+            seq,
+            address: None,
+            plan: None,
+            spare: true,
+            moving: None,
+        }
+    }
+
+    fn published(slot: SlotState, slot_seq: u32) -> Snapshot {
+        let mut snap = Snapshot::new(1, StrategyKind::Auto);
+        snap.backends = vec![BackendSnapshot {
+            slot,
+            slot_seq,
+            ..Default::default()
+        }];
+        snap
+    }
+
+    #[test]
+    fn an_empty_slot_is_free_only_once_the_engine_took_the_last_ask() {
+        // Started empty (discovery, spare): nothing asked yet, seq 0 both sides.
+        assert!(LiveBackends::drained(
+            &published(SlotState::Empty, 0),
+            &[slot(SlotState::Draining, 0)],
+            0
+        ));
+        // Asked active then draining again (seq 2) while the snapshot still shows the
+        // `Empty` from before (seq 0): the slot may hold requests; not free.
+        assert!(!LiveBackends::drained(
+            &published(SlotState::Empty, 0),
+            &[slot(SlotState::Draining, 2)],
+            0
+        ));
+        // The engine took ask 2 and is still draining: not free.
+        assert!(!LiveBackends::drained(
+            &published(SlotState::Draining, 2),
+            &[slot(SlotState::Draining, 2)],
+            0
+        ));
+        // Its drain is over: free.
+        assert!(LiveBackends::drained(
+            &published(SlotState::Empty, 2),
+            &[slot(SlotState::Draining, 2)],
+            0
+        ));
+        // Asked active: never free, whatever was published.
+        assert!(!LiveBackends::drained(
+            &published(SlotState::Empty, 3),
+            &[slot(SlotState::Active, 3)],
+            0
+        ));
+    }
+}

@@ -94,3 +94,56 @@ impl LiveBackends {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::router::{BackendConfig, Router, RoutingConfig};
+    use std::sync::mpsc::channel;
+
+    fn live() -> Arc<LiveBackends> {
+        let handle = Arc::new(crate::runtime::start(Default::default()).unwrap());
+        let (router, _) = Router::build(
+            &[BackendConfig::default_sim("m", 100)],
+            &RoutingConfig::default(),
+            1,
+        )
+        .unwrap();
+        Arc::new(LiveBackends::new(
+            handle,
+            &[],
+            Vec::new(),
+            Vec::new(),
+            Config::default(),
+            Arc::new(router),
+        ))
+    }
+
+    #[test]
+    fn every_queued_reload_is_answered_once_on_the_live_thread_or_as_stopping() {
+        let live = live();
+        let (tx, rx) = channel();
+        let answer = move |tx: Sender<(String, String)>| -> OnReload {
+            Box::new(move |outcome| {
+                let thread = std::thread::current().name().unwrap_or("").to_string();
+                let _ = tx.send((thread, outcome.unwrap_err().to_string()));
+            })
+        };
+        // No live thread yet: answered at once.
+        live.queue_reload(answer(tx.clone()));
+        let (_, e) = rx.recv().unwrap();
+        assert!(e.contains("stopping"), "{e}");
+        let thread = LiveThread::spawn(live.clone()).unwrap();
+        // Without a config source: the reload runs (on abe-live) and says so.
+        live.queue_reload(answer(tx.clone()));
+        let (on, e) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(on, "abe-live");
+        assert!(e.contains("without a config source"), "{e}");
+        thread.stop();
+        live.queue_reload(answer(tx));
+        let (_, e) = rx.recv().unwrap();
+        assert!(e.contains("stopping"), "{e}");
+        assert!(rx.try_recv().is_err(), "each answered once");
+    }
+}

@@ -151,3 +151,165 @@ impl Clone for RouteTables {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::router::slots::spare_placeholder;
+    use crate::router::{BackendKindName, ModelConfig, Requirements, RoutingConfig};
+
+    fn upstream(name: &str, model: &str) -> BackendConfig {
+        BackendConfig {
+            name: name.into(),
+            base_url: Some(format!("http://{name}:8000")),
+            models: vec![ModelConfig {
+                name: model.into(),
+                context_length: Some(1000),
+                capabilities: Default::default(),
+            }],
+            spare: false,
+            ..spare_placeholder(String::new(), BackendKindName::Upstream)
+        }
+    }
+
+    /// `a` serving `m1`, and one spare slot (empty, as `serve` starts it).
+    fn with_a_spare() -> (Router, Vec<BackendConfig>) {
+        let slots = vec![
+            upstream("a", "m1"),
+            spare_placeholder("spare-0".into(), BackendKindName::Upstream),
+        ];
+        let (mut r, _) = Router::build(&slots, &RoutingConfig::default(), 1).unwrap();
+        r.registry_mut()
+            .set_slot(BackendId::from_index(1), SlotState::Empty);
+        (r, slots)
+    }
+
+    fn names(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_spare_slot_takes_a_new_backend_and_ids_handed_out_before_stay_valid() {
+        let (mut r, mut slots) = with_a_spare();
+        let m1 = r.lookup("m1").unwrap();
+        let m1_model = r.registry().model_id("m1").unwrap();
+        assert_eq!(
+            r.route(&Requirements::text("m2", 1)).unwrap_err().status(),
+            404
+        );
+
+        slots[1] = upstream("c", "m2");
+        let fallbacks = [("m1".to_string(), vec!["m2".to_string()])].into();
+        let mut next = r
+            .next_tables(&slots, &names(&[("x", "m2")]), &fallbacks)
+            .unwrap();
+        // Built, not swapped: the running router is as it was.
+        assert!(r.lookup("x").is_err());
+        r.swap_tables(&mut next).unwrap();
+        assert_eq!(
+            next.registry().backend(BackendId::from_index(1)).name(),
+            "spare-0"
+        );
+        assert_eq!(r.lookup("m1").unwrap(), m1, "name ids carry over");
+        assert_eq!(r.registry().model_id("m1"), Some(m1_model), "model ids too");
+        assert_eq!(r.registry().backend(BackendId::from_index(1)).name(), "c");
+
+        // Empty until asked to be active: then the new name and the alias route there.
+        assert_eq!(
+            r.route(&Requirements::text("x", 1)).unwrap_err().status(),
+            503
+        );
+        r.registry_mut()
+            .set_slot(BackendId::from_index(1), SlotState::Active);
+        let d = r.route(&Requirements::text("x", 1)).unwrap();
+        assert_eq!(
+            r.describe(&d).to_string(),
+            "backend=c; model=m2; via=alias; requested=x"
+        );
+        // The fallback: a down, so m1 falls back to m2 on c.
+        r.registry_mut()
+            .set_slot(BackendId::from_index(0), SlotState::Draining);
+        let d = r.route(&Requirements::text("m1", 1)).unwrap();
+        assert_eq!(
+            r.describe(&d).to_string(),
+            "backend=c; model=m2; via=fallback; requested=m1"
+        );
+    }
+
+    #[test]
+    fn a_slot_that_holds_requests_keeps_its_backend_and_the_swap_changes_nothing() {
+        let (mut r, mut slots) = with_a_spare();
+        r.registry_mut()
+            .set_slot(BackendId::from_index(1), SlotState::Draining);
+        slots[1] = upstream("c", "m2");
+        let mut next = r
+            .next_tables(&slots, &BTreeMap::new(), &BTreeMap::new())
+            .unwrap();
+        assert_eq!(
+            r.swap_tables(&mut next),
+            Err(TablesRefused(BackendId::from_index(1)))
+        );
+        assert_eq!(
+            r.registry().backend(BackendId::from_index(1)).name(),
+            "spare-0"
+        );
+        assert!(r.lookup("m2").is_err(), "nothing changed");
+        // Aliases alone change whatever the slots hold.
+        slots[1] = spare_placeholder("spare-0".into(), BackendKindName::Upstream);
+        let mut next = r
+            .next_tables(&slots, &names(&[("y", "m1")]), &BTreeMap::new())
+            .unwrap();
+        r.swap_tables(&mut next).unwrap();
+        let d = r.route(&Requirements::text("y", 1)).unwrap();
+        assert_eq!(
+            r.describe(&d).to_string(),
+            "backend=a; model=m1; via=alias; requested=y"
+        );
+    }
+
+    #[test]
+    fn a_model_no_backend_serves_any_more_keeps_its_id_and_resolves_to_nothing() {
+        let (mut r, mut slots) = with_a_spare();
+        slots[1] = upstream("c", "m2");
+        let mut next = r
+            .next_tables(&slots, &BTreeMap::new(), &BTreeMap::new())
+            .unwrap();
+        r.swap_tables(&mut next).unwrap();
+        let m2 = r.registry().model_id("m2").unwrap();
+        // c removed and drained; its slot back to a placeholder.
+        slots[1] = spare_placeholder("spare-0".into(), BackendKindName::Upstream);
+        let mut next = r
+            .next_tables(&slots, &BTreeMap::new(), &BTreeMap::new())
+            .unwrap();
+        r.swap_tables(&mut next).unwrap();
+        assert_eq!(r.registry().model_id("m2"), Some(m2));
+        assert!(r.registry().offers(m2).is_empty());
+        assert!(r.routable().all(|(name, _)| name != "m2"), "not listed");
+        let e = r.route(&Requirements::text("m2", 1)).unwrap_err();
+        assert!(matches!(e.status(), 404 | 503), "{e}");
+        // A copy a swap behind still describes a decision of the newer tables.
+        let old_copy = with_a_spare().0;
+        let d = crate::router::Decision {
+            backend: BackendId::from_index(1),
+            model: m2,
+            via: crate::router::Via::Direct,
+            work: 0,
+        };
+        assert_eq!(
+            old_copy.describe(&d).to_string(),
+            "backend=spare-0; model=?; via=direct"
+        );
+    }
+
+    #[test]
+    fn the_slot_count_is_fixed() {
+        let (r, slots) = with_a_spare();
+        let e = r
+            .next_tables(&slots[..1], &BTreeMap::new(), &BTreeMap::new())
+            .unwrap_err();
+        assert!(e.to_string().contains("fixed at start"), "{e}");
+    }
+}

@@ -118,3 +118,43 @@ impl TablesMailbox {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::router::{BackendConfig, Router, RoutingConfig};
+    use std::collections::BTreeMap;
+
+    fn tables() -> Box<EngineTables> {
+        let backends = [BackendConfig::default_sim("m", 100)];
+        let (r, _) = Router::build(&backends, &RoutingConfig::default(), 1).unwrap();
+        let t = r
+            .next_tables(&backends, &BTreeMap::new(), &BTreeMap::new())
+            .unwrap();
+        Box::new(EngineTables::new(t))
+    }
+
+    #[test]
+    fn each_generation_is_answered_taken_or_refused_and_the_old_tables_come_back() {
+        let mailbox = TablesMailbox::default();
+        assert_eq!(mailbox.answer_for(1), None, "not answered yet");
+        mailbox.next.push(tables()).unwrap();
+        assert!(
+            mailbox.next.push(tables()).is_err(),
+            "one hand-off at a time"
+        );
+        let mut saw = 0;
+        mailbox.answer(1, |t| {
+            saw = t.model_names.len();
+            Ok(())
+        });
+        assert_eq!(saw, 1);
+        assert_eq!(mailbox.answer_for(1), Some(TablesAnswer::Taken));
+        assert_eq!(mailbox.retired.len(), 1, "for the control plane to drop");
+        mailbox.next.push(tables()).unwrap();
+        mailbox.answer(2, |_| Err(3));
+        assert_eq!(mailbox.answer_for(2), Some(TablesAnswer::Refused(3)));
+        assert_eq!(mailbox.retired.len(), 2);
+        assert!(mailbox.next.is_empty());
+    }
+}
