@@ -437,6 +437,47 @@ fn a_reload_adds_a_new_backend_in_a_spare_slot_and_changes_fallbacks() {
     abe.shutdown();
 }
 
+/// A refused add changes nothing: with the engine gone (its control queue full), a move of
+/// an empty backend and a new backend for a spare slot are refused as busy, and the slots
+/// list as they were (no address taken, no name given).
+#[test]
+fn a_refused_add_leaves_the_slot_as_it_was() {
+    let (a, b, c) = (
+        MockUpstream::start(),
+        MockUpstream::start(),
+        MockUpstream::start(),
+    );
+    let abe = start(with_backends(
+        test_config(),
+        &format!(
+            "{}{}[routing]\nspare_backend_slots = 1\n",
+            upstream_table("a", &a.base_url()),
+            upstream_table("b", &b.base_url())
+        ),
+    ));
+    abe.live.remove("b").unwrap();
+    backends_until(abe.local_addr(), "b drained", |l| {
+        state_of(l, "b") == "empty"
+    });
+    let before = abe.live.list();
+    // The engine stops; its control queue fills and is never drained again.
+    abe.handle.shutdown(Duration::from_secs(5));
+    while abe
+        .handle
+        .set_strategy(abe::core::strategy::StrategyKind::Fixed)
+        .is_ok()
+    {}
+    let moved: abe::router::BackendConfig =
+        serde_json::from_str(&backend_json("b", &c.base_url(), 50)).unwrap();
+    let e = abe.live.add(&moved).unwrap_err();
+    assert!(matches!(e, abe::live::LiveError::Busy), "{e}");
+    let new: abe::router::BackendConfig =
+        serde_json::from_str(&model_json("n", &c.base_url(), "m9")).unwrap();
+    let e = abe.live.add(&new).unwrap_err();
+    assert!(matches!(e, abe::live::LiveError::Busy), "{e}");
+    assert_eq!(abe.live.list(), before, "nothing changed");
+}
+
 /// A move of a backend that holds requests: they finish at the old address (the slot
 /// drains there first); the new address takes everything routed after the move.
 #[test]
