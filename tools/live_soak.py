@@ -112,12 +112,17 @@ def churn(deadline, every, steps, tally, what):
         time.sleep(every)
 
 
-def watcher(port, deadline, seen):
-    """Records every (backend, state) GET /admin/backends shows."""
+def watcher(port, deadline, seen, new_routed):
+    """Records every (backend, state) GET /admin/backends shows, and the most requests
+    /metrics/json shows routed to each new backend (`new-*`)."""
     while time.time() < deadline + 3:
         status, body = admin(port, "GET", "/admin/backends")
         for b in body.get("backends", []):
             seen.add((b["name"], b["state"]))
+        _, m = admin(port, "GET", "/metrics/json")
+        for b in m.get("backends", []):
+            if b.get("name", "").startswith("new-"):
+                new_routed[b["name"]] = max(new_routed.get(b["name"], 0), b.get("routed", 0))
         time.sleep(0.05)
 
 
@@ -209,10 +214,6 @@ def main():
 
     def new_remove():
         name = f"new-{new_at[0]}"
-        _, m = admin(port, "GET", "/metrics/json")
-        for b in m.get("backends", []):
-            if b.get("name") == name:
-                new_routed[name] = b.get("routed", 0)
         s, _ = admin(port, "DELETE", f"/admin/backends/{name}")
         return s == 200, f"DELETE {name}"
 
@@ -247,7 +248,7 @@ def main():
         threads.append(threading.Thread(target=churn, args=(
             deadline, 0.9, [hosts_step(["127.0.0.2"]), hosts_step(["127.0.0.2", "127.0.0.3"])],
             tally, "discovery")))
-    threads.append(threading.Thread(target=watcher, args=(port, deadline, seen)))
+    threads.append(threading.Thread(target=watcher, args=(port, deadline, seen, new_routed)))
     for t in threads:
         t.start()
     for t in threads:
