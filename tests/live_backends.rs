@@ -478,6 +478,54 @@ fn a_refused_add_leaves_the_slot_as_it_was() {
     assert_eq!(abe.live.list(), before, "nothing changed");
 }
 
+/// Continuous batching: a spare slot is `sim` (the only kind continuous batching runs); a
+/// new sim backend with a model of its own takes it under load and serves it; an upstream
+/// one is refused, saying why.
+#[test]
+fn a_new_sim_backend_fills_a_spare_slot_under_continuous_batching() {
+    let mut cfg = test_config();
+    cfg.batching.mode = BatchingMode::Continuous;
+    cfg.workers.latency_model = LatencyKind::Linear;
+    let cfg = with_backends(
+        cfg,
+        r#"
+        [[backends]]
+        name = "s1"
+        kind = "sim"
+        [[backends.models]]
+        name = "m"
+        context_length = 4096
+        [routing]
+        spare_backend_slots = 1
+        "#,
+    );
+    let abe = start(cfg);
+    let addr = abe.local_addr();
+    let load = Load::start(addr, "m", 4);
+    load.wait_for(20);
+    let mut c = Client::connect(addr);
+    let upstream = model_json("u", "http://127.0.0.1:9", "m2");
+    let r = c.request("POST", "/admin/backends", Some(&upstream));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.error_message().contains("kind = \"sim\""), "{}", r.text());
+    let sim = serde_json::json!({
+        "name": "s9", "kind": "sim",
+        "models": [{ "name": "m2", "context_length": 4096 }]
+    });
+    let r = c.request("POST", "/admin/backends", Some(&sim.to_string()));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let new_load = Load::start(addr, "m2", 2);
+    new_load.wait_for(20);
+    assert!(new_load
+        .routes_since(0)
+        .iter()
+        .all(|r| r.starts_with("backend=s9; model=m2")));
+    let answered_m2 = new_load.finish();
+    let answers = load.finish();
+    assert_reconciles(&abe, answers.len() + answered_m2.len());
+    abe.shutdown();
+}
+
 /// A move of a backend that holds requests: they finish at the old address (the slot
 /// drains there first); the new address takes everything routed after the move.
 #[test]
