@@ -195,6 +195,9 @@ impl Running {
             running_config,
             io_router.clone(),
         ));
+        if health.is_some() {
+            live.set_health_board(board.clone());
+        }
         let live_thread = LiveThread::spawn(live.clone()).map_err(|source| StartError::Spawn {
             name: "abe-live".into(),
             source,

@@ -366,6 +366,21 @@ fn a_new_backend_fills_a_spare_slot_under_load_and_its_slot_is_reused_once_empty
         r.header("x-abe-route"),
         Some("backend=d; model=m3; via=direct")
     );
+    // d removed and drained, then added again with another model: its slot takes it.
+    assert_eq!(admin.request("DELETE", "/admin/backends/d", None).status, 200);
+    backends_until(addr, "d drained", |l| state_of(l, "d") == "empty");
+    let r = admin.request(
+        "POST",
+        "/admin/backends",
+        Some(&model_json("d", &d.base_url(), "m4")),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = admin.request(
+        "POST",
+        "/v1/completions",
+        Some(r#"{"model": "m4", "prompt": "x", "max_tokens": 1}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
     // c's model is served by nobody now.
     let r = admin.request(
         "POST",
@@ -374,7 +389,7 @@ fn a_new_backend_fills_a_spare_slot_under_load_and_its_slot_is_reused_once_empty
     );
     assert!(matches!(r.status, 404 | 503), "{}", r.text());
     let answers = load.finish();
-    assert_reconciles(&abe, answers.len() + answered_m2.len() + 1);
+    assert_reconciles(&abe, answers.len() + answered_m2.len() + 2);
     abe.shutdown();
 }
 

@@ -61,6 +61,10 @@ pub struct LiveBackends {
     spare_kind: Option<BackendKindName>,
     /// The live thread's job queue (`thread`); `None` until it runs, and after it stopped.
     jobs: Mutex<Option<std::sync::mpsc::Sender<thread::Job>>>,
+    /// The upstream health checker's board, when there is one: a slot at a new address (or
+    /// with a new backend) counts healthy until its first probe, as every backend at start,
+    /// not as the old address last answered.
+    health: Mutex<Option<Arc<crate::exec::health::HealthBoard>>>,
 }
 
 /// Aliases and fallbacks as running.
@@ -212,6 +216,19 @@ impl LiveBackends {
             io_generation: AtomicU64::new(0),
             spare_kind,
             jobs: Mutex::new(None),
+            health: Mutex::new(None),
+        }
+    }
+
+    /// The health checker's board (see the field).
+    pub fn set_health_board(&self, board: Arc<crate::exec::health::HealthBoard>) {
+        *lock(&self.health) = Some(board);
+    }
+
+    /// Slot `b` holds another address or backend from now on: healthy until probed.
+    fn forget_health(&self, b: usize) {
+        if let Some(board) = lock(&self.health).as_ref() {
+            board.set(b, true);
         }
     }
 
@@ -287,7 +304,8 @@ impl LiveBackends {
     ///   new one once empty ([`Added::Moving`]): requests finish where they were routed.
     /// - else into a free spare slot (its kind and workers are fixed at start): the
     ///   engine's tables are swapped so the slot serves the new name and models, then it
-    ///   is asked to be active. No free spare slot: [`LiveError::NoSlot`].
+    ///   is asked to be active. No free spare slot: [`LiveError::NoSlot`]. A name a spare
+    ///   slot holds, removed and drained, takes its slot again with whatever table.
     ///
     /// Refused changes change nothing (the client is pointed back, the tables kept).
     pub fn add(&self, config: &BackendConfig) -> Result<Added, LiveError> {
@@ -309,6 +327,12 @@ impl LiveBackends {
             });
         }
         let fixed = fixed_keys_differ(&slots[b].config, config);
+        if !fixed.is_empty() && slots[b].spare && Self::drained(&self.handle.snapshot(), &slots, b)
+        {
+            // A backend added in a spare slot, removed and drained: the slot takes the
+            // name's new table whole (other models, kind of the spare slots, priority).
+            return self.fill_slot(&mut slots, Some(b), config);
+        }
         if !fixed.is_empty() {
             return Err(LiveError::Fixed {
                 name: config.name.clone(),
@@ -355,6 +379,9 @@ impl LiveBackends {
             retarget(&slots[b], was.0.as_deref(), was.1.as_ref());
             return Err(e);
         }
+        if was.0 != config.base_url {
+            self.forget_health(b);
+        }
         let slot = &mut slots[b];
         slot.config.base_url = config.base_url.clone();
         slot.config.api_key = config.api_key.clone();
@@ -365,6 +392,21 @@ impl LiveBackends {
 
     /// `add` of a name no slot has: into a free spare slot, see [`LiveBackends::add`].
     fn fill_spare(&self, slots: &mut [Slot], config: &BackendConfig) -> Result<Added, LiveError> {
+        let snap = self.handle.snapshot();
+        let free = (0..slots.len()).find(|&b| {
+            slots[b].spare && slots[b].moving.is_none() && Self::drained(&snap, slots, b)
+        });
+        self.fill_slot(slots, free, config)
+    }
+
+    /// Fills spare slot `b` (free: empty, its last drain over) with `config`'s backend;
+    /// `None`: no slot is free.
+    fn fill_slot(
+        &self,
+        slots: &mut [Slot],
+        b: Option<usize>,
+        config: &BackendConfig,
+    ) -> Result<Added, LiveError> {
         let Some(kind) = self.spare_kind else {
             return Err(LiveError::NoSlot(config.name.clone()));
         };
@@ -382,10 +424,7 @@ impl LiveBackends {
                 kind_name(config.kind)
             )));
         }
-        let snap = self.handle.snapshot();
-        let Some(b) = (0..slots.len()).find(|&b| {
-            slots[b].spare && slots[b].moving.is_none() && Self::drained(&snap, slots, b)
-        }) else {
+        let Some(b) = b else {
             return Err(LiveError::NoSlot(config.name.clone()));
         };
         let workers = slots[b].config.max_concurrent_batches;
@@ -418,6 +457,7 @@ impl LiveBackends {
             }
             return Err(e);
         }
+        self.forget_health(b);
         tracing::info!(backend = %config.name, slot = b, base_url = ?config.base_url,
             "new backend in a spare slot");
         Ok(Added::Active)

@@ -165,10 +165,18 @@ impl LiveBackends {
                 .iter()
                 .filter(|b| !b.spare && !discovered.contains(&b.name.as_str()))
         };
-        // (name, asked, discovery slot) of every slot, read once.
+        // (name, asked, discovery slot) of every slot, read once; a slot moving to a new
+        // address counts as asked to be active (it will be once its drain is over).
         let running: Vec<(String, SlotState, bool)> = lock(&self.slots)
             .iter()
-            .map(|s| (s.config.name.clone(), s.asked, s.plan.is_some()))
+            .map(|s| {
+                let asked = if s.moving.is_some() {
+                    SlotState::Active
+                } else {
+                    s.asked
+                };
+                (s.config.name.clone(), asked, s.plan.is_some())
+            })
             .collect();
         for (name, asked, is_discovered) in &running {
             if *is_discovered {
