@@ -367,7 +367,10 @@ fn a_new_backend_fills_a_spare_slot_under_load_and_its_slot_is_reused_once_empty
         Some("backend=d; model=m3; via=direct")
     );
     // d removed and drained, then added again with another model: its slot takes it.
-    assert_eq!(admin.request("DELETE", "/admin/backends/d", None).status, 200);
+    assert_eq!(
+        admin.request("DELETE", "/admin/backends/d", None).status,
+        200
+    );
     backends_until(addr, "d drained", |l| state_of(l, "d") == "empty");
     let r = admin.request(
         "POST",
