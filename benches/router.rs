@@ -113,6 +113,7 @@ fn router() -> Router {
                 max_concurrent_batches: 8,
                 prompt_array: None,
                 discovery: None,
+                spare: false,
                 models: names
                     .into_iter()
                     .map(|m| ModelConfig {

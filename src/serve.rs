@@ -14,6 +14,7 @@ use crate::exec::upstream::{
 use crate::exec::Executor;
 use crate::live::discovery::{DiscoveryThreads, Resolve, SystemResolver};
 use crate::live::reload::{ReloadError, ReloadReport};
+use crate::live::thread::LiveThread;
 use crate::live::{ConfigSource, LiveBackends};
 use crate::metrics::http_stats::HttpStats;
 use crate::router::{BackendConfig, BackendId, BackendKind, Router, SlotState};
@@ -60,6 +61,8 @@ pub struct Running {
     pub live: Arc<LiveBackends>,
     /// One thread per `discovery` table, if any.
     discovery: Option<DiscoveryThreads>,
+    /// Where reloads run and moves waiting for a drain finish.
+    live_thread: LiveThread,
 }
 
 impl Running {
@@ -87,15 +90,16 @@ impl Running {
             router: mut engine_router,
             routing_warning,
             discovery,
+            spare,
             config,
         } = settings;
-        // A discovery table's slots start empty: its addresses fill them.
-        for plan in &discovery {
-            for &b in &plan.slots {
-                engine_router
-                    .registry_mut()
-                    .set_slot(BackendId::from_index(b), SlotState::Empty);
-            }
+        // A discovery table's slots start empty (its addresses fill them), and so do the
+        // spare slots (an add or a reload fills them).
+        let empty_at_start = discovery.iter().flat_map(|p| &p.slots).chain(&spare);
+        for &b in empty_at_start {
+            engine_router
+                .registry_mut()
+                .set_slot(BackendId::from_index(b), SlotState::Empty);
         }
         if let Some(w) = routing_warning {
             tracing::warn!("{w}");
@@ -189,7 +193,15 @@ impl Running {
             cells,
             discovery,
             running_config,
+            io_router.clone(),
         ));
+        if health.is_some() {
+            live.set_health_board(board.clone());
+        }
+        let live_thread = LiveThread::spawn(live.clone()).map_err(|source| StartError::Spawn {
+            name: "abe-live".into(),
+            source,
+        })?;
         let mut ctx = ApiContext::new(handle.clone(), config, http_stats, io_router);
         ctx.embed_stats = embed_stats;
         ctx.live = Some(live.clone());
@@ -226,6 +238,7 @@ impl Running {
             events,
             live,
             discovery,
+            live_thread,
         })
     }
 
@@ -246,6 +259,7 @@ impl Running {
         if let Some(d) = self.discovery {
             d.stop();
         }
+        self.live_thread.stop();
         let control = self.server.control();
         control.begin_stop();
         let report = self.handle.shutdown(drain);
@@ -274,7 +288,8 @@ impl Running {
         self.live.set_source(source);
     }
 
-    /// Reads the config again and applies what can change live (see `live::reload`).
+    /// Reads the config again and applies what can change live (see `live::reload`), on
+    /// the calling thread.
     pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
         self.live.reload()
     }
@@ -284,10 +299,12 @@ impl Running {
     pub fn run_until_signal(self, mut signals: Signals) -> ShutdownReport {
         for sig in signals.forever() {
             if sig == signal_hook::consts::SIGHUP {
-                tracing::info!("SIGHUP: reloading the config");
-                if let Err(e) = self.reload() {
-                    tracing::error!("{e}");
-                }
+                tracing::info!("SIGHUP: reloading the config (on abe-live)");
+                self.live.queue_reload(Box::new(|outcome| {
+                    if let Err(e) = outcome {
+                        tracing::error!("{e}");
+                    }
+                }));
                 continue;
             }
             tracing::info!(signal = sig, "shutting down: draining in-flight requests");

@@ -79,6 +79,7 @@ fn embed_backend(dir: &Path, truncate: Option<bool>) -> BackendConfig {
         max_concurrent_batches: 1,
         prompt_array: None,
         discovery: None,
+        spare: false,
         models: vec![ModelConfig {
             name: MODEL.into(),
             // Read from the directory (max_seq_length), as a config that omits it.

@@ -227,8 +227,10 @@ fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
     let mut sub = handle.submitter(None).expect("submitter");
     let b = abe::router::BackendId::from_index(1);
     // Warm-up passes through every state once (first-touch growth is allowed there).
+    let mut seq = 0;
     for slot in [SlotState::Draining, SlotState::Active] {
-        handle.set_slot(b, slot).unwrap();
+        seq += 1;
+        handle.set_slot(b, slot, seq).unwrap();
         drive_routed(&mut sub, 10_000, 256, "warm up the engine", &[route]);
     }
     let before = COUNTED.load(Ordering::Relaxed);
@@ -238,7 +240,8 @@ fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
         } else {
             SlotState::Active
         };
-        handle.set_slot(b, slot).unwrap();
+        seq += 1;
+        handle.set_slot(b, slot, seq).unwrap();
         drive_routed(&mut sub, 10_000, 256, "steady state", &[route]);
     }
     let after = COUNTED.load(Ordering::Relaxed);
@@ -255,6 +258,94 @@ fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
     // b took work in the rounds it was active, and was left active.
     assert!(snap.backends[1].routed > 10_000, "{:?}", snap.backends);
     assert_eq!(snap.backends[1].slot, SlotState::Active);
+}
+
+#[test]
+fn engine_thread_allocates_nothing_while_tables_swap_in_new_backends_and_aliases() {
+    // `a` serves m; a spare slot (as `serve` reserves it, empty) takes backend `c` serving
+    // m2, with an alias x -> m2; then the alias moves between m and m2 every round. The
+    // tables are built on this thread; the engine only swaps them.
+    use abe::router::slots::spare_placeholder;
+    use abe::router::BackendKindName;
+    use abe::runtime::tables::{EngineTables, TablesAnswer};
+    use std::collections::BTreeMap;
+    let backend = |name: &str, model: &str| {
+        let mut b = BackendConfig::default_sim(model, 100_000);
+        b.name = name.into();
+        b.max_concurrent_batches = 1;
+        b
+    };
+    let routing_cfg = RoutingConfig {
+        strategy: "round_robin".into(),
+        ..Default::default()
+    };
+    let mut slots = vec![
+        backend("a", "m"),
+        spare_placeholder("spare-0".into(), BackendKindName::Sim),
+    ];
+    let (mut router, _) = Router::build(&slots, &routing_cfg, 7).unwrap();
+    let spare = abe::router::BackendId::from_index(1);
+    router.registry_mut().set_slot(spare, SlotState::Empty);
+    let mut base = router.lookup_copy();
+    let m = router.lookup("m").unwrap();
+    let routing = Routing::new(router, m, None);
+    let cfg = engine_config(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let lanes = (0..2)
+        .map(|l| runtime::sim_lane(&cfg, &cfg.sim.latency, 1, l << 32, &stop))
+        .collect();
+    let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
+    let mut sub = handle.submitter(None).expect("submitter");
+    // Swaps in tables for `slots` with alias x -> `target`; the name ids of m and x.
+    let mut swap = |slots: &[BackendConfig], target: &str| {
+        let aliases = BTreeMap::from([("x".to_string(), target.to_string())]);
+        let tables = base.next_tables(slots, &aliases, &BTreeMap::new()).unwrap();
+        let ids = (
+            tables.resolver().lookup("m").unwrap(),
+            tables.resolver().lookup("x").unwrap(),
+        );
+        let copy = base.lookup_copy_with(tables.clone());
+        let answer = handle
+            .swap_tables(
+                EngineTables::new(tables),
+                std::time::Duration::from_secs(10),
+            )
+            .unwrap();
+        assert_eq!(answer, TablesAnswer::Taken);
+        base = copy;
+        ids
+    };
+    slots[1] = backend("c", "m2");
+    let (m, x) = swap(&slots, "m2");
+    handle.set_slot(spare, SlotState::Active, 1).unwrap();
+    let route = |name| {
+        Some(RouteRequest {
+            name,
+            need: Need::default(),
+            session: None,
+        })
+    };
+    let routes = [route(m), route(x)];
+    drive_routed(&mut sub, 20_000, 256, "warm up the engine", &routes);
+    let before = COUNTED.load(Ordering::Relaxed);
+    for round in 0..10 {
+        let ids = swap(&slots, if round % 2 == 0 { "m" } else { "m2" });
+        assert_eq!(ids, (m, x), "ids carry over");
+        drive_routed(&mut sub, 10_000, 256, "steady state", &routes);
+    }
+    let after = COUNTED.load(Ordering::Relaxed);
+    let snap = handle.snapshot();
+    let report = handle.shutdown(std::time::Duration::from_secs(10));
+    assert!(report.clean);
+    assert_eq!(
+        after - before,
+        0,
+        "engine thread allocated {} times while tables were swapped",
+        after - before
+    );
+    // c took the alias's requests while it pointed at m2, and a took every other one.
+    assert!(snap.backends[1].routed > 10_000, "{:?}", snap.backends);
+    assert!(snap.backends[0].routed > 60_000, "{:?}", snap.backends);
 }
 
 /// Request-level routing by affinity over two backends of model m: `prefix_aware` with a

@@ -14,11 +14,19 @@ sends SIGHUP; discovery sees 127.0.0.3's line added and removed. 127.0.0.2 stays
 backend is always active: every request must get a 200 (or a 429 with Retry-After).
 Continuous mode: three sim backends `s1`, `s2`, `s3`; the admin API churns `s2`, reloads
 churn `s3` (continuous batching takes only sim backends, so there is no discovery).
+In both modes a fourth churner adds a backend the config never named (`new-1`, `new-2`,
+... one new name each time, serving abe-sim: an upstream at u1's address in request mode,
+a sim backend in continuous mode) through POST /admin/backends into a spare slot
+(routing.spare_backend_slots: the default 8 in request mode, 2 in continuous), checks it
+took requests, and removes it; its slot takes the next new name once drained. A reload
+drains such a backend too (the file is the wanted state): that is part of the churn.
 
 Checks: every request got exactly one complete answer (a stream ending in [DONE]), none a
 5xx; admitted = completed + failed with nothing live and failed = 0; every churn step
-was accepted; each backend went through draining and empty at least once (seen in
-GET /admin/backends); no "panicked" in any log; exit status 0 after SIGTERM.
+was accepted (a new backend never refused for want of a spare slot); each backend went
+through draining and empty at least once (seen in GET /admin/backends), and so did a new
+one, and new backends were routed to; no "panicked" in any log; exit status 0 after
+SIGTERM.
 Needs root for /etc/hosts (without it, request mode runs without the discovery churn and
 says so).
 """
@@ -104,12 +112,17 @@ def churn(deadline, every, steps, tally, what):
         time.sleep(every)
 
 
-def watcher(port, deadline, seen):
-    """Records every (backend, state) GET /admin/backends shows."""
+def watcher(port, deadline, seen, new_routed):
+    """Records every (backend, state) GET /admin/backends shows, and the most requests
+    /metrics/json shows routed to each new backend (`new-*`)."""
     while time.time() < deadline + 3:
         status, body = admin(port, "GET", "/admin/backends")
         for b in body.get("backends", []):
             seen.add((b["name"], b["state"]))
+        _, m = admin(port, "GET", "/metrics/json")
+        for b in m.get("backends", []):
+            if b.get("name", "").startswith("new-"):
+                new_routed[b["name"]] = max(new_routed.get(b["name"], 0), b.get("routed", 0))
         time.sleep(0.05)
 
 
@@ -159,12 +172,16 @@ def main():
     else:
         fixed = table("s1", "sim") + table("s2", "sim")
         churned, admin_name = table("s3", "sim"), "s2"
+        u1_port = None
     admin_body = json.dumps({"name": admin_name, "kind": "sim",
                              "max_concurrent_batches": 2 if a.mode == "request" else 4,
                              "models": [{"name": "abe-sim", "context_length": 8192}]})
 
+    spare = "" if a.mode == "request" else "spare_backend_slots = 2\n"
+
     def front_config(with_churned, strategy):
-        return f'{head}{fixed}{churned if with_churned else ""}[routing]\nstrategy = "{strategy}"\n'
+        return (f'{head}{fixed}{churned if with_churned else ""}[routing]\n'
+                f'strategy = "{strategy}"\n{spare}')
 
     front, port, front_cfg = start(front_config(True, "smart"), "front")
     tally = cs.Tally()
@@ -177,6 +194,28 @@ def main():
     def admin_add():
         s, _ = admin(port, "POST", "/admin/backends", admin_body)
         return s == 200, f"POST {admin_name}"
+
+    new_at = [0]
+    new_routed = {}
+
+    def new_body(name):
+        if a.mode == "request":
+            extra = {"kind": "upstream", "base_url": f"http://127.0.0.1:{u1_port}"}
+        else:
+            extra = {"kind": "sim"}
+        return json.dumps({"name": name, **extra,
+                           "models": [{"name": "abe-sim", "context_length": 8192}]})
+
+    def new_add():
+        new_at[0] += 1
+        name = f"new-{new_at[0]}"
+        s, body = admin(port, "POST", "/admin/backends", new_body(name))
+        return s == 200, f"POST {name} (a new name){'' if s == 200 else ': ' + str(body)}"
+
+    def new_remove():
+        name = f"new-{new_at[0]}"
+        s, _ = admin(port, "DELETE", f"/admin/backends/{name}")
+        return s == 200, f"DELETE {name}"
 
     reloads = [(False, "round_robin"), (True, "least_loaded"), (False, "smart"), (True, "smart")]
     reload_at = [0]
@@ -203,11 +242,13 @@ def main():
         deadline, 0.7, [admin_remove, admin_add], tally, "admin")))
     threads.append(threading.Thread(target=churn, args=(
         deadline, 1.1, [reload_step], tally, "reload")))
+    threads.append(threading.Thread(target=churn, args=(
+        deadline, 0.8, [new_add, new_remove], tally, "new")))
     if hosts:
         threads.append(threading.Thread(target=churn, args=(
             deadline, 0.9, [hosts_step(["127.0.0.2"]), hosts_step(["127.0.0.2", "127.0.0.3"])],
             tally, "discovery")))
-    threads.append(threading.Thread(target=watcher, args=(port, deadline, seen)))
+    threads.append(threading.Thread(target=watcher, args=(port, deadline, seen, new_routed)))
     for t in threads:
         t.start()
     for t in threads:
@@ -224,7 +265,7 @@ def main():
         hosts.set([])
 
     checked = sum(n for k, n in tally.by.items() if k.split(":")[0] not in
-                  ("admin", "reload", "discovery"))
+                  ("admin", "reload", "discovery", "new"))
     statuses = {k: n for k, n in tally.by.items() if k.split(":")[0] not in
                 ("admin", "reload", "discovery")}
     print(f"live soak ({a.mode} mode): {a.seconds:.0f} s, {a.clients} clients")
@@ -235,6 +276,7 @@ def main():
           f"{r['completed']} + failed {r['failed']}; rejected {r['rejected']}")
     print(f"  backend states seen: {sorted(seen)}")
     print(f"  at the end: {[(b['name'], b['state']) for b in final]}; exit {code}")
+    print(f"  new backends added: {new_at[0]}; routed to each before its removal: {new_routed}")
     problems = list(tally.violations)
     for k, n in statuses.items():
         if k.split()[-1].startswith("5"):
@@ -250,6 +292,15 @@ def main():
         for state in ("draining", "empty", "active"):
             if (n, state) not in seen and not (state == "draining" and (n, "empty") in seen):
                 problems.append(f"{n} was never seen {state}")
+    news = {n for n, _ in seen if n.startswith("new-")}
+    if not news:
+        problems.append("no new backend was ever seen")
+    elif not any((n, "active") in seen for n in news):
+        problems.append("no new backend was ever seen active")
+    elif not any((n, "empty") in seen for n in news):
+        problems.append("no new backend was ever seen empty after its removal")
+    if not any(r > 0 for r in new_routed.values()):
+        problems.append(f"no new backend was routed to: {new_routed}")
     if code != 0:
         problems.append(f"exit status {code} after SIGTERM")
     for log in logs:

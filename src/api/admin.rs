@@ -15,15 +15,34 @@ use crate::exec::sim::FaultSettings;
 use crate::http::parse::{Head, Method};
 use crate::http::response::{Response, Status};
 
+/// `/admin/*` as the router sees it: `POST /admin/reload`, once allowed, is answered when
+/// the live thread has run it (`admin_backends::reload`); everything else at once.
+pub fn route(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> super::Routed {
+    if path == "/admin/reload" && head.method == Method::Post && refusal(ctx, head).is_none() {
+        if let Some(later) = super::admin_backends::reload_later(ctx) {
+            return later;
+        }
+    }
+    super::Routed::Now(admin(ctx, head, path, body))
+}
+
 /// `/admin/*`: bearer-token protected control endpoints.
 pub fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response {
+    if let Some(refused) = refusal(ctx, head) {
+        return refused;
+    }
+    admin_allowed(ctx, head, path, body)
+}
+
+/// Why an admin call is not served (admin disabled, token missing or wrong), if it is not.
+fn refusal(ctx: &ApiContext, head: &Head) -> Option<Response> {
     let server = &ctx.config.server;
     if !server.admin_enabled {
-        return Response::error(
+        return Some(Response::error(
             Status::NotFound,
             "not_found",
             "admin endpoints are disabled (server.admin_enabled = false)",
-        );
+        ));
     }
     if !server.admin_token.is_empty() {
         // Constant time: how long a refusal takes says nothing about the token.
@@ -31,14 +50,21 @@ pub fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response
             .admin_token
             .matches_bearer(head.authorization.as_deref())
         {
-            return Response::error(
-                Status::Unauthorized,
-                "unauthorized",
-                "admin endpoints need 'Authorization: Bearer <server.admin_token>'",
-            )
-            .with_header("WWW-Authenticate: Bearer");
+            return Some(
+                Response::error(
+                    Status::Unauthorized,
+                    "unauthorized",
+                    "admin endpoints need 'Authorization: Bearer <server.admin_token>'",
+                )
+                .with_header("WWW-Authenticate: Bearer"),
+            );
         }
     }
+    None
+}
+
+/// `/admin/*` once allowed.
+fn admin_allowed(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response {
     if path == "/admin/strategy" {
         if !matches!(head.method, Method::Get | Method::Head) {
             return Response::error(

@@ -3,16 +3,21 @@
 //! adds one (a `[[backends]]` table as JSON), `DELETE /admin/backends/{name}` removes one
 //! (it drains), `POST /admin/reload` reads the config again (as `SIGHUP` does).
 //!
-//! Called by `admin` after the token check, on io threads: the work is the control plane's
-//! (`crate::live`), a short lock and a control message, never a wait for the engine. What
-//! must never happen here: a refused change that changes something.
+//! Called by `admin` after the token check, on io threads. A reload runs on the live thread
+//! (`crate::live::thread`: reading and checking a file is no io thread's work) and its answer
+//! is written when it is done (`Routed::Later`). An add or remove is the control plane's
+//! short lock and a control message; an add of a new backend also waits for the engine to
+//! swap its tables (one turn). What must never happen here: a refused change that changes
+//! something.
 
-use super::ApiContext;
+use super::deferred::Deferred;
+use super::{ApiContext, Routed};
 use crate::http::parse::{Head, Method};
 use crate::http::response::{Response, Status};
-use crate::live::reload::ReloadError;
-use crate::live::{LiveBackends, LiveError};
+use crate::live::reload::{ReloadError, ReloadReport};
+use crate::live::{Added, LiveBackends, LiveError};
 use crate::router::BackendConfig;
+use std::sync::Arc;
 
 /// `/admin/backends[/{name}]`; `None` when `path` is neither.
 pub fn backends(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Option<Response> {
@@ -39,7 +44,19 @@ pub fn backends(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Optio
     })
 }
 
-/// `POST /admin/reload`; `None` for another path.
+/// `POST /admin/reload` (allowed): queued on the live thread, answered when it is done;
+/// `None` without a control plane (then `reload` answers).
+pub fn reload_later(ctx: &ApiContext) -> Option<Routed> {
+    let live = ctx.live.as_ref()?;
+    let deferred = Arc::new(Deferred::default());
+    let answer = deferred.clone();
+    live.queue_reload(Box::new(move |outcome| {
+        answer.fill(reload_response(outcome));
+    }));
+    Some(Routed::Later(deferred))
+}
+
+/// `POST /admin/reload` run on the calling thread; `None` for another path.
 pub fn reload(ctx: &ApiContext, head: &Head, path: &str) -> Option<Response> {
     if path != "/admin/reload" {
         return None;
@@ -50,7 +67,12 @@ pub fn reload(ctx: &ApiContext, head: &Head, path: &str) -> Option<Response> {
     let Some(live) = &ctx.live else {
         return Some(no_live());
     };
-    Some(match live.reload() {
+    Some(reload_response(live.reload()))
+}
+
+/// A reload's outcome as its HTTP answer.
+fn reload_response(outcome: Result<ReloadReport, ReloadError>) -> Response {
+    match outcome {
         Ok(report) => ok_json(&report),
         Err(e @ ReloadError::Refused(_)) => {
             tracing::error!("{e}");
@@ -60,7 +82,10 @@ pub fn reload(ctx: &ApiContext, head: &Head, path: &str) -> Option<Response> {
             Response::error(Status::BadRequest, "reload_unavailable", e.to_string())
         }
         Err(ReloadError::Live(e)) => live_error(&e),
-    })
+        Err(e @ ReloadError::Stopping) => {
+            Response::error(Status::ServiceUnavailable, "stopping", e.to_string())
+        }
+    }
 }
 
 fn list(live: &LiveBackends) -> Response {
@@ -82,9 +107,19 @@ fn add(live: &LiveBackends, body: &[u8]) -> Response {
         }
     };
     match live.add(&config) {
-        Ok(()) => {
+        Ok(Added::Active) => {
             tracing::info!(backend = %config.name, "backend added via admin API");
             ok_json(&serde_json::json!({ "name": config.name, "requested": "active" }))
+        }
+        Ok(Added::Moving) => {
+            tracing::info!(backend = %config.name, "backend moving via admin API");
+            let body = serde_json::json!({
+                "name": config.name,
+                "requested": "moving",
+                "why": "requests already routed to it finish at its old address; it takes \
+                        the new one once its drain is over",
+            });
+            ok_json(&body)
         }
         Err(e) => live_error(&e),
     }

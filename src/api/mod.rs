@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod admin_backends;
 pub mod chat;
+pub mod deferred;
 pub mod faults;
 pub mod json_out;
 pub mod logprobs;
@@ -41,7 +42,9 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use wire::{BodyError, ChatBody, CompletionBody, EmbeddingBody};
 
-/// What the io threads share to answer requests.
+/// What the io threads share to answer requests. Cloned (cheaply: shared parts are `Arc`s)
+/// only when the router copy changes ([`ApiContext::refreshed`]).
+#[derive(Clone)]
 pub struct ApiContext {
     pub handle: Arc<Handle>,
     pub config: Arc<Config>,
@@ -62,12 +65,14 @@ pub struct ApiContext {
     /// Padding and forward counters of each `embed` backend (by name), for `/metrics`.
     pub embed_stats: Vec<(Box<str>, Arc<crate::exec::embed::EmbedStats>)>,
     /// Failures by kind injected in front of the engine (`[workers] fault_*`).
-    pub faults: faults::FrontFaults,
+    pub faults: Arc<faults::FrontFaults>,
     /// `POST /v1/responses` answers kept for `GET /v1/responses/{id}` (bounded).
     pub responses: Arc<response_object::ResponseStore>,
     /// The backend slots' control plane (`/admin/backends`, `/admin/reload`); `None` for a
     /// context built without `serve`.
     pub live: Option<Arc<crate::live::LiveBackends>>,
+    /// Which of `live`'s router copies `router` is (see [`ApiContext::refreshed`]).
+    pub router_generation: u64,
 }
 
 impl ApiContext {
@@ -84,10 +89,10 @@ impl ApiContext {
             .backends()
             .any(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }));
         let retention_s = (config.metrics.history_retention.0 / 1000) as usize;
-        let faults = faults::FrontFaults::new(
+        let faults = Arc::new(faults::FrontFaults::new(
             faults::FrontFaultSettings::from_config(&config.workers),
             config.workers.seed,
-        );
+        ));
         ApiContext {
             handle,
             config,
@@ -101,7 +106,21 @@ impl ApiContext {
             faults,
             responses: Arc::default(),
             live: None,
+            router_generation: 0,
         }
+    }
+
+    /// This context with the router copy the control plane published last, when it is not
+    /// the one held (a spare slot filled, aliases or fallbacks reloaded: `live`); `None`
+    /// otherwise. An io thread calls it once per turn: one atomic load when nothing moved.
+    pub fn refreshed(&self) -> Option<ApiContext> {
+        let live = self.live.as_ref()?;
+        let (generation, router) = live.io_router_if_newer(self.router_generation)?;
+        let mut ctx = self.clone();
+        ctx.default_model = ApiContext::default_model_for(&ctx.config, &router);
+        ctx.router = router;
+        ctx.router_generation = generation;
+        Some(ctx)
     }
 
     /// The model requests without `model` get: `server.model_name` when some backend
@@ -174,6 +193,8 @@ pub enum Routed {
     Submit(Box<Job>),
     /// `GET /events`: stream this subscriber's telemetry until the connection closes.
     Subscribe(Arc<crate::metrics::events::Subscriber>),
+    /// Answer once another thread filled this (`POST /admin/reload`).
+    Later(Arc<deferred::Deferred>),
 }
 
 /// How to render a job's outcomes.
@@ -413,7 +434,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
         | "/metrics/history" => {
             allow("GET, HEAD")
         }
-        p if p.starts_with("/admin/") => Routed::Now(admin::admin(ctx, head, p, body)),
+        p if p.starts_with("/admin/") => admin::route(ctx, head, p, body),
         _ => Routed::Now(Response::error(
             Status::NotFound,
             "not_found",

@@ -40,6 +40,9 @@ pub struct Settings {
     pub routing_warning: Option<UnknownStrategy>,
     /// The `discovery` tables, each expanded into empty upstream slots of `backends`.
     pub discovery: Vec<crate::router::DiscoveryPlan>,
+    /// The spare slots' indexes into `backends` (`routing.spare_backend_slots`), empty
+    /// placeholders an add or a reload fills with a backend the config did not have.
+    pub spare: Vec<usize>,
     /// The layered config these came from: the HTTP front end reads its `[server]` section
     /// (limits and timeouts, all typed by serde) and `[upstream]`, `[health]` from it.
     pub config: Config,
@@ -53,7 +56,16 @@ impl Config {
         let runtime = self.runtime_config()?;
         let (backends, discovery) =
             crate::router::slots::expand_discovery(self.effective_backends())?;
-        let backends = super::embed_context::fill(backends)?;
+        let mut backends = super::embed_context::fill(backends)?;
+        let spare_slots = self
+            .routing
+            .spare_backend_slots
+            .unwrap_or_else(|| crate::router::slots::spare_slots_default(&backends));
+        let spare_kind = match self.batching.mode {
+            BatchingMode::Continuous => BackendKindName::Sim,
+            BatchingMode::Request => BackendKindName::Upstream,
+        };
+        let spare = crate::router::slots::add_spares(&mut backends, spare_slots, spare_kind)?;
         let (router, routing_warning) = self.check_routing(&backends)?;
         let sim_latency = self.sim_latency(&backends, &runtime)?;
         if self.server.max_model_len == 0 {
@@ -83,6 +95,7 @@ impl Config {
             router,
             routing_warning,
             discovery,
+            spare,
             config: self,
         })
     }

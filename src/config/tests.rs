@@ -268,7 +268,19 @@ fn backends_routing_and_upstream_parse_and_validate() {
     let c = two_backends();
     let s = c.clone().check().unwrap();
     assert!(s.routing_warning.is_none());
-    assert_eq!(s.backends, c.backends, "configured backends win");
+    assert_eq!(
+        s.backends[..2],
+        c.backends[..],
+        "configured backends win, then the spare slots"
+    );
+    // An upstream table: abe routes to servers, so 8 spare slots by default.
+    assert_eq!(s.spare, (2..10).collect::<Vec<_>>());
+    assert!(s.backends[2..]
+        .iter()
+        .all(|b| b.spare && b.kind == BackendKindName::Upstream && b.models.is_empty()));
+    let mut none = c.clone();
+    none.routing.spare_backend_slots = Some(0);
+    assert_eq!(none.check().unwrap().backends, c.backends);
     assert_eq!(c.backends.len(), 2);
     assert_eq!(c.backends[1].kind, BackendKindName::Upstream);
     assert_eq!(

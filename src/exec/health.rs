@@ -146,8 +146,13 @@ impl Checker {
         let (tx, rx) = mpsc::channel::<(usize, Result<(), ExecError>)>();
         let mut waiting = 0usize;
         for (slot, (_, client)) in self.targets.iter().enumerate() {
-            let tx = tx.clone();
             let client = client.current();
+            if client.base_url() == crate::router::slots::SPARE_PLACEHOLDER_URL {
+                // A spare slot nothing filled yet: nothing to probe (it counts healthy, as
+                // every backend does until its first probe).
+                continue;
+            }
+            let tx = tx.clone();
             let path = self.path.clone();
             let timeout = self.timeout;
             let spawned = std::thread::Builder::new()

@@ -3,17 +3,21 @@
 //! change while abe runs:
 //!
 //! - backends: a table gone drains its backend; a table back, or with a new `base_url` or
-//!   `api_key`, fills its slot; a new table, or one whose fixed keys changed (kind, models,
-//!   priority, workers), is reported and left as it runs (it needs a slot of its own shape);
-//! - `[routing]`: strategy, weights, max_retries and the prefix thresholds change; aliases,
-//!   fallbacks and the prefix index's size are reported and kept;
+//!   `api_key`, fills its slot (a slot holding requests drains at the old address first);
+//!   a new table fills a spare slot (`routing.spare_backend_slots`; none free: reported
+//!   and left out); a table whose fixed keys changed (kind, models, priority, workers) is
+//!   reported and left as it runs;
+//! - `[routing]`: strategy, weights, max_retries, the prefix thresholds, aliases and
+//!   fallbacks change (aliases and fallbacks by a swap of the engine's and io threads'
+//!   tables); the prefix index's size and the spare slots are reported and kept;
 //! - every other key (ports, thread counts, batching mode, limits) is reported and kept.
 //!
 //! A config that does not check is refused with the start's error, and nothing changes.
+//! Runs on the live thread (`thread`), never on an io thread.
 //! What must never happen here: a partly applied refusal, or a silent difference between
 //! the file and what runs (everything kept is in the report and the log).
 
-use super::{fixed_keys_differ, lock, LiveBackends, LiveError};
+use super::{fixed_keys_differ, lock, Added, LiveBackends, LiveError};
 use crate::config::{Config, ConfigError, Settings};
 use crate::router::SlotState;
 use serde::Serialize;
@@ -34,6 +38,8 @@ pub enum ReloadError {
     Refused(#[from] ConfigError),
     #[error("reload: {0}")]
     Live(#[from] LiveError),
+    #[error("reload: abe is stopping")]
+    Stopping,
 }
 
 impl LiveBackends {
@@ -60,8 +66,9 @@ impl LiveBackends {
         let mut report = ReloadReport::default();
         let mut running = lock(&self.running);
         fixed_sections(&running, &next.config, &mut report.kept);
-        self.apply_routing(&mut running, &next, &mut report)?;
+        // Backends first: new aliases and fallbacks may name a backend's new models.
         self.apply_backends(&next, &mut report)?;
+        self.apply_routing(&mut running, &next, &mut report)?;
         Ok(report)
     }
 
@@ -71,16 +78,25 @@ impl LiveBackends {
         next: &Settings,
         report: &mut ReloadReport,
     ) -> Result<(), ReloadError> {
-        let (was, now) = (&running.routing, &next.config.routing);
-        if was.aliases != now.aliases {
-            report
-                .kept
-                .push("routing.aliases: cannot change live yet".into());
+        let was_routing = running.routing.clone();
+        let (was, now) = (&was_routing, &next.config.routing);
+        if was.aliases != now.aliases || was.fallbacks != now.fallbacks {
+            self.set_names(&now.aliases, &now.fallbacks)?;
+            for (key, changed) in [
+                ("routing.aliases", was.aliases != now.aliases),
+                ("routing.fallbacks", was.fallbacks != now.fallbacks),
+            ] {
+                if changed {
+                    report.applied.push(key.to_string());
+                }
+            }
+            running.routing.aliases.clone_from(&now.aliases);
+            running.routing.fallbacks.clone_from(&now.fallbacks);
         }
-        if was.fallbacks != now.fallbacks {
+        if was.spare_backend_slots != now.spare_backend_slots {
             report
                 .kept
-                .push("routing.fallbacks: cannot change live yet".into());
+                .push("routing.spare_backend_slots: the slots are reserved at start".into());
         }
         if was.prefix.max_tracked_blocks != now.prefix.max_tracked_blocks {
             report
@@ -147,12 +163,20 @@ impl LiveBackends {
         let plain = || {
             next.backends
                 .iter()
-                .filter(|b| !discovered.contains(&b.name.as_str()))
+                .filter(|b| !b.spare && !discovered.contains(&b.name.as_str()))
         };
-        // (name, asked, discovery slot) of every slot, read once.
+        // (name, asked, discovery slot) of every slot, read once; a slot moving to a new
+        // address counts as asked to be active (it will be once its drain is over).
         let running: Vec<(String, SlotState, bool)> = lock(&self.slots)
             .iter()
-            .map(|s| (s.config.name.clone(), s.asked, s.plan.is_some()))
+            .map(|s| {
+                let asked = if s.moving.is_some() {
+                    SlotState::Active
+                } else {
+                    s.asked
+                };
+                (s.config.name.clone(), asked, s.plan.is_some())
+            })
             .collect();
         for (name, asked, is_discovered) in &running {
             if *is_discovered {
@@ -182,12 +206,14 @@ impl LiveBackends {
                     }
                     let moved = was.base_url != table.base_url || was.api_key != table.api_key;
                     if moved || *asked != SlotState::Active {
-                        self.add(table)?;
-                        report.applied.push(match (moved, *asked) {
-                            (true, _) => format!(
-                                "backend '{name}': now at {}",
-                                table.base_url.as_deref().unwrap_or("-")
+                        let added = self.add(table)?;
+                        let at = table.base_url.as_deref().unwrap_or("-");
+                        report.applied.push(match (moved, added) {
+                            (true, Added::Moving) => format!(
+                                "backend '{name}': moving to {at} (draining at the old \
+                                 address first)"
                             ),
+                            (true, Added::Active) => format!("backend '{name}': now at {at}"),
                             _ => format!("backend '{name}': added back"),
                         });
                     }
@@ -195,11 +221,17 @@ impl LiveBackends {
             }
         }
         for table in plain() {
-            if !running.iter().any(|(name, _, _)| name == &table.name) {
-                report.kept.push(format!(
-                    "backend '{}': new; it has no slot (restart to add it)",
-                    table.name
-                ));
+            if running.iter().any(|(name, _, _)| name == &table.name) {
+                continue;
+            }
+            match self.add(table) {
+                Ok(_) => report
+                    .applied
+                    .push(format!("backend '{}': new, in a spare slot", table.name)),
+                Err(e @ (LiveError::NoSlot(_) | LiveError::Invalid(_))) => {
+                    report.kept.push(format!("backend '{}': {e}", table.name));
+                }
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())

@@ -16,7 +16,9 @@
 //! - [`select`]: the decision flow ([`Router::route`]).
 //! - [`slot`]: a backend slot's state (active, draining, empty); [`discovery`]: the
 //!   `discovery` key (a DNS name instead of a `base_url`); [`slots`]: backends that come
-//!   and go within the slots abe starts with, `discovery` tables expanded into slots.
+//!   and go within the slots abe starts with, `discovery` tables expanded into slots, spare
+//!   slots reserved; [`tables`]: a running router's next tables (spare slots filled,
+//!   aliases and fallbacks changed), built off the engine and swapped in whole.
 //! - [`error`]: config errors and per-request errors with their HTTP status.
 //!
 //! ```
@@ -46,6 +48,7 @@ pub mod select;
 pub mod slot;
 pub mod slots;
 pub mod strategy;
+pub mod tables;
 
 #[cfg(test)]
 mod tests;
@@ -68,3 +71,4 @@ pub use select::{Decision, DecisionText, LiveRouting, Need, Router, RoutingConfi
 pub use slot::SlotState;
 pub use slots::DiscoveryPlan;
 pub use strategy::{score, Candidate, Strategy, UnknownStrategy, Weights};
+pub use tables::{RouteTables, TablesRefused};

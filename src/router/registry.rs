@@ -170,6 +170,10 @@ pub struct BackendConfig {
     /// to becomes a backend of its own (see [`super::slots`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<super::discovery::Discovery>,
+    /// Set by abe, never by a file: a spare slot not yet filled (`routing.spare_backend_slots`,
+    /// see [`super::slots`]). It serves no models, so its table needs none.
+    #[serde(skip)]
+    pub spare: bool,
 }
 
 fn priority_default() -> u32 {
@@ -204,6 +208,7 @@ impl BackendConfig {
                 },
             }],
             discovery: None,
+            spare: false,
         }
     }
 }
@@ -378,10 +383,25 @@ impl Registry {
     /// request is then a 404); the caller substitutes [`BackendConfig::default_sim`] when
     /// the config has no `[[backends]]`.
     pub fn build(configs: &[BackendConfig]) -> Result<Registry, RouterConfigError> {
+        Registry::build_after(configs, None)
+    }
+
+    /// As [`build`](Self::build), keeping `prior`'s model ids: its models come first, in
+    /// its order, even those no table serves any more (they then have no offers), so a
+    /// `ModelId` handed out by `prior` means the same model in the result. What a running
+    /// router's next tables are built with (`router::tables`).
+    pub fn build_after(
+        configs: &[BackendConfig],
+        prior: Option<&Registry>,
+    ) -> Result<Registry, RouterConfigError> {
         let mut backends = Vec::with_capacity(configs.len());
         let mut backend_ids = HashMap::with_capacity(configs.len());
         let mut model_ids: HashMap<Box<str>, ModelId> = HashMap::new();
         let mut model_names: Vec<Box<str>> = Vec::new();
+        for m in prior.map_or(&[][..], |p| &p.models[..]) {
+            model_ids.insert(m.name.clone(), ModelId(dense(model_names.len(), "models")?));
+            model_names.push(m.name.clone());
+        }
         // (model, offer) pairs in backend order; grouped by model below.
         let mut pairs: Vec<(ModelId, Offer)> = Vec::new();
 
@@ -459,7 +479,10 @@ impl Registry {
             }
             entry.end = at;
             offers_per_model_max = offers_per_model_max.max((entry.end - entry.start) as usize);
-            debug_assert!(entry.end > entry.start, "every model has an offer");
+            debug_assert!(
+                entry.end > entry.start || m < prior.map_or(0, |p| p.models.len()),
+                "every model has an offer, but one a prior registry had"
+            );
         }
         debug_assert_eq!(at, offers_len);
 
@@ -510,6 +533,28 @@ impl Registry {
 
     pub fn model_name(&self, id: ModelId) -> &str {
         &self.models[id.index()].name
+    }
+
+    /// The model's name, `None` for an id this registry does not have (one handed out by
+    /// newer tables than a lookup copy holds: see `router::tables`).
+    pub fn try_model_name(&self, id: ModelId) -> Option<&str> {
+        self.models.get(id.index()).map(|m| &*m.name)
+    }
+
+    /// Takes `next`'s backends, models and offers (built by [`build_after`](Self::build_after)
+    /// over the same number of slots) and gives it this registry's; the live state stays.
+    /// Moves only: nothing is allocated or freed here.
+    pub fn adopt_tables(&mut self, next: &mut Registry) {
+        assert_eq!(self.len(), next.len(), "the slots are fixed at start");
+        std::mem::swap(&mut self.backends, &mut next.backends);
+        std::mem::swap(&mut self.models, &mut next.models);
+        std::mem::swap(&mut self.offers, &mut next.offers);
+        std::mem::swap(&mut self.backend_ids, &mut next.backend_ids);
+        std::mem::swap(&mut self.model_ids, &mut next.model_ids);
+        std::mem::swap(
+            &mut self.offers_per_model_max,
+            &mut next.offers_per_model_max,
+        );
     }
 
     /// The model's offers, one per backend serving it, in backend order.
@@ -718,7 +763,7 @@ fn validate_backend(i: usize, cfg: &BackendConfig) -> Result<Backend, RouterConf
             "must be at least 1".into(),
         ));
     }
-    if cfg.models.is_empty() {
+    if cfg.models.is_empty() && !cfg.spare {
         return Err(backend_err(
             "models",
             "serves no models; add a [[backends.models]] table with name and context_length".into(),
@@ -793,6 +838,7 @@ pub(crate) fn sim_backend(
         max_concurrent_batches: MAX_CONCURRENT_BATCHES_DEFAULT,
         prompt_array: None,
         discovery: None,
+        spare: false,
         models: models
             .iter()
             .map(|&(n, c, capabilities)| ModelConfig {

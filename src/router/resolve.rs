@@ -70,6 +70,19 @@ impl Resolver {
         aliases: &BTreeMap<String, String>,
         fallbacks: &BTreeMap<String, Vec<String>>,
     ) -> Result<Resolver, RouterConfigError> {
+        Resolver::build_after(registry, aliases, fallbacks, None)
+    }
+
+    /// As [`build`](Self::build), keeping `prior`'s name ids: its names come first, in its
+    /// order (a name nothing uses any more keeps its id and resolves to nothing), so a
+    /// `NameId` handed out by `prior` names the same text in the result. A running router's
+    /// next tables are built so (`router::tables`): ids in flight stay valid.
+    pub fn build_after(
+        registry: &Registry,
+        aliases: &BTreeMap<String, String>,
+        fallbacks: &BTreeMap<String, Vec<String>>,
+        prior: Option<&Resolver>,
+    ) -> Result<Resolver, RouterConfigError> {
         check_aliases(aliases)?;
         check_fallbacks(registry, aliases, fallbacks)?;
 
@@ -78,10 +91,16 @@ impl Resolver {
             names: Vec::new(),
             chains: Vec::new(),
         };
+        for e in prior.map_or(&[][..], |p| &p.names[..]) {
+            r.intern(&e.name);
+        }
         for m in 0..registry.model_count() {
             let id = ModelId(m as u32);
             let n = r.intern(registry.model_name(id));
-            r.names[n.index()].served = Some(id);
+            // A model a prior registry had and no backend serves now keeps its id only.
+            if !registry.offers(id).is_empty() {
+                r.names[n.index()].served = Some(id);
+            }
         }
         for (alias, target) in aliases {
             let a = r.intern(alias);
@@ -126,6 +145,21 @@ impl Resolver {
 
     pub fn name(&self, id: NameId) -> &str {
         &self.names[id.index()].name
+    }
+
+    /// The name's text, `None` for an id this resolver does not have (one handed out by
+    /// newer tables than a lookup copy holds).
+    pub fn try_name(&self, id: NameId) -> Option<&str> {
+        self.names.get(id.index()).map(|e| &*e.name)
+    }
+
+    /// Number of names (ids are `0..len`).
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
     }
 
     /// The served model of this exact name.

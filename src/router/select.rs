@@ -48,6 +48,10 @@ pub struct RoutingConfig {
     pub max_retries: u32,
     /// `[routing.prefix]`: `prefix_aware`'s thresholds and its index's bound.
     pub prefix: PrefixConfig,
+    /// Empty backend slots reserved at start for backends the config does not have
+    /// (`router::slots`); unset: [`super::slots::spare_slots_default`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spare_backend_slots: Option<u32>,
 }
 
 impl Default for RoutingConfig {
@@ -59,6 +63,7 @@ impl Default for RoutingConfig {
             fallbacks: BTreeMap::new(),
             max_retries: MAX_RETRIES_DEFAULT,
             prefix: PrefixConfig::default(),
+            spare_backend_slots: None,
         }
     }
 }
@@ -130,13 +135,13 @@ pub struct LiveRouting {
 /// Routes requests to backends. See the module doc.
 #[derive(Debug)]
 pub struct Router {
-    registry: Registry,
-    resolver: Resolver,
+    pub(super) registry: Registry,
+    pub(super) resolver: Resolver,
     strategy: Strategy,
     weights: Weights,
     max_retries: u32,
     /// Round-robin position per model, by `ModelId`.
-    cursors: Vec<u64>,
+    pub(super) cursors: Vec<u64>,
     rng: SmallRng,
     /// Eligible candidates of the model being routed. Cleared at the start of every
     /// filtering; capacity `registry.offers_per_model_max()`, fixed at build, and never
@@ -160,7 +165,7 @@ pub struct Router {
     /// approximate index.
     cache_exact: Vec<bool>,
     /// `session`: each backend's rendezvous key (a hash of its name), by `BackendId`.
-    backend_keys: Vec<u64>,
+    pub(super) backend_keys: Vec<u64>,
     /// The work of the last pick's request on the backend it picked ([`Decision::work`]).
     last_work: u64,
 }
@@ -228,12 +233,15 @@ impl Router {
         routing.prefix.validate()?;
         let (strategy, warning) = Strategy::from_name(&routing.strategy);
         let resolver = Resolver::build(&registry, &routing.aliases, &routing.fallbacks)?;
+        // Candidates of one model: at most one offer per backend slot, whatever tables a
+        // reload swaps in later (`router::tables`), so the buffers never grow.
+        let candidates_max = registry.len().max(registry.offers_per_model_max());
         let mut router = Router {
             cursors: vec![0; registry.model_count()],
-            scratch: Vec::with_capacity(registry.offers_per_model_max()),
-            matched: Vec::with_capacity(registry.offers_per_model_max()),
-            matched_exact: Vec::with_capacity(registry.offers_per_model_max()),
-            searches: Vec::with_capacity(registry.offers_per_model_max()),
+            scratch: Vec::with_capacity(candidates_max),
+            matched: Vec::with_capacity(candidates_max),
+            matched_exact: Vec::with_capacity(candidates_max),
+            searches: Vec::with_capacity(candidates_max),
             prefix: routing.prefix,
             indexes: Vec::new(),
             cache_exact: vec![false; registry.len()],
@@ -836,14 +844,21 @@ impl DecisionText<'_> {
         let d = self.decision;
         let (via, requested) = match d.via {
             Via::Direct => ("; via=direct", ""),
-            Via::Alias { alias } => ("; via=alias; requested=", r.resolver.name(alias)),
-            Via::Fallback { from } => ("; via=fallback; requested=", r.resolver.name(from)),
+            Via::Alias { alias } => (
+                "; via=alias; requested=",
+                r.resolver.try_name(alias).unwrap_or("?"),
+            ),
+            Via::Fallback { from } => (
+                "; via=fallback; requested=",
+                r.resolver.try_name(from).unwrap_or("?"),
+            ),
         };
         [
             "backend=",
             r.registry.backend(d.backend).name(),
             "; model=",
-            r.registry.model_name(d.model),
+            // An io thread's copy may be a swap behind the engine's tables for a moment.
+            r.registry.try_model_name(d.model).unwrap_or("?"),
             via,
             requested,
         ]

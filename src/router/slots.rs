@@ -9,14 +9,90 @@
 //! slots named `<name>-0`, `<name>-1`, ... that start empty; the discovery thread fills one
 //! per address the name resolves to and drains those whose address disappears.
 //!
+//! Spare slots (`routing.spare_backend_slots`) are appended after them: empty `upstream`
+//! slots serving nothing, which an add or a reload fills with a backend the config did not
+//! have at start (a new name, models and address; `router::tables` swaps the engine's
+//! tables). When every spare slot is in use, an add is refused with the key to raise.
+//!
 //! What must never happen here: I/O, clocks, threads. This file is the plain data of the
 //! plan; the live side (who resolves, who retargets) is `crate::live`.
 
 use super::discovery::{Discovery, DISCOVERY_MAX_ADDRESSES_MAX};
 use super::error::RouterConfigError;
-use super::registry::{BackendConfig, BackendKindName};
+use super::registry::{BackendConfig, BackendKindName, MAX_CONCURRENT_BATCHES_DEFAULT};
 #[cfg(doc)]
 use super::slot::SlotState;
+
+/// Most spare slots (`routing.spare_backend_slots`): each has its own workers.
+pub const SPARE_BACKEND_SLOTS_MAX: u32 = 64;
+
+/// Spare slots when `routing.spare_backend_slots` is unset: 8 when some table is `upstream`
+/// or follows a DNS name (abe routes to servers, and servers come and go), else 0 (a
+/// stand-in serving `sim` or `embed` backends has nothing to add, and every slot is a lane
+/// the engine looks at each turn).
+pub fn spare_slots_default(backends: &[BackendConfig]) -> u32 {
+    if backends.iter().any(|b| b.kind == BackendKindName::Upstream) {
+        8
+    } else {
+        0
+    }
+}
+
+/// Where a spare slot's placeholder points until it is filled: a port nothing listens
+/// on, refused at once (the health checker probes every upstream slot).
+pub const SPARE_PLACEHOLDER_URL: &str = "http://127.0.0.1:0";
+
+/// Appends `n` spare slots of `kind` to `backends` (after every table and discovery
+/// slot): empty slots, named `spare-<i>` (a name a table already has is skipped), serving
+/// nothing, with [`MAX_CONCURRENT_BATCHES_DEFAULT`] workers each. `POST /admin/backends`
+/// or a reload fills one with a backend the config did not have. Returns their indexes.
+pub fn add_spares(
+    backends: &mut Vec<BackendConfig>,
+    n: u32,
+    kind: BackendKindName,
+) -> Result<Vec<usize>, RouterConfigError> {
+    if n > SPARE_BACKEND_SLOTS_MAX {
+        return Err(RouterConfigError::Backend {
+            backend: "*".into(),
+            key: "routing.spare_backend_slots",
+            why: format!(
+                "{n} is out of range 0..={SPARE_BACKEND_SLOTS_MAX} (one empty slot, with its \
+                 own workers, each)"
+            ),
+        });
+    }
+    let mut added = Vec::with_capacity(n as usize);
+    let mut i = 0usize;
+    while added.len() < n as usize {
+        let name = format!("spare-{i}");
+        i += 1;
+        if backends.iter().any(|b| b.name == name) {
+            continue;
+        }
+        added.push(backends.len());
+        backends.push(spare_placeholder(name, kind));
+    }
+    Ok(added)
+}
+
+/// An unfilled spare slot's table, of `kind` (`upstream` in request batching, `sim` in
+/// continuous batching, which runs only `sim` backends).
+pub fn spare_placeholder(name: String, kind: BackendKindName) -> BackendConfig {
+    BackendConfig {
+        name,
+        kind,
+        base_url: (kind == BackendKindName::Upstream).then(|| SPARE_PLACEHOLDER_URL.into()),
+        api_key: None,
+        model_dir: None,
+        truncate: None,
+        priority: super::registry::PRIORITY_DEFAULT,
+        max_concurrent_batches: MAX_CONCURRENT_BATCHES_DEFAULT,
+        prompt_array: None,
+        models: Vec::new(),
+        discovery: None,
+        spare: true,
+    }
+}
 
 /// One `discovery` table, expanded: the name to follow and the slots its addresses fill.
 #[derive(Clone, Debug, PartialEq, Eq)]

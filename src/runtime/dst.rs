@@ -105,6 +105,7 @@ impl<M: Mode> Sim<M> {
             faults: Vec::new(),
             telemetry: ArrayQueue::new(telemetry::QUEUE_CAPACITY),
             telemetry_counters: Default::default(),
+            tables: Default::default(),
         });
         let mut links = Vec::with_capacity(workers);
         let mut ends = Vec::with_capacity(workers);

@@ -240,10 +240,17 @@ pub enum Control {
     Drain {
         deadline_ns: u64,
     },
-    /// A backend slot becomes active, or starts draining (see `router::slots`).
+    /// A backend slot becomes active, or starts draining (see `router::slots`); `seq` comes
+    /// back in the snapshot (`BackendSnapshot::slot_seq`) once the engine took it.
     SetSlot {
         backend: crate::router::BackendId,
         slot: crate::router::SlotState,
+        seq: u32,
+    },
+    /// Take the routing tables waiting in `Shared::tables` (`router::tables`), or refuse
+    /// them; `Shared::tables_done` says which, by `generation`.
+    SwapTables {
+        generation: u64,
     },
     /// `[routing]` settings a reload changed (strategy, weights, retries, prefix thresholds).
     SetRouting(crate::router::LiveRouting),

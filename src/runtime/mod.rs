@@ -27,6 +27,7 @@ pub mod pin;
 pub mod ring;
 pub mod snapshot;
 pub mod submitter;
+pub mod tables;
 /// The std/loom switch (it lives at the crate root so `exec` can share the stop flag).
 pub use crate::sync;
 pub mod telemetry;
@@ -120,6 +121,8 @@ pub struct Shared {
     /// sampled out or dropped on the way.
     pub(crate) telemetry: ArrayQueue<telemetry::TelemetryEvent>,
     pub(crate) telemetry_counters: telemetry::TelemetryCounters,
+    /// Routing tables on their way to the engine (`Control::SwapTables`).
+    pub(crate) tables: tables::TablesMailbox,
 }
 
 /// Why the runtime could not start.
@@ -284,6 +287,7 @@ pub fn start_routed(
         faults,
         telemetry: ArrayQueue::new(telemetry::QUEUE_CAPACITY),
         telemetry_counters: Default::default(),
+        tables: Default::default(),
     });
     let placement = pin::plan(
         cfg.pin,
@@ -541,13 +545,67 @@ impl Handle {
         &self,
         backend: crate::router::BackendId,
         slot: crate::router::SlotState,
+        seq: u32,
     ) -> Result<(), RequestError> {
         self.shared
             .control
-            .push(Control::SetSlot { backend, slot })
+            .push(Control::SetSlot { backend, slot, seq })
             .map_err(|_| RequestError::Busy)?;
         self.shared.engine_bell.ring();
         Ok(())
+    }
+
+    /// The names `/metrics` labels each backend slot's series with, after a swap of the
+    /// routing tables gave slots new backends (the engine never reads them).
+    pub fn set_backend_names(&self, names: Vec<String>) {
+        let mut snap = self
+            .shared
+            .snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        debug_assert_eq!(snap.backend_names.len(), names.len());
+        snap.backend_names = names;
+    }
+
+    /// Hands `next` to the engine and waits (up to `timeout`) for it to swap the tables in
+    /// or refuse them (see `runtime::tables`). Blocks: call it off the engine and io
+    /// threads. `Busy` when the control queue is full or the engine did not answer in time
+    /// (it is stopping). Callers serialise their calls.
+    pub fn swap_tables(
+        &self,
+        next: tables::EngineTables,
+        timeout: Duration,
+    ) -> Result<tables::TablesAnswer, RequestError> {
+        let mailbox = &self.shared.tables;
+        while mailbox.retired.pop().is_some() {}
+        if mailbox.next.push(Box::new(next)).is_err() {
+            return Err(RequestError::Busy);
+        }
+        // Relaxed: a counter only this (serialised) caller moves.
+        let generation = mailbox.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        if self
+            .shared
+            .control
+            .push(Control::SwapTables { generation })
+            .is_err()
+        {
+            mailbox.next.pop();
+            return Err(RequestError::Busy);
+        }
+        self.shared.engine_bell.ring();
+        let start = std::time::Instant::now();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            if let Some(answer) = mailbox.answer_for(generation) {
+                while mailbox.retired.pop().is_some() {}
+                return Ok(answer);
+            }
+            if start.elapsed() >= timeout {
+                return Err(RequestError::Busy);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
     }
 
     /// `[routing]` settings a reload changed (the engine's router takes them between turns).

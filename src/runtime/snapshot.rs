@@ -122,6 +122,10 @@ pub struct BackendSnapshot {
     pub via_fallback: u64,
     /// Active, draining (removed, finishing what it holds) or empty (gone: no series).
     pub slot: crate::router::SlotState,
+    /// The `seq` of the last `SetSlot` the engine took for this slot: a control plane that
+    /// sees `Empty` with the seq of its own last ask knows the drain it asked for is over
+    /// (an older `Empty` may predate it).
+    pub slot_seq: u32,
 }
 
 impl Default for BackendSnapshot {
@@ -137,6 +141,7 @@ impl Default for BackendSnapshot {
             via_alias: 0,
             via_fallback: 0,
             slot: crate::router::SlotState::Active,
+            slot_seq: 0,
         }
     }
 }

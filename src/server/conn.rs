@@ -18,6 +18,7 @@ use crate::runtime::Outcome;
 use mio::net::TcpStream;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A streaming response in progress (Server-Sent Events over chunked encoding).
@@ -64,6 +65,8 @@ pub struct Slot {
     pub response_id: u64,
     /// `GET /events`: a telemetry stream that never ends (the connection closes with it).
     pub events: Option<crate::metrics::events::EventsSlot>,
+    /// An answer another thread fills (`POST /admin/reload`); taken into `response`.
+    pub deferred: Option<Arc<crate::api::deferred::Deferred>>,
 }
 
 /// Unwritten bytes below which an `/events` connection takes more from its subscriber.
@@ -279,6 +282,11 @@ impl Conn {
                     break;
                 }
                 continue;
+            }
+            if front.response.is_none() {
+                if let Some(d) = &front.deferred {
+                    front.response = d.take();
+                }
             }
             let finished_job = front.job.is_some() && front.remaining == 0;
             if front.response.is_none() && !finished_job {

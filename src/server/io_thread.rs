@@ -160,6 +160,10 @@ impl IoThread {
                 }
             }
             let now = Instant::now();
+            // Backends or names changed live (`crate::live`): take the new router copy.
+            if let Some(ctx) = self.ctx.refreshed() {
+                self.ctx = Arc::new(ctx);
+            }
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(now),
@@ -491,6 +495,20 @@ impl IoThread {
                 Routed::Submit(job) => {
                     self.submit_job(idx, endpoint, *job, close, keep_alive_header, received)
                 }
+                Routed::Later(deferred) => {
+                    // A placeholder response, taken away: the slot waits for `deferred`.
+                    self.push_ready(
+                        idx,
+                        endpoint,
+                        Response::json(Status::Ok, Vec::new()),
+                        close,
+                        head_only,
+                    );
+                    let conn = self.conns[idx].as_mut().expect("live connection");
+                    let slot = conn.slots.back_mut().expect("pushed above");
+                    slot.response = None;
+                    slot.deferred = Some(deferred);
+                }
                 Routed::Subscribe(subscriber) => {
                     // A placeholder response, replaced by the stream just below.
                     self.push_ready(
@@ -538,6 +556,7 @@ impl IoThread {
             route: None,
             response_id: 0,
             events: None,
+            deferred: None,
         });
         self.touched.push(idx);
     }
@@ -600,6 +619,7 @@ impl IoThread {
                 route: None,
                 response_id: 0,
                 events: None,
+                deferred: None,
             });
             (seq, conn.generation)
         };
@@ -808,6 +828,7 @@ impl IoThread {
                 c.reset_when_flushed
                     || c.slots.front().is_some_and(|s| {
                         s.events.is_some()
+                            || s.deferred.is_some()
                             || s.stream.as_ref().is_some_and(|st| st.writer.holding())
                     })
             }) {

@@ -139,6 +139,12 @@ impl UpstreamClient {
         UpstreamClient::new(target, self.inner.timeouts)
     }
 
+    /// A client of another backend (a spare slot filled: its name, address, key and prompt
+    /// arrays), with this one's time limits and a connection pool of its own.
+    pub fn for_target(&self, target: UpstreamTarget) -> UpstreamClient {
+        UpstreamClient::new(target, self.inner.timeouts)
+    }
+
     /// Whether /v1/completions takes an array of prompts.
     pub fn prompt_array(&self) -> bool {
         self.inner.target.prompt_array

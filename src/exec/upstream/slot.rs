@@ -56,6 +56,12 @@ impl SlotCell<UpstreamClient> {
     pub fn retarget(&self, base_url: &str, api_key: Option<String>) {
         self.replace(self.current().retargeted(base_url, api_key));
     }
+
+    /// The slot's backend is `target` from now on (a spare slot filled by another backend);
+    /// batches already running keep the client they took.
+    pub fn refill(&self, target: super::UpstreamTarget) {
+        self.replace(self.current().for_target(target));
+    }
 }
 
 impl From<UpstreamClient> for UpstreamSlot {

@@ -302,7 +302,16 @@ impl<M: Mode> Engine<M> {
             worked = true;
             match c {
                 Control::SetStrategy(kind) => self.mode.set_strategy(kind),
-                Control::SetSlot { backend, slot } => self.mode.routing().set_slot(backend, slot),
+                Control::SetSlot { backend, slot, seq } => {
+                    self.mode.routing().set_slot_asked(backend, slot, seq)
+                }
+                Control::SwapTables { generation } => {
+                    let routing = self.mode.routing();
+                    self.io
+                        .shared
+                        .tables
+                        .answer(generation, |t| routing.swap_tables(t));
+                }
                 Control::SetRouting(live) => self.mode.routing().router.set_live_routing(live),
                 Control::Drain { deadline_ns } => {
                     // Admit what is already in the rings before refusing new work.

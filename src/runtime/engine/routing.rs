@@ -125,6 +125,43 @@ impl Routing {
         self
     }
 
+    /// A `Control::SetSlot` with its `seq` (published as `BackendSnapshot::slot_seq`).
+    pub(super) fn set_slot_asked(&mut self, backend: BackendId, slot: SlotState, seq: u32) {
+        if let Some(c) = self.counters.get_mut(backend.index()) {
+            c.slot_seq = seq;
+        }
+        self.set_slot(backend, slot);
+    }
+
+    /// A `Control::SwapTables`: the router's tables and the engine's by model and backend
+    /// swapped with `next` (moves; `next` then holds the old ones). A slot whose backend
+    /// changes starts its counters again (its series are a new backend's). Refused with
+    /// the slot that still holds requests; nothing changes then.
+    pub(super) fn swap_tables(
+        &mut self,
+        next: &mut crate::runtime::tables::EngineTables,
+    ) -> Result<(), usize> {
+        debug_assert!(next.model_names.len() >= self.model_names.len());
+        self.router
+            .swap_tables(&mut next.router)
+            .map_err(|e| e.0.index())?;
+        // `next` holds the old tables now.
+        for b in 0..self.counters.len() {
+            let id = BackendId::from_index(b);
+            let was = next.router.registry().backend(id).name();
+            if self.router.registry().backend(id).name() != was {
+                self.counters[b] = crate::runtime::snapshot::BackendSnapshot {
+                    slot: self.counters[b].slot,
+                    slot_seq: self.counters[b].slot_seq,
+                    ..Default::default()
+                };
+            }
+        }
+        std::mem::swap(&mut self.model_names, &mut next.model_names);
+        std::mem::swap(&mut self.wants_model, &mut next.wants_model);
+        Ok(())
+    }
+
     /// A `Control::SetSlot`: backend `backend` becomes `slot` (an empty or draining slot
     /// active again, an active one draining; `Empty` only through [`Self::settle_drains`]
     /// or for a slot that holds nothing). Out-of-range ids are ignored (a stale message).
