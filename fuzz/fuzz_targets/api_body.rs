@@ -10,21 +10,22 @@ use abe::api::{ApiContext, Decoder, Routed};
 use abe::config::{Config, Settings};
 use abe::http::parse::parse_head;
 use libfuzzer_sys::fuzz_target;
+use std::sync::Arc;
 
 const PATHS: [&str; 3] = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings"];
 
 /// Checked settings and their default model, built once per process.
-fn settings(toml: &str) -> (Settings, String) {
+fn settings(toml: &str) -> (Settings, Arc<str>) {
     let settings = Config::from_toml(toml)
         .expect("fuzz config parses")
         .check()
         .expect("fuzz config checks");
-    let model = ApiContext::default_model_for(&settings.config, &settings.router);
+    let model = ApiContext::default_model_for(&settings.config, &settings.router).into();
     (settings, model)
 }
 
 thread_local! {
-    static CONFIGS: [(Settings, String); 2] = [
+    static CONFIGS: [(Settings, Arc<str>); 2] = [
         settings(""),
         settings("[server]\nmax_model_len = 64\nmax_batch_inputs = 4\n"),
     ];

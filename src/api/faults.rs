@@ -348,7 +348,7 @@ pub fn inject(faults: &FrontFaults, routed: super::Routed) -> super::Routed {
             faults.retry_after_s(),
         ));
     }
-    if let Some(s) = job.stream.as_mut() {
+    if let Some(s) = job.stream_mut() {
         s.fault = faults.draw_stream();
     }
     super::Routed::Submit(job)

@@ -53,8 +53,8 @@ pub struct ApiContext {
     /// same config): resolves model names and judges static routing errors on the io
     /// thread, names backends in the `x-abe-route` header, lists `/v1/models`.
     pub router: Arc<Router>,
-    /// The model a request without `model` gets.
-    pub default_model: String,
+    /// The model a request without `model` gets (shared by every job that names it).
+    pub default_model: Arc<str>,
     /// Some backend is `upstream`: chat requests keep their JSON body to forward.
     pub has_upstream: bool,
     /// The per-second history (`/metrics/history`, windowed rates in `/metrics/json`),
@@ -83,7 +83,7 @@ impl ApiContext {
         http_stats: Arc<HttpStats>,
         router: Arc<Router>,
     ) -> ApiContext {
-        let default_model = ApiContext::default_model_for(&config, &router);
+        let default_model = ApiContext::default_model_for(&config, &router).into();
         let has_upstream = router
             .registry()
             .backends()
@@ -152,7 +152,7 @@ pub struct Decoder<'a> {
     pub config: &'a Config,
     pub router: &'a Router,
     /// The model a request without `model` gets ([`ApiContext::default_model_for`]).
-    pub default_model: &'a str,
+    pub default_model: &'a Arc<str>,
     /// Some backend is `upstream`: chat requests keep their JSON body to forward.
     pub has_upstream: bool,
 }
@@ -188,9 +188,10 @@ impl Decoder<'_> {
 pub enum Routed {
     /// Answer now.
     Now(Response),
-    /// Submit these engine requests; render the answer when all are back (boxed: a job is
-    /// large, and most answers are `Now`).
-    Submit(Box<Job>),
+    /// Submit these engine requests; render the answer when all are back. Not boxed: a
+    /// [`Job`] is kept small (its rare parts sit in one optional box, [`JobExtras`]), so
+    /// the usual generation request allocates nothing for it.
+    Submit(Job),
     /// `GET /events`: stream this subscriber's telemetry until the connection closes.
     Subscribe(Arc<crate::metrics::events::Subscriber>),
     /// Answer once another thread filled this (`POST /admin/reload`).
@@ -212,15 +213,31 @@ pub enum JobKind {
 }
 
 /// Engine requests from one HTTP request, and how to answer once they are done.
+///
+/// Moved by value per request (decoded, checked for faults, parked in the connection's
+/// slot), so it stays small: what only some requests have lives in [`JobExtras`], boxed
+/// on first use ([`Job::extras_mut`]); the usual request (no stream, no echo, no request
+/// id, plain text) never allocates it. A field every request needs goes here; anything
+/// else goes in [`JobExtras`]. `JOB_BYTES_MAX` below holds the size.
 pub struct Job {
     pub kind: JobKind,
-    pub model: String,
+    /// The model named in the answer: the client's name, shared with the context's
+    /// default model when it is that one (no allocation).
+    pub model: Arc<str>,
     pub requests: Vec<Request>,
     pub created_unix: u64,
-    /// Answer as a Server-Sent Events stream (`stream: true`).
-    pub stream: Option<stream::StreamOptions>,
     /// Choices per prompt and log-probabilities (text jobs).
     pub choices: stream::ChoiceOptions,
+    /// The rare parts; `None` for a plain request.
+    pub extras: Option<Box<JobExtras>>,
+}
+
+/// What only some jobs have, kept out of [`Job`] so the usual job moves small and
+/// allocates nothing for it.
+#[derive(Default)]
+pub struct JobExtras {
+    /// Answer as a Server-Sent Events stream (`stream: true`).
+    pub stream: Option<stream::StreamOptions>,
     /// Completions with `echo`: each prompt, prepended to its choices' text.
     pub echo: Option<Vec<Arc<str>>>,
     /// The client's `X-Request-Id`: echoed, and the response's id (`cmpl-<id>`, as vLLM).
@@ -229,6 +246,78 @@ pub struct Job {
     pub structured: Option<Arc<[structured::Shape]>>,
     /// `POST /v1/responses`: what its JSON repeats, and its store.
     pub response: Option<Arc<response_object::ResponseMeta>>,
+}
+
+/// Most bytes of a [`Job`]: a `Result<Routed, Routed>` stays under clippy's
+/// `result_large_err` threshold (128) and a job moves in two cache lines.
+const JOB_BYTES_MAX: usize = 96;
+const _: () = assert!(std::mem::size_of::<Job>() <= JOB_BYTES_MAX);
+
+impl Job {
+    /// A job of `requests`, created now, with no extras.
+    pub fn new(kind: JobKind, model: Arc<str>, requests: Vec<Request>) -> Job {
+        Job {
+            kind,
+            model,
+            requests,
+            created_unix: unix_now(),
+            choices: stream::ChoiceOptions::default(),
+            extras: None,
+        }
+    }
+
+    /// The extras, boxed now if this job had none.
+    pub fn extras_mut(&mut self) -> &mut JobExtras {
+        self.extras.get_or_insert_with(Box::default)
+    }
+
+    /// Sets the stream options (boxing the extras only for a stream).
+    pub fn with_stream(mut self, stream: Option<stream::StreamOptions>) -> Job {
+        if stream.is_some() {
+            self.extras_mut().stream = stream;
+        }
+        self
+    }
+
+    /// Sets the client's `X-Request-Id` (boxing the extras only when there is one).
+    pub fn with_request_id(mut self, request_id: Option<&str>) -> Job {
+        if let Some(id) = request_id {
+            self.extras_mut().request_id = Some(Arc::from(id));
+        }
+        self
+    }
+
+    /// Sets the tools / structured output shapes (boxing the extras only when there are).
+    pub fn with_structured(mut self, structured: Option<Arc<[structured::Shape]>>) -> Job {
+        if structured.is_some() {
+            self.extras_mut().structured = structured;
+        }
+        self
+    }
+
+    pub fn stream(&self) -> Option<&stream::StreamOptions> {
+        self.extras.as_ref()?.stream.as_ref()
+    }
+
+    pub fn stream_mut(&mut self) -> Option<&mut stream::StreamOptions> {
+        self.extras.as_mut()?.stream.as_mut()
+    }
+
+    pub fn echo(&self) -> Option<&[Arc<str>]> {
+        self.extras.as_ref()?.echo.as_deref()
+    }
+
+    pub fn request_id(&self) -> Option<&Arc<str>> {
+        self.extras.as_ref()?.request_id.as_ref()
+    }
+
+    pub fn structured(&self) -> Option<&Arc<[structured::Shape]>> {
+        self.extras.as_ref()?.structured.as_ref()
+    }
+
+    pub fn response(&self) -> Option<&Arc<response_object::ResponseMeta>> {
+        self.extras.as_ref()?.response.as_ref()
+    }
 }
 
 /// Seconds since the Unix epoch.
@@ -472,6 +561,16 @@ fn model_of<'a>(ctx: &'a Decoder<'_>, model: Option<&'a str>) -> &'a str {
     model.unwrap_or(ctx.default_model)
 }
 
+/// The model a job answers with: the default's shared name when the request names it or
+/// none (the usual case: no allocation), else a copy of the name given.
+fn job_model(ctx: &Decoder<'_>, model: &str) -> Arc<str> {
+    if model == &**ctx.default_model {
+        ctx.default_model.clone()
+    } else {
+        Arc::from(model)
+    }
+}
+
 /// `model` (see [`model_of`]) checked against the router: unknown models (404), empty names
 /// and capability mismatches (400) are answered here, before anything reaches the engine.
 /// `needs` adds what the request asks for: its text (for the size estimate) and any
@@ -515,11 +614,11 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
     let generation = b.generation();
     let explicit_max = generation.max_tokens.is_some();
     let plan = structured::plan(&structured::Asks {
-        response_format: b.response_format.as_ref(),
-        guided_json: b.guided_json.as_ref(),
-        guided_choice: b.guided_choice.as_deref(),
+        response_format: b.response_format.as_deref(),
+        guided_json: b.guided_json.as_deref(),
+        guided_choice: b.guided_choice.as_deref().map(Vec::as_slice),
         guided_regex: b.guided_regex.is_some(),
-        structured_outputs: b.structured_outputs.as_ref(),
+        structured_outputs: b.structured_outputs.as_deref(),
         ..Default::default()
     })
     .map_err(bad)?;
@@ -578,7 +677,7 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         })?;
         route.session = session;
         check_model_len(ctx, &prompt, &text)?;
-        let mut work = text.work(prompt, None);
+        let mut work = text.work(Arc::from(&*prompt), None);
         name_prompt_blocks(ctx, &mut work);
         if echo {
             echoed.push(work.prompt.clone());
@@ -591,20 +690,17 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
             });
         }
     }
-    let model = model.to_string();
+    let model = job_model(ctx, model);
     let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
-    Ok(Routed::Submit(Box::new(Job {
-        kind: JobKind::Completion,
-        model,
-        requests,
-        created_unix: unix_now(),
-        stream: text.stream,
-        choices,
-        echo: echo.then_some(echoed),
-        request_id: head.request_id.as_deref().map(Arc::from),
-        structured,
-        response: None,
-    })))
+    let mut job = Job::new(JobKind::Completion, model, requests)
+        .with_stream(text.stream)
+        .with_request_id(head.request_id.as_deref())
+        .with_structured(structured);
+    job.choices = choices;
+    if echo {
+        job.extras_mut().echo = Some(echoed);
+    }
+    Ok(Routed::Submit(job))
 }
 
 /// vLLM's 400 when prompt + max_tokens exceed `server.max_model_len` (0: no limit).
@@ -668,13 +764,13 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     let explicit_max = generation.max_tokens.is_some() || b.max_completion_tokens.is_some();
     let plan = structured::plan(&structured::Asks {
         tools: b.tools.as_deref(),
-        tool_choice: b.tool_choice.as_ref(),
+        tool_choice: b.tool_choice.as_deref(),
         parallel_tool_calls: b.parallel_tool_calls,
-        response_format: b.response_format.as_ref(),
-        guided_json: b.guided_json.as_ref(),
-        guided_choice: b.guided_choice.as_deref(),
+        response_format: b.response_format.as_deref(),
+        guided_json: b.guided_json.as_deref(),
+        guided_choice: b.guided_choice.as_deref().map(Vec::as_slice),
         guided_regex: b.guided_regex.is_some(),
-        structured_outputs: b.structured_outputs.as_ref(),
+        structured_outputs: b.structured_outputs.as_deref(),
     })
     .map_err(bad)?;
     let field = match b.max_completion_tokens {
@@ -718,7 +814,7 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     let model = model_of(ctx, b.model.as_deref());
     let mut route = check_model(ctx, model, |r| chat::needs(&b, r))?;
     route.session = session;
-    let model = model.to_string();
+    let model = job_model(ctx, model);
     let chat_body = if ctx.has_upstream {
         std::str::from_utf8(body).ok().map(Arc::from)
     } else {
@@ -733,7 +829,7 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     {
         *usage = u64::from(crate::exec::prompt_tokens(&prompt));
     }
-    let mut work = text.work(prompt, chat_body);
+    let mut work = text.work(prompt.into(), chat_body);
     name_prompt_blocks(ctx, &mut work);
     let mut requests: Vec<Request> = (0..text.n)
         .map(|j| Request {
@@ -743,18 +839,12 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         })
         .collect();
     let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
-    Ok(Routed::Submit(Box::new(Job {
-        kind: JobKind::Chat,
-        model,
-        requests,
-        created_unix: unix_now(),
-        stream: text.stream,
-        choices,
-        echo: None,
-        request_id: head.request_id.as_deref().map(Arc::from),
-        structured,
-        response: None,
-    })))
+    let mut job = Job::new(JobKind::Chat, model, requests)
+        .with_stream(text.stream)
+        .with_request_id(head.request_id.as_deref())
+        .with_structured(structured);
+    job.choices = choices;
+    Ok(Routed::Submit(job))
 }
 
 /// Tools and structured output ([`structured`]): each part's shape, drawn from its seed and
@@ -813,26 +903,18 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let model = model.to_string();
+    let model = job_model(ctx, model);
     let requests = inputs
         .into_iter()
         .zip(routes)
         .map(|(input, route)| Request {
             priority,
             route: Some(route),
-            work: payload::embedding(input, dimensions),
+            work: payload::embedding(&input, dimensions),
         })
         .collect();
-    Ok(Routed::Submit(Box::new(Job {
-        kind: JobKind::Embedding { base64 },
-        model,
-        requests,
-        created_unix: unix_now(),
-        stream: None,
-        choices: Default::default(),
-        echo: None,
-        request_id: head.request_id.as_deref().map(Arc::from),
-        structured: None,
-        response: None,
-    })))
+    Ok(Routed::Submit(
+        Job::new(JobKind::Embedding { base64 }, model, requests)
+            .with_request_id(head.request_id.as_deref()),
+    ))
 }

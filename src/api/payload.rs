@@ -50,9 +50,13 @@ impl Text {
 
     /// The payload for one prompt (chat: the rendered conversation, and the client's body
     /// when an upstream backend may forward it).
-    pub fn work(&self, prompt: String, chat_body: Option<std::sync::Arc<str>>) -> Work {
+    pub fn work(
+        &self,
+        prompt: std::sync::Arc<str>,
+        chat_body: Option<std::sync::Arc<str>>,
+    ) -> Work {
         Work {
-            prompt: prompt.into(),
+            prompt,
             chat_body,
             ..self.work.clone()
         }
@@ -170,7 +174,7 @@ fn sampling(g: &mut GenerationBody) -> Result<Sampling, BodyError> {
 }
 
 /// The payload of one embedding input (`dimensions` 0: the executor's default).
-pub(super) fn embedding(input: String, dimensions: u32) -> Work {
+pub(super) fn embedding(input: &str, dimensions: u32) -> Work {
     Work {
         kind: Kind::Embedding,
         prompt: input.into(),

@@ -314,7 +314,7 @@ pub fn write_job(
         if let Some((router, d)) = route {
             write_route_header(out, router, d);
         }
-        if let Some(rid) = &job.request_id {
+        if let Some(rid) = job.request_id() {
             out.extend_from_slice(b"X-Request-Id: ");
             out.extend_from_slice(rid.as_bytes());
             out.extend_from_slice(b"\r\n");
@@ -337,7 +337,7 @@ pub fn write_job(
                 "all parts answered"
             );
             // Tools and structured output: each part's shape in place of its words.
-            let shaped: Option<Vec<Output>> = job.structured.as_ref().map(|shapes| {
+            let shaped: Option<Vec<Output>> = job.structured().map(|shapes| {
                 outputs
                     .clone()
                     .zip(shapes.iter())
@@ -370,7 +370,7 @@ pub fn write_job(
     if keep_alive_header {
         fallback.headers.push("Connection: keep-alive".into());
     }
-    if let Some(rid) = &job.request_id {
+    if let Some(rid) = job.request_id() {
         fallback.headers.push(format!("X-Request-Id: {rid}"));
     }
     fallback.write_to(out, close, head_only);
@@ -392,8 +392,8 @@ where
             outputs,
             Choices {
                 options: job.choices,
-                echo: job.echo.as_deref(),
-                request_id: job.request_id.as_deref(),
+                echo: job.echo(),
+                request_id: job.request_id().map(|r| &**r),
             },
         ),
         JobKind::Chat => write_choices(
@@ -406,12 +406,12 @@ where
             Choices {
                 options: job.choices,
                 echo: None,
-                request_id: job.request_id.as_deref(),
+                request_id: job.request_id().map(|r| &**r),
             },
         ),
         JobKind::Embedding { base64 } => write_embedding_body(body, &job.model, base64, outputs),
         JobKind::Response { .. } => {
-            let (Some(meta), Some(output)) = (&job.response, outputs.clone().next()) else {
+            let (Some(meta), Some(output)) = (job.response(), outputs.clone().next()) else {
                 return Err(wrong_output("response", "nothing"));
             };
             body.extend_from_slice(super::response_object::finish(meta, output).as_bytes());

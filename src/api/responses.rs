@@ -151,7 +151,7 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
     };
     let source = super::text_source(ctx, head, "max_output_tokens", b.priority.as_deref());
     let text = super::payload::text(source, generation).map_err(super::bad)?;
-    let model = super::model_of(ctx, b.model.as_deref()).to_string();
+    let model = super::job_model(ctx, super::model_of(ctx, b.model.as_deref()));
     let route = super::check_model(ctx, &model, |r| {
         for m in &msgs {
             if let Some(Content::Text(t)) = &m.content {
@@ -161,12 +161,12 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
     })?;
     let prompt = super::chat::render_prompt(Some(msgs)).map_err(super::bad)?;
     super::check_model_len(ctx, &prompt, &text)?;
-    let mut work = text.work(prompt, None);
+    let mut work = text.work(prompt.into(), None);
     super::name_prompt_blocks(ctx, &mut work);
     let meta = ResponseMeta {
         id: format!("resp_{}", fresh_hex()),
         message_id: format!("msg_{}", fresh_hex()),
-        model: model.clone(),
+        model: model.to_string(),
         created_at: super::unix_now(),
         instructions: b.instructions,
         max_output_tokens: b.max_output_tokens.map(|n| n as u32),
@@ -176,29 +176,26 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
         store: None,
     };
     let store = b.store != Some(false);
-    Ok(Routed::Submit(Box::new(Job {
-        kind: JobKind::Response { store },
-        model,
-        requests: vec![Request {
-            priority: text.priority,
-            route: Some(route),
-            work,
-        }],
-        created_unix: meta.created_at,
-        stream: text.stream,
-        choices: Default::default(),
-        echo: None,
-        request_id: head.request_id.as_deref().map(Arc::from),
-        structured: None,
-        response: Some(Arc::new(meta)),
-    })))
+    let created_at = meta.created_at;
+    let requests = vec![Request {
+        priority: text.priority,
+        route: Some(route),
+        work,
+    }];
+    let mut job = Job::new(JobKind::Response { store }, model, requests)
+        .with_stream(text.stream)
+        .with_request_id(head.request_id.as_deref());
+    job.created_unix = created_at;
+    job.extras_mut().response = Some(Arc::new(meta));
+    Ok(Routed::Submit(job))
 }
 
 /// Gives a response job that asked for `store` the server's store.
 pub fn attach_store(store: &Arc<ResponseStore>, mut routed: Routed) -> Routed {
     if let Routed::Submit(job) = &mut routed {
-        if let (JobKind::Response { store: true }, Some(meta)) = (&job.kind, job.response.as_mut())
-        {
+        let stored = matches!(job.kind, JobKind::Response { store: true });
+        let meta = job.extras.as_mut().and_then(|x| x.response.as_mut());
+        if let (true, Some(meta)) = (stored, meta) {
             if let Some(m) = Arc::get_mut(meta) {
                 m.store = Some(store.clone());
             }

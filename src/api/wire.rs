@@ -44,6 +44,46 @@ impl<'de> Deserialize<'de> for TextInputs {
     }
 }
 
+/// `prompt` / `input` of a generation or embedding body: one string or an array of
+/// strings, each borrowed from the body when it has no escapes (the usual case), so a
+/// prompt is copied once, into the payload's shared text, and a single prompt costs no
+/// list allocation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inputs<'a>(pub smallvec::SmallVec<[Str<'a>; 1]>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Inputs<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Inputs<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Inputs<'a>, E> {
+                Ok(Inputs(smallvec::smallvec![Str(
+                    std::borrow::Cow::Borrowed(v)
+                )]))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Inputs<'a>, E> {
+                Ok(Inputs(smallvec::smallvec![Str(std::borrow::Cow::Owned(
+                    v.to_string()
+                ))]))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Inputs<'a>, E> {
+                Ok(Inputs(smallvec::smallvec![Str(std::borrow::Cow::Owned(v))]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Inputs<'a>, A::Error> {
+                let mut out = smallvec::SmallVec::with_capacity(seq.size_hint().unwrap_or(1));
+                while let Some(s) = seq.next_element::<Str<'a>>()? {
+                    out.push(s);
+                }
+                Ok(Inputs(out))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
 /// A string field borrowed from the request body when it has no escapes (the usual case),
 /// owned only when unescaping had to build a new string. Reads as a `str`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -195,7 +235,8 @@ text_bodies! {
     body CompletionBody {
         #[serde(borrow)]
         pub model: Option<Str<'a>>,
-        pub prompt: Option<TextInputs>,
+        #[serde(borrow)]
+        pub prompt: Option<Inputs<'a>>,
         #[serde(borrow)]
         pub priority: Option<PriorityField<'a>>,
         /// Synthetic log-probabilities of this many alternatives per token (0..=5).
@@ -207,11 +248,13 @@ text_bodies! {
         #[serde(borrow)]
         pub user: Option<Str<'a>>,
         /// Structured output (`api::structured`): vLLM accepts these on completions too.
-        pub response_format: Option<ResponseFormat>,
-        pub guided_json: Option<serde_json::Value>,
-        pub guided_choice: Option<Vec<String>>,
+        /// Boxed, as every rarely sent field of a body: a body is built and moved whole per
+        /// request, and a box is 8 bytes where the value is up to 56.
+        pub response_format: Option<Box<ResponseFormat>>,
+        pub guided_json: Option<Box<serde_json::Value>>,
+        pub guided_choice: Option<Box<Vec<String>>>,
         pub guided_regex: Option<serde::de::IgnoredAny>,
-        pub structured_outputs: Option<serde_json::Value>,
+        pub structured_outputs: Option<Box<serde_json::Value>>,
     }
 
     /// Body of `POST /v1/chat/completions` (fields abe uses; others are ignored).
@@ -226,13 +269,14 @@ text_bodies! {
         /// Function-calling tools: routing needs a backend with the `tools` capability
         /// when there are any; a `sim` answer calls them (`api::structured`).
         pub tools: Option<Vec<serde_json::Value>>,
-        pub tool_choice: Option<serde_json::Value>,
+        /// Boxed, as the other rarely sent fields (see `CompletionBody`).
+        pub tool_choice: Option<Box<serde_json::Value>>,
         pub parallel_tool_calls: Option<bool>,
-        pub response_format: Option<ResponseFormat>,
-        pub guided_json: Option<serde_json::Value>,
-        pub guided_choice: Option<Vec<String>>,
+        pub response_format: Option<Box<ResponseFormat>>,
+        pub guided_json: Option<Box<serde_json::Value>>,
+        pub guided_choice: Option<Box<Vec<String>>>,
         pub guided_regex: Option<serde::de::IgnoredAny>,
-        pub structured_outputs: Option<serde_json::Value>,
+        pub structured_outputs: Option<Box<serde_json::Value>>,
         /// Synthetic log-probabilities of the output tokens...
         pub logprobs: Option<bool>,
         /// ...with this many alternatives each (0..=20; needs `logprobs: true`).
@@ -285,7 +329,8 @@ pub struct ResponseFormat {
 pub struct EmbeddingBody<'a> {
     #[serde(borrow)]
     pub model: Option<Str<'a>>,
-    pub input: Option<TextInputs>,
+    #[serde(borrow)]
+    pub input: Option<Inputs<'a>>,
     #[serde(borrow)]
     pub encoding_format: Option<Str<'a>>,
     pub dimensions: Option<i64>,
@@ -428,8 +473,12 @@ pub fn stop_sequences(
 }
 
 /// Validates text inputs: present, non-empty list, no empty string, at most `max` items.
-pub fn inputs(field: &str, value: Option<TextInputs>, max: usize) -> Result<Texts, BodyError> {
-    let Some(TextInputs(items)) = value else {
+pub fn inputs<'a>(
+    field: &str,
+    value: Option<Inputs<'a>>,
+    max: usize,
+) -> Result<smallvec::SmallVec<[Str<'a>; 1]>, BodyError> {
+    let Some(Inputs(items)) = value else {
         return Err(body_error(
             "missing_field",
             format!("missing required field '{field}'"),
@@ -471,7 +520,15 @@ mod tests {
     #[test]
     fn prompt_accepts_a_string_or_an_array_and_names_bad_types() {
         let b: CompletionBody = parse_body(br#"{"prompt":"hi","extra":{"x":1}}"#).unwrap();
-        assert_eq!(b.prompt, Some(TextInputs(smallvec::smallvec!["hi".into()])));
+        assert_eq!(
+            b.prompt,
+            Some(Inputs(smallvec::smallvec![Str("hi".into())]))
+        );
+        let prompt = &b.prompt.as_ref().unwrap().0[0];
+        assert!(
+            matches!(prompt.0, std::borrow::Cow::Borrowed(_)),
+            "borrowed"
+        );
         let b: CompletionBody = parse_body(br#"{"prompt":["a","b"]}"#).unwrap();
         assert_eq!(b.prompt.unwrap().0.len(), 2);
         // Plain strings are borrowed from the body; escaped ones are unescaped copies.
@@ -539,14 +596,14 @@ mod tests {
         );
         let e = inputs(
             "prompt",
-            Some(TextInputs(smallvec::smallvec!["a".into(), "".into()])),
+            Some(Inputs(smallvec::smallvec![Str("a".into()), Str("".into())])),
             10,
         )
         .unwrap_err();
         assert_eq!(e.message, "'prompt' must not be an empty string (item 1)");
         let e = inputs(
             "input",
-            Some(TextInputs(smallvec::smallvec!["a".into(); 3])),
+            Some(Inputs(smallvec::smallvec![Str("a".into()); 3])),
             2,
         )
         .unwrap_err();

@@ -493,7 +493,7 @@ impl IoThread {
                     self.push_ready(idx, endpoint, response, close, head_only)
                 }
                 Routed::Submit(job) => {
-                    self.submit_job(idx, endpoint, *job, close, keep_alive_header, received)
+                    self.submit_job(idx, endpoint, job, close, keep_alive_header, received)
                 }
                 Routed::Later(deferred) => {
                     // A placeholder response, taken away: the slot waits for `deferred`.
@@ -573,34 +573,42 @@ impl IoThread {
     ) {
         let requests = std::mem::take(&mut job.requests);
         let parts = requests.len();
-        // A stream writes its echo itself; a whole answer renders it from the job.
-        let echo = job.stream.and_then(|_| job.echo.take());
-        let stream = job.stream.map(|opts| {
-            self.next_response_id += 1;
-            let kind = match job.kind {
-                api::JobKind::Chat => api::stream::StreamKind::Chat,
-                api::JobKind::Response { .. } => api::stream::StreamKind::Response,
-                _ => api::stream::StreamKind::Completion,
-            };
-            Box::new(StreamSlot {
-                writer: api::stream::StreamWriter::new(
-                    kind,
-                    opts,
-                    &job.model,
-                    job.created_unix,
-                    self.next_response_id,
-                    parts,
-                )
-                .with_echo(echo)
-                .with_request_id(job.request_id.clone())
-                .with_structured(job.structured.clone())
-                .with_response(job.response.clone()),
-                pending: Vec::new(),
-                head_written: false,
-                done: false,
-                error: None,
-            })
-        });
+        let stream = match job.extras.as_deref_mut() {
+            Some(
+                extras @ api::JobExtras {
+                    stream: Some(_), ..
+                },
+            ) => {
+                // A stream writes its echo itself; a whole answer renders it from the job.
+                let echo = extras.echo.take();
+                let opts = extras.stream.expect("matched above");
+                self.next_response_id += 1;
+                let kind = match job.kind {
+                    api::JobKind::Chat => api::stream::StreamKind::Chat,
+                    api::JobKind::Response { .. } => api::stream::StreamKind::Response,
+                    _ => api::stream::StreamKind::Completion,
+                };
+                Some(Box::new(StreamSlot {
+                    writer: api::stream::StreamWriter::new(
+                        kind,
+                        opts,
+                        &job.model,
+                        job.created_unix,
+                        self.next_response_id,
+                        parts,
+                    )
+                    .with_echo(echo)
+                    .with_request_id(extras.request_id.clone())
+                    .with_structured(extras.structured.clone())
+                    .with_response(extras.response.clone()),
+                    pending: Vec::new(),
+                    head_written: false,
+                    done: false,
+                    error: None,
+                }))
+            }
+            _ => None,
+        };
         let (seq, generation) = {
             let conn = self.conns[idx].as_mut().expect("live connection");
             let seq = conn.next_seq;
