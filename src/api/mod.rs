@@ -467,6 +467,7 @@ fn check_model<'a>(
             name,
             need,
             session: None,
+            adapter: 0,
         }),
         Err(e) => Err(Routed::Now(route_error(&e))),
     }

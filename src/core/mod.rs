@@ -22,6 +22,7 @@ pub mod continuous;
 mod expiry;
 mod flush;
 mod inspect;
+pub mod lora;
 pub mod names;
 pub mod pool;
 pub mod prefix;

@@ -130,6 +130,10 @@ pub struct ModelConfig {
     /// What it can do beyond text; all `false` when omitted.
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// LoRA adapters served on this model (`"name"` or `{ name, path }`), loaded at start;
+    /// requests name one as their `model` (`router::lora`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<super::lora::AdapterConfig>,
 }
 
 /// One `[[backends]]` table, as written in the config file.
@@ -202,6 +206,7 @@ impl BackendConfig {
                     tools: true,
                     json_mode: true,
                 },
+                adapters: Vec::new(),
             }],
             discovery: None,
         }
@@ -799,6 +804,7 @@ pub(crate) fn sim_backend(
                 name: n.into(),
                 context_length: Some(c),
                 capabilities,
+                adapters: Vec::new(),
             })
             .collect(),
     }

@@ -1025,6 +1025,7 @@ fn wide_router() -> Router {
                         name,
                         context_length: Some(context_length),
                         capabilities,
+                        adapters: Vec::new(),
                     })
                     .collect(),
                 ..backend(&format!("b{b:03}"), b % 7, &[])

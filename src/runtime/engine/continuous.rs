@@ -293,6 +293,7 @@ impl Mode for IterationLevel {
             name: routing.default_name,
             need: Need::default(),
             session: None,
+            adapter: 0,
         });
         let exact = GroupCaches(sched);
         let affinity = Affinity {

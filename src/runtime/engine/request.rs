@@ -412,6 +412,7 @@ impl Mode for RequestLevel {
             name: routing.default_name,
             need: Need::default(),
             session: None,
+            adapter: 0,
         });
         // Upstream backends' caches cannot be asked: the router's approximate index judges.
         let affinity = Affinity {
