@@ -17,13 +17,22 @@ use crate::http::response::{Response, Status};
 
 /// `/admin/*`: bearer-token protected control endpoints.
 pub fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response {
+    if let Some(refused) = refuse(ctx, head) {
+        return refused;
+    }
+    admin_allowed(ctx, head, path, body)
+}
+
+/// The refusal of a control call (`/admin/*`, the LoRA load and unload endpoints) while
+/// `server.admin_enabled` is off or without the admin token; `None`: allowed.
+pub(super) fn refuse(ctx: &ApiContext, head: &Head) -> Option<Response> {
     let server = &ctx.config.server;
     if !server.admin_enabled {
-        return Response::error(
+        return Some(Response::error(
             Status::NotFound,
             "not_found",
             "admin endpoints are disabled (server.admin_enabled = false)",
-        );
+        ));
     }
     if !server.admin_token.is_empty() {
         // Constant time: how long a refusal takes says nothing about the token.
@@ -31,14 +40,21 @@ pub fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response
             .admin_token
             .matches_bearer(head.authorization.as_deref())
         {
-            return Response::error(
-                Status::Unauthorized,
-                "unauthorized",
-                "admin endpoints need 'Authorization: Bearer <server.admin_token>'",
-            )
-            .with_header("WWW-Authenticate: Bearer");
+            return Some(
+                Response::error(
+                    Status::Unauthorized,
+                    "unauthorized",
+                    "admin endpoints need 'Authorization: Bearer <server.admin_token>'",
+                )
+                .with_header("WWW-Authenticate: Bearer"),
+            );
         }
     }
+    None
+}
+
+/// [`admin`] once the call is allowed.
+fn admin_allowed(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response {
     if path == "/admin/strategy" {
         if !matches!(head.method, Method::Get | Method::Head) {
             return Response::error(

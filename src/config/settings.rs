@@ -515,8 +515,16 @@ impl Config {
             ));
         }
         non_negative("lora.lora_load_ms", l.lora_load_ms)?;
-        let listed: usize = self
-            .effective_backends()
+        let backends = self.effective_backends();
+        if let Err(e) = crate::router::lora::LoraTable::from_backends(0, &backends) {
+            let key = if self.backends.is_empty() {
+                "lora.adapters"
+            } else {
+                "backends.models.adapters"
+            };
+            return Err(invalid(key, "[...]", e.to_string()));
+        }
+        let listed: usize = backends
             .iter()
             .flat_map(|b| &b.models)
             .map(|m| m.adapters.len())

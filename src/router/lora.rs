@@ -120,6 +120,35 @@ impl LoraTable {
         Ok(t)
     }
 
+    /// The table the models of `backends` describe (their `adapters`), with `capacity`
+    /// ids. An adapter listed by several backends of the same model is one adapter; the
+    /// same name on two different models, or a model's name, is refused.
+    pub fn from_backends(
+        capacity: usize,
+        backends: &[super::BackendConfig],
+    ) -> Result<LoraTable, LoraError> {
+        let mut adapters: Vec<(String, String, String)> = Vec::new();
+        for m in backends.iter().flat_map(|b| &b.models) {
+            for a in &m.adapters {
+                if backends
+                    .iter()
+                    .flat_map(|b| &b.models)
+                    .any(|m| m.name == a.name())
+                {
+                    return Err(LoraError::NameTaken {
+                        name: a.name().to_string(),
+                    });
+                }
+                match adapters.iter().find(|(n, _, _)| n == a.name()) {
+                    Some((_, _, base)) if *base == m.name => {}
+                    Some(_) => return Err(LoraError::AlreadyLoaded(a.name().to_string())),
+                    None => adapters.push((a.name().into(), a.path().into(), m.name.clone())),
+                }
+            }
+        }
+        LoraTable::new(capacity.max(adapters.len()), &adapters)
+    }
+
     /// A table with no ids (LoRA unused).
     pub fn empty() -> LoraTable {
         LoraTable {
