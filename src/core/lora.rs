@@ -145,6 +145,74 @@ impl LoraSlots {
     }
 }
 
+/// The distinct adapters of a batch being formed (request-level), at most `max_loras`.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchAdapters {
+    ids: [AdapterId; MAX_LORAS_MOST],
+    len: u8,
+    max: u8,
+}
+
+impl BatchAdapters {
+    /// An empty set for batches of at most `max_loras` adapters.
+    pub fn new(max_loras: usize) -> BatchAdapters {
+        assert!((1..=MAX_LORAS_MOST).contains(&max_loras));
+        BatchAdapters {
+            ids: [BASE_MODEL; MAX_LORAS_MOST],
+            len: 0,
+            max: max_loras as u8,
+        }
+    }
+
+    /// The adapters so far.
+    pub fn as_slice(&self) -> &[AdapterId] {
+        &self.ids[..usize::from(self.len)]
+    }
+
+    /// Could a request of adapter `a` join the batch?
+    pub fn fits(&self, a: AdapterId) -> bool {
+        a == BASE_MODEL || self.len < self.max || self.as_slice().contains(&a)
+    }
+
+    /// Adds a request of adapter `a` (which [`Self::fits`]).
+    pub fn add(&mut self, a: AdapterId) {
+        debug_assert!(self.fits(a));
+        if a != BASE_MODEL && !self.as_slice().contains(&a) {
+            self.ids[usize::from(self.len)] = a;
+            self.len += 1;
+        }
+    }
+}
+
+impl LoraSlots {
+    /// Makes a batch's adapters resident for its dispatch (request-level: nothing is held
+    /// between batches); how many had to be loaded.
+    pub fn load_batch(&mut self, adapters: &BatchAdapters) -> u32 {
+        debug_assert!(adapters.as_slice().len() <= self.max_loras());
+        let mut loads = 0;
+        let mut taken = [0u8; MAX_LORAS_MOST];
+        // Resident adapters first, so a load never evicts one the batch needs.
+        let resident = adapters.as_slice().iter().filter(|&&a| self.is_resident(a));
+        let missing = adapters
+            .as_slice()
+            .iter()
+            .filter(|&&a| !self.is_resident(a));
+        let order: smallvec::SmallVec<[AdapterId; MAX_LORAS_MOST]> =
+            resident.chain(missing).copied().collect();
+        for (i, &a) in order.iter().enumerate() {
+            let got = self
+                .acquire(a)
+                .expect("a batch holds at most max_loras adapters, and none is in use");
+            loads += u32::from(matches!(got, Acquired::Loaded(_)));
+            taken[i] = got.slot().expect("an adapter takes a slot");
+        }
+        for &k in &taken[..order.len()] {
+            self.release(k);
+        }
+        loads
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -394,7 +394,8 @@ impl Executor for SimExecutor {
             .cfg
             .latency
             .batch_ms(&shapes, &mut self.sort_scratch, &mut self.rng);
-        self.serve(service_ms)?;
+        let loads: u32 = items.iter().map(|i| i.lora_loads).sum();
+        self.serve(service_ms + f64::from(loads) * self.cfg.lora_load_ms)?;
         for (item, &(p, o)) in items.iter_mut().zip(shapes.iter()) {
             let key = item.work.stream_key();
             item.output = Some(match item.work.kind {

@@ -395,6 +395,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
         sla_ns: ctx.sla_ns,
         window_ns: ctx.window_ns,
         closed: job.closed,
+        lora: job.lora,
     })
 }
 

@@ -294,6 +294,7 @@ fn act(
             batch,
             tickets,
             reason,
+            lora_loads,
         } => {
             let mut items = free_bufs
                 .pop()
@@ -309,6 +310,9 @@ fn act(
                     .take()
                     .expect("a queued request still holds its work");
                 items.push(BatchItem::new(*t, work));
+            }
+            if let Some(first) = items.first_mut() {
+                first.lora_loads = lora_loads;
             }
             io.record_sample(SampleKind::BatchSize, tickets.len() as u64);
             let tokens = tickets
