@@ -204,3 +204,99 @@ fn a_config_whose_adapter_names_a_model_is_refused() {
         .to_string()
         .contains("lora.max_loras"));
 }
+
+/// The `vllm:lora_requests_info` series on /metrics, as (max_lora, running, waiting, value).
+fn lora_info(c: &mut Client) -> Option<(String, String, String, f64)> {
+    let r = c.request("GET", "/metrics", None);
+    let text = r.text();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vllm:lora_requests_info{"))?;
+    let label = |k: &str| {
+        let start = line.find(&format!("{k}=\"")).unwrap() + k.len() + 2;
+        line[start..start + line[start..].find('"').unwrap()].to_string()
+    };
+    let value = line.rsplit(' ').next().unwrap().parse().unwrap();
+    Some((
+        label("max_lora"),
+        label("running_lora_adapters"),
+        label("waiting_lora_adapters"),
+        value,
+    ))
+}
+
+#[test]
+fn the_lora_gauge_shows_the_adapter_waiting_for_the_one_slot() {
+    for mode in MODES {
+        let mut cfg = config(mode);
+        cfg.workers.count = 1;
+        cfg.lora.max_loras = 1;
+        // A load takes long enough for a scrape to see the other adapter wait.
+        cfg.lora.lora_load_ms = 1_000.0;
+        let abe = start(cfg);
+        let addr = abe.local_addr();
+        let mut c = Client::connect(addr);
+        let (max_lora, running, waiting, value) = lora_info(&mut c).expect("written with adapters");
+        assert_eq!(
+            (max_lora.as_str(), running.as_str(), waiting.as_str()),
+            ("1", "", "")
+        );
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(
+            (value - now_s).abs() < 3_600.0,
+            "a timestamp, as vLLM's: {value}"
+        );
+        let send = |model: &'static str| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                post_completion(&mut c, model, "one slot").status
+            })
+        };
+        let first = send("sql-lora");
+        // The second adapter's request arrives once the first holds the slot.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while lora_info(&mut c).unwrap().1 != "sql-lora" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{mode:?}: sql-lora never ran"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let second = send("chat-lora");
+        let mut seen = None;
+        while std::time::Instant::now() < deadline {
+            let (_, running, waiting, _) = lora_info(&mut c).unwrap();
+            if waiting == "chat-lora" {
+                seen = Some(running);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(
+            seen.as_deref(),
+            Some("sql-lora"),
+            "{mode:?}: chat-lora waits while sql-lora holds the slot"
+        );
+        assert_eq!(first.join().unwrap(), 200);
+        assert_eq!(
+            second.join().unwrap(),
+            200,
+            "{mode:?}: the waiting adapter completes"
+        );
+        // Both answered: the next snapshot shows nothing running or waiting.
+        loop {
+            let (_, running, waiting, _) = lora_info(&mut c).unwrap();
+            if (running.as_str(), waiting.as_str()) == ("", "") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{mode:?}: {running} / {waiting}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}

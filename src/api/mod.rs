@@ -372,6 +372,16 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 &mut out,
             );
             crate::metrics::vllm::render(&snap, &ctx.default_model, &mut out);
+            crate::metrics::vllm::render_lora(
+                &snap,
+                ctx.config.lora.max_loras,
+                ctx.lora.capacity() > 0 && !ctx.lora.list().is_empty(),
+                |id| ctx.lora.name_of(id),
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+                &mut out,
+            );
             Routed::Now(Response::text(
                 Status::Ok,
                 "text/plain; version=0.0.4; charset=utf-8",

@@ -47,7 +47,7 @@ pub struct Settings {
 
 /// Most `lora.max_lora_adapters` (adapter ids are `u16`; the scheduler's tables by id are
 /// sized from it).
-pub const LORA_ADAPTERS_MOST: usize = 4096;
+pub const LORA_ADAPTERS_MOST: usize = crate::core::lora::ADAPTER_IDS - 1;
 
 impl Config {
     /// Checks every key and builds the settings of every part, once; the first problem is

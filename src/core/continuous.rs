@@ -1073,6 +1073,21 @@ impl Continuous {
         (acquired.slot().unwrap_or(NO_LORA_SLOT), loaded)
     }
 
+    /// Adds the adapters of running requests (every replica) to `running` and of waiting
+    /// ones (every group) to `waiting`. O(waiting requests): for a snapshot, not per step.
+    pub fn lora_adapters(
+        &self,
+        running: &mut super::lora::AdapterSet,
+        waiting: &mut super::lora::AdapterSet,
+    ) {
+        for r in 0..self.replicas.len() {
+            self.running_adapters(r).for_each(|a| running.insert(a));
+        }
+        for g in 0..self.groups() {
+            self.waiting_adapters(g).for_each(|a| waiting.insert(a));
+        }
+    }
+
     /// Adapters with a running request on replica `r`.
     pub fn running_adapters(&self, r: usize) -> impl Iterator<Item = u16> + '_ {
         self.replicas[r].lora.running()

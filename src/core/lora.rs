@@ -17,6 +17,52 @@ pub const BASE_MODEL: AdapterId = 0;
 /// Most adapter slots a replica can have (`max_loras` is checked against it).
 pub const MAX_LORAS_MOST: usize = 16;
 
+/// Ids below this fit an [`AdapterSet`] (`[lora] max_lora_adapters` is checked below it).
+pub const ADAPTER_IDS: usize = 4096;
+
+/// A set of adapters as bits (published in the engine's snapshot: `Copy`, no allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdapterSet([u64; ADAPTER_IDS / 64]);
+
+impl Default for AdapterSet {
+    fn default() -> Self {
+        AdapterSet([0; ADAPTER_IDS / 64])
+    }
+}
+
+impl AdapterSet {
+    /// Adds `a` ([`BASE_MODEL`] and ids past [`ADAPTER_IDS`] are not adapters: ignored).
+    pub fn insert(&mut self, a: AdapterId) {
+        let i = usize::from(a);
+        if a != BASE_MODEL && i < ADAPTER_IDS {
+            self.0[i / 64] |= 1 << (i % 64);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.0 = [0; ADAPTER_IDS / 64];
+    }
+
+    pub fn contains(&self, a: AdapterId) -> bool {
+        let i = usize::from(a);
+        i < ADAPTER_IDS && self.0[i / 64] >> (i % 64) & 1 == 1
+    }
+
+    /// The adapters, by id.
+    pub fn iter(&self) -> impl Iterator<Item = AdapterId> + '_ {
+        self.0.iter().enumerate().flat_map(|(w, &word)| {
+            let mut bits = word;
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    (w * 64 + b) as AdapterId
+                })
+            })
+        })
+    }
+}
+
 /// What [`LoraSlots::acquire`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acquired {
@@ -233,6 +279,18 @@ mod tests {
         assert_eq!(s.acquire(8), Some(Acquired::Loaded(0)));
         assert!(!s.is_resident(7));
         assert_eq!(s.running().collect::<Vec<_>>(), [8]);
+    }
+
+    #[test]
+    fn adapter_sets_hold_ids_once_and_skip_the_base_model() {
+        let mut s = AdapterSet::default();
+        for a in [3, 70, 3, BASE_MODEL, 4095] {
+            s.insert(a);
+        }
+        assert_eq!(s.iter().collect::<Vec<_>>(), [3, 70, 4095]);
+        assert!(s.contains(70) && !s.contains(BASE_MODEL));
+        s.clear();
+        assert_eq!(s.iter().count(), 0);
     }
 
     #[test]

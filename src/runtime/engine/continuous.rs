@@ -659,6 +659,11 @@ impl Mode for IterationLevel {
         _aborted: bool,
     ) {
         let c = *self.sched.stats();
+        let lora = &mut snap.lora;
+        lora.running.clear();
+        lora.waiting.clear();
+        self.sched
+            .lora_adapters(&mut lora.running, &mut lora.waiting);
         snap.stats.admitted = c.admitted;
         snap.stats.rejected_full = self.rejected_full;
         snap.stats.rejected_draining = self.rejected_draining;

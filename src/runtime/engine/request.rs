@@ -605,8 +605,12 @@ impl Mode for RequestLevel {
         let mut queued_by_class = [0usize; CLASS_COUNT];
         let (mut queued, mut live, mut p99) = (0, 0, None::<Nanos>);
         let mut w = 0;
+        let lora = &mut snap.lora;
+        lora.running.clear();
+        lora.waiting.clear();
         for lane in &self.lanes {
             let core = &lane.core;
+            core.lora_adapters(&mut lora.running, &mut lora.waiting);
             stats.merge(core.stats());
             for (c, q) in queued_by_class.iter_mut().enumerate() {
                 *q += core.queued_in_class(c);
