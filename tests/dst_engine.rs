@@ -262,7 +262,6 @@ fn router(rng: &mut SmallRng, seed: u64, all_m: bool) -> (Router, Vec<RouteReque
             name,
             need: Need::default(),
             session: None,
-            adapter: 0,
         })
         .collect();
     (router, routes, backends)

@@ -163,13 +163,11 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
             name: router.lookup("m").unwrap(),
             need,
             session: None,
-            adapter: 0,
         }),
         Some(RouteRequest {
             name: router.lookup("n").unwrap(),
             need,
             session: None,
-            adapter: 0,
         }),
     ];
     let routing = Routing::new(router, routes[0].unwrap().name, None);
@@ -218,7 +216,6 @@ fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
         name,
         need: Need::default(),
         session: None,
-        adapter: 0,
     });
     let routing = Routing::new(router, name, None);
     let cfg = engine_config(1);
@@ -285,7 +282,6 @@ fn affinity_routing_allocations(
             name,
             need: Need::default(),
             session,
-            adapter: 0,
         })
     });
     let routing = Routing::new(router, name, None);

@@ -502,7 +502,6 @@ fn check_model<'a>(
             name,
             need,
             session: None,
-            adapter: crate::core::lora::BASE_MODEL,
         }),
         Err(e @ RouteError::ModelNotFound { .. }) => {
             // Not a model: a LoRA adapter runs on its base model (cold for base requests).
@@ -511,6 +510,7 @@ fn check_model<'a>(
             };
             let base = crate::router::Requirements {
                 model: &adapter.base,
+                adapter: adapter.id,
                 ..req
             };
             match ctx.router.precheck(&base) {
@@ -518,7 +518,6 @@ fn check_model<'a>(
                     name,
                     need,
                     session: None,
-                    adapter: adapter.id,
                 }),
                 Err(e) => Err(Routed::Now(route_error(&e))),
             }

@@ -638,6 +638,12 @@ impl Continuous {
             .unwrap_or(0)
     }
 
+    /// Does some replica of `group` hold `adapter` resident (running or cached)?
+    pub fn group_adapter_resident(&self, group: usize, adapter: u16) -> bool {
+        (0..self.replicas.len())
+            .any(|r| self.replica_group[r] == group && self.adapter_resident(r, adapter))
+    }
+
     /// KV blocks of `replica` with prefix caching (0 without).
     pub fn kv_blocks(&self, replica: usize) -> u64 {
         self.replicas[replica]

@@ -61,6 +61,11 @@ impl Core {
         }
     }
 
+    /// Does some worker hold LoRA adapter `adapter` resident?
+    pub fn adapter_resident(&self, adapter: super::lora::AdapterId) -> bool {
+        self.lora.iter().any(|s| s.is_resident(adapter))
+    }
+
     /// The strategy in force.
     pub fn strategy(&self) -> StrategyKind {
         self.strategy

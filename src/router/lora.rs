@@ -98,6 +98,53 @@ impl LoraError {
 pub struct LoraTable {
     /// By `id - 1`: the adapter holding that id, if any. Length `max_lora_adapters`.
     slots: Mutex<Vec<Option<Adapter>>>,
+    /// By `id - 1`, the names of the configured adapters: an unloaded one gets its id back
+    /// when loaded again, and no other name takes it (the router's per-backend
+    /// eligibility, built from the config, knows them by id). Locked before `slots`.
+    configured: Mutex<Vec<String>>,
+}
+
+/// An adapter the config lists: its name, path, base model, and the backends (by index in
+/// the list given) that list it. Its id is its position in [`configured`]'s answer + 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Configured {
+    pub name: String,
+    pub path: String,
+    pub base: String,
+    pub backends: Vec<usize>,
+}
+
+/// The adapters `backends`' models list, in order of first appearance (their ids). An
+/// adapter listed by several backends of the same model is one adapter; the same name on
+/// two different models, or a model's own name, is refused.
+pub fn configured(backends: &[super::BackendConfig]) -> Result<Vec<Configured>, LoraError> {
+    let mut out: Vec<Configured> = Vec::new();
+    for (i, b) in backends.iter().enumerate() {
+        for m in &b.models {
+            for a in &m.adapters {
+                if backends
+                    .iter()
+                    .flat_map(|b| &b.models)
+                    .any(|m| m.name == a.name())
+                {
+                    return Err(LoraError::NameTaken {
+                        name: a.name().to_string(),
+                    });
+                }
+                match out.iter_mut().find(|c| c.name == a.name()) {
+                    Some(c) if c.base == m.name => c.backends.push(i),
+                    Some(_) => return Err(LoraError::AlreadyLoaded(a.name().to_string())),
+                    None => out.push(Configured {
+                        name: a.name().into(),
+                        path: a.path().into(),
+                        base: m.name.clone(),
+                        backends: vec![i],
+                    }),
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 impl LoraTable {
@@ -113,6 +160,7 @@ impl LoraTable {
         );
         let t = LoraTable {
             slots: Mutex::new(vec![None; capacity]),
+            configured: Mutex::new(Vec::new()),
         };
         for (name, path, base) in adapters {
             t.load(name, path, base)?;
@@ -127,32 +175,21 @@ impl LoraTable {
         capacity: usize,
         backends: &[super::BackendConfig],
     ) -> Result<LoraTable, LoraError> {
-        let mut adapters: Vec<(String, String, String)> = Vec::new();
-        for m in backends.iter().flat_map(|b| &b.models) {
-            for a in &m.adapters {
-                if backends
-                    .iter()
-                    .flat_map(|b| &b.models)
-                    .any(|m| m.name == a.name())
-                {
-                    return Err(LoraError::NameTaken {
-                        name: a.name().to_string(),
-                    });
-                }
-                match adapters.iter().find(|(n, _, _)| n == a.name()) {
-                    Some((_, _, base)) if *base == m.name => {}
-                    Some(_) => return Err(LoraError::AlreadyLoaded(a.name().to_string())),
-                    None => adapters.push((a.name().into(), a.path().into(), m.name.clone())),
-                }
-            }
-        }
-        LoraTable::new(capacity.max(adapters.len()), &adapters)
+        let adapters: Vec<(String, String, String)> = configured(backends)?
+            .into_iter()
+            .map(|c| (c.name, c.path, c.base))
+            .collect();
+        let t = LoraTable::new(capacity.max(adapters.len()), &adapters)?;
+        *t.configured.lock().unwrap_or_else(|e| e.into_inner()) =
+            adapters.into_iter().map(|(name, _, _)| name).collect();
+        Ok(t)
     }
 
     /// A table with no ids (LoRA unused).
     pub fn empty() -> LoraTable {
         LoraTable {
             slots: Mutex::new(Vec::new()),
+            configured: Mutex::new(Vec::new()),
         }
     }
 
@@ -170,12 +207,17 @@ impl LoraTable {
         if name.is_empty() || path.is_empty() {
             return Err(LoraError::MissingNameOrPath);
         }
+        let configured = self.configured.lock().unwrap_or_else(|e| e.into_inner());
         let mut slots = self.lock();
         if slots.iter().flatten().any(|a| a.name == name) {
             return Err(LoraError::AlreadyLoaded(name.to_string()));
         }
         let capacity = slots.len();
-        let Some(free) = slots.iter().position(Option::is_none) else {
+        let free = match configured.iter().position(|c| c == name) {
+            Some(own) => Some(own),
+            None => (configured.len()..capacity).find(|&i| slots[i].is_none()),
+        };
+        let Some(free) = free else {
             return Err(LoraError::TableFull {
                 name: name.to_string(),
                 capacity,

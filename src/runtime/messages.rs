@@ -34,9 +34,6 @@ pub struct RouteRequest {
     /// [`crate::router::affinity::session_key`] of the `X-Session-Id` header, else of the
     /// OpenAI `user` field; `None` without either.
     pub session: Option<u64>,
-    /// The LoRA adapter the request names as its model (`name` is then its base model's);
-    /// [`crate::core::lora::BASE_MODEL`] for none.
-    pub adapter: crate::core::lora::AdapterId,
 }
 
 /// Why a request got an error instead of an output.

@@ -67,6 +67,11 @@ impl CacheView for GroupCaches<'_> {
     fn cached_prefix_blocks(&self, backend: BackendId, blocks: &[BlockHash]) -> Option<u32> {
         Some(self.0.group_cached_prefix_blocks(backend.index(), blocks))
     }
+
+    #[inline]
+    fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
+        Some(self.0.group_adapter_resident(backend.index(), adapter))
+    }
 }
 
 /// Token-timing samples buffered between publishes (each kind).
@@ -293,7 +298,6 @@ impl Mode for IterationLevel {
             name: routing.default_name,
             need: Need::default(),
             session: None,
-            adapter: 0,
         });
         let exact = GroupCaches(sched);
         let affinity = Affinity {
