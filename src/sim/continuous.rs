@@ -205,7 +205,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             meta.adapter = lora.adapter_of(next_arrival);
             let (admission, replica, work) = match &mut cluster {
                 Some(c) => {
-                    let (replica, work) = c.route(&sched, r, prefix);
+                    let (replica, work) = c.route(&sched, r, prefix, meta.adapter);
                     (sched.admit_to(replica, meta), replica, work)
                 }
                 None => (sched.admit(meta), usize::MAX, 0),
