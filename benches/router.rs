@@ -120,6 +120,7 @@ fn router() -> Router {
                         name: model_name(m),
                         context_length: Some(contexts[rng.gen_range(0..contexts.len())]),
                         capabilities: caps(&mut rng),
+                        adapters: Vec::new(),
                     })
                     .collect(),
             }

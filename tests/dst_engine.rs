@@ -401,6 +401,7 @@ impl Play for IterationLevel {
             max_queue: rng.gen_range(1..=16),
             prefix_caching: rng.gen_bool(0.5),
             block_tokens: rng.gen_range(1..=32),
+            max_loras: 1,
         };
         let sched = Continuous::with_groups(ccfg, &lane_workers);
         let circuit = CircuitParams {

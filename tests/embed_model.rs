@@ -85,6 +85,7 @@ fn embed_backend(dir: &Path, truncate: Option<bool>) -> BackendConfig {
             // Read from the directory (max_seq_length), as a config that omits it.
             context_length: None,
             capabilities: Default::default(),
+            adapters: Vec::new(),
         }],
     }
 }

@@ -5,7 +5,9 @@ exception for its status; a cut stream ends without [DONE]; a reset stream raise
 vLLM compatibilities (X-Request-Id, integer priority, /version, continuous usage stats), and
 tools and structured output (tool_calls[0].function.arguments valid for the function's
 parameters, whole and streamed; response_format json_schema; a clear 400), and the
-Responses API (create, retrieve, stream).
+Responses API (create, retrieve, stream), and LoRA adapters (loaded with vLLM's
+POST /v1/load_lora_adapter, listed by models.list with their parent, served as a model,
+unloaded).
 
 Usage: [ABE_BATCHING_MODE=continuous] tools/openai_sdk_gateway_check.py http://127.0.0.1:PORT
 (tools/with_server.sh starts abe with admin enabled and no token, as the default config
@@ -166,6 +168,38 @@ def check_responses(client):
           f"responses stream: the SDK's typed events, deltas add up ({len(types)} events)")
 
 
+def post(base, path, body):
+    req = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+def check_lora(base, client):
+    status, text = post(base, "/v1/load_lora_adapter",
+                        {"lora_name": "sdk-lora", "lora_path": "/adapters/sdk"})
+    check(status == 200 and "added successfully" in text, f"load_lora_adapter: {text}")
+    cards = {m.id: m for m in client.models.list()}
+    card = cards.get("sdk-lora")
+    check(card is not None and getattr(card, "parent", None) == "abe-sim"
+          and getattr(card, "root", None) == "/adapters/sdk",
+          "models.list shows the adapter with its parent and root")
+    c = client.completions.create(model="sdk-lora", prompt="adapter", max_tokens=3)
+    check(c.model == "sdk-lora" and c.usage.completion_tokens == 3,
+          "a completion with model=<adapter> is served under the adapter's name")
+    r = client.chat.completions.create(model="sdk-lora", max_tokens=2,
+                                       messages=[{"role": "user", "content": "hi"}])
+    check(r.model == "sdk-lora" and r.choices[0].message.content, "and a chat completion")
+    status, text = post(base, "/v1/unload_lora_adapter", {"lora_name": "sdk-lora"})
+    check(status == 200 and "removed successfully" in text, f"unload_lora_adapter: {text}")
+    check("sdk-lora" not in {m.id for m in client.models.list()}, "gone from models.list")
+    try:
+        client.completions.create(model="sdk-lora", prompt="gone", max_tokens=2)
+        check(False, "an unloaded adapter is a 404")
+    except openai.NotFoundError:
+        check(True, "an unloaded adapter is a 404 (the SDK's NotFoundError)")
+
+
 def main():
     base = sys.argv[1].rstrip("/")
     client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
@@ -173,6 +207,7 @@ def main():
     check_vllm_extras(base, client)
     check_tools_and_structured(client)
     check_responses(client)
+    check_lora(base, client)
     print("openai sdk gateway check: all passed")
 
 

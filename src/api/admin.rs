@@ -18,7 +18,7 @@ use crate::http::response::{Response, Status};
 /// `/admin/*` as the router sees it: `POST /admin/reload`, once allowed, is answered when
 /// the live thread has run it (`admin_backends::reload`); everything else at once.
 pub fn route(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> super::Routed {
-    if path == "/admin/reload" && head.method == Method::Post && refusal(ctx, head).is_none() {
+    if path == "/admin/reload" && head.method == Method::Post && refuse(ctx, head).is_none() {
         if let Some(later) = super::admin_backends::reload_later(ctx) {
             return later;
         }
@@ -28,14 +28,15 @@ pub fn route(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> super::R
 
 /// `/admin/*`: bearer-token protected control endpoints.
 pub fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response {
-    if let Some(refused) = refusal(ctx, head) {
+    if let Some(refused) = refuse(ctx, head) {
         return refused;
     }
     admin_allowed(ctx, head, path, body)
 }
 
-/// Why an admin call is not served (admin disabled, token missing or wrong), if it is not.
-fn refusal(ctx: &ApiContext, head: &Head) -> Option<Response> {
+/// The refusal of a control call (`/admin/*`, the LoRA load and unload endpoints) while
+/// `server.admin_enabled` is off or without the admin token; `None`: allowed.
+pub(super) fn refuse(ctx: &ApiContext, head: &Head) -> Option<Response> {
     let server = &ctx.config.server;
     if !server.admin_enabled {
         return Some(Response::error(
@@ -63,7 +64,7 @@ fn refusal(ctx: &ApiContext, head: &Head) -> Option<Response> {
     None
 }
 
-/// `/admin/*` once allowed.
+/// [`admin`] once the call is allowed.
 fn admin_allowed(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response {
     if path == "/admin/strategy" {
         if !matches!(head.method, Method::Get | Method::Head) {

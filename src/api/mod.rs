@@ -20,6 +20,7 @@ pub mod deferred;
 pub mod faults;
 pub mod json_out;
 pub mod logprobs;
+pub mod lora;
 pub mod payload;
 pub mod render;
 pub mod response_object;
@@ -73,6 +74,8 @@ pub struct ApiContext {
     pub live: Option<Arc<crate::live::LiveBackends>>,
     /// Which of `live`'s router copies `router` is (see [`ApiContext::refreshed`]).
     pub router_generation: u64,
+    /// LoRA adapters by name (`lora`: `/v1/load_lora_adapter`, `/v1/unload_lora_adapter`).
+    pub lora: Arc<crate::router::lora::LoraTable>,
 }
 
 impl ApiContext {
@@ -89,6 +92,7 @@ impl ApiContext {
             .backends()
             .any(|(_, b)| matches!(b.kind(), crate::router::BackendKind::Upstream { .. }));
         let retention_s = (config.metrics.history_retention.0 / 1000) as usize;
+        let lora = Arc::new(lora_table(&config));
         let faults = Arc::new(faults::FrontFaults::new(
             faults::FrontFaultSettings::from_config(&config.workers),
             config.workers.seed,
@@ -107,6 +111,7 @@ impl ApiContext {
             responses: Arc::default(),
             live: None,
             router_generation: 0,
+            lora,
         }
     }
 
@@ -117,7 +122,7 @@ impl ApiContext {
         let live = self.live.as_ref()?;
         let (generation, router) = live.io_router_if_newer(self.router_generation)?;
         let mut ctx = self.clone();
-        ctx.default_model = ApiContext::default_model_for(&ctx.config, &router);
+        ctx.default_model = Arc::from(ApiContext::default_model_for(&ctx.config, &router));
         ctx.router = router;
         ctx.router_generation = generation;
         Some(ctx)
@@ -155,6 +160,18 @@ pub struct Decoder<'a> {
     pub default_model: &'a Arc<str>,
     /// Some backend is `upstream`: chat requests keep their JSON body to forward.
     pub has_upstream: bool,
+    /// LoRA adapters a request may name as its `model` (`None`: none).
+    pub lora: Option<&'a crate::router::lora::LoraTable>,
+}
+
+/// The adapters `config`'s models list (checked by `Config::check`; a config that was not
+/// gets an empty table).
+fn lora_table(config: &Config) -> crate::router::lora::LoraTable {
+    crate::router::lora::LoraTable::from_backends(
+        config.lora.max_lora_adapters,
+        &config.effective_backends(),
+    )
+    .unwrap_or_else(|_| crate::router::lora::LoraTable::empty())
 }
 
 impl ApiContext {
@@ -165,6 +182,7 @@ impl ApiContext {
             router: &self.router,
             default_model: &self.default_model,
             has_upstream: self.has_upstream,
+            lora: Some(&self.lora),
         }
     }
 }
@@ -429,7 +447,13 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             serde_json::to_vec(&serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
                 .unwrap_or_default(),
         )),
-        "/v1/models" if is_get => Routed::Now(render::models(&ctx.router)),
+        "/v1/models" if is_get => Routed::Now(render::models(
+            &ctx.router,
+            lora::model_cards(&ctx.lora),
+        )),
+        "/v1/load_lora_adapter" | "/v1/unload_lora_adapter" => {
+            Routed::Now(lora::endpoint(ctx, head, path, body))
+        }
         "/health" if is_get => {
             Routed::Now(Response::json(Status::Ok, br#"{"status":"ok"}"#.to_vec()))
         }
@@ -458,6 +482,16 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 &mut out,
             );
             crate::metrics::vllm::render(&snap, &ctx.default_model, &mut out);
+            crate::metrics::vllm::render_lora(
+                &snap,
+                ctx.config.lora.max_loras,
+                ctx.lora.capacity() > 0 && !ctx.lora.list().is_empty(),
+                |id| ctx.lora.name_of(id),
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+                &mut out,
+            );
             Routed::Now(Response::text(
                 Status::Ok,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -529,7 +563,7 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
             "not_found",
             format!(
                 "no such endpoint: {path}; endpoints are /v1/completions, \
-                 /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models, /version, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
+                 /v1/chat/completions, /v1/responses, /v1/embeddings, /v1/models, /v1/load_lora_adapter, /v1/unload_lora_adapter, /version, /metrics, /metrics/json, /metrics/history, /events, /dashboard, /tokenize, /detokenize, /health, /ready, /admin/strategy/{{name}}, /admin/faults"
             ),
         )),
     }
@@ -582,12 +616,32 @@ fn check_model<'a>(
 ) -> Result<RouteRequest, Routed> {
     let mut b = RequirementsBuilder::new(model);
     needs(&mut b);
-    match ctx.router.precheck(&b.build()) {
+    let req = b.build();
+    match ctx.router.precheck(&req) {
         Ok((name, need)) => Ok(RouteRequest {
             name,
             need,
             session: None,
         }),
+        Err(e @ RouteError::ModelNotFound { .. }) => {
+            // Not a model: a LoRA adapter runs on its base model (cold for base requests).
+            let Some(adapter) = ctx.lora.and_then(|t| t.lookup(model)) else {
+                return Err(Routed::Now(route_error(&e)));
+            };
+            let base = crate::router::Requirements {
+                model: &adapter.base,
+                adapter: adapter.id,
+                ..req
+            };
+            match ctx.router.precheck(&base) {
+                Ok((name, need)) => Ok(RouteRequest {
+                    name,
+                    need,
+                    session: None,
+                }),
+                Err(e) => Err(Routed::Now(route_error(&e))),
+            }
+        }
         Err(e) => Err(Routed::Now(route_error(&e))),
     }
 }

@@ -437,7 +437,8 @@ pub fn write_route_header(
 pub const ROUTE_HEADER: &str = "x-abe-route";
 
 /// `GET /v1/models`.
-pub fn models(router: &crate::router::Router) -> Response {
+/// `adapters`: the LoRA adapters' cards (`api::lora::model_cards`), listed after the models.
+pub fn models(router: &crate::router::Router, adapters: Vec<serde_json::Value>) -> Response {
     use crate::router::Routable;
     let data: Vec<serde_json::Value> = router
         .routable()
@@ -449,12 +450,17 @@ pub fn models(router: &crate::router::Router) -> Response {
                 "owned_by": "abe",
             });
             match kind {
-                Routable::Served => {}
+                Routable::Served => {
+                    // vLLM's base model card: its own root, no parent.
+                    m["root"] = name.into();
+                    m["parent"] = serde_json::Value::Null;
+                }
                 Routable::Alias { target } => m["abe_alias_of"] = target.into(),
                 Routable::FallbackOnly => m["abe_fallback_only"] = true.into(),
             }
             m
         })
+        .chain(adapters)
         .collect();
     let body = serde_json::json!({ "object": "list", "data": data });
     Response::json(Status::Ok, serde_json::to_vec(&body).unwrap_or_default())

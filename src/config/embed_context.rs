@@ -63,6 +63,7 @@ mod tests {
             name: "all-MiniLM-L6-v2".into(),
             context_length,
             capabilities: Default::default(),
+            adapters: Vec::new(),
         }];
         b
     }

@@ -547,6 +547,36 @@ impl Default for EngineConfig {
     }
 }
 
+/// `[lora]`: LoRA adapters (vLLM's `--enable-lora`, `--max-loras`, `--max-cpu-loras`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSection {
+    /// Adapters one step (continuous) or batch (request-level) applies at once, per
+    /// replica: vLLM's `--max-loras` (default 1, as vLLM's). A request whose adapter is not
+    /// resident waits for a slot; requests of resident adapters and of the base model go on.
+    pub max_loras: usize,
+    /// Adapter ids abe holds (configured plus loaded at run time), like vLLM's
+    /// `--max-cpu-loras`; tables are sized from it at start.
+    pub max_lora_adapters: usize,
+    /// What loading an adapter into a slot costs, added to the step or batch that loads it
+    /// (live `sim` workers and `abe simulate`).
+    pub lora_load_ms: f64,
+    /// Adapters of the server's own model (`server.model_name`, when there are no
+    /// `[[backends]]`): `"name"` or `{ name, path }`.
+    pub adapters: Vec<crate::router::lora::AdapterConfig>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        LoraSection {
+            max_loras: 1,
+            max_lora_adapters: 16,
+            lora_load_ms: 10.0,
+            adapters: Vec::new(),
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -565,4 +595,6 @@ pub struct Config {
     pub routing: RoutingConfig,
     /// `[upstream]`: timeouts and health probes of `upstream` backends.
     pub upstream: UpstreamConfig,
+    /// `[lora]`: adapter slots, ids, load cost, the server model's adapters.
+    pub lora: LoraSection,
 }

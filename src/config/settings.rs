@@ -48,6 +48,10 @@ pub struct Settings {
     pub config: Config,
 }
 
+/// Most `lora.max_lora_adapters` (adapter ids are `u16`; the scheduler's tables by id are
+/// sized from it).
+pub const LORA_ADAPTERS_MOST: usize = crate::core::lora::ADAPTER_IDS - 1;
+
 impl Config {
     /// Checks every key and builds the settings of every part, once; the first problem is
     /// returned with its key, value and reason. An unknown `routing.strategy` is not a
@@ -247,6 +251,7 @@ impl Config {
             BackendConfig::default_sim(&self.server.model_name, DEFAULT_SIM_CONTEXT_LENGTH);
         // workers.count is checked to 1..=WORKERS_MAX; saturate rather than wrap if unvalidated.
         sim.max_concurrent_batches = u32::try_from(self.workers.count).unwrap_or(u32::MAX);
+        sim.models[0].adapters = self.lora.adapters.clone();
         vec![sim]
     }
 
@@ -475,6 +480,7 @@ impl Config {
             research: b
                 .dynamic
                 .research_config("batching.dynamic", self.server.max_tokens_limit)?,
+            max_loras: self.check_lora()?,
         };
         Ok(RuntimeConfig {
             core,
@@ -484,6 +490,7 @@ impl Config {
                 seed: w.seed,
                 natural_length_mean_tokens: self.continuous.natural_length_mean_tokens,
                 text: w.text,
+                lora_load_ms: self.lora.lora_load_ms,
             },
             continuous: self.continuous_config(w.count, &latency)?,
             faults: FaultSettings {
@@ -500,6 +507,49 @@ impl Config {
             io_threads: self.server.io_threads,
             on_thread_start: None,
         })
+    }
+
+    /// Checks `[lora]`; its `max_loras`.
+    fn check_lora(&self) -> Result<usize, ConfigError> {
+        let l = &self.lora;
+        let most = crate::core::lora::MAX_LORAS_MOST;
+        if !(1..=most).contains(&l.max_loras) {
+            return Err(invalid(
+                "lora.max_loras",
+                l.max_loras,
+                format!("must be in 1..={most} (adapters one step applies at once)"),
+            ));
+        }
+        if l.max_lora_adapters > LORA_ADAPTERS_MOST {
+            return Err(invalid(
+                "lora.max_lora_adapters",
+                l.max_lora_adapters,
+                format!("must be at most {LORA_ADAPTERS_MOST}"),
+            ));
+        }
+        non_negative("lora.lora_load_ms", l.lora_load_ms)?;
+        let backends = self.effective_backends();
+        if let Err(e) = crate::router::lora::LoraTable::from_backends(0, &backends) {
+            let key = if self.backends.is_empty() {
+                "lora.adapters"
+            } else {
+                "backends.models.adapters"
+            };
+            return Err(invalid(key, "[...]", e.to_string()));
+        }
+        let listed: usize = backends
+            .iter()
+            .flat_map(|b| &b.models)
+            .map(|m| m.adapters.len())
+            .sum();
+        if listed > l.max_lora_adapters {
+            return Err(invalid(
+                "lora.max_lora_adapters",
+                l.max_lora_adapters,
+                format!("the models list {listed} adapters; raise it to at least that"),
+            ));
+        }
+        Ok(l.max_loras)
     }
 
     /// The continuous scheduler's settings when `batching.mode = "continuous"`.
@@ -551,6 +601,7 @@ impl Config {
             max_queue: c.max_queue,
             prefix_caching: c.prefix_caching,
             block_tokens: c.kv_block_tokens,
+            max_loras: self.lora.max_loras,
         }))
     }
 }

@@ -7,11 +7,17 @@
 //! buffer is the slot's, reserved in [`Core::new`], and never grows); a dispatch with no
 //! request or to a worker that cannot take it.
 
+use super::lora::BatchAdapters;
 use super::pool::WorkerView;
 use super::request::{self, Nanos, Priority, Ticket, BUCKET_COUNT};
 use super::stats::FlushReason;
 use super::strategy::StrategyKind;
+use super::table::NIL;
 use super::{Action, BatchId, BatchState, Core};
+
+/// Most queued requests batch forming looks past, in one queue, for one whose LoRA adapter
+/// fits the batch (so forming a batch stays O(this) however long the queue is).
+const LORA_SCAN_MOST: usize = 256;
 
 impl Core {
     pub(super) fn pick_worker(&mut self, now: Nanos) -> Option<usize> {
@@ -120,36 +126,60 @@ impl Core {
         let (slot, mut tickets) = self.take_batch_slot();
         let max_len = max_len.min(tickets.capacity());
         let mut tokens = 0u64;
+        let mut adapters = BatchAdapters::new(self.cfg.max_loras);
         'fill: for p in Priority::HIGHEST_FIRST {
             loop {
                 if tickets.len() >= max_len {
                     break 'fill;
                 }
-                // Oldest head among this priority's queues in the group.
+                // Oldest request among this priority's queues in the group whose LoRA
+                // adapter fits the batch (the head, unless its adapter does not).
                 let mut pick: Option<(usize, u32, Nanos)> = None;
                 for bucket in buckets.clone() {
                     let class = request::class_index(p, bucket);
-                    if let Some(head) = self.queues[class].front() {
-                        let arrival = self.table.meta(head).arrival_ns;
+                    if let Some(first) = self.first_fitting(self.queues[class].front(), &adapters) {
+                        let arrival = self.table.meta(first).arrival_ns;
                         if pick.is_none_or(|(_, _, a)| arrival < a) {
-                            pick = Some((class, head, arrival));
+                            pick = Some((class, first, arrival));
                         }
                     }
                 }
                 let Some((class, index, arrival)) = pick else {
                     break;
                 };
-                let t = u64::from(self.table.meta(index).tokens_estimated);
+                let meta = self.table.meta(index);
+                let (t, adapter) = (u64::from(meta.tokens_estimated), meta.adapter);
                 if !tickets.is_empty() && !self.fits(limit, tokens, t) {
                     break 'fill;
                 }
                 self.queues[class].unlink(&mut self.table, index);
                 self.sync_class(class);
                 self.take_queued(now, index, arrival, &mut tickets);
+                adapters.add(adapter);
                 tokens += t;
             }
         }
         (slot, tickets)
+    }
+
+    /// The LoRA rule of batch forming: from `front` on (a queue), the first request whose
+    /// adapter fits `adapters` (at most `max_loras` distinct adapters a batch). A request
+    /// passed over stays queued, first in line for the next batch: a batch's first request
+    /// is always the oldest of the highest priority waiting, so a request's wait is bounded
+    /// by the requests ahead of it, whatever their adapters. Looks at most
+    /// [`LORA_SCAN_MOST`] requests.
+    fn first_fitting(&self, front: Option<u32>, adapters: &BatchAdapters) -> Option<u32> {
+        let mut i = front?;
+        for _ in 0..LORA_SCAN_MOST {
+            if adapters.fits(self.table.meta(i).adapter) {
+                return Some(i);
+            }
+            i = self.table.next_in_fifo(i);
+            if i == NIL {
+                return None;
+            }
+        }
+        None
     }
 
     /// Takes a free batch slot and fills it from bin `bin` (FIFO) up to `max_len` requests
@@ -158,18 +188,24 @@ impl Core {
         let (slot, mut tickets) = self.take_batch_slot();
         let max_len = max_len.min(tickets.capacity());
         let mut tokens = 0u64;
+        let mut adapters = BatchAdapters::new(self.cfg.max_loras);
         while tickets.len() < max_len {
-            let Some(index) = self.research.bins[bin].front() else {
+            let Some(index) = self.first_fitting(self.research.bins[bin].front(), &adapters) else {
                 break;
             };
             let meta = self.table.meta(index);
-            let (t, arrival) = (u64::from(meta.tokens_estimated), meta.arrival_ns);
+            let (t, arrival, adapter) = (
+                u64::from(meta.tokens_estimated),
+                meta.arrival_ns,
+                meta.adapter,
+            );
             if !tickets.is_empty() && !self.fits(BatchLimit::Memory, tokens, t) {
                 break;
             }
             self.research.bins[bin].unlink(&mut self.table, index);
             self.research.queued -= 1;
             self.take_queued(now, index, arrival, &mut tickets);
+            adapters.add(adapter);
             tokens += t;
         }
         (slot, tickets)
@@ -213,6 +249,12 @@ impl Core {
             "a dispatched batch has at least one request"
         );
         let b = slot as usize;
+        let mut adapters = BatchAdapters::new(self.cfg.max_loras);
+        for t in &tickets {
+            adapters.add(self.table.meta(t.index).adapter);
+        }
+        let lora_loads = self.lora[worker].load_batch(&adapters);
+        self.stats.lora_loads += u64::from(lora_loads);
         self.stats.batches_formed += 1;
         self.stats.batched_requests += tickets.len() as u64;
         self.stats.flush_reasons[reason.index()] += 1;
@@ -228,6 +270,7 @@ impl Core {
             batch: BatchId(slot),
             reason,
             tickets: &self.batches[b].tickets,
+            lora_loads,
         });
     }
 }

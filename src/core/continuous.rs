@@ -6,6 +6,7 @@
 //! work is proportional to the replica's slots; nothing here allocates after `new`, reads a
 //! clock or blocks.
 
+use super::lora::{Acquired, LoraSlots, BASE_MODEL};
 use super::prefix::{BlockHash, PrefixStats, PromptBlocks};
 use super::request::{Priority, RequestMeta, Ticket};
 use super::table::{Fifo, RequestTable, NIL};
@@ -38,6 +39,9 @@ pub struct ContinuousConfig {
     pub prefix_caching: bool,
     /// Tokens per KV block when `prefix_caching` is on (`kv_block_tokens`, default 16).
     pub block_tokens: u32,
+    /// LoRA adapter slots per replica: distinct adapters among its running requests
+    /// (`[lora] max_loras`, default 1 as vLLM's; `1..=core::lora::MAX_LORAS_MOST`).
+    pub max_loras: usize,
 }
 
 impl Default for ContinuousConfig {
@@ -59,6 +63,7 @@ impl Default for ContinuousConfig {
             max_queue: 1024,
             prefix_caching: true,
             block_tokens: super::prefix::DEFAULT_BLOCK_TOKENS,
+            max_loras: 1,
         }
     }
 }
@@ -121,6 +126,9 @@ pub struct StepEntry {
     /// Tokens of this request before this step (prompt prefilled + output generated): the
     /// context its new tokens attend to.
     pub context: u32,
+    /// This request's LoRA adapter was loaded into a slot for this step (the step pays
+    /// `lora_load_ms` once per such entry).
+    pub lora_load: bool,
 }
 
 impl StepEntry {
@@ -186,7 +194,14 @@ struct Slot {
     /// step loop's one compare per decode entry (`generated >= watch`) checks both, and a
     /// token that fits its last block costs nothing more than without caching.
     watch: u32,
+    /// The replica's LoRA slot this request holds ([`NO_LORA_SLOT`]: base model).
+    lora_slot: u8,
+    /// Its adapter was loaded for it: the next step it is in pays the load.
+    lora_load: bool,
 }
+
+/// [`Slot::lora_slot`] of a base-model request.
+const NO_LORA_SLOT: u8 = u8::MAX;
 
 const IDLE_SLOT: Slot = Slot {
     phase: SlotPhase::Idle,
@@ -201,6 +216,8 @@ const IDLE_SLOT: Slot = Slot {
     admitted_seq: 0,
     fresh: false,
     watch: 0,
+    lora_slot: NO_LORA_SLOT,
+    lora_load: false,
 };
 
 /// A slot's KV blocks with prefix caching (all zero / `NIL` without it). Kept apart from
@@ -263,6 +280,8 @@ struct Replica {
     cache: Option<BlockCache>,
     /// Prefix-cache lookups on this replica (evictions are the cache's).
     prefix: PrefixStats,
+    /// LoRA adapters resident on this replica and their running requests.
+    lora: LoraSlots,
 }
 
 impl Replica {
@@ -279,6 +298,9 @@ impl Replica {
             self.slot_blocks[s] = NO_BLOCKS;
         }
         let ticket = slot.ticket;
+        if slot.lora_slot != NO_LORA_SLOT {
+            self.lora.release(slot.lora_slot);
+        }
         *slot = IDLE_SLOT;
         ticket
     }
@@ -420,6 +442,8 @@ pub struct ContinuousStats {
     pub steps: u64,
     pub decode_tokens: u64,
     pub prefill_tokens: u64,
+    /// LoRA adapters loaded into a slot (each a step that paid `lora_load_ms`).
+    pub lora_loads: u64,
 }
 
 /// The continuous-batching scheduler.
@@ -447,7 +471,14 @@ pub struct Continuous {
     step_blocks_most: u32,
     stats: ContinuousStats,
     draining: bool,
+    /// Per request-table index: waiting requests of other adapters that took a slot while
+    /// this one's adapter could not get one (see [`Self::lora_pick`]).
+    lora_overtaken: Vec<u32>,
 }
+
+/// Most waiting requests admission looks past a request whose LoRA adapter cannot get a
+/// slot (so a tick stays O(this) however long the queue is).
+const LORA_SCAN_MOST: usize = 256;
 
 impl Continuous {
     /// A scheduler with every buffer it needs: one group of all `cfg.replicas` replicas.
@@ -499,11 +530,13 @@ impl Continuous {
                     .prefix_caching
                     .then(|| BlockCache::new(blocks_per_replica)),
                 prefix: PrefixStats::default(),
+                lora: LoraSlots::new(cfg.max_loras),
             })
             .collect();
         let table = RequestTable::new(capacity);
         Continuous {
             request_group: vec![0; table.capacity()],
+            lora_overtaken: vec![0; table.capacity()],
             table,
             waiting: vec![[Fifo::default(); Priority::COUNT]; groups.len()],
             waiting_len: 0,
@@ -605,6 +638,12 @@ impl Continuous {
             .unwrap_or(0)
     }
 
+    /// Does some replica of `group` hold `adapter` resident (running or cached)?
+    pub fn group_adapter_resident(&self, group: usize, adapter: u16) -> bool {
+        (0..self.replicas.len())
+            .any(|r| self.replica_group[r] == group && self.adapter_resident(r, adapter))
+    }
+
     /// KV blocks of `replica` with prefix caching (0 without).
     pub fn kv_blocks(&self, replica: usize) -> u64 {
         self.replicas[replica]
@@ -679,6 +718,7 @@ impl Continuous {
             });
         };
         self.request_group[ticket.index as usize] = group as u16;
+        self.lora_overtaken[ticket.index as usize] = 0;
         self.waiting[group][meta.priority.index()].push_back(&mut self.table, ticket.index);
         self.waiting_len += 1;
         self.group_waiting[group] += 1;
@@ -993,6 +1033,91 @@ impl Continuous {
         }
     }
 
+    /// The LoRA rule of admission: from `head` on (a queue of replica `r`'s group), the first
+    /// waiting request `r` may admit now: a base-model request, or one whose adapter is
+    /// resident or has a slot to load into (at most `max_loras` distinct adapters run at
+    /// once). A request whose adapter cannot get a slot waits, and those behind it go on (no
+    /// head-of-line blocking), each such pass counted against it. Once it has been passed
+    /// `max_slots` times it fences the queue: no adapter request behind it is admitted (base
+    /// requests still are) until its adapter gets a slot, which happens as soon as one
+    /// adapter's running requests finish; so its wait is bounded by `max_slots` admissions
+    /// and the longest running request. Looks at most [`LORA_SCAN_MOST`] requests.
+    fn lora_pick(&mut self, r: usize, head: u32) -> Option<u32> {
+        let lora = &self.replicas[r].lora;
+        let fence = self.cfg.max_slots as u32;
+        let (mut i, mut fenced, mut looked) = (head, false, 0);
+        while i != NIL && looked < LORA_SCAN_MOST {
+            let a = self.table.meta(i).adapter;
+            if a == BASE_MODEL || (!fenced && lora.can_take(a)) {
+                break;
+            }
+            fenced |= self.lora_overtaken[i as usize] >= fence;
+            i = self.table.next_in_fifo(i);
+            looked += 1;
+        }
+        if i == NIL || looked == LORA_SCAN_MOST {
+            return None;
+        }
+        let mut j = head;
+        while j != i {
+            let passed = &mut self.lora_overtaken[j as usize];
+            *passed = passed.saturating_add(1);
+            j = self.table.next_in_fifo(j);
+        }
+        Some(i)
+    }
+
+    /// Takes replica `r`'s LoRA slot for a request of `adapter` that [`Self::lora_pick`]
+    /// chose: the slot (or [`NO_LORA_SLOT`]) and whether the adapter was loaded for it.
+    fn lora_acquire(&mut self, r: usize, adapter: u16) -> (u8, bool) {
+        let acquired = self.replicas[r]
+            .lora
+            .acquire(adapter)
+            .expect("lora_pick admits only requests whose adapter can get a slot");
+        let loaded = matches!(acquired, Acquired::Loaded(_));
+        self.stats.lora_loads += u64::from(loaded);
+        (acquired.slot().unwrap_or(NO_LORA_SLOT), loaded)
+    }
+
+    /// Adds the adapters of running requests (every replica) to `running` and of waiting
+    /// ones (every group) to `waiting`. O(waiting requests): for a snapshot, not per step.
+    pub fn lora_adapters(
+        &self,
+        running: &mut super::lora::AdapterSet,
+        waiting: &mut super::lora::AdapterSet,
+    ) {
+        for r in 0..self.replicas.len() {
+            self.running_adapters(r).for_each(|a| running.insert(a));
+        }
+        for g in 0..self.groups() {
+            self.waiting_adapters(g).for_each(|a| waiting.insert(a));
+        }
+    }
+
+    /// Adapters with a running request on replica `r`.
+    pub fn running_adapters(&self, r: usize) -> impl Iterator<Item = u16> + '_ {
+        self.replicas[r].lora.running()
+    }
+
+    /// Is `adapter` resident on replica `r` (running or cached)?
+    pub fn adapter_resident(&self, r: usize, adapter: u16) -> bool {
+        self.replicas[r].lora.is_resident(adapter)
+    }
+
+    /// Adapters of the requests waiting in group `g` (repeats included), for metrics.
+    pub fn waiting_adapters(&self, g: usize) -> impl Iterator<Item = u16> + '_ {
+        self.waiting[g].iter().flat_map(move |q| {
+            let mut i = q.front().unwrap_or(NIL);
+            std::iter::from_fn(move || {
+                (i != NIL).then(|| {
+                    let a = self.table.meta(i).adapter;
+                    i = self.table.next_in_fifo(i);
+                    a
+                })
+            })
+        })
+    }
+
     /// Takes waiting request `index` (of group `g`, priority `p`) off its queue for a slot.
     fn take_waiting(&mut self, g: usize, p: Priority, index: u32) {
         self.waiting[g][p.index()].unlink(&mut self.table, index);
@@ -1017,10 +1142,13 @@ impl Continuous {
         let mut from = 0;
         for p in Priority::HIGHEST_FIRST {
             loop {
-                let (free, index) = match self.next_admission(r, g, p, &mut from) {
+                let (free, head) = match self.next_admission(r, g, p, &mut from) {
                     NextAdmission::Place { free, index } => (free, index),
                     NextAdmission::NextPriority => break,
                     NextAdmission::Full => return,
+                };
+                let Some(index) = self.lora_pick(r, head) else {
+                    break;
                 };
                 let meta = *self.table.meta(index);
                 let need = u64::from(meta.tokens_estimated);
@@ -1028,6 +1156,7 @@ impl Continuous {
                     return; // FIFO: do not let a smaller request jump the head
                 }
                 self.take_waiting(g, p, index);
+                let (lora_slot, lora_load) = self.lora_acquire(r, meta.adapter);
                 let rep = &mut self.replicas[r];
                 rep.admitted_seq += 1;
                 rep.live[free / 64] |= 1u64 << (free % 64);
@@ -1041,6 +1170,8 @@ impl Continuous {
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
                     watch: meta.max_tokens.max(1),
+                    lora_slot,
+                    lora_load,
                 };
                 rep.active += 1;
                 rep.prefilling += 1;
@@ -1150,10 +1281,13 @@ impl Continuous {
         let mut from = 0;
         for p in Priority::HIGHEST_FIRST {
             loop {
-                let (free, index) = match self.next_admission(r, g, p, &mut from) {
+                let (free, head) = match self.next_admission(r, g, p, &mut from) {
                     NextAdmission::Place { free, index } => (free, index),
                     NextAdmission::NextPriority => break,
                     NextAdmission::Full => return,
+                };
+                let Some(index) = self.lora_pick(r, head) else {
+                    break;
                 };
                 let meta = *self.table.meta(index);
                 let ticket = self.table.ticket_at(index);
@@ -1179,6 +1313,9 @@ impl Continuous {
                     return; // FIFO: do not let a smaller request jump the head
                 }
                 promised += adds;
+                let (lora_slot, lora_load) = self.lora_acquire(r, meta.adapter);
+                let rep = &mut self.replicas[r];
+                let cache = rep.cache.as_mut().expect("prefix caching is on");
                 let mut b = last;
                 for _ in 0..hits {
                     cache.hold(b);
@@ -1207,6 +1344,8 @@ impl Continuous {
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
                     watch: meta.max_tokens.max(1), // set by the first prefill's blocks
+                    lora_slot,
+                    lora_load,
                 };
                 rep.slot_blocks[free] = SlotBlocks {
                     held: hits,
@@ -1251,6 +1390,7 @@ impl Continuous {
                             generated: s.generated,
                             admitted: std::mem::take(&mut s.fresh),
                             context: s.prefilled + s.generated,
+                            lora_load: std::mem::take(&mut s.lora_load),
                         });
                         budget -= 1;
                     }
@@ -1280,6 +1420,7 @@ impl Continuous {
                     generated: s.generated,
                     admitted: std::mem::take(&mut s.fresh),
                     context: s.prefilled + s.generated,
+                    lora_load: std::mem::take(&mut s.lora_load),
                 });
                 budget -= tokens;
             }
@@ -1301,6 +1442,8 @@ pub struct StepShape {
     /// (query, key) pairs of the step's attention: per sequence with `n` new tokens after
     /// `c` of context, `n c + n (n + 1) / 2` (causal).
     pub attention_pairs: u64,
+    /// LoRA adapters loaded for this step (each costs `lora_load_ms`).
+    pub lora_loads: u32,
 }
 
 impl StepShape {
@@ -1321,6 +1464,7 @@ impl StepShape {
     pub fn of<'a>(entries: impl IntoIterator<Item = &'a StepEntry>) -> StepShape {
         let mut s = StepShape::default();
         for e in entries {
+            s.lora_loads += u32::from(e.lora_load);
             match e.work {
                 StepWork::Decode => s.push(e.context, 1, true),
                 StepWork::Prefill { tokens, .. } => s.push(e.context, tokens, false),

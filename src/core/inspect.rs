@@ -38,6 +38,34 @@ impl Core {
         super::max_batch_len(&self.cfg)
     }
 
+    /// Adds the adapters of the requests in in-flight batches to `running` and of queued
+    /// ones to `waiting`. O(queued requests): for a snapshot, not per batch.
+    pub fn lora_adapters(
+        &self,
+        running: &mut super::lora::AdapterSet,
+        waiting: &mut super::lora::AdapterSet,
+    ) {
+        for b in self.batches.iter() {
+            if b.state == super::BatchState::InFlight {
+                for t in &b.tickets {
+                    running.insert(self.table.meta(t.index).adapter);
+                }
+            }
+        }
+        for q in self.queues.iter().chain(self.research.bins.iter()) {
+            let mut i = q.front().unwrap_or(super::table::NIL);
+            while i != super::table::NIL {
+                waiting.insert(self.table.meta(i).adapter);
+                i = self.table.next_in_fifo(i);
+            }
+        }
+    }
+
+    /// Does some worker hold LoRA adapter `adapter` resident?
+    pub fn adapter_resident(&self, adapter: super::lora::AdapterId) -> bool {
+        self.lora.iter().any(|s| s.is_resident(adapter))
+    }
+
     /// The strategy in force.
     pub fn strategy(&self) -> StrategyKind {
         self.strategy

@@ -22,6 +22,7 @@ pub mod continuous;
 mod expiry;
 mod flush;
 mod inspect;
+pub mod lora;
 pub mod names;
 pub mod pool;
 pub mod prefix;
@@ -87,6 +88,9 @@ pub enum Action<'a> {
         batch: BatchId,
         reason: FlushReason,
         tickets: &'a [Ticket],
+        /// LoRA adapters loaded into `worker`'s slots for this batch (each costs
+        /// `lora_load_ms`).
+        lora_loads: u32,
     },
     /// Answer this request with an error now; the core has forgotten it.
     Fail { ticket: Ticket, reason: FailReason },
@@ -156,6 +160,8 @@ pub struct Core {
     /// Switched to at run time, `auto` starts from what it learned when it last ran (or its
     /// work-conserving prior) and catches up within ~16 completed batches.
     auto: Auto,
+    /// Per worker, its LoRA adapter slots (`max_loras`; residency persists between batches).
+    lora: Vec<lora::LoraSlots>,
     /// The earliest instant `auto` chose to hold a group until, at the last poll
     /// (`Nanos::MAX`: holding nothing).
     auto_hold_until: Nanos,
@@ -191,6 +197,7 @@ impl Core {
             nonempty: 0,
             strategy: cfg.strategy,
             workers: vec![WorkerView::default(); cfg.workers],
+            lora: vec![lora::LoraSlots::new(cfg.max_loras); cfg.workers],
             balancer: Balancer::new(cfg.balancer),
             rng: SmallRng::seed_from_u64(cfg.seed),
             batches,

@@ -161,6 +161,8 @@ pub struct RequestMeta {
     pub arrival_ns: Nanos,
     /// Predicted output length (hint from the client or a predictor); 0 = unknown.
     pub predicted_output_tokens: u32,
+    /// The LoRA adapter it runs with ([`super::lora::BASE_MODEL`]: none).
+    pub adapter: super::lora::AdapterId,
 }
 
 impl RequestMeta {
@@ -179,6 +181,7 @@ impl RequestMeta {
             max_tokens,
             arrival_ns,
             predicted_output_tokens: 0,
+            adapter: super::lora::BASE_MODEL,
         }
     }
 

@@ -100,6 +100,9 @@ pub struct CoreConfig {
     pub seed: u64,
     /// Settings of the `dynamic` and `multi_bin` strategies.
     pub research: super::strategy::research::ResearchConfig,
+    /// Distinct LoRA adapters one batch may hold, and adapter slots per worker
+    /// (`[lora] max_loras`, `1..=core::lora::MAX_LORAS_MOST`).
+    pub max_loras: usize,
 }
 
 impl Default for CoreConfig {
@@ -125,6 +128,7 @@ impl Default for CoreConfig {
             p99_refresh_ns: 100_000_000,
             seed: 0x00ab_e5eed,
             research: super::strategy::research::ResearchConfig::default(),
+            max_loras: 1,
         }
     }
 }

@@ -114,6 +114,8 @@ impl WaitHistogram {
 pub struct CoreStats {
     /// Requests accepted into the table.
     pub admitted: u64,
+    /// LoRA adapters loaded into a worker's slots for a batch (each paid `lora_load_ms`).
+    pub lora_loads: u64,
     /// Requests moved into the table from another backend's core after a failure there
     /// (`Core::readmit`); not in `admitted`, so admitted + readmitted = completed + failed +
     /// live for one core.

@@ -4,6 +4,8 @@
 mod auto;
 /// `auto` over closed loops drawn from seeds (`tests/auto_props.rs`).
 mod auto_props;
+/// The LoRA slot rule of batch forming (`tests/lora.rs`).
+mod lora;
 
 use super::strategy::StrategyKind;
 use super::*;
@@ -26,6 +28,7 @@ fn poll(core: &mut Core, now: Nanos) -> Polled {
             batch,
             reason,
             tickets,
+            ..
         } => p.dispatches.push((worker, batch, reason, tickets.to_vec())),
         Action::Fail { ticket, reason } => p.fails.push((ticket, reason)),
     });

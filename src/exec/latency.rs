@@ -478,6 +478,7 @@ fn roofline_batch_ms(r: &Roofline, shapes: &[(u32, u32)], scratch: &mut Vec<(u32
             prefill_tokens: 0,
             kv_read_tokens: context,
             attention_pairs: context + b,
+            lora_loads: 0,
         };
         ms += r.step_ms(&shape);
     }

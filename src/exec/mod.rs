@@ -73,6 +73,9 @@ pub struct BatchItem {
     /// Filled by the executor when this request alone failed (the rest of the batch may have
     /// succeeded); takes precedence over `output`.
     pub error: Option<ExecError>,
+    /// LoRA adapters loaded for the batch, counted on its first item (the `sim` executor
+    /// adds `lora_load_ms` for each).
+    pub lora_loads: u32,
 }
 
 impl BatchItem {
@@ -82,6 +85,7 @@ impl BatchItem {
             work,
             output: None,
             error: None,
+            lora_loads: 0,
         }
     }
 }

@@ -102,6 +102,8 @@ pub struct SimConfig {
     pub natural_length_mean_tokens: u32,
     /// Synthetic words or the prompt echoed.
     pub text: TextMode,
+    /// What loading a LoRA adapter into a slot adds to the step or batch that loads it.
+    pub lora_load_ms: f64,
 }
 
 impl Default for SimConfig {
@@ -112,6 +114,7 @@ impl Default for SimConfig {
             seed: 1,
             natural_length_mean_tokens: 0,
             text: TextMode::Synthetic,
+            lora_load_ms: 0.0,
         }
     }
 }
@@ -293,7 +296,8 @@ impl SimExecutor {
 impl Executor for SimExecutor {
     fn step(&mut self, items: &mut [StepItem]) -> Result<(), ExecError> {
         let shape = StepShape::of(items.iter().map(|i| &i.entry));
-        self.serve(self.cfg.latency.step_ms(&shape))?;
+        let lora_ms = f64::from(shape.lora_loads) * self.cfg.lora_load_ms;
+        self.serve(self.cfg.latency.step_ms(&shape) + lora_ms)?;
         for item in items.iter_mut() {
             let slot = item.entry.slot as usize;
             if slot >= self.slots.len() {
@@ -390,7 +394,8 @@ impl Executor for SimExecutor {
             .cfg
             .latency
             .batch_ms(&shapes, &mut self.sort_scratch, &mut self.rng);
-        self.serve(service_ms)?;
+        let loads: u32 = items.iter().map(|i| i.lora_loads).sum();
+        self.serve(service_ms + f64::from(loads) * self.cfg.lora_load_ms)?;
         for (item, &(p, o)) in items.iter_mut().zip(shapes.iter()) {
             let key = item.work.stream_key();
             item.output = Some(match item.work.kind {

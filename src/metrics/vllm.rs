@@ -24,7 +24,7 @@ use hdrhistogram::Histogram;
 
 /// Every `vllm:*` family this module writes (the test of the Grafana dashboard fixture and
 /// the promtool script read it).
-pub const FAMILIES: [&str; 21] = [
+pub const FAMILIES: [&str; 22] = [
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
     "vllm:kv_cache_usage_perc",
@@ -46,6 +46,7 @@ pub const FAMILIES: [&str; 21] = [
     "vllm:request_params_max_tokens",
     "vllm:request_prefill_time_seconds",
     "vllm:request_decode_time_seconds",
+    "vllm:lora_requests_info",
 ];
 
 /// Appends the `vllm:*` families for `snapshot`, labelled `model_name`.
@@ -225,6 +226,46 @@ pub fn render(snapshot: &Snapshot, model_name: &str, out: &mut String) {
     );
 }
 
+/// Appends `vllm:lora_requests_info` as vLLM writes it: one series whose labels are
+/// `max_lora` and the running and waiting adapters' names, comma-separated, and whose
+/// value is when it was written (seconds since the epoch, `now_s`; a gateway's LoRA
+/// affinity scorer takes the newest series). `name_of` names an adapter id; adapters
+/// unloaded since the snapshot are left out. Written only while some adapter exists
+/// (`any`), as vLLM writes it only with LoRA enabled. Adapter names come from the config
+/// or the admin-gated load endpoint; the exposition escapes them.
+pub fn render_lora(
+    snapshot: &Snapshot,
+    max_loras: usize,
+    any: bool,
+    name_of: impl Fn(u16) -> Option<String>,
+    now_s: f64,
+    out: &mut String,
+) {
+    let l = &snapshot.lora;
+    if !any && l.running.iter().next().is_none() && l.waiting.iter().next().is_none() {
+        return;
+    }
+    let names = |set: &crate::core::lora::AdapterSet| {
+        set.iter()
+            .filter_map(&name_of)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (running, waiting) = (names(&l.running), names(&l.waiting));
+    let max_lora = max_loras.to_string();
+    gauge(
+        out,
+        &[
+            ("max_lora", &max_lora),
+            ("running_lora_adapters", &running),
+            ("waiting_lora_adapters", &waiting),
+        ],
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        now_s,
+    );
+}
+
 fn gauge(out: &mut String, labels: &[(&str, &str)], name: &str, help: &str, value: f64) {
     family(out, name, MetricType::Gauge, help);
     sample(out, name, labels, value);
@@ -351,7 +392,33 @@ mod tests {
     fn page(snap: &Snapshot) -> String {
         let mut out = String::new();
         render(snap, "abe-sim", &mut out);
+        render_lora(snap, 1, true, adapter_name, 1.7e9, &mut out);
         out
+    }
+
+    fn adapter_name(id: u16) -> Option<String> {
+        (id < 4).then(|| format!("lora-{id}"))
+    }
+
+    #[test]
+    fn the_lora_gauge_is_vllms_labels_with_a_timestamp() {
+        let mut snap = busy();
+        snap.lora.running.insert(1);
+        snap.lora.running.insert(2);
+        snap.lora.waiting.insert(3);
+        snap.lora.waiting.insert(9); // unloaded since: left out
+        let mut out = String::new();
+        render_lora(&snap, 2, false, adapter_name, 1.7e9, &mut out);
+        assert_line(
+            &out,
+            "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"lora-1,lora-2\",waiting_lora_adapters=\"lora-3\"} 1700000000",
+        );
+        let mut none = String::new();
+        render_lora(&busy(), 2, false, adapter_name, 1.7e9, &mut none);
+        assert!(
+            none.is_empty(),
+            "no adapter: no family, as vLLM without LoRA"
+        );
     }
 
     fn assert_line(page: &str, line: &str) {

@@ -216,6 +216,16 @@ pub trait CacheView {
     /// cached, `blocks[k]` not), or `None` if this view does not know `backend`. Called
     /// once per candidate per decision: must not allocate or block.
     fn cached_prefix_blocks(&self, backend: BackendId, blocks: &[BlockHash]) -> Option<u32>;
+
+    /// Does `backend` hold LoRA adapter `adapter` resident now (loaded in a slot)? `None`
+    /// if this view does not know. Must not allocate or block.
+    fn adapter_resident(
+        &self,
+        _backend: BackendId,
+        _adapter: crate::core::lora::AdapterId,
+    ) -> Option<bool> {
+        None
+    }
 }
 
 /// The approximate indexes, one per backend by `BackendId`, answer for every backend: the

@@ -40,6 +40,7 @@ pub mod affinity;
 pub mod capabilities;
 pub mod discovery;
 pub mod error;
+pub mod lora;
 pub mod prefix_index;
 pub mod registry;
 pub mod requirements;

@@ -14,6 +14,7 @@ use super::error::RouterConfigError;
 use super::requirements::Requirements;
 pub use super::slot::SlotState;
 use crate::core::circuit::CircuitState;
+use crate::core::lora::{AdapterId, AdapterSet};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt;
@@ -130,6 +131,10 @@ pub struct ModelConfig {
     /// What it can do beyond text; all `false` when omitted.
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// LoRA adapters served on this model (`"name"` or `{ name, path }`), loaded at start;
+    /// requests name one as their `model` (`router::lora`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<super::lora::AdapterConfig>,
 }
 
 /// One `[[backends]]` table, as written in the config file.
@@ -206,6 +211,7 @@ impl BackendConfig {
                     tools: true,
                     json_mode: true,
                 },
+                adapters: Vec::new(),
             }],
             discovery: None,
             spare: false,
@@ -376,9 +382,25 @@ pub struct Registry {
     model_ids: HashMap<Box<str>, ModelId>,
     /// Largest `offers(model).len()`: what a scratch buffer of candidates must hold.
     offers_per_model_max: usize,
+    /// By `BackendId`: the configured LoRA adapters its models list (ids as
+    /// `router::lora::configured` numbers them).
+    lora_listed: Vec<AdapterSet>,
+    /// Every configured adapter. One loaded at run time (not configured) runs on every
+    /// backend of its base model.
+    lora_configured: AdapterSet,
 }
 
 impl Registry {
+    /// May `backend` serve requests of LoRA adapter `adapter`? Always for the base model
+    /// and for adapters loaded at run time (on every backend of their base model); a
+    /// configured adapter only where a model lists it.
+    #[inline]
+    pub fn lora_eligible(&self, backend: BackendId, adapter: AdapterId) -> bool {
+        adapter == crate::core::lora::BASE_MODEL
+            || !self.lora_configured.contains(adapter)
+            || self.lora_listed[backend.index()].contains(adapter)
+    }
+
     /// Validates every table and builds the registry. An empty list is allowed (every
     /// request is then a 404); the caller substitutes [`BackendConfig::default_sim`] when
     /// the config has no `[[backends]]`.
@@ -486,7 +508,24 @@ impl Registry {
         }
         debug_assert_eq!(at, offers_len);
 
+        let mut lora_listed = vec![AdapterSet::default(); backends.len()];
+        let mut lora_configured = AdapterSet::default();
+        let configured =
+            super::lora::configured(configs).map_err(|e| RouterConfigError::Backend {
+                backend: configs.first().map(|b| b.name.clone()).unwrap_or_default(),
+                key: "models.adapters",
+                why: e.to_string(),
+            })?;
+        for (i, c) in configured.iter().enumerate() {
+            let id = AdapterId::try_from(i + 1).unwrap_or(AdapterId::MAX);
+            lora_configured.insert(id);
+            for &b in &c.backends {
+                lora_listed[b].insert(id);
+            }
+        }
         Ok(Registry {
+            lora_listed,
+            lora_configured,
             state: vec![BackendState::INITIAL; backends.len()],
             backends,
             models,
@@ -845,6 +884,7 @@ pub(crate) fn sim_backend(
                 name: n.into(),
                 context_length: Some(c),
                 capabilities,
+                adapters: Vec::new(),
             })
             .collect(),
     }

@@ -23,6 +23,9 @@ pub struct Requirements<'a> {
     pub estimated_tokens: u32,
     /// The capabilities it needs.
     pub needs: Capabilities,
+    /// The LoRA adapter it runs with (`core::lora::BASE_MODEL`: none): only backends that
+    /// list or loaded it are eligible, and one with it resident is preferred.
+    pub adapter: crate::core::lora::AdapterId,
 }
 
 impl<'a> Requirements<'a> {
@@ -42,6 +45,7 @@ impl<'a> Requirements<'a> {
                 tools,
                 json_mode,
             },
+            adapter: crate::core::lora::BASE_MODEL,
         }
     }
 
@@ -128,6 +132,7 @@ impl<'a> RequirementsBuilder<'a> {
             model: self.model,
             estimated_tokens: estimate_tokens(self.text_chars),
             needs: self.needs,
+            adapter: crate::core::lora::BASE_MODEL,
         }
     }
 }

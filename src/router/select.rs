@@ -86,6 +86,8 @@ pub enum Via {
 pub struct Need {
     pub estimated_tokens: u32,
     pub needs: super::capabilities::Capabilities,
+    /// The LoRA adapter the request names (`core::lora::BASE_MODEL`: none).
+    pub adapter: crate::core::lora::AdapterId,
 }
 
 impl Need {
@@ -93,6 +95,7 @@ impl Need {
         Need {
             estimated_tokens: req.estimated_tokens,
             needs: req.needs,
+            adapter: req.adapter,
         }
     }
 
@@ -102,7 +105,26 @@ impl Need {
             model: "",
             estimated_tokens: self.estimated_tokens,
             needs: self.needs,
+            adapter: self.adapter,
         }
+    }
+}
+
+/// LoRA affinity (as the inference gateway's LoRA-affinity scorer): when some candidates
+/// hold `adapter` resident (the exact view says so: the engine's own replicas), only they
+/// stay; the strategy then picks among them by its own rule. Without such a view, or when
+/// none holds it, every candidate stays (one of them loads it).
+fn prefer_lora_resident(
+    scratch: &mut Vec<Candidate>,
+    adapter: crate::core::lora::AdapterId,
+    affinity: &Affinity<'_>,
+) {
+    let Some(view) = affinity.exact else {
+        return;
+    };
+    let resident = |c: &Candidate| view.adapter_resident(c.backend, adapter) == Some(true);
+    if scratch.iter().any(resident) {
+        scratch.retain(resident);
     }
 }
 
@@ -307,7 +329,12 @@ impl Router {
             .chain(r.alias_of(name).and_then(|t| r.served(t)))
             .chain(r.chain_for(name).iter().filter_map(|&f| r.served(f)));
         for model in candidates {
-            if self.registry.offers(model).iter().any(|o| o.capable(req)) {
+            if self
+                .registry
+                .offers(model)
+                .iter()
+                .any(|o| o.capable(req) && self.registry.lora_eligible(o.backend, req.adapter))
+            {
                 return Ok((name, need));
             }
         }
@@ -407,6 +434,9 @@ impl Router {
         self.fill_candidates(model, req, exclude);
         if self.scratch.is_empty() {
             return None;
+        }
+        if req.adapter != crate::core::lora::BASE_MODEL {
+            prefer_lora_resident(&mut self.scratch, req.adapter, affinity);
         }
         let work = RequestWork {
             prompt_tokens: req.estimated_tokens,
@@ -516,7 +546,11 @@ impl Router {
         let capacity = self.scratch.capacity();
         for offer in self.registry.offers(model) {
             let state = self.registry.state(offer.backend);
-            if !state.routable() || !offer.capable(req) || exclude.contains(&offer.backend) {
+            if !state.routable()
+                || !offer.capable(req)
+                || exclude.contains(&offer.backend)
+                || !self.registry.lora_eligible(offer.backend, req.adapter)
+            {
                 continue;
             }
             debug_assert!(self.scratch.len() < capacity, "scratch sized at build");

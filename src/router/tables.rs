@@ -166,6 +166,7 @@ mod tests {
                 name: model.into(),
                 context_length: Some(1000),
                 capabilities: Default::default(),
+                adapters: Vec::new(),
             }],
             spare: false,
             ..spare_placeholder(String::new(), BackendKindName::Upstream)

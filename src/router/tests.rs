@@ -1025,6 +1025,7 @@ fn wide_router() -> Router {
                         name,
                         context_length: Some(context_length),
                         capabilities,
+                        adapters: Vec::new(),
                     })
                     .collect(),
                 ..backend(&format!("b{b:03}"), b % 7, &[])
@@ -1527,4 +1528,64 @@ fn work_fed_by_the_caller_moves_a_request_off_a_backend_busy_with_long_prompts()
         routed_with(&mut r, &Affinity::prefix(&names(500..520))),
         "B"
     );
+}
+
+/// LoRA: a configured adapter is served only by the backends whose model lists it; one
+/// loaded at run time (an id the config does not name) by every backend of its model; and a
+/// backend holding the adapter resident is preferred when a view says so.
+#[test]
+fn lora_adapters_route_to_the_backends_that_list_them_and_prefer_residency() {
+    let mut a = backend("a", 0, &[("m", 8192, NONE)]);
+    a.models[0].adapters = vec![lora::AdapterConfig::Name("sql".into())];
+    let b = backend("b", 0, &[("m", 8192, NONE)]);
+    let mut r = router(&[a, b], &routing("round_robin"));
+    let sql = Requirements {
+        adapter: 1,
+        ..Requirements::text("m", 10)
+    };
+    let (name, need) = r.precheck(&sql).unwrap();
+    assert_eq!(need.adapter, 1);
+    for _ in 0..4 {
+        let d = r.route_name(name, &need).unwrap();
+        assert_eq!(
+            r.registry().backend(d.backend).name(),
+            "a",
+            "only a lists sql"
+        );
+    }
+    let loaded = Need { adapter: 2, ..need };
+    let seen: std::collections::BTreeSet<_> = (0..4)
+        .map(|_| r.route_name(name, &loaded).unwrap().backend)
+        .collect();
+    assert_eq!(
+        seen.len(),
+        2,
+        "a run-time adapter runs on every backend of its model"
+    );
+
+    struct OnB;
+    impl CacheView for OnB {
+        fn cached_prefix_blocks(
+            &self,
+            _: BackendId,
+            _: &[crate::core::prefix::BlockHash],
+        ) -> Option<u32> {
+            None
+        }
+        fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
+            Some(backend.index() == 1 && adapter == 2)
+        }
+    }
+    let affinity = Affinity {
+        exact: Some(&OnB),
+        ..Affinity::NONE
+    };
+    for _ in 0..4 {
+        let d = r.route_name_with(name, &loaded, &affinity).unwrap();
+        assert_eq!(
+            r.registry().backend(d.backend).name(),
+            "b",
+            "b holds it resident"
+        );
+    }
 }

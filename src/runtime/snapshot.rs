@@ -97,6 +97,17 @@ pub struct Snapshot {
     pub auto: Vec<AutoSnapshot>,
     /// Tokens, finish reasons, prefill and decode time of answered requests, since start.
     pub finished: FinishedStats,
+    /// LoRA adapters running and waiting (`vllm:lora_requests_info`).
+    pub lora: LoraSnapshot,
+}
+
+/// LoRA adapters as published: ids only (the io threads name them from `router::lora`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoraSnapshot {
+    /// Adapters with a request in a running step or batch.
+    pub running: crate::core::lora::AdapterSet,
+    /// Adapters with a request waiting.
+    pub waiting: crate::core::lora::AdapterSet,
 }
 
 /// A backend's routing state and counters.
@@ -181,6 +192,7 @@ impl Snapshot {
             backend_names: Vec::new(),
             auto: Vec::new(),
             finished: FinishedStats::default(),
+            lora: LoraSnapshot::default(),
         }
     }
 }

@@ -195,6 +195,7 @@ impl Submitter {
             arrival_ns,
         );
         meta.predicted_output_tokens = work.predicted_output_tokens;
+        meta.adapter = route.map_or(crate::core::lora::BASE_MODEL, |r| r.need.adapter);
         let class = request::class_index(priority, meta.bucket());
         let sub = Submission {
             meta,

@@ -135,6 +135,10 @@ impl CacheView for SchedView<'_> {
     fn cached_prefix_blocks(&self, backend: BackendId, blocks: &[BlockHash]) -> Option<u32> {
         Some(self.0.cached_prefix_blocks(backend.index(), blocks))
     }
+
+    fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
+        Some(self.0.adapter_resident(backend.index(), adapter))
+    }
 }
 
 /// The router in front of the replicas and the buffers a decision uses.
@@ -204,7 +208,8 @@ impl SimCluster {
         })
     }
 
-    /// Routes `req` (its block names, its session key, its predicted output); returns the
+    /// Routes `req` (its block names, its session key, its predicted output, its LoRA
+    /// `adapter`: a replica holding it resident is preferred); returns the
     /// replica and the work the router costs it at there ([`crate::router::Decision::work`]).
     /// The caller passes both to [`Self::started`] once admitted and to [`Self::finished`]
     /// when it leaves.
@@ -213,6 +218,7 @@ impl SimCluster {
         sched: &Continuous,
         req: &SimRequest,
         arena: &PrefixArena,
+        adapter: crate::core::lora::AdapterId,
     ) -> (usize, u64) {
         self.blocks.clear();
         if req.prefix.len > 0 {
@@ -235,6 +241,7 @@ impl SimCluster {
         };
         let need = Need {
             estimated_tokens: req.prompt_tokens,
+            adapter,
             ..Need::default()
         };
         let d = self
@@ -333,7 +340,7 @@ mod tests {
         let mut home = [usize::MAX; 16];
         let mut used = [false; 4];
         for (i, r) in reqs.iter().enumerate() {
-            let (replica, work) = c.route(&sched, r, &arena);
+            let (replica, work) = c.route(&sched, r, &arena, crate::core::lora::BASE_MODEL);
             c.started(replica, work); // load grows; the session must not move
             let conv = i % 16;
             if home[conv] == usize::MAX {

@@ -51,6 +51,8 @@ pub struct ContinuousInput<'a> {
     pub routing_prefix: Option<crate::router::PrefixConfig>,
     /// Seeds the router's RNG (`power_of_two`).
     pub seed: u64,
+    /// Each request's LoRA adapter, and what loading one into a slot costs.
+    pub lora: super::settings::SimLora,
 }
 
 /// The [`PromptBlocks`] of a running simulation: the request behind each ticket (the
@@ -111,6 +113,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         routing,
         routing_prefix,
         seed,
+        lora,
     } = input;
     debug_assert!(requests
         .windows(2)
@@ -198,12 +201,14 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
         }
 
         while let Some(r) = requests.get(next_arrival).filter(|r| r.arrival_ns == now) {
+            let mut meta = r.meta();
+            meta.adapter = lora.adapter_of(next_arrival);
             let (admission, replica, work) = match &mut cluster {
                 Some(c) => {
-                    let (replica, work) = c.route(&sched, r, prefix);
-                    (sched.admit_to(replica, r.meta()), replica, work)
+                    let (replica, work) = c.route(&sched, r, prefix, meta.adapter);
+                    (sched.admit_to(replica, meta), replica, work)
                 }
-                None => (sched.admit(r.meta()), usize::MAX, 0),
+                None => (sched.admit(meta), usize::MAX, 0),
             };
             let admitted = match admission {
                 Ok(ticket) => {
@@ -251,7 +256,8 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                     entries,
                     shape,
                 } => {
-                    let ns = ms_to_ns(latency.step_ms(&shape));
+                    let lora_ms = f64::from(shape.lora_loads) * lora.load_ms;
+                    let ns = ms_to_ns(latency.step_ms(&shape) + lora_ms);
                     for e in entries.iter().filter(|e| e.admitted) {
                         if tokens.on_slot(e.ticket.index) {
                             let r = &requests[slot_req[e.ticket.index as usize] as usize];

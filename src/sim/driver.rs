@@ -39,6 +39,8 @@ pub struct RunInput<'a> {
     /// A closed loop: `requests` are issued one per client, the next a think time after the
     /// answer (their `arrival_ns` is ignored).
     pub closed: Option<ClosedLoop>,
+    /// Each request's LoRA adapter, and what loading one costs.
+    pub lora: super::settings::SimLora,
 }
 
 /// What one run measured.
@@ -83,13 +85,20 @@ struct Exec<'a> {
     /// Requests failed in this poll (in a closed loop their clients send the next).
     failed: &'a mut usize,
     acted: bool,
+    /// What loading a LoRA adapter for a batch costs, ms.
+    lora_load_ms: f64,
 }
 
 impl Exec<'_> {
     fn on_action(&mut self, now: Nanos, action: Action<'_>) {
         self.acted = true;
         match action {
-            Action::Dispatch { batch, tickets, .. } => {
+            Action::Dispatch {
+                batch,
+                tickets,
+                lora_loads,
+                ..
+            } => {
                 self.shapes.clear();
                 for t in tickets {
                     let r = &self.requests[self.slot_req[t.index as usize] as usize];
@@ -99,7 +108,8 @@ impl Exec<'_> {
                 self.rec.on_batch(now, tickets.len());
                 let ms = self
                     .latency
-                    .batch_ms(self.shapes, self.sort_scratch, self.rng);
+                    .batch_ms(self.shapes, self.sort_scratch, self.rng)
+                    + f64::from(lora_loads) * self.lora_load_ms;
                 let done = now.saturating_add(ms_to_ns(ms));
                 self.completions.push(Reverse((done, *self.seq, batch.0)));
                 *self.seq += 1;
@@ -123,6 +133,7 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
         sla_ns,
         window_ns,
         closed,
+        lora,
     } = input;
     debug_assert!(requests
         .windows(2)
@@ -241,7 +252,9 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
             } else {
                 &requests[index]
             };
-            let admitted = match core.admit(now, r.meta()) {
+            let mut meta = r.meta();
+            meta.adapter = lora.adapter_of(index);
+            let admitted = match core.admit(now, meta) {
                 Ok(ticket) => {
                     slot_req[ticket.index as usize] = index as u32;
                     true
@@ -270,6 +283,7 @@ pub fn run(input: RunInput<'_>) -> Result<RunOutput, SimError> {
             rec: &mut rec,
             failed: &mut failed,
             acted: false,
+            lora_load_ms: lora.load_ms,
         };
         deadline = core.poll(now, &mut |a| exec.on_action(now, a));
         progressed |= exec.acted;

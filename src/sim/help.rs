@@ -96,6 +96,10 @@ ENGINE ([engine]; absent keys keep the core defaults; --workers/--max-batch-size
                       prefix_caching (true: finished prompts' KV blocks stay cached and a
                       prompt starts after its longest cached prefix; a trace's hash_ids
                       name the blocks), kv_block_tokens (16)
+  LoRA keys           lora_adapters (0: requests spread evenly over this many adapters),
+                      max_loras (1: distinct adapters a step or batch applies, per replica;
+                      a request whose adapter has no slot waits), lora_load_ms (0: what
+                      loading an adapter into a slot adds to the step or batch); both modes
   routing             (or [routing] strategy) round_robin | least_loaded | power_of_two |
                       prefix_aware | session: each of the `workers` replicas is its own
                       backend behind abe's router (the live code), each request routed
@@ -139,6 +143,7 @@ SWEEPS (--sweep key=v1,v2,...; repeat for a grid)
   prefix_caching  0,1: continuous batching without and with prefix caching, same requests
   routing      round_robin,least_loaded,power_of_two,prefix_aware,session: the same
                requests through each router in front of `workers` replicas
+  max_loras    1,4,...: LoRA adapter slots (with lora_adapters > 0), same requests
 
 OUTPUTS
   table on stdout; --json FILE (deterministic: same seed and inputs, same bytes);
@@ -261,6 +266,9 @@ mod tests {
             "prefix_caching",
             "kv_block_tokens",
             "routing",
+            "max_loras",
+            "lora_adapters",
+            "lora_load_ms",
             "ttft_target_ms",
             "tpot_target_ms",
         ];

@@ -99,6 +99,8 @@ struct Job {
     workload: usize,
     /// The closed loop of this run's workload, if it is one.
     closed: Option<super::arrivals::ClosedLoop>,
+    /// The adapter mix and load cost (`max_loras` is in the scheduler settings).
+    lora: super::settings::SimLora,
 }
 
 fn parse_latency_params(params: &[String]) -> Result<Vec<(String, String)>, SimError> {
@@ -263,6 +265,7 @@ pub fn simulate_scenario(
                 presort_bins: 1,
                 workload,
                 closed,
+                lora: settings.sim_lora()?,
             });
             continue;
         }
@@ -289,6 +292,7 @@ pub fn simulate_scenario(
                 presort_bins: oracle_bins,
                 workload,
                 closed,
+                lora: settings.sim_lora()?,
             });
         }
     }
@@ -369,6 +373,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
             routing: job.routing,
             routing_prefix: ctx.routing_prefix,
             seed: ctx.seed,
+            lora: job.lora,
         };
         let mut out = super::continuous::run(input.clone())?;
         if let Some(cluster) = &mut out.cluster {
@@ -390,6 +395,7 @@ fn run_one(ctx: &RunContext<'_>, job: &Job) -> Result<RunOutput, SimError> {
         sla_ns: ctx.sla_ns,
         window_ns: ctx.window_ns,
         closed: job.closed,
+        lora: job.lora,
     })
 }
 

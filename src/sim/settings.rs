@@ -104,6 +104,40 @@ pub struct EngineSettings {
     /// scenario's `[routing] strategy` sets it; the sweep key `routing` overrides it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<super::cluster::ClusterRouting>,
+    /// LoRA adapter slots per replica (continuous) or distinct adapters per batch
+    /// (request-level): `[lora] max_loras` (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_loras: Option<usize>,
+    /// What loading an adapter into a slot costs, ms (`[lora] lora_load_ms`, default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_load_ms: Option<f64>,
+    /// The adapter mix: requests spread evenly (by a hash of their index) over this many
+    /// LoRA adapters; absent or 0: every request runs on the base model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_adapters: Option<u16>,
+}
+
+/// The LoRA side of a simulated run: which adapter each request uses, what a load costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SimLora {
+    /// Adapters the requests spread over (0: none).
+    pub adapters: u16,
+    pub load_ms: f64,
+}
+
+impl SimLora {
+    /// The adapter of the `i`-th request of the sequence (0: base model).
+    pub fn adapter_of(&self, i: usize) -> crate::core::lora::AdapterId {
+        if self.adapters == 0 {
+            return crate::core::lora::BASE_MODEL;
+        }
+        // splitmix64: neighbouring requests land on unrelated adapters.
+        let mut z = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        1 + (z % u64::from(self.adapters)) as u16
+    }
 }
 
 /// Most slots per replica a simulation accepts.
@@ -165,8 +199,36 @@ impl EngineSettings {
             kv_capacity_tokens,
             prefix_caching,
             kv_block_tokens,
-            routing
+            routing,
+            max_loras,
+            lora_load_ms,
+            lora_adapters
         )
+    }
+
+    /// `max_loras`, checked (default 1).
+    pub fn max_loras_checked(&self) -> Result<usize, SimError> {
+        let most = crate::core::lora::MAX_LORAS_MOST;
+        match self.max_loras.unwrap_or(1) {
+            n @ 1.. if n <= most => Ok(n),
+            n => Err(SimError::invalid(
+                "engine.max_loras",
+                format!("{n} must be in 1..={most}"),
+            )),
+        }
+    }
+
+    /// The run's adapter mix and load cost.
+    pub fn sim_lora(&self) -> Result<SimLora, SimError> {
+        Ok(SimLora {
+            adapters: self.lora_adapters.unwrap_or(0),
+            load_ms: self.lora_load_ms_checked()?,
+        })
+    }
+
+    /// `lora_load_ms`, checked (default 0).
+    pub fn lora_load_ms_checked(&self) -> Result<f64, SimError> {
+        check_ms("lora_load_ms", self.lora_load_ms.unwrap_or(0.0))
     }
 
     /// The batching mode (request-level unless set).
@@ -228,6 +290,7 @@ impl EngineSettings {
                 u64::from(self.kv_block_tokens.unwrap_or(d.block_tokens)),
                 BLOCK_TOKENS_MAX,
             )? as u32,
+            max_loras: self.max_loras_checked()?,
         };
         Ok(c)
     }
@@ -237,6 +300,7 @@ impl EngineSettings {
         let mut c = CoreConfig {
             strategy,
             seed,
+            max_loras: self.max_loras_checked()?,
             ..CoreConfig::default()
         };
         if let Some(v) = self.workers {

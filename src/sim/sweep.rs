@@ -35,11 +35,13 @@ pub enum SweepKey {
     /// Continuous: the routing strategy in front of the replicas, by name (an index into
     /// [`ClusterRouting::ALL`]), on the same requests.
     Routing,
+    /// LoRA adapter slots per replica / adapters per batch, on the same requests.
+    MaxLoras,
 }
 
 impl SweepKey {
     /// Every key, as listed in help and errors.
-    pub const ALL: [SweepKey; 14] = [
+    pub const ALL: [SweepKey; 15] = [
         SweepKey::Bins,
         SweepKey::OracleBins,
         SweepKey::MaxBatchSize,
@@ -54,6 +56,7 @@ impl SweepKey {
         SweepKey::Mode,
         SweepKey::PrefixCaching,
         SweepKey::Routing,
+        SweepKey::MaxLoras,
     ];
 
     /// Name on the command line and in reports.
@@ -73,6 +76,7 @@ impl SweepKey {
             SweepKey::Mode => "mode",
             SweepKey::PrefixCaching => "prefix_caching",
             SweepKey::Routing => "routing",
+            SweepKey::MaxLoras => "max_loras",
         }
     }
 
@@ -206,6 +210,7 @@ pub fn apply(base: &EngineSettings, point: &[(SweepKey, f64)]) -> EngineSettings
             SweepKey::Mode => s.mode = Some(mode_of(v)),
             SweepKey::PrefixCaching => s.prefix_caching = Some(v != 0.0),
             SweepKey::Routing => s.routing = ClusterRouting::of_value(v),
+            SweepKey::MaxLoras => s.max_loras = Some(v as usize),
             SweepKey::RateScale | SweepKey::Clients => {}
         }
     }

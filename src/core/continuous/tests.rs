@@ -1,5 +1,7 @@
 //! Behaviour of the continuous scheduler, driven step by step.
 
+/// LoRA adapter slots in the continuous scheduler (`tests/lora.rs`).
+mod lora;
 /// Prefix caching in the continuous scheduler (`tests/prefix.rs`).
 mod prefix;
 
@@ -24,6 +26,7 @@ fn cfg() -> ContinuousConfig {
         max_queue: 8,
         prefix_caching: false,
         block_tokens: 16,
+        max_loras: 1,
     }
 }
 

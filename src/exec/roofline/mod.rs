@@ -173,6 +173,7 @@ mod tests {
             prefill_tokens: 0,
             kv_read_tokens: u64::from(b) * context,
             attention_pairs: u64::from(b) * (context + 1),
+            lora_loads: 0,
         }
     }
 
@@ -183,6 +184,7 @@ mod tests {
             prefill_tokens: tokens,
             kv_read_tokens: n / 2,
             attention_pairs: n * (n + 1) / 2,
+            lora_loads: 0,
         }
     }
 

@@ -216,7 +216,7 @@ proptest! {
         needs in caps(),
     ) {
         let mut r = router_of(&backends, "smart", 1);
-        let req = Requirements { model: "m", estimated_tokens: tokens, needs };
+        let req = Requirements { model: "m", estimated_tokens: tokens, needs, adapter: 0 };
         let w = Weights::default();
         let best = backends
             .iter()
@@ -255,7 +255,7 @@ proptest! {
     ) {
         for s in Routing::ALL {
             let mut r = router_of(&backends, s.as_str(), seed);
-            let req = Requirements { model: "m", estimated_tokens: tokens, needs };
+            let req = Requirements { model: "m", estimated_tokens: tokens, needs, adapter: 0 };
             let any = backends.iter().any(|l| eligible(l, &req));
             match r.route(&req) {
                 Ok(d) => prop_assert!(eligible(&backends[d.backend.index()], &req), "{s}"),

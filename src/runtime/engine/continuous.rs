@@ -67,6 +67,11 @@ impl CacheView for GroupCaches<'_> {
     fn cached_prefix_blocks(&self, backend: BackendId, blocks: &[BlockHash]) -> Option<u32> {
         Some(self.0.group_cached_prefix_blocks(backend.index(), blocks))
     }
+
+    #[inline]
+    fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
+        Some(self.0.group_adapter_resident(backend.index(), adapter))
+    }
 }
 
 /// Token-timing samples buffered between publishes (each kind).
@@ -658,6 +663,11 @@ impl Mode for IterationLevel {
         _aborted: bool,
     ) {
         let c = *self.sched.stats();
+        let lora = &mut snap.lora;
+        lora.running.clear();
+        lora.waiting.clear();
+        self.sched
+            .lora_adapters(&mut lora.running, &mut lora.waiting);
         snap.stats.admitted = c.admitted;
         snap.stats.rejected_full = self.rejected_full;
         snap.stats.rejected_draining = self.rejected_draining;

@@ -24,6 +24,29 @@ use crate::runtime::sync::Ordering;
 use crate::runtime::telemetry::TelemetryEvent;
 
 /// One backend's scheduler and where its requests and workers sit in the engine's tables.
+/// The lanes' LoRA slots as the router's exact view of adapter residency (backend `b` is
+/// lane `b`). Prefix caches it does not know: the router's approximate index judges them,
+/// as without a view.
+struct LaneAdapters<'a>(&'a [Lane]);
+
+impl crate::router::CacheView for LaneAdapters<'_> {
+    #[inline]
+    fn cached_prefix_blocks(
+        &self,
+        _backend: BackendId,
+        _blocks: &[crate::core::prefix::BlockHash],
+    ) -> Option<u32> {
+        None
+    }
+
+    #[inline]
+    fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
+        self.0
+            .get(backend.index())
+            .map(|l| l.core.adapter_resident(adapter))
+    }
+}
+
 pub(super) struct Lane {
     pub core: Core,
     /// The lane's table slot `i` is the engine's pending slot `pending_base + i`.
@@ -294,6 +317,7 @@ fn act(
             batch,
             tickets,
             reason,
+            lora_loads,
         } => {
             let mut items = free_bufs
                 .pop()
@@ -309,6 +333,9 @@ fn act(
                     .take()
                     .expect("a queued request still holds its work");
                 items.push(BatchItem::new(*t, work));
+            }
+            if let Some(first) = items.first_mut() {
+                first.lora_loads = lora_loads;
             }
             io.record_sample(SampleKind::BatchSize, tickets.len() as u64);
             let tokens = tickets
@@ -414,10 +441,12 @@ impl Mode for RequestLevel {
             session: None,
         });
         // Upstream backends' caches cannot be asked: the router's approximate index judges.
+        // The lanes answer for their LoRA slots.
+        let lanes_view = LaneAdapters(lanes);
         let affinity = Affinity {
             blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
             session: route.session,
-            exact: None,
+            exact: (meta.adapter != crate::core::lora::BASE_MODEL).then_some(&lanes_view as _),
             output_tokens: meta.expected_output_tokens(),
         };
         let mut decision = match routing
@@ -431,7 +460,14 @@ impl Mode for RequestLevel {
                 return;
             }
         };
-        // A full queue on the chosen backend: try the model's other candidates before 429.
+        // A full queue on the chosen backend: try the model's other candidates before 429
+        // (by load: the lanes are being admitted into, not asked).
+        let affinity = Affinity {
+            blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
+            session: route.session,
+            exact: None,
+            output_tokens: meta.expected_output_tokens(),
+        };
         let mut full = [BackendId::FIRST; MAX_TRIES];
         let mut full_len = 0;
         let admitted = loop {
@@ -600,8 +636,12 @@ impl Mode for RequestLevel {
         let mut queued_by_class = [0usize; CLASS_COUNT];
         let (mut queued, mut live, mut p99) = (0, 0, None::<Nanos>);
         let mut w = 0;
+        let lora = &mut snap.lora;
+        lora.running.clear();
+        lora.waiting.clear();
         for lane in &self.lanes {
             let core = &lane.core;
+            core.lora_adapters(&mut lora.running, &mut lora.waiting);
             stats.merge(core.stats());
             for (c, q) in queued_by_class.iter_mut().enumerate() {
                 *q += core.queued_in_class(c);

@@ -35,6 +35,7 @@ impl RouteState {
                 tools: false,
                 json_mode: false,
             },
+            adapter: crate::core::lora::BASE_MODEL,
         },
         session: None,
         decision: None,

@@ -43,6 +43,7 @@ fn cfg(kv_tokens: u64) -> ContinuousConfig {
         max_queue: 16,
         prefix_caching: true,
         block_tokens: 4,
+        max_loras: 1,
     }
 }
 
