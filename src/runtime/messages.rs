@@ -247,11 +247,9 @@ pub enum Control {
         slot: crate::router::SlotState,
         seq: u32,
     },
-    /// Take the routing tables waiting in `Shared::tables` (`router::tables`), or refuse
-    /// them; `Shared::tables_done` says which, by `generation`.
-    SwapTables {
-        generation: u64,
-    },
+    /// Take the routing tables waiting in `Shared::tables` (`runtime::tables`), or refuse
+    /// them; the mailbox says which, by the hand-off's generation.
+    SwapTables,
     /// `[routing]` settings a reload changed (strategy, weights, retries, prefix thresholds).
     SetRouting(crate::router::LiveRouting),
 }

@@ -577,30 +577,27 @@ impl Handle {
         timeout: Duration,
     ) -> Result<tables::TablesAnswer, RequestError> {
         let mailbox = &self.shared.tables;
-        while mailbox.retired.pop().is_some() {}
-        if mailbox.next.push(Box::new(next)).is_err() {
+        let generation = mailbox
+            .offer(Box::new(next))
+            .map_err(|_| RequestError::Busy)?;
+        if self.shared.control.push(Control::SwapTables).is_err() && mailbox.withdraw(generation) {
             return Err(RequestError::Busy);
         }
-        // Relaxed: a counter only this (serialised) caller moves.
-        let generation = mailbox.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        if self
-            .shared
-            .control
-            .push(Control::SwapTables { generation })
-            .is_err()
-        {
-            mailbox.next.pop();
-            return Err(RequestError::Busy);
-        }
+        // (A failed push whose hand-off is gone: a message left from a withdrawn hand-off
+        // took it, and its answer follows.)
         self.shared.engine_bell.ring();
         let start = std::time::Instant::now();
         let mut pause = Duration::from_micros(50);
         loop {
             if let Some(answer) = mailbox.answer_for(generation) {
-                while mailbox.retired.pop().is_some() {}
+                mailbox.drop_retired();
                 return Ok(answer);
             }
-            if start.elapsed() >= timeout {
+            // Past the timeout, withdraw what the engine has not taken; what it took is
+            // answered within one engine turn (moves only), so wait for that answer, up to
+            // a second timeout should the engine be gone.
+            let waited = start.elapsed();
+            if (waited >= timeout && mailbox.withdraw(generation)) || waited >= timeout * 2 {
                 return Err(RequestError::Busy);
             }
             std::thread::sleep(pause);

@@ -305,12 +305,9 @@ impl<M: Mode> Engine<M> {
                 Control::SetSlot { backend, slot, seq } => {
                     self.mode.routing().set_slot_asked(backend, slot, seq)
                 }
-                Control::SwapTables { generation } => {
+                Control::SwapTables => {
                     let routing = self.mode.routing();
-                    self.io
-                        .shared
-                        .tables
-                        .answer(generation, |t| routing.swap_tables(t));
+                    self.io.shared.tables.answer(|t| routing.swap_tables(t));
                 }
                 Control::SetRouting(live) => self.mode.routing().router.set_live_routing(live),
                 Control::Drain { deadline_ns } => {
