@@ -12,8 +12,9 @@
 # tools/bench/ab_embed_live.sh and tools/peers/infinity.sh run it. OLD=1 adds "old", the
 # defaults before issue 25 written out (max batch 32, 4 concurrent batches, pinned).
 # tools/peers/drive.py measures each in turn at each of CLIENTS (closed loop, WARMUP_S
-# unmeasured then DURATION_S), ROUNDS rounds. One JSON line per point with "config". Both
-# servers print their effective config (`abe config show`) to stderr first.
+# unmeasured then DURATION_S), ROUNDS rounds, each starting at the next config. One JSON
+# line per point with "config". Each server's effective config (`abe config show`) goes to
+# stderr first.
 # Not part of the test command.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -80,9 +81,12 @@ fi
 
 echo "# $(date -u +%FT%TZ) $bin, $(nproc) cpus, load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 drive="$root/tools/peers/drive.py"
+k=${#servers[@]}
 for round in $(seq 1 "$ROUNDS"); do
   for n in $CLIENTS; do
-    for entry in "${servers[@]}"; do
+    # Each round starts at the next server, so none is always measured first.
+    for i in $(seq 0 $((k - 1))); do
+      entry="${servers[$(((i + round - 1) % k))]}"
       label="${entry%%@*}"
       server="abe-embed=http://127.0.0.1:${entry#*@}"
       python3 "$drive" closed --server "$server" --clients "$n" --duration "$WARMUP_S" >/dev/null

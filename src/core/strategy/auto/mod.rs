@@ -228,6 +228,11 @@ pub struct Auto {
     last_wait_ns: Nanos,
     last_expected_arrivals: f64,
     last_hold: Hold,
+    /// The echo fraction `e` within the fitted `a` (capped at [`ECHO_CAP`]), as of the last
+    /// completion: both change only then, so a decision between two completions reads it
+    /// instead of walking the bins (`None`: a completion came since; computed at the next
+    /// decision that needs it).
+    echo_cached: Option<f64>,
 }
 
 impl Auto {
@@ -250,6 +255,7 @@ impl Auto {
             self.cost.observe(requests, tokens, s);
         }
         self.arrivals.observe_completion(now, requests);
+        self.echo_cached = None;
     }
 
     /// Dispatch `group` now, or hold it? Call only when a worker is free for it and
@@ -283,7 +289,10 @@ impl Auto {
         // One arriving later finds the worker free whatever was decided (see the module docs).
         let horizon = (a + b * q) as Nanos;
         let w_latest = group.latest.saturating_sub(now);
-        let e = self.arrivals.echo_within(a as Nanos).clamp(0.0, ECHO_CAP);
+        let arrivals = &self.arrivals;
+        let e = *self
+            .echo_cached
+            .get_or_insert_with(|| arrivals.echo_within(a as Nanos).clamp(0.0, ECHO_CAP));
         let downstream = e / (1.0 - e);
         let share = group
             .bucket
