@@ -35,17 +35,22 @@ impl Config {
 
     /// Parses TOML text over the defaults (not yet validated). A choice (a strategy, a
     /// latency model, an idle policy...) is typed here: an unknown name is an error naming
-    /// the key, the value and the valid names.
+    /// the key, the value and the valid names. The per-kind keys the text leaves out take
+    /// their backends' kinds' defaults (`kind_defaults`).
     pub fn from_toml(text: &str) -> Result<Config, String> {
-        serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
-            let key = e.path().to_string();
-            let why = e.into_inner().to_string();
-            if key == "." {
-                why
-            } else {
-                format!("{key}: {why}")
-            }
-        })
+        let mut cfg: Config = serde_path_to_error::deserialize(toml::Deserializer::new(text))
+            .map_err(|e| {
+                let key = e.path().to_string();
+                let why = e.into_inner().to_string();
+                if key == "." {
+                    why
+                } else {
+                    format!("{key}: {why}")
+                }
+            })?;
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+        super::kind_defaults::fill(&mut cfg, &table);
+        Ok(cfg)
     }
 
     /// The effective config: defaults, then `file`, then `env` (`ABE_*` pairs), then flags;

@@ -17,6 +17,9 @@
 //!   settings (core, sim executors, continuous batching, threads), the backends and the
 //!   router. `abe serve` calls it once.
 //! - `embed_context`: an `embed` model's omitted `context_length`, from its model_dir.
+//! - `kind_defaults`: the keys whose default depends on the backends' executor kinds
+//!   (`embed`: one batch at a time, batches of 64, unpinned), filled in where the file
+//!   leaves them out.
 //! - `millis`, `error`: durations and errors shared by the three.
 //!
 //! Nothing here runs after start-up, and nothing below `config` (core, runtime, exec, sim,
@@ -28,6 +31,7 @@ mod embed_context;
 mod error;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
+mod kind_defaults;
 mod layering;
 mod millis;
 mod secret;
@@ -38,6 +42,7 @@ mod sim_backends;
 mod tests;
 
 pub use error::ConfigError;
+pub use kind_defaults::KindDefaults;
 pub use layering::FlagOverrides;
 pub use millis::Millis;
 pub use secret::Secret;

@@ -899,3 +899,72 @@ fn backend_latency_tables_are_file_only_and_shown() {
     // Printed back, it reads the same.
     assert_eq!(Config::from_toml(&shown).unwrap(), c);
 }
+
+/// An `embed` backend table with only what it must say.
+const EMBED_TABLE: &str = "[[backends]]\nname = \"minilm\"\nkind = \"embed\"\n\
+    model_dir = \"/models/minilm\"\n[[backends.models]]\nname = \"m\"\ncontext_length = 512\n";
+
+#[test]
+fn an_embed_backend_gets_its_kinds_defaults_unless_the_user_set_them() {
+    // Nothing tuned: one batch at a time, batches of 64, unpinned; what `config show` prints.
+    let c = Config::from_toml(EMBED_TABLE).unwrap();
+    assert_eq!(c.backends[0].max_concurrent_batches, 1);
+    assert_eq!(c.batching.max_batch_size, 64);
+    assert!(!c.engine.pin);
+    let shown = c.to_toml();
+    assert!(
+        shown.contains("max_batch_size = 64")
+            && shown.contains("pin = false")
+            && shown.contains("max_concurrent_batches = 1"),
+        "{shown}"
+    );
+    assert_eq!(Config::from_toml(&shown).unwrap(), c, "shown reads back");
+    // What the file sets wins, key by key.
+    let text = format!(
+        "[batching]\nmax_batch_size = 16\n[engine]\npin = true\n{}max_concurrent_batches = 3\n",
+        EMBED_TABLE.replace("[[backends.models]]", "")
+    )
+    .replace("context_length = 512\n", "")
+    .replace("name = \"m\"\n", "");
+    let text = format!("{text}[[backends.models]]\nname = \"m\"\ncontext_length = 512\n");
+    let c = Config::from_toml(&text).unwrap();
+    assert_eq!(
+        (
+            c.backends[0].max_concurrent_batches,
+            c.batching.max_batch_size,
+            c.engine.pin
+        ),
+        (3, 16, true),
+        "{text}"
+    );
+    // So does an ABE_* variable, applied after the file.
+    let mut c = Config::from_toml(EMBED_TABLE).unwrap();
+    c.apply_env(env(&[("ABE_ENGINE_PIN", "true")])).unwrap();
+    assert!(c.engine.pin);
+    assert_eq!(c.batching.max_batch_size, 64);
+}
+
+#[test]
+fn mixed_kinds_take_each_backends_own_concurrency_and_the_smallest_batch() {
+    let sim = "[[backends]]\nname = \"s\"\nkind = \"sim\"\n[[backends.models]]\nname = \"x\"\n\
+        context_length = 2048\n";
+    let c = Config::from_toml(&format!("{EMBED_TABLE}{sim}")).unwrap();
+    assert_eq!(c.backends[0].max_concurrent_batches, 1, "embed");
+    assert_eq!(c.backends[1].max_concurrent_batches, 4, "sim");
+    assert_eq!(
+        c.batching.max_batch_size, 32,
+        "the sim backend's batch bounds both"
+    );
+    assert!(!c.engine.pin, "the embed executor needs the cores");
+    // Without an embed backend nothing moves from the built-in defaults.
+    let c = Config::from_toml(sim).unwrap();
+    let d = Config::default();
+    assert_eq!(
+        (
+            c.backends[0].max_concurrent_batches,
+            c.batching.max_batch_size,
+            c.engine.pin
+        ),
+        (4, d.batching.max_batch_size, d.engine.pin)
+    );
+}

@@ -27,7 +27,8 @@ pub const LATENCY_EMA_ALPHA: f64 = 0.2;
 /// score distinguishes (0..=100).
 pub const PRIORITY_DEFAULT: u32 = 50;
 
-/// `max_concurrent_batches` of a backend whose table does not set it.
+/// `max_concurrent_batches` of a `sim` or `upstream` backend whose table does not set it (an
+/// `embed` backend's is 1: `config::KindDefaults`).
 pub const MAX_CONCURRENT_BATCHES_DEFAULT: u32 = 4;
 
 /// Dense index of a backend: `0..registry.len()`, in `[[backends]]` order.

@@ -53,23 +53,29 @@ const GAP_ALPHA: f64 = 1.0 / 64.0;
 /// Closed windows between recounts of `echo_total` from the bins.
 const ECHO_RECOUNT: u64 = 1024;
 
+/// The bins' edges, ns: bin `j` is `[BIN_EDGES[j], BIN_EDGES[j + 1])` (a table, so the
+/// walks over the bins at every decision read them instead of shifting and multiplying).
+const BIN_EDGES: [Nanos; ECHO_BINS + 1] = {
+    let mut edges = [0; ECHO_BINS + 1];
+    let mut j = 1;
+    while j < ECHO_BINS {
+        let k = j - 1;
+        let octave = ECHO_FIRST_OCTAVE as usize + k / 4;
+        edges[j] = ((1u64 << octave) * QUARTER_STEPS[k % 4]) >> 10;
+        j += 1;
+    }
+    edges[ECHO_BINS] = 1u64 << ECHO_TOP_OCTAVE;
+    edges
+};
+
 /// Lower edge of bin `j`, ns.
 const fn bin_lower_ns(j: usize) -> Nanos {
-    if j == 0 {
-        return 0;
-    }
-    let k = j - 1;
-    let octave = ECHO_FIRST_OCTAVE as usize + k / 4;
-    ((1u64 << octave) * QUARTER_STEPS[k % 4]) >> 10
+    BIN_EDGES[j]
 }
 
 /// Upper edge of bin `j` (the lower edge of the next), ns.
 const fn bin_upper_ns(j: usize) -> Nanos {
-    if j + 1 == ECHO_BINS {
-        1u64 << ECHO_TOP_OCTAVE
-    } else {
-        bin_lower_ns(j + 1)
-    }
+    BIN_EDGES[j + 1]
 }
 
 /// The bin holding offset `x` ns, or `None` past the last bin.
@@ -122,6 +128,12 @@ impl GapStats {
 pub struct ArrivalModel {
     /// Expected arrivals in each offset bin after a completion.
     echo: [f64; ECHO_BINS],
+    /// Prefix sums of `echo` (`prefix[j]`: bins `0..j`, summed in order, so a mass read
+    /// from them equals the walk over the bins bit for bit), valid while `prefix_fresh`:
+    /// rebuilt at the first decision after a completion changed the bins, not at every
+    /// completion.
+    prefix: [f64; ECHO_BINS + 1],
+    prefix_fresh: bool,
     /// Their sum (kept with every update; recounted every [`ECHO_RECOUNT`] windows so
     /// rounding cannot build up): what a completion brings over the whole horizon.
     echo_total: f64,
@@ -145,6 +157,8 @@ impl Default for ArrivalModel {
     fn default() -> Self {
         ArrivalModel {
             echo: [0.0; ECHO_BINS],
+            prefix: [0.0; ECHO_BINS + 1],
+            prefix_fresh: true,
             echo_total: 0.0,
             windows_closed: 0,
             window_start_ns: None,
@@ -232,6 +246,7 @@ impl ArrivalModel {
             let step = ECHO_ALPHA * (observed - self.echo[j]);
             self.echo[j] += step;
             self.echo_total += step;
+            self.prefix_fresh = false;
         }
         self.windows_closed += 1;
         if self.windows_closed % ECHO_RECOUNT == 0 {
@@ -321,11 +336,34 @@ impl ArrivalModel {
         sum
     }
 
+    /// [`mass_within`](Self::mass_within) from the prefix sums: one bin's fraction instead
+    /// of a walk, the same value bit for bit. Needs them fresh ([`Self::refresh_prefix`]).
+    fn mass_within_prefix(&self, horizon_ns: Nanos) -> f64 {
+        debug_assert!(self.prefix_fresh, "prefix sums read stale");
+        let Some(j) = bin_of(horizon_ns) else {
+            return self.prefix[ECHO_BINS];
+        };
+        let (lo, hi) = (bin_lower_ns(j), bin_upper_ns(j));
+        let fraction = (horizon_ns - lo) as f64 / (hi - lo) as f64;
+        self.prefix[j] + self.echo[j] * fraction
+    }
+
+    /// Rebuilds the prefix sums if a completion changed the bins since.
+    fn refresh_prefix(&mut self) {
+        if self.prefix_fresh {
+            return;
+        }
+        for j in 0..ECHO_BINS {
+            self.prefix[j + 1] = self.prefix[j] + self.echo[j];
+        }
+        self.prefix_fresh = true;
+    }
+
     /// Calls `f(w, k)` for increasing waits `w` (ns from `now`, up to `w_max`) with `k` the
     /// echoes expected by `now + w` (arrivals beyond the even spread), at each bin edge and
     /// at `w_max`. Calls nothing when none is expected within `w_max` (no completion yet,
     /// or the last completion's echo has all come back already).
-    pub fn for_each_wait(&self, now: Nanos, w_max: Nanos, mut f: impl FnMut(Nanos, f64)) {
+    pub fn for_each_wait(&mut self, now: Nanos, w_max: Nanos, mut f: impl FnMut(Nanos, f64)) {
         let Some(start) = self.window_start_ns else {
             return;
         };
@@ -338,7 +376,10 @@ impl ArrivalModel {
             return;
         };
         // Expected over the whole horizon [0, x1], less what already came.
-        let cap = self.mass_within(x1) - f64::from(self.window_seen);
+        self.refresh_prefix();
+        let total = self.mass_within_prefix(x1);
+        debug_assert_eq!(total.to_bits(), self.mass_within(x1).to_bits());
+        let cap = total - f64::from(self.window_seen);
         if cap <= 0.0 {
             return;
         }

@@ -128,7 +128,17 @@ impl Sums {
 /// computed exactly, divided by `len` in floating point.
 fn centred(len: u128, xy: u128, x: u128, y: u128) -> f64 {
     let scaled = len as i128 * xy as i128 - x as i128 * y as i128;
-    scaled as f64 / len as f64
+    wide_to_f64(scaled) / wide_to_f64(len as i128)
+}
+
+/// `x as f64`, the same value, one instruction where `x` fits in 64 bits (it does for any
+/// window of batches under a few hours each): a 128-bit conversion is a library call, and
+/// a fit makes eight of them per completed batch.
+fn wide_to_f64(x: i128) -> f64 {
+    match i64::try_from(x) {
+        Ok(narrow) => narrow as f64,
+        Err(_) => x as f64,
+    }
 }
 
 /// Sliding-window least squares over the last [`COST_WINDOW`] batches.
@@ -228,7 +238,9 @@ impl CostModel {
         let len = self.len as u128;
         let n = self.len as f64;
         let z = &self.sums;
-        let (mn, mt, ms) = (z.n as f64 / n, z.t as f64 / n, z.s as f64 / n);
+        // The sums are never negative, so their 128-bit signed form is exact.
+        let mean = |sum: u128| wide_to_f64(sum as i128) / n;
+        let (mn, mt, ms) = (mean(z.n), mean(z.t), mean(z.s));
         // Centred second moments, exact up to the final division.
         let snn = centred(len, z.nn, z.n, z.n);
         let stt = centred(len, z.tt, z.t, z.t);
@@ -273,6 +285,25 @@ mod tests {
 
     fn close(x: f64, y: f64, rel: f64) -> bool {
         (x - y).abs() <= rel * y.abs().max(1.0)
+    }
+
+    #[test]
+    fn the_fast_conversion_is_the_conversion() {
+        let big = i128::from(i64::MAX);
+        for x in [
+            0,
+            1,
+            -1,
+            1 << 53,
+            (1 << 53) + 1,
+            big,
+            big + 1,
+            -big - 1,
+            -big - 2,
+            big << 40,
+        ] {
+            assert_eq!(wide_to_f64(x).to_bits(), (x as f64).to_bits(), "{x}");
+        }
     }
 
     #[test]

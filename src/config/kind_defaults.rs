@@ -1,0 +1,91 @@
+//! Defaults per executor kind: the three keys whose best value depends on what the backends
+//! run (`batching.max_batch_size`, `engine.pin`, a backend's `max_concurrent_batches`), and
+//! filling them in from the backends' kinds where the config file leaves them out.
+//!
+//! Why per kind, measured (BENCHMARKS.md, "Issue 25: defaults per executor kind"): one
+//! forward pass of the `embed` executor already uses every core (candle's gemm threads), so
+//! a second concurrent batch only splits the cores between two passes, a larger batch costs
+//! less per input (the fitted cost is concave in the batch), and a pinned server on 2 cores
+//! puts every runtime thread, the embed worker with the threads it starts included, on one
+//! core. The `sim` and `upstream` executors wait (a latency model, a remote server), so
+//! several batches in flight and pinning cost them nothing.
+//!
+//! A key the file sets always wins, and so does an `ABE_*` variable (applied after this).
+//! What must never happen here: changing a key the file sets, or reading anything but the
+//! file's own text (the environment is `layering`'s).
+
+use super::sections::Config;
+use crate::router::BackendKindName;
+
+/// What each executor kind runs best with, where the user says nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KindDefaults {
+    /// `batching.max_batch_size`.
+    pub max_batch_size: usize,
+    /// A `[[backends]]` table's `max_concurrent_batches`.
+    pub max_concurrent_batches: u32,
+    /// `engine.pin`.
+    pub pin: bool,
+}
+
+impl KindDefaults {
+    /// `sim` and `upstream`: the built-in defaults (`[batching]`, `[engine]`, the router's
+    /// `MAX_CONCURRENT_BATCHES_DEFAULT`). `embed`: one batch at a time, batches of up to 64,
+    /// threads unpinned (measured best; see the module doc).
+    pub fn of(kind: BackendKindName) -> KindDefaults {
+        match kind {
+            BackendKindName::Sim | BackendKindName::Upstream => {
+                let c = Config::default();
+                KindDefaults {
+                    max_batch_size: c.batching.max_batch_size,
+                    max_concurrent_batches: crate::router::registry::MAX_CONCURRENT_BATCHES_DEFAULT,
+                    pin: c.engine.pin,
+                }
+            }
+            BackendKindName::Embed => KindDefaults {
+                max_batch_size: 64,
+                max_concurrent_batches: 1,
+                pin: false,
+            },
+        }
+    }
+}
+
+/// Fills in, from the kinds of `cfg`'s backends, every per-kind key that `file` (the
+/// config file's text, already read into `cfg`) does not set:
+/// - each backend's `max_concurrent_batches`: its kind's;
+/// - `batching.max_batch_size`: the smallest of the backends' kinds' (one batch size serves
+///   them all, so no kind gets batches larger than it runs well);
+/// - `engine.pin`: false if any backend's kind runs unpinned (a pinned thread would take a
+///   core that kind's compute needs), else true.
+///
+/// Without `[[backends]]` (the default sim backend) nothing changes.
+pub(super) fn fill(cfg: &mut Config, file: &toml::Table) {
+    if cfg.backends.is_empty() {
+        return;
+    }
+    let set = |section: &str, key: &str| {
+        file.get(section)
+            .and_then(toml::Value::as_table)
+            .is_some_and(|t| t.contains_key(key))
+    };
+    let tables = file.get("backends").and_then(toml::Value::as_array);
+    for (i, b) in cfg.backends.iter_mut().enumerate() {
+        let given = tables
+            .and_then(|t| t.get(i))
+            .and_then(toml::Value::as_table)
+            .is_some_and(|t| t.contains_key("max_concurrent_batches"));
+        if !given {
+            b.max_concurrent_batches = KindDefaults::of(b.kind).max_concurrent_batches;
+        }
+    }
+    let kinds = || cfg.backends.iter().map(|b| KindDefaults::of(b.kind));
+    let max_batch_size = kinds().map(|d| d.max_batch_size).min();
+    let pin = kinds().all(|d| d.pin);
+    if let Some(m) = max_batch_size.filter(|_| !set("batching", "max_batch_size")) {
+        cfg.batching.max_batch_size = m;
+    }
+    if !set("engine", "pin") {
+        cfg.engine.pin = pin;
+    }
+}
