@@ -104,6 +104,9 @@ pub struct Unavailable {
     pub circuit_not_closed: u32,
     /// Of those, removed: draining or an empty slot (see `router::slots`).
     pub removed: u32,
+    /// Of those, not serving the request's LoRA adapter (a configured adapter its model
+    /// does not list).
+    pub without_adapter: u32,
 }
 
 impl fmt::Display for Unavailable {
@@ -119,6 +122,13 @@ impl fmt::Display for Unavailable {
         )?;
         if self.removed > 0 {
             write!(f, ", {} removed (draining or empty)", self.removed)?;
+        }
+        if self.without_adapter > 0 {
+            write!(
+                f,
+                ", {} without the requested LoRA adapter",
+                self.without_adapter
+            )?;
         }
         Ok(())
     }
@@ -329,6 +339,7 @@ mod tests {
             unhealthy: 1,
             circuit_not_closed: 0,
             removed: 0,
+            without_adapter: 0,
         };
         assert_eq!(
             u.to_string(),
@@ -339,6 +350,7 @@ mod tests {
             unhealthy: 2,
             circuit_not_closed: 1,
             removed: 0,
+            without_adapter: 0,
         };
         assert_eq!(
             u.to_string(),

@@ -389,6 +389,8 @@ pub struct Registry {
     /// Every configured adapter. One loaded at run time (not configured) runs on every
     /// backend of its base model.
     lora_configured: AdapterSet,
+    /// The configured adapters (name, base model) by id - 1, fixed at start.
+    lora_adapters: Vec<(Box<str>, Box<str>)>,
 }
 
 impl Registry {
@@ -511,22 +513,53 @@ impl Registry {
 
         let mut lora_listed = vec![AdapterSet::default(); backends.len()];
         let mut lora_configured = AdapterSet::default();
+        let adapter_error = |why: String| RouterConfigError::Backend {
+            backend: configs.first().map(|b| b.name.clone()).unwrap_or_default(),
+            key: "models.adapters",
+            why,
+        };
         let configured =
-            super::lora::configured(configs).map_err(|e| RouterConfigError::Backend {
-                backend: configs.first().map(|b| b.name.clone()).unwrap_or_default(),
-                key: "models.adapters",
-                why: e.to_string(),
-            })?;
-        for (i, c) in configured.iter().enumerate() {
-            let id = AdapterId::try_from(i + 1).unwrap_or(AdapterId::MAX);
-            lora_configured.insert(id);
+            super::lora::configured(configs).map_err(|e| adapter_error(e.to_string()))?;
+        // The configured adapters' ids are fixed at start (the io threads' name table
+        // numbers them so): tables built for a running router keep `prior`'s ids by name,
+        // and refuse an adapter the start config did not list or one moved to another
+        // base model. An adapter no table lists any more keeps its id, served nowhere.
+        let mut lora_adapters: Vec<(Box<str>, Box<str>)> =
+            prior.map_or_else(Vec::new, |p| p.lora_adapters.clone());
+        for c in &configured {
+            let at = match lora_adapters.iter().position(|(n, _)| **n == *c.name) {
+                Some(i) if *lora_adapters[i].1 != *c.base => {
+                    return Err(adapter_error(format!(
+                        "LoRA adapter '{}' has served base model '{}' since start; it cannot move \
+                         to '{}' while abe serves (restart to change it)",
+                        c.name, lora_adapters[i].1, c.base
+                    )))
+                }
+                Some(i) => i,
+                None if prior.is_some() => {
+                    return Err(adapter_error(format!(
+                        "LoRA adapter '{}' is new: the adapters a config lists are fixed at start \
+                         (restart, or load it at run time with POST /v1/load_lora_adapter)",
+                        c.name
+                    )))
+                }
+                None => {
+                    lora_adapters.push((c.name.as_str().into(), c.base.as_str().into()));
+                    lora_adapters.len() - 1
+                }
+            };
+            let id = AdapterId::try_from(at + 1).unwrap_or(AdapterId::MAX);
             for &b in &c.backends {
                 lora_listed[b].insert(id);
             }
         }
+        for i in 0..lora_adapters.len() {
+            lora_configured.insert(AdapterId::try_from(i + 1).unwrap_or(AdapterId::MAX));
+        }
         Ok(Registry {
             lora_listed,
             lora_configured,
+            lora_adapters,
             state: vec![BackendState::INITIAL; backends.len()],
             backends,
             models,
@@ -595,6 +628,10 @@ impl Registry {
             &mut self.offers_per_model_max,
             &mut next.offers_per_model_max,
         );
+        // Same ids (`build_after` keeps the prior's), new backends listing them.
+        std::mem::swap(&mut self.lora_listed, &mut next.lora_listed);
+        std::mem::swap(&mut self.lora_configured, &mut next.lora_configured);
+        std::mem::swap(&mut self.lora_adapters, &mut next.lora_adapters);
     }
 
     /// The model's offers, one per backend serving it, in backend order.

@@ -110,10 +110,13 @@ impl Need {
     }
 }
 
-/// LoRA affinity (as the inference gateway's LoRA-affinity scorer): when some candidates
-/// hold `adapter` resident (the exact view says so: the engine's own replicas), only they
-/// stay; the strategy then picks among them by its own rule. Without such a view, or when
-/// none holds it, every candidate stays (one of them loads it).
+/// LoRA affinity (as the inference gateway's LoRA-affinity scorer, weighed against load as
+/// its queue scorer does): when some candidates hold `adapter` resident (the exact view says
+/// so: the engine's own replicas) and the least busy of them has at most
+/// [`LORA_AFFINITY_SLACK_BATCHES`] more batches in flight than the least busy candidate,
+/// only they stay; the strategy then picks among them by its own rule. Otherwise (no view,
+/// none holds it, or they are busier) every candidate stays and one of them loads it: a hot
+/// adapter spreads over the backends instead of queueing on the first that loaded it.
 fn prefer_lora_resident(
     scratch: &mut Vec<Candidate>,
     adapter: crate::core::lora::AdapterId,
@@ -123,10 +126,21 @@ fn prefer_lora_resident(
         return;
     };
     let resident = |c: &Candidate| view.adapter_resident(c.backend, adapter) == Some(true);
-    if scratch.iter().any(resident) {
+    let least = |it: &mut dyn Iterator<Item = &Candidate>| it.map(|c| c.pending_batches).min();
+    let Some(resident_least) = least(&mut scratch.iter().filter(|c| resident(c))) else {
+        return;
+    };
+    let all_least = least(&mut scratch.iter()).unwrap_or(0);
+    if resident_least <= all_least.saturating_add(LORA_AFFINITY_SLACK_BATCHES) {
         scratch.retain(resident);
     }
 }
+
+/// How many more batches in flight a backend holding the request's adapter may have than
+/// the least busy candidate and still be preferred: loading an adapter costs about one
+/// batch's time (`lora_load_ms`, 10 ms by default, against batches of tens of ms), so one
+/// batch more is worth waiting behind and more is not.
+pub const LORA_AFFINITY_SLACK_BATCHES: u32 = 1;
 
 /// A routing decision: which backend, for which served model, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -671,11 +685,16 @@ impl RouterView<'_> {
                 unhealthy: 0,
                 circuit_not_closed: 0,
                 removed: 0,
+                without_adapter: 0,
             };
             for o in offers.iter().filter(|o| o.capable(req)) {
                 let s = self.registry.state(o.backend);
-                debug_assert!(!s.routable(), "a capable routable backend would be picked");
                 unavailable.serving += 1;
+                if !self.registry.lora_eligible(o.backend, req.adapter) {
+                    unavailable.without_adapter += 1;
+                    continue;
+                }
+                debug_assert!(!s.routable(), "a capable routable backend would be picked");
                 if !s.slot().is_active() {
                     unavailable.removed += 1;
                 } else if !s.healthy() {

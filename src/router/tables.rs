@@ -313,4 +313,49 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("fixed at start"), "{e}");
     }
+
+    /// LoRA: a backend added live that lists a configured adapter serves it (the same id),
+    /// one that lists a new adapter or moves one to another base model is refused by name.
+    #[test]
+    fn a_live_backend_serves_the_configured_adapters_it_lists_and_new_ones_are_refused() {
+        use crate::router::lora::AdapterConfig;
+        let with = |mut b: BackendConfig, adapter: &str| {
+            b.models[0].adapters = vec![AdapterConfig::Name(adapter.into())];
+            b
+        };
+        let mut slots = vec![
+            with(upstream("a", "m1"), "sql"),
+            spare_placeholder("spare-0".into(), BackendKindName::Upstream),
+        ];
+        let (mut r, _) = Router::build(&slots, &RoutingConfig::default(), 1).unwrap();
+        let c = BackendId::from_index(1);
+        r.registry_mut().set_slot(c, SlotState::Empty);
+        slots[1] = with(upstream("c", "m1"), "sql");
+        let mut next = r
+            .next_tables(&slots, &BTreeMap::new(), &BTreeMap::new())
+            .unwrap();
+        r.swap_tables(&mut next).unwrap();
+        assert!(
+            r.registry().lora_eligible(c, 1),
+            "c lists sql: id 1 as at start"
+        );
+        assert!(r.registry().lora_eligible(BackendId::from_index(0), 1));
+
+        slots[1] = with(upstream("c", "m1"), "chat");
+        let e = r
+            .next_tables(&slots, &BTreeMap::new(), &BTreeMap::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'chat' is new") && e.contains("load_lora_adapter"),
+            "{e}"
+        );
+        slots[0] = upstream("a", "m1");
+        slots[1] = with(upstream("c", "m2"), "sql");
+        let e = r
+            .next_tables(&slots, &BTreeMap::new(), &BTreeMap::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot move"), "{e}");
+    }
 }

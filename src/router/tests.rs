@@ -364,6 +364,7 @@ fn ac02_all_unhealthy_is_503_no_healthy_backend() {
                 unhealthy: 2,
                 circuit_not_closed: 1,
                 removed: 0,
+                without_adapter: 0,
             }
         }
     );
@@ -1588,4 +1589,74 @@ fn lora_adapters_route_to_the_backends_that_list_them_and_prefer_residency() {
             "b holds it resident"
         );
     }
+}
+
+/// LoRA: the only backend listing a configured adapter is down while another backend of
+/// the model is up: the request gets a 503 that says the up one lacks the adapter (the
+/// explanation once tripped a debug assertion on the engine thread).
+#[test]
+fn an_adapter_whose_backends_are_all_down_is_a_503_naming_the_backends_without_it() {
+    let mut a = backend("a", 0, &[("m", 8192, NONE)]);
+    a.models[0].adapters = vec![lora::AdapterConfig::Name("sql".into())];
+    let b = backend("b", 0, &[("m", 8192, NONE)]);
+    let mut r = router(&[a, b], &routing("round_robin"));
+    let sql = Requirements {
+        adapter: 1,
+        ..Requirements::text("m", 10)
+    };
+    let (name, need) = r.precheck(&sql).unwrap();
+    let a_id = r.registry().backend_id("a").unwrap();
+    r.registry_mut().set_healthy(a_id, false);
+    let e = r.route_name(name, &need).unwrap_err();
+    assert_eq!(e.status(), 503);
+    let RouteError::NoHealthyBackend { unavailable, .. } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!((unavailable.serving, unavailable.unhealthy), (2, 1));
+    assert_eq!(unavailable.without_adapter, 1);
+    assert!(
+        e.to_string()
+            .contains("1 without the requested LoRA adapter"),
+        "{e}"
+    );
+}
+
+/// LoRA affinity gives way to load: a backend holding the adapter resident stops being the
+/// only choice once it has more than one batch in flight beyond the least busy candidate.
+#[test]
+fn lora_affinity_gives_way_when_the_resident_backend_is_busier() {
+    let a = backend("a", 0, &[("m", 8192, NONE)]);
+    let b = backend("b", 0, &[("m", 8192, NONE)]);
+    let mut r = router(&[a, b], &routing("least_loaded"));
+    let loaded = Requirements {
+        adapter: 2,
+        ..Requirements::text("m", 10)
+    };
+    let (name, need) = r.precheck(&loaded).unwrap();
+    struct OnB;
+    impl CacheView for OnB {
+        fn cached_prefix_blocks(
+            &self,
+            _: BackendId,
+            _: &[crate::core::prefix::BlockHash],
+        ) -> Option<u32> {
+            None
+        }
+        fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
+            Some(backend.index() == 1 && adapter == 2)
+        }
+    }
+    let affinity = Affinity {
+        exact: Some(&OnB),
+        ..Affinity::NONE
+    };
+    let b_id = r.registry().backend_id("b").unwrap();
+    let pick = |r: &mut Router| {
+        let d = r.route_name_with(name, &need, &affinity).unwrap();
+        r.registry().backend(d.backend).name().to_string()
+    };
+    r.registry_mut().batch_started(b_id);
+    assert_eq!(pick(&mut r), "b", "one batch more: still worth it");
+    r.registry_mut().batch_started(b_id);
+    assert_eq!(pick(&mut r), "a", "two more: a loads it");
 }

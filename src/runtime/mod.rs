@@ -594,15 +594,25 @@ impl Handle {
                 return Ok(answer);
             }
             // Past the timeout, withdraw what the engine has not taken; what it took is
-            // answered within one engine turn (moves only), so wait for that answer, up to
-            // a second timeout should the engine be gone.
-            let waited = start.elapsed();
-            if (waited >= timeout && mailbox.withdraw(generation)) || waited >= timeout * 2 {
+            // answered within that engine turn (moves only), so wait for the answer: a
+            // failure reported for tables the engine swapped in would leave the control
+            // plane's copy behind the engine's. Only an engine thread that is gone never
+            // answers.
+            if start.elapsed() >= timeout && (mailbox.withdraw(generation) || self.engine_gone()) {
                 return Err(RequestError::Busy);
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(5));
         }
+    }
+
+    /// The engine thread has returned (or was joined): nothing will answer it any more.
+    fn engine_gone(&self) -> bool {
+        self.engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_none_or(JoinHandle::is_finished)
     }
 
     /// `[routing]` settings a reload changed (the engine's router takes them between turns).
