@@ -537,11 +537,8 @@ impl Config {
             };
             return Err(invalid(key, "[...]", e.to_string()));
         }
-        let listed: usize = backends
-            .iter()
-            .flat_map(|b| &b.models)
-            .map(|m| m.adapters.len())
-            .sum();
+        // Distinct adapters: one listed by several backends of its model (replicas) is one.
+        let listed = crate::router::lora::configured(&backends).map_or(0, |c| c.len());
         if listed > l.max_lora_adapters {
             return Err(invalid(
                 "lora.max_lora_adapters",

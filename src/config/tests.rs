@@ -968,3 +968,32 @@ fn mixed_kinds_take_each_backends_own_concurrency_and_the_smallest_batch() {
         (4, d.batching.max_batch_size, d.engine.pin)
     );
 }
+
+/// `max_lora_adapters` counts distinct adapters: replicas of one model that each list the
+/// same adapters (the usual vLLM deployment) use one id per adapter, not one per listing.
+#[test]
+fn adapters_listed_by_every_replica_count_once_against_max_lora_adapters() {
+    let replicas = |adapters: usize| {
+        let names: Vec<String> = (0..adapters).map(|i| format!("\"a{i}\"")).collect();
+        let mut toml = String::new();
+        for r in 0..4 {
+            toml.push_str(&format!(
+                "[[backends]]\nname = \"r{r}\"\nkind = \"sim\"\n\
+                 [[backends.models]]\nname = \"m\"\ncontext_length = 8192\nadapters = [{}]\n",
+                names.join(", ")
+            ));
+        }
+        toml
+    };
+    // 4 replicas x 8 adapters: 8 ids, within the default 16.
+    Config::from_toml(&replicas(8)).unwrap().validate().unwrap();
+    let e = Config::from_toml(&replicas(17))
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("lora.max_lora_adapters") && e.contains("17"),
+        "{e}"
+    );
+}
