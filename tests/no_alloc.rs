@@ -145,16 +145,8 @@ fn engine_thread_allocates_nothing_over_100k_requests_in_steady_state() {
 fn engine_thread_allocates_nothing_routing_across_backends() {
     // Three sim backends: `a` and `b` serve model m (round-robin between them), `c` serves
     // n; requests alternate between the two models.
-    let backend = |name: &str, model: &str| {
-        let mut b = BackendConfig::default_sim(model, 100_000);
-        b.name = name.into();
-        b.max_concurrent_batches = 1;
-        b
-    };
-    let routing_cfg = RoutingConfig {
-        strategy: "round_robin".into(),
-        ..Default::default()
-    };
+    let backend = sim_backend;
+    let routing_cfg = round_robin();
     let backends = [backend("a", "m"), backend("b", "m"), backend("c", "n")];
     let (router, _) = Router::build(&backends, &routing_cfg, 7).unwrap();
     let need = Need::default();
@@ -269,16 +261,8 @@ fn engine_thread_allocates_nothing_while_tables_swap_in_new_backends_and_aliases
     use abe::router::BackendKindName;
     use abe::runtime::tables::{EngineTables, TablesAnswer};
     use std::collections::BTreeMap;
-    let backend = |name: &str, model: &str| {
-        let mut b = BackendConfig::default_sim(model, 100_000);
-        b.name = name.into();
-        b.max_concurrent_batches = 1;
-        b
-    };
-    let routing_cfg = RoutingConfig {
-        strategy: "round_robin".into(),
-        ..Default::default()
-    };
+    let backend = sim_backend;
+    let routing_cfg = round_robin();
     let mut slots = vec![
         backend("a", "m"),
         spare_placeholder("spare-0".into(), BackendKindName::Sim),
@@ -618,4 +602,20 @@ fn continuous_ticks_allocate_nothing_in_steady_state() {
         "caching paths ran: {p:?}"
     );
     assert!(sched.stats().prefill_tokens > 0 && sched.stats().decode_tokens > 0);
+}
+
+/// A sim backend `name` serving `model`, one batch at a time (the routing cases).
+fn sim_backend(name: &str, model: &str) -> BackendConfig {
+    let mut b = BackendConfig::default_sim(model, 100_000);
+    b.name = name.into();
+    b.max_concurrent_batches = 1;
+    b
+}
+
+/// Round-robin routing (the routing cases).
+fn round_robin() -> RoutingConfig {
+    RoutingConfig {
+        strategy: "round_robin".into(),
+        ..Default::default()
+    }
 }

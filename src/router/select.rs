@@ -126,11 +126,15 @@ fn prefer_lora_resident(
         return;
     };
     let resident = |c: &Candidate| view.adapter_resident(c.backend, adapter) == Some(true);
-    let least = |it: &mut dyn Iterator<Item = &Candidate>| it.map(|c| c.pending_batches).min();
-    let Some(resident_least) = least(&mut scratch.iter().filter(|c| resident(c))) else {
+    let Some(resident_least) = scratch
+        .iter()
+        .filter(|c| resident(c))
+        .map(|c| c.pending_batches)
+        .min()
+    else {
         return;
     };
-    let all_least = least(&mut scratch.iter()).unwrap_or(0);
+    let all_least = scratch.iter().map(|c| c.pending_batches).min().unwrap_or(0);
     if resident_least <= all_least.saturating_add(LORA_AFFINITY_SLACK_BATCHES) {
         scratch.retain(resident);
     }

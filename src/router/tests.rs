@@ -1564,21 +1564,8 @@ fn lora_adapters_route_to_the_backends_that_list_them_and_prefer_residency() {
         "a run-time adapter runs on every backend of its model"
     );
 
-    struct OnB;
-    impl CacheView for OnB {
-        fn cached_prefix_blocks(
-            &self,
-            _: BackendId,
-            _: &[crate::core::prefix::BlockHash],
-        ) -> Option<u32> {
-            None
-        }
-        fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
-            Some(backend.index() == 1 && adapter == 2)
-        }
-    }
     let affinity = Affinity {
-        exact: Some(&OnB),
+        exact: Some(&AdapterTwoOnB),
         ..Affinity::NONE
     };
     for _ in 0..4 {
@@ -1633,21 +1620,8 @@ fn lora_affinity_gives_way_when_the_resident_backend_is_busier() {
         ..Requirements::text("m", 10)
     };
     let (name, need) = r.precheck(&loaded).unwrap();
-    struct OnB;
-    impl CacheView for OnB {
-        fn cached_prefix_blocks(
-            &self,
-            _: BackendId,
-            _: &[crate::core::prefix::BlockHash],
-        ) -> Option<u32> {
-            None
-        }
-        fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
-            Some(backend.index() == 1 && adapter == 2)
-        }
-    }
     let affinity = Affinity {
-        exact: Some(&OnB),
+        exact: Some(&AdapterTwoOnB),
         ..Affinity::NONE
     };
     let b_id = r.registry().backend_id("b").unwrap();
@@ -1659,4 +1633,21 @@ fn lora_affinity_gives_way_when_the_resident_backend_is_busier() {
     assert_eq!(pick(&mut r), "b", "one batch more: still worth it");
     r.registry_mut().batch_started(b_id);
     assert_eq!(pick(&mut r), "a", "two more: a loads it");
+}
+
+/// An exact view for the LoRA tests: backend 1 (`b`) holds adapter 2 resident, nothing else
+/// is resident and no prefix is cached.
+struct AdapterTwoOnB;
+
+impl CacheView for AdapterTwoOnB {
+    fn cached_prefix_blocks(
+        &self,
+        _: BackendId,
+        _: &[crate::core::prefix::BlockHash],
+    ) -> Option<u32> {
+        None
+    }
+    fn adapter_resident(&self, backend: BackendId, adapter: u16) -> Option<bool> {
+        Some(backend.index() == 1 && adapter == 2)
+    }
 }
