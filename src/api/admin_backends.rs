@@ -85,6 +85,17 @@ fn reload_response(outcome: Result<ReloadReport, ReloadError>) -> Response {
         Err(e @ ReloadError::Stopping) => {
             Response::error(Status::ServiceUnavailable, "stopping", e.to_string())
         }
+        Err(e @ ReloadError::Partial { .. }) => {
+            tracing::error!("{e}");
+            let busy = matches!(&e, ReloadError::Partial { error, .. }
+                if matches!(**error, ReloadError::Live(LiveError::Busy) | ReloadError::Stopping));
+            let status = if busy {
+                Status::ServiceUnavailable
+            } else {
+                Status::Conflict
+            };
+            Response::error(status, "reload_partial", e.to_string())
+        }
     }
 }
 

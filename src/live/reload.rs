@@ -12,7 +12,9 @@
 //!   tables); the prefix index's size and the spare slots are reported and kept;
 //! - every other key (ports, thread counts, batching mode, limits) is reported and kept.
 //!
-//! A config that does not check is refused with the start's error, and nothing changes.
+//! A config that does not check is refused with the start's error, and nothing changes. An
+//! engine too busy to take a change is asked again; a reload that still stops half-way says
+//! what it applied (the rest runs as before, and the next reload applies it).
 //! Runs on the live thread (`thread`), never on an io thread.
 //! What must never happen here: a partly applied refusal, or a silent difference between
 //! the file and what runs (everything kept is in the report and the log).
@@ -40,6 +42,17 @@ pub enum ReloadError {
     Live(#[from] LiveError),
     #[error("reload: abe is stopping")]
     Stopping,
+    /// A reload that stopped half-way: what it applied runs, the rest runs as before. A
+    /// reload of the same file applies the rest.
+    #[error(
+        "reload partly applied ({}), then stopped: {error}; the rest runs as before: \
+         reload again to apply it",
+        applied.join("; ")
+    )]
+    Partial {
+        applied: Vec<String>,
+        error: Box<ReloadError>,
+    },
 }
 
 impl LiveBackends {
@@ -63,13 +76,14 @@ impl LiveBackends {
 
     /// Applies checked `next` settings against what runs.
     pub fn apply(&self, next: Settings) -> Result<ReloadReport, ReloadError> {
-        let mut report = ReloadReport::default();
         let mut running = lock(&self.running);
-        fixed_sections(&running, &next.config, &mut report.kept);
-        // Backends first: new aliases and fallbacks may name a backend's new models.
-        self.apply_backends(&next, &mut report)?;
-        self.apply_routing(&mut running, &next, &mut report)?;
-        Ok(report)
+        let mut fixed = Vec::new();
+        fixed_sections(&running, &next.config, &mut fixed);
+        apply_whole(fixed, BUSY_RETRIES, BUSY_PAUSE, |report| {
+            // Backends first: new aliases and fallbacks may name a backend's new models.
+            self.apply_backends(&next, report)?;
+            self.apply_routing(&mut running, &next, report)
+        })
     }
 
     fn apply_routing(
@@ -238,6 +252,45 @@ impl LiveBackends {
     }
 }
 
+/// How often a reload that found the engine's control queue full tries again, and how long
+/// it waits between tries (the engine empties the queue every turn; a full one means a burst
+/// of admin changes or an engine that is stopping).
+const BUSY_RETRIES: u32 = 20;
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Runs `attempt` (one pass that applies what differs from what runs, pushing a line per
+/// change) until it succeeds. A pass compares the file with what runs, so a pass after one
+/// stopped half-way applies only the rest: a `Busy` engine is tried again up to `retries`
+/// times, and the lines of every pass add up. A pass that still fails after changing
+/// something is a [`ReloadError::Partial`] naming what was applied; one that changed nothing
+/// is its own error. `kept` (what needs a restart) is the same for every pass.
+fn apply_whole(
+    kept: Vec<String>,
+    retries: u32,
+    pause: std::time::Duration,
+    mut attempt: impl FnMut(&mut ReloadReport) -> Result<(), ReloadError>,
+) -> Result<ReloadReport, ReloadError> {
+    let mut report = ReloadReport::default();
+    let mut tries = 0;
+    loop {
+        report.kept.clone_from(&kept);
+        match attempt(&mut report) {
+            Ok(()) => return Ok(report),
+            Err(ReloadError::Live(LiveError::Busy)) if tries < retries => {
+                tries += 1;
+                std::thread::sleep(pause);
+            }
+            Err(e) if report.applied.is_empty() => return Err(e),
+            Err(e) => {
+                return Err(ReloadError::Partial {
+                    applied: report.applied,
+                    error: Box::new(e),
+                })
+            }
+        }
+    }
+}
+
 /// The keys outside `[[backends]]` and `[routing]` that differ: each needs a restart.
 fn fixed_sections(running: &Config, next: &Config, kept: &mut Vec<String>) {
     let (Ok(toml::Value::Table(a)), Ok(toml::Value::Table(b))) =
@@ -271,5 +324,79 @@ fn fixed_sections(running: &Config, next: &Config, kept: &mut Vec<String>) {
             (x, y) if x != y => kept.push(format!("{key}: needs a restart")),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn kept() -> Vec<String> {
+        vec!["server.port: needs a restart".to_string()]
+    }
+
+    /// A pass that finds the engine busy after one change is tried again, applies only the
+    /// rest, and the report holds each change once and `kept` once.
+    #[test]
+    fn a_busy_engine_is_asked_again_and_the_passes_add_up() {
+        let mut todo = vec!["backend 'b': new", "backend 'a': removed"];
+        let mut passes = 0;
+        let report = apply_whole(kept(), 3, Duration::ZERO, |report| {
+            passes += 1;
+            // Applies what is left; the first pass stops after one change, busy.
+            while let Some(line) = todo.pop() {
+                report.applied.push(line.to_string());
+                if passes == 1 {
+                    return Err(ReloadError::Live(LiveError::Busy));
+                }
+            }
+            Ok(())
+        })
+        .expect("the second pass applies the rest");
+        assert_eq!(passes, 2);
+        assert_eq!(
+            report.applied,
+            ["backend 'a': removed", "backend 'b': new"],
+            "each change once, in the order applied"
+        );
+        assert_eq!(report.kept, kept(), "kept is not repeated per pass");
+    }
+
+    /// A reload that still fails after changing something says what it changed; one that
+    /// changed nothing is its own error; retries are bounded.
+    #[test]
+    fn a_reload_that_stops_half_way_names_what_it_applied() {
+        let mut passes = 0;
+        let err = apply_whole(kept(), 2, Duration::ZERO, |report| {
+            passes += 1;
+            if passes == 1 {
+                report.applied.push("backend 'a': removed".into());
+            }
+            Err(ReloadError::Live(LiveError::Busy))
+        })
+        .expect_err("busy every time");
+        assert_eq!(passes, 3, "one pass and two retries");
+        match &err {
+            ReloadError::Partial { applied, error } => {
+                assert_eq!(applied, &["backend 'a': removed"]);
+                assert!(matches!(**error, ReloadError::Live(LiveError::Busy)));
+            }
+            other => panic!("expected Partial, got {other:?}"),
+        }
+        let text = err.to_string();
+        assert!(
+            text.contains("backend 'a': removed") && text.contains("reload again"),
+            "{text}"
+        );
+
+        let err = apply_whole(kept(), 2, Duration::ZERO, |_| {
+            Err(ReloadError::Live(LiveError::NotFound("x".into())))
+        })
+        .expect_err("fails at once");
+        assert!(
+            matches!(err, ReloadError::Live(LiveError::NotFound(_))),
+            "nothing applied, no retry of a non-busy error: {err:?}"
+        );
     }
 }
