@@ -615,6 +615,21 @@ impl Handle {
             .is_none_or(JoinHandle::is_finished)
     }
 
+    /// LoRA adapter `adapter` was unloaded, or its id handed to a new adapter: the engine
+    /// forgets it in every slot table between two turns, so the next request with the id
+    /// pays a load. `Busy` when the control queue is full.
+    pub fn forget_adapter(
+        &self,
+        adapter: crate::core::lora::AdapterId,
+    ) -> Result<(), RequestError> {
+        self.shared
+            .control
+            .push(Control::ForgetAdapter(adapter))
+            .map_err(|_| RequestError::Busy)?;
+        self.shared.engine_bell.ring();
+        Ok(())
+    }
+
     /// `[routing]` settings a reload changed (the engine's router takes them between turns).
     pub fn set_routing(&self, live: crate::router::LiveRouting) -> Result<(), RequestError> {
         self.shared

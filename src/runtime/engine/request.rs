@@ -425,6 +425,12 @@ impl Mode for RequestLevel {
         }
     }
 
+    fn forget_adapter(&mut self, adapter: crate::core::lora::AdapterId) {
+        for lane in &mut self.lanes {
+            lane.core.forget_adapter(adapter);
+        }
+    }
+
     /// Routes the submission to a backend and admits it into that backend's core.
     #[inline]
     fn admit(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos, submitter: u16, sub: Submission) {
