@@ -273,7 +273,15 @@ const _: () = assert!(std::mem::size_of::<Job>() <= JOB_BYTES_MAX);
 
 impl Job {
     /// A job of `requests`, created now, with no extras.
-    pub fn new(kind: JobKind, model: Arc<str>, requests: Vec<Request>) -> Job {
+    pub fn new(kind: JobKind, model: Arc<str>, mut requests: Vec<Request>) -> Job {
+        // A LoRA adapter's requests ask an upstream backend for the adapter by name.
+        for r in &mut requests {
+            if r.route
+                .is_some_and(|route| route.need.adapter != crate::core::lora::BASE_MODEL)
+            {
+                r.work.model = Some(model.clone());
+            }
+        }
         Job {
             kind,
             model,

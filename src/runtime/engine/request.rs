@@ -289,7 +289,7 @@ impl RequestLevel {
                 route.tried_len += 1;
                 route.decision = Some(Decision { backend: b, ..d });
                 let mut work = work;
-                work.model = self.routing.model_for(b, d.model);
+                self.routing.set_model(&mut work, b, d.model, meta.adapter);
                 io.move_pending(index, to, work, route);
                 return;
             }
@@ -497,7 +497,7 @@ impl Mode for RequestLevel {
             }
         };
         let b = decision.backend.index();
-        work.model = routing.model_for(decision.backend, decision.model);
+        routing.set_model(&mut work, decision.backend, decision.model, meta.adapter);
         let lane = &mut lanes[b];
         match admitted {
             Ok(ticket) => {
