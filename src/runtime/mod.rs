@@ -9,10 +9,10 @@
 //! Where things live: `engine/` (the engine thread: its turn, and what each batching mode
 //! does in it), `worker` (worker threads), `submitter`, `gate` and `intake` (the way in and
 //! the submit/drain handshake), `ring` and `doorbell` (SPSC rings, waking a parked thread),
-//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`; `dst` (feature
-//! `testing`) builds the engine without threads for the deterministic simulation. Every
-//! cross-thread atomic comes from `sync`, the std/loom switch, so `loom-tests/` checks the
-//! real protocols.
+//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`, `seq_cell` (a value
+//! read without a lock); `dst` (feature `testing`) builds the engine without threads for the
+//! deterministic simulation. Every cross-thread atomic comes from `sync`, the std/loom
+//! switch, so `loom-tests/` checks the real protocols.
 
 pub mod clock;
 pub mod doorbell;
@@ -25,6 +25,7 @@ pub mod intake;
 pub mod messages;
 pub mod pin;
 pub mod ring;
+pub mod seq_cell;
 pub mod snapshot;
 pub mod submitter;
 pub mod tables;
