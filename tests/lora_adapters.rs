@@ -300,3 +300,65 @@ fn the_lora_gauge_shows_the_adapter_waiting_for_the_one_slot() {
         }
     }
 }
+
+/// How long a completion for `model` takes, as the client sees it (status checked).
+fn timed_completion(c: &mut Client, model: &str) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    let r = post_completion(c, model, "which adapter");
+    assert_eq!(r.status, 200, "{model}: {}", r.text());
+    assert_eq!(r.json()["model"], model);
+    start.elapsed()
+}
+
+#[test]
+fn an_adapter_loaded_under_an_unloaded_adapters_id_pays_its_load() {
+    // Only lower bounds of the load's deliberate wait are asserted: a slow machine can make
+    // a request slower, never faster than the wait its worker sleeps.
+    let load_ms = 400;
+    let at_least = std::time::Duration::from_millis(load_ms);
+    for mode in MODES {
+        let mut cfg = config(mode);
+        cfg.workers.count = 1;
+        cfg.lora.max_loras = 1;
+        cfg.lora.lora_load_ms = load_ms as f64;
+        let abe = start(cfg);
+        let mut c = Client::connect(abe.local_addr());
+        let load = |c: &mut Client, name: &str| {
+            let body = format!(r#"{{"lora_name":"{name}","lora_path":"/adapters/{name}"}}"#);
+            let r = c.request("POST", "/v1/load_lora_adapter", Some(&body));
+            assert_eq!(r.status, 200, "{}", r.text());
+        };
+        load(&mut c, "first");
+        let took = timed_completion(&mut c, "first");
+        assert!(
+            took >= at_least,
+            "{mode:?}: the first load is paid ({took:?})"
+        );
+        let r = c.request(
+            "POST",
+            "/v1/unload_lora_adapter",
+            Some(r#"{"lora_name":"first"}"#),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        // The freed id goes to the next adapter loaded (router::lora's table).
+        load(&mut c, "second");
+        let took = timed_completion(&mut c, "second");
+        assert!(
+            took >= at_least,
+            "{mode:?}: a new adapter under a reused id is loaded, not found resident ({took:?})"
+        );
+        // Loaded again after an unload, an adapter is loaded again too.
+        let r = c.request(
+            "POST",
+            "/v1/unload_lora_adapter",
+            Some(r#"{"lora_name":"second"}"#),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        load(&mut c, "second");
+        let took = timed_completion(&mut c, "second");
+        assert!(
+            took >= at_least,
+            "{mode:?}: reloaded, paid again ({took:?})"
+        );
+    }
+}

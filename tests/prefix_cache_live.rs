@@ -347,3 +347,45 @@ fn with_caching_off_or_request_level_batching_nothing_is_reported_cached() {
         abe.shutdown();
     }
 }
+
+/// The cache is keyed by LoRA adapter, as vLLM's block hash is: the same prompt under two
+/// adapters, or under an adapter and the base model, shares no cached block; each hits its
+/// own on a repeat.
+#[test]
+fn the_same_prompt_under_another_adapter_finds_nothing_cached() {
+    let mut cfg = continuous(true);
+    cfg.lora.max_loras = 2;
+    cfg.lora.lora_load_ms = 0.0;
+    cfg.lora.adapters = vec![
+        abe::router::lora::AdapterConfig::Name("sql-lora".into()),
+        abe::router::lora::AdapterConfig::Name("chat-lora".into()),
+    ];
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    let prompt = long_prompt();
+    let mut ask = |model: &str| {
+        let body = json!({"model": model, "prompt": prompt, "max_tokens": 2});
+        let usage = post(&mut c, "/v1/completions", &body)["usage"].clone();
+        (
+            cached(&usage).expect("caching on: the field is there"),
+            prompt_tokens(&usage),
+        )
+    };
+    let (hit, _) = ask("abe-sim");
+    assert_eq!(hit, 0, "a cold cache");
+    for model in ["sql-lora", "chat-lora"] {
+        let (hit, _) = ask(model);
+        assert_eq!(
+            hit, 0,
+            "{model}: the base model's or another adapter's KV is not its own"
+        );
+    }
+    for model in ["abe-sim", "sql-lora", "chat-lora"] {
+        let (hit, prompt_tokens) = ask(model);
+        assert_eq!(
+            hit,
+            (prompt_tokens - 1) / BLOCK_TOKENS * BLOCK_TOKENS,
+            "{model}: a repeat under the same model or adapter hits every full block"
+        );
+    }
+}

@@ -696,3 +696,87 @@ fn session_routing_keeps_a_session_on_one_server_by_header_or_user_field() {
     }
     assert_eq!(used.len(), 2, "eight sessions spread over both servers");
 }
+
+#[test]
+fn an_adapters_requests_ask_the_upstream_for_the_adapter_by_name() {
+    // abe in front of abe: the upstream loads the adapter at run time, as a vLLM with
+    // `--enable-lora` would; the front lists it on the upstream's model.
+    let back = AbeProcess::start("base", 0);
+    let mut b = Client::connect(back.addr);
+    let r = b.request(
+        "POST",
+        "/v1/load_lora_adapter",
+        Some(r#"{"lora_name":"sql-lora","lora_path":"/adapters/sql"}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mock = MockUpstream::start();
+    let abe = start(front(&format!(
+        r#"
+        [[backends]]
+        name = "up"
+        kind = "upstream"
+        base_url = "{}"
+        [[backends.models]]
+        name = "base"
+        context_length = 4096
+        adapters = ["sql-lora"]
+        [[backends]]
+        name = "mock"
+        kind = "upstream"
+        base_url = "{}"
+        [[backends.models]]
+        name = "mock-base"
+        context_length = 4096
+        adapters = ["mock-lora"]
+        "#,
+        back.base_url(),
+        mock.base_url()
+    )));
+    let mut c = Client::connect(abe.local_addr());
+    let r = post_completion(&mut c, "sql-lora", "select 1");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["model"], "sql-lora");
+    assert_eq!(routed_to(&r), "up");
+    // Gone from the upstream: the front's request now reaches it under a name it does not
+    // serve, and the client gets the upstream's 404 (sent as the base model, it would be
+    // served by the base model instead).
+    let r = b.request(
+        "POST",
+        "/v1/unload_lora_adapter",
+        Some(r#"{"lora_name":"sql-lora"}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = post_completion(&mut c, "sql-lora", "select 2");
+    assert_eq!(
+        r.status,
+        404,
+        "the upstream was asked for sql-lora: {}",
+        r.text()
+    );
+    assert_eq!(post_completion(&mut c, "base", "still served").status, 200);
+
+    // What the upstream received, exactly: the adapter's name, completions and chat alike;
+    // the base model's requests keep the base model's name.
+    let r = post_completion(&mut c, "mock-lora", "hi");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent = mock
+        .last_json("/v1/completions")
+        .expect("a completion was sent");
+    assert_eq!(sent["model"], "mock-lora");
+    let chat = serde_json::json!({
+        "model": "mock-lora",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+    });
+    let r = c.request("POST", "/v1/chat/completions", Some(&chat.to_string()));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["model"], "mock-lora");
+    let sent = mock
+        .last_json("/v1/chat/completions")
+        .expect("a chat was sent");
+    assert_eq!(sent["model"], "mock-lora");
+    assert_eq!(post_completion(&mut c, "mock-base", "hi").status, 200);
+    let sent = mock.last_json("/v1/completions").unwrap();
+    assert_eq!(sent["model"], "mock-base");
+    abe.shutdown();
+}

@@ -12,8 +12,8 @@
 //! counters never see them), a lock on the request path, or an unseeded draw.
 
 use crate::http::response::{Response, Status};
+use crate::runtime::seq_cell::SeqCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// An HTTP failure answered in place of a generation request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,7 +210,49 @@ impl FrontFaultSettings {
         self.http_rates().iter().any(|(_, r)| *r > 0.0)
             || self.stream_rates().iter().any(|(_, r)| *r > 0.0)
     }
+
+    /// As the words of a [`SeqCell`]: the nine rates' bits, then the three counts.
+    fn to_words(self) -> [u64; SETTINGS_WORDS] {
+        let r = self.named_rates().map(|(_, v)| v.to_bits());
+        [
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[6],
+            r[7],
+            r[8],
+            u64::from(self.retry_after_s),
+            u64::from(self.stream_after_chunks),
+            u64::from(self.stream_stall_ms),
+        ]
+    }
+
+    /// Back from [`Self::to_words`].
+    fn from_words(w: [u64; SETTINGS_WORDS]) -> FrontFaultSettings {
+        let rate = |i: usize| f64::from_bits(w[i]);
+        let count = |i: usize| u32::try_from(w[i]).expect("written from a u32");
+        FrontFaultSettings {
+            rate_limited_rate: rate(0),
+            unauthorized_rate: rate(1),
+            context_length_rate: rate(2),
+            model_not_found_rate: rate(3),
+            internal_error_rate: rate(4),
+            unavailable_rate: rate(5),
+            stream_cut_rate: rate(6),
+            stream_reset_rate: rate(7),
+            stream_stall_rate: rate(8),
+            retry_after_s: count(9),
+            stream_after_chunks: count(10),
+            stream_stall_ms: count(11),
+        }
+    }
 }
+
+/// Words of [`FrontFaultSettings`] in its [`SeqCell`].
+const SETTINGS_WORDS: usize = 12;
 
 /// The injected faults of one server, shared by its io threads.
 #[derive(Debug)]
@@ -218,8 +260,9 @@ pub struct FrontFaults {
     /// Fast path: false while every rate is 0, so a server without faults reads one flag.
     /// Relaxed: a setting is advisory; a request racing a change may see either.
     armed: AtomicBool,
-    /// Written only by `POST /admin/faults` (rare); read only when `armed`.
-    settings: Mutex<FrontFaultSettings>,
+    /// Written only by `POST /admin/faults` (rare); read only when `armed`, without a lock
+    /// (a sequence lock: a read sees one whole setting, the old or the new).
+    settings: SeqCell<SETTINGS_WORDS>,
     seed: u64,
     /// Draws so far: draw `i` is a hash of (seed, i), so a run's sequence of draws is
     /// fixed by the seed (which request gets which depends on arrival order).
@@ -233,22 +276,22 @@ impl FrontFaults {
     pub fn new(settings: FrontFaultSettings, seed: u64) -> FrontFaults {
         FrontFaults {
             armed: AtomicBool::new(settings.any()),
-            settings: Mutex::new(settings),
+            settings: SeqCell::new(settings.to_words()),
             seed,
             draws: AtomicU64::new(0),
             injected: Default::default(),
         }
     }
 
-    /// The current settings.
+    /// The current settings (no lock: see `settings`).
     pub fn get(&self) -> FrontFaultSettings {
-        *self.settings.lock().unwrap_or_else(|e| e.into_inner())
+        FrontFaultSettings::from_words(self.settings.read())
     }
 
     /// Replaces the settings (checked by the caller with [`FrontFaultSettings::check`]).
     pub fn set(&self, s: FrontFaultSettings) {
         debug_assert!(s.check().is_ok());
-        *self.settings.lock().unwrap_or_else(|e| e.into_inner()) = s;
+        self.settings.write(s.to_words());
         self.armed.store(s.any(), Ordering::Relaxed);
     }
 
@@ -427,6 +470,32 @@ mod tests {
             unavailable_rate: rate,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn settings_read_back_whole_from_the_lock_free_cell() {
+        let s = FrontFaultSettings {
+            rate_limited_rate: 0.1,
+            retry_after_s: 7,
+            unauthorized_rate: 0.05,
+            context_length_rate: 0.02,
+            model_not_found_rate: 0.01,
+            internal_error_rate: 0.3,
+            unavailable_rate: 0.125,
+            stream_cut_rate: 0.2,
+            stream_reset_rate: 0.25,
+            stream_stall_rate: 0.5,
+            stream_after_chunks: 3,
+            stream_stall_ms: u32::MAX,
+        };
+        let f = FrontFaults::new(FrontFaultSettings::default(), 7);
+        assert_eq!(f.get(), FrontFaultSettings::default());
+        f.set(s);
+        assert_eq!(f.get(), s, "every field, in its place");
+        assert_eq!(f.retry_after_s(), 7);
+        f.set(FrontFaultSettings::default());
+        assert_eq!(f.get(), FrontFaultSettings::default());
+        assert!(f.draw_http().is_none(), "disarmed again");
     }
 
     #[test]

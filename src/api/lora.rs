@@ -7,7 +7,12 @@
 //! server's default model, as vLLM's runtime loads attach to its first base model. Like
 //! vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`, run-time changes are gated: they are control
 //! calls, allowed when `server.admin_enabled` and with the admin token when one is set.
-//! Runs on io threads; the engine is never told (it sees adapter ids only).
+//! Runs on io threads. The engine sees adapter ids only; both calls tell it which id to
+//! forget (a `ForgetAdapter` control, pushed before the answer): an unloaded adapter's slot
+//! is freed once nothing runs there, and an id a load hands out (perhaps an unloaded
+//! adapter's) starts non-resident, so its first request pays `lora_load_ms`. A request sent
+//! before its load was answered may find the id's old residency (nothing orders it after
+//! the control).
 
 use super::ApiContext;
 use crate::http::parse::{Head, Method};
@@ -48,7 +53,7 @@ pub fn endpoint(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Respo
     let result = if path == "/v1/load_lora_adapter" {
         load(ctx, body).map(|name| format!("Success: LoRA adapter '{name}' added successfully."))
     } else {
-        unload(&ctx.lora, body)
+        unload(ctx, body)
             .map(|name| format!("Success: LoRA adapter '{name}' removed successfully."))
     };
     match result {
@@ -73,22 +78,38 @@ fn load(ctx: &ApiContext, body: &[u8]) -> Result<String, LoraError> {
     {
         return Err(LoraError::UnknownBase { base });
     }
-    ctx.lora.load(&b.lora_name, &b.lora_path, &base)?;
+    let id = ctx.lora.load(&b.lora_name, &b.lora_path, &base)?;
+    if ctx.handle.forget_adapter(id).is_err() {
+        // The engine would keep what it holds for the id: take the load back.
+        let _ = ctx.lora.unload(&b.lora_name);
+        return Err(LoraError::EngineBusy);
+    }
     Ok(b.lora_name)
 }
 
-fn unload(table: &LoraTable, body: &[u8]) -> Result<String, LoraError> {
+fn unload(ctx: &ApiContext, body: &[u8]) -> Result<String, LoraError> {
     let b: UnloadBody = serde_json::from_slice(body).map_err(|_| LoraError::MissingName)?;
+    let table: &LoraTable = &ctx.lora;
+    if b.lora_name.is_empty() {
+        return Err(LoraError::MissingName);
+    }
+    let Some(adapter) = table.lookup(&b.lora_name) else {
+        return Err(LoraError::NotFound(b.lora_name));
+    };
+    // Told first, so a refusal leaves the adapter loaded, as it was.
+    ctx.handle
+        .forget_adapter(adapter.id)
+        .map_err(|_| LoraError::EngineBusy)?;
     table.unload(&b.lora_name)?;
     Ok(b.lora_name)
 }
 
 /// vLLM's error body: `{"error": {"message", "type", "param", "code"}}`.
 fn error(e: &LoraError) -> Response {
-    let status = if e.status() == 404 {
-        Status::NotFound
-    } else {
-        Status::BadRequest
+    let status = match e.status() {
+        404 => Status::NotFound,
+        503 => Status::ServiceUnavailable,
+        _ => Status::BadRequest,
     };
     let body = serde_json::json!({
         "error": {

@@ -273,7 +273,15 @@ const _: () = assert!(std::mem::size_of::<Job>() <= JOB_BYTES_MAX);
 
 impl Job {
     /// A job of `requests`, created now, with no extras.
-    pub fn new(kind: JobKind, model: Arc<str>, requests: Vec<Request>) -> Job {
+    pub fn new(kind: JobKind, model: Arc<str>, mut requests: Vec<Request>) -> Job {
+        // A LoRA adapter's requests ask an upstream backend for the adapter by name.
+        for r in &mut requests {
+            if r.route
+                .is_some_and(|route| route.need.adapter != crate::core::lora::BASE_MODEL)
+            {
+                r.work.model = Some(model.clone());
+            }
+        }
         Job {
             kind,
             model,
@@ -732,7 +740,7 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         route.session = session;
         check_model_len(ctx, &prompt, &text)?;
         let mut work = text.work(Arc::from(&*prompt), None);
-        name_prompt_blocks(ctx, &mut work);
+        name_prompt_blocks(ctx, &mut work, route.need.adapter);
         if echo {
             echoed.push(work.prompt.clone());
         }
@@ -763,8 +771,13 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
 /// when it routes by them (`routing.strategy = "prefix_aware"`, in either mode: for an
 /// `upstream` backend its approximate index records them). Done here, on the io thread, so
 /// the engine only looks names up. The rendered text is named (after the chat template),
-/// so a conversation sent again with its history finds its earlier turns.
-fn name_prompt_blocks(ctx: &Decoder<'_>, work: &mut crate::exec::Work) {
+/// so a conversation sent again with its history finds its earlier turns. A LoRA
+/// `adapter`'s names are its own (`core::prefix::root_for`): no KV shared across adapters.
+fn name_prompt_blocks(
+    ctx: &Decoder<'_>,
+    work: &mut crate::exec::Work,
+    adapter: crate::core::lora::AdapterId,
+) {
     let c = &ctx.config.continuous;
     let caching =
         ctx.config.batching.mode == crate::core::BatchingMode::Continuous && c.prefix_caching;
@@ -773,7 +786,12 @@ fn name_prompt_blocks(ctx: &Decoder<'_>, work: &mut crate::exec::Work) {
         return;
     }
     let mut names = Vec::with_capacity(work.prompt.len() / (c.kv_block_tokens.max(1) as usize * 4));
-    crate::core::prefix::text_block_hashes(&work.prompt, c.kv_block_tokens, &mut names);
+    crate::core::prefix::adapter_text_block_hashes(
+        &work.prompt,
+        c.kv_block_tokens,
+        adapter,
+        &mut names,
+    );
     if !names.is_empty() {
         work.prompt_blocks = Some(names.into());
     }
@@ -884,7 +902,7 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
         *usage = u64::from(crate::exec::prompt_tokens(&prompt));
     }
     let mut work = text.work(prompt.into(), chat_body);
-    name_prompt_blocks(ctx, &mut work);
+    name_prompt_blocks(ctx, &mut work, route.need.adapter);
     let mut requests: Vec<Request> = (0..text.n)
         .map(|j| Request {
             priority: text.priority,

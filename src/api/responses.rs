@@ -162,7 +162,7 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
     let prompt = super::chat::render_prompt(Some(msgs)).map_err(super::bad)?;
     super::check_model_len(ctx, &prompt, &text)?;
     let mut work = text.work(prompt.into(), None);
-    super::name_prompt_blocks(ctx, &mut work);
+    super::name_prompt_blocks(ctx, &mut work, route.need.adapter);
     let meta = ResponseMeta {
         id: format!("resp_{}", fresh_hex()),
         message_id: format!("msg_{}", fresh_hex()),

@@ -119,7 +119,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 }
 
 /// A `priority`: one of abe's names, or vLLM's integer (read as its decimal text; see
-/// [`priority`]). Reads as a `str`.
+/// [`priority`]). Reads as a `str`. A JSON number with a fraction of zero (`1.0`) is that
+/// integer, as vLLM's pydantic `int` takes it (lax mode); any other fraction is refused.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PriorityField<'a>(pub std::borrow::Cow<'a, str>);
 
@@ -149,6 +150,16 @@ impl<'de: 'a, 'a> Deserialize<'de> for PriorityField<'a> {
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
                 Ok(PriorityField(std::borrow::Cow::Owned(v.to_string())))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                // Past 2^63 every f64 is integral; the text then reads as "far past 0".
+                if v.is_finite() && v.fract() == 0.0 {
+                    return Ok(PriorityField(std::borrow::Cow::Owned(format!("{v:.0}"))));
+                }
+                Err(E::invalid_value(
+                    de::Unexpected::Float(v),
+                    &"an integer (vLLM's priority is an int; 1.0 is taken as 1)",
+                ))
             }
         }
         d.deserialize_any(V)
@@ -586,6 +597,25 @@ mod tests {
         assert_eq!(b.priority.as_deref(), Some("18446744073709551615"));
         let b: CompletionBody = parse_body(br#"{"priority":-12}"#).unwrap();
         assert_eq!(b.priority.as_deref(), Some("-12"));
+        // vLLM's pydantic int is lax: an integral float is that integer.
+        for (json, level, class) in [
+            ("1.0", "1", Low),
+            ("-3.0", "-3", High),
+            ("0.0", "0", Normal),
+        ] {
+            let body = format!(r#"{{"priority":{json}}}"#);
+            let b: CompletionBody = parse_body(body.as_bytes()).unwrap();
+            assert_eq!(b.priority.as_deref(), Some(level), "{json}");
+            assert_eq!(priority(b.priority.as_deref(), None).unwrap(), class);
+        }
+        let b: CompletionBody = parse_body(br#"{"priority":1e300}"#).unwrap();
+        assert_eq!(priority(b.priority.as_deref(), None).unwrap(), Low);
+        let e = parse_body::<CompletionBody>(br#"{"priority":1.5}"#).unwrap_err();
+        assert!(
+            e.message.contains("'priority'") && e.message.contains("1.5"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

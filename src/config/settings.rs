@@ -528,6 +528,17 @@ impl Config {
             ));
         }
         non_negative("lora.lora_load_ms", l.lora_load_ms)?;
+        if !self.backends.is_empty() && !l.adapters.is_empty() {
+            // `[lora] adapters` belongs to the server's own model, which [[backends]]
+            // replace: taken silently, they would be served nowhere.
+            let names: Vec<&str> = l.adapters.iter().map(|a| a.name()).collect();
+            return Err(invalid(
+                "lora.adapters",
+                format!("[{}]", names.join(", ")),
+                "is for the server's own model, and [[backends]] are configured: list each \
+                 adapter on the model it runs on, as [[backends.models]] adapters = [...]",
+            ));
+        }
         let backends = self.effective_backends();
         if let Err(e) = crate::router::lora::LoraTable::from_backends(0, &backends) {
             let key = if self.backends.is_empty() {

@@ -997,3 +997,35 @@ fn adapters_listed_by_every_replica_count_once_against_max_lora_adapters() {
         "{e}"
     );
 }
+
+/// `[lora] adapters` lists the server's own model's adapters; with `[[backends]]` that
+/// model is not served, so the key is refused, naming where adapters go, not ignored.
+#[test]
+fn lora_adapters_beside_backends_are_refused_naming_where_adapters_go() {
+    let toml = "[lora]\nadapters = [\"sql-lora\"]\n\
+                [[backends]]\nname = \"b\"\nkind = \"sim\"\n\
+                [[backends.models]]\nname = \"m\"\ncontext_length = 8192\n";
+    let e = Config::from_toml(toml)
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("lora.adapters")
+            && e.contains("sql-lora")
+            && e.contains("[[backends.models]] adapters"),
+        "{e}"
+    );
+    // Listed on the model, the same adapter is fine; without [[backends]], so is the key.
+    let on_model = toml
+        .replace("[lora]\nadapters = [\"sql-lora\"]\n", "")
+        .replace(
+            "context_length = 8192\n",
+            "context_length = 8192\nadapters = [\"sql-lora\"]\n",
+        );
+    Config::from_toml(&on_model).unwrap().validate().unwrap();
+    Config::from_toml("[lora]\nadapters = [\"sql-lora\"]\n")
+        .unwrap()
+        .validate()
+        .unwrap();
+}

@@ -182,6 +182,12 @@ impl Core {
         None
     }
 
+    /// Forgets LoRA adapter `adapter` on every worker (unloaded, or its id handed to a new
+    /// adapter): the next batch with it pays a load (`LoraSlots::forget`).
+    pub fn forget_adapter(&mut self, adapter: super::lora::AdapterId) {
+        self.lora.iter_mut().for_each(|s| s.forget(adapter));
+    }
+
     /// Takes a free batch slot and fills it from bin `bin` (FIFO) up to `max_len` requests
     /// that pass the memory check; the rest stay at the front of the bin.
     fn fill_from_bin(&mut self, now: Nanos, bin: usize, max_len: usize) -> (u32, Vec<Ticket>) {

@@ -1104,6 +1104,14 @@ impl Continuous {
         self.replicas[r].lora.is_resident(adapter)
     }
 
+    /// Forgets LoRA adapter `adapter` on every replica (unloaded, or its id handed to a new
+    /// adapter): a slot empties once nothing runs there (`LoraSlots::forget`).
+    pub fn forget_adapter(&mut self, adapter: u16) {
+        self.replicas
+            .iter_mut()
+            .for_each(|r| r.lora.forget(adapter));
+    }
+
     /// Adapters of the requests waiting in group `g` (repeats included), for metrics.
     pub fn waiting_adapters(&self, g: usize) -> impl Iterator<Item = u16> + '_ {
         self.waiting[g].iter().flat_map(move |q| {

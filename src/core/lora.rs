@@ -5,7 +5,9 @@
 //! A replica holds at most `max_loras` adapters resident; a resident adapter with no
 //! running request stays loaded (cached) until its slot is wanted by another. Taking a slot
 //! for an adapter that is not resident is a load, which the latency model charges
-//! (`lora_load_ms`). Fixed arrays only: nothing here allocates, and nothing here knows an
+//! (`lora_load_ms`). An adapter unloaded, or an id handed to a new adapter, is forgotten
+//! ([`LoraSlots::forget`]): its slot empties once nothing runs there, so a reused id starts
+//! non-resident. Fixed arrays only: nothing here allocates, and nothing here knows an
 //! adapter's name (`router::lora` does).
 
 /// An adapter by number; [`BASE_MODEL`] is none.
@@ -93,6 +95,10 @@ pub struct LoraSlots {
     users: [u32; MAX_LORAS_MOST],
     /// Per slot, when it was last acquired (on `clock`), for least-recently-used eviction.
     used_at: [u64; MAX_LORAS_MOST],
+    /// Per slot, its adapter was forgotten while requests ran there: the slot empties when
+    /// the last of them is released, and no new request joins it. Invariant: only set on a
+    /// slot with users.
+    forgotten: [bool; MAX_LORAS_MOST],
     /// `max_loras`.
     len: u8,
     clock: u64,
@@ -109,6 +115,7 @@ impl LoraSlots {
             ids: [BASE_MODEL; MAX_LORAS_MOST],
             users: [0; MAX_LORAS_MOST],
             used_at: [0; MAX_LORAS_MOST],
+            forgotten: [false; MAX_LORAS_MOST],
             len: max_loras as u8,
             clock: 0,
         }
@@ -119,8 +126,9 @@ impl LoraSlots {
         usize::from(self.len)
     }
 
+    /// The slot holding `a` for new requests (a forgotten one, still draining, does not).
     fn resident_slot(&self, a: AdapterId) -> Option<usize> {
-        self.ids[..self.max_loras()].iter().position(|&id| id == a)
+        (0..self.max_loras()).find(|&k| self.ids[k] == a && !self.forgotten[k])
     }
 
     /// The slot a load of a non-resident adapter would take: an empty one, else the least
@@ -166,24 +174,39 @@ impl LoraSlots {
         })
     }
 
-    /// One user fewer of slot `k` (from [`Acquired::slot`]); the adapter stays resident.
+    /// One user fewer of slot `k` (from [`Acquired::slot`]); the adapter stays resident,
+    /// unless it was forgotten and this was its last user.
     pub fn release(&mut self, k: u8) {
         let k = usize::from(k);
         debug_assert!(self.users[k] > 0, "release matches an acquire");
         self.users[k] -= 1;
+        if self.users[k] == 0 && self.forgotten[k] {
+            self.forgotten[k] = false;
+            self.ids[k] = BASE_MODEL;
+        }
     }
 
-    /// Drops every adapter (e.g. an unloaded adapter's id may be reused): only slots nobody
-    /// uses are emptied.
-    pub fn evict_idle(&mut self) {
+    /// Forgets adapter `a` (unloaded, or its id handed to a new adapter): a slot holding it
+    /// with nothing running empties now; one with running requests empties when the last
+    /// is released, and takes no new request meanwhile. The next request of `a` loads it.
+    pub fn forget(&mut self, a: AdapterId) {
+        if a == BASE_MODEL {
+            return;
+        }
         for k in 0..self.max_loras() {
+            if self.ids[k] != a {
+                continue;
+            }
             if self.users[k] == 0 {
                 self.ids[k] = BASE_MODEL;
+            } else {
+                self.forgotten[k] = true;
             }
         }
     }
 
-    /// Adapters with a running request, each once.
+    /// Adapters with a running request (once per slot: a forgotten adapter still draining
+    /// and its reloaded id may both run).
     pub fn running(&self) -> impl Iterator<Item = AdapterId> + '_ {
         (0..self.max_loras())
             .filter(|&k| self.users[k] > 0)
@@ -308,5 +331,48 @@ mod tests {
             "2 was used longest ago"
         );
         assert!(s.is_resident(1));
+    }
+
+    #[test]
+    fn a_forgotten_adapter_is_loaded_again_even_when_its_slot_was_busy() {
+        let mut s = LoraSlots::new(1);
+        let k = s.acquire(5).unwrap().slot().unwrap();
+        s.release(k);
+        s.forget(5);
+        assert!(
+            !s.is_resident(5),
+            "an idle forgotten adapter leaves at once"
+        );
+        assert_eq!(
+            s.acquire(5),
+            Some(Acquired::Loaded(0)),
+            "its id loads again"
+        );
+
+        // Forgotten while a request runs: the slot drains, then empties.
+        s.forget(5);
+        assert!(!s.is_resident(5));
+        assert!(!s.can_take(5), "a new request of the id waits for the slot");
+        assert_eq!(s.acquire(6), None);
+        assert_eq!(
+            s.running().collect::<Vec<_>>(),
+            [5],
+            "the old request runs on"
+        );
+        s.release(0);
+        assert_eq!(s.running().count(), 0);
+        assert_eq!(s.acquire(5), Some(Acquired::Loaded(0)), "charged a load");
+        s.release(0);
+        assert_eq!(
+            s.acquire(5),
+            Some(Acquired::Resident(0)),
+            "then cached as usual"
+        );
+
+        // Forgetting another adapter, or the base model, changes nothing.
+        s.release(0);
+        s.forget(9);
+        s.forget(BASE_MODEL);
+        assert!(s.is_resident(5));
     }
 }

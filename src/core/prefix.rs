@@ -5,13 +5,18 @@
 //! `chain(name(i - 1), content(i))`, with [`ROOT`] as the parent of block 0. So two prompts
 //! give block `i` the same name exactly when their first `i + 1` blocks hold the same tokens
 //! (up to 64-bit hash collisions), and the scheduler may share KV by name. A partial last
-//! block has no name and is never shared (vLLM's rule).
+//! block has no name and is never shared (vLLM's rule). A prompt run with a LoRA adapter
+//! starts its chain at the adapter's own root ([`root_for`]), so equal prompts under
+//! different adapters, or under an adapter and the base model, share no block (vLLM mixes
+//! the LoRA id into the block hash); the base model's root is [`ROOT`], so names, and every
+//! report of a run without adapters, are what they were.
 //!
 //! The scheduler never sees tokens: the driver names the blocks (live: from the prompt text
 //! on the io thread, [`text_block_hashes`]; simulated: from a trace's block ids) and lends
 //! them through [`PromptBlocks`]. Nothing here allocates except [`text_block_hashes`], which
 //! runs off the engine thread.
 
+use super::lora::{AdapterId, BASE_MODEL};
 use super::request::Ticket;
 
 /// The name of one full KV block: a chained hash.
@@ -46,6 +51,18 @@ pub const fn chain(parent: BlockHash, content: u64) -> BlockHash {
     }
 }
 
+/// The parent of the first block of a prompt run with LoRA adapter `adapter`: [`ROOT`] for
+/// the base model, else a name of the adapter's own (never [`ROOT`]).
+#[inline]
+pub const fn root_for(adapter: AdapterId) -> BlockHash {
+    if adapter == BASE_MODEL {
+        ROOT
+    } else {
+        // 'LoRA' in the high bits keeps these roots apart from block contents' hashes.
+        chain(ROOT, 0x4c6f_5241_0000_0000 | adapter as u64)
+    }
+}
+
 /// The content hash of one block of prompt bytes (8 bytes at a time, the length last).
 pub fn content_hash(bytes: &[u8]) -> u64 {
     let mut h = 0x243f_6a88_85a3_08d3u64;
@@ -61,10 +78,22 @@ pub fn content_hash(bytes: &[u8]) -> u64 {
 }
 
 /// Appends to `out` the names of `text`'s full blocks of `block_tokens` tokens (4 bytes a
-/// token, as abe counts prompt tokens), in order. Runs on io threads; allocates in `out`.
+/// token, as abe counts prompt tokens), in order, for the base model. Runs on io threads;
+/// allocates in `out`.
 pub fn text_block_hashes(text: &str, block_tokens: u32, out: &mut Vec<BlockHash>) {
+    adapter_text_block_hashes(text, block_tokens, BASE_MODEL, out);
+}
+
+/// As [`text_block_hashes`], for a prompt run with LoRA adapter `adapter` (its chain starts
+/// at [`root_for`]`(adapter)`).
+pub fn adapter_text_block_hashes(
+    text: &str,
+    block_tokens: u32,
+    adapter: AdapterId,
+    out: &mut Vec<BlockHash>,
+) {
     let block_bytes = (block_tokens.max(1) as usize) * TOKEN_BYTES;
-    let mut parent = ROOT;
+    let mut parent = root_for(adapter);
     for block in text.as_bytes().chunks_exact(block_bytes) {
         parent = chain(parent, content_hash(block));
         out.push(parent);
@@ -149,6 +178,34 @@ mod tests {
         );
         // Same content at another position has another name.
         assert_ne!(ha[0], ha[1]);
+    }
+
+    #[test]
+    fn an_adapter_keys_every_block_and_the_base_model_keeps_its_names() {
+        let text = "abcd".repeat(16 * 3);
+        let names = |adapter| {
+            let mut out = Vec::new();
+            adapter_text_block_hashes(&text, 16, adapter, &mut out);
+            out
+        };
+        let mut base = Vec::new();
+        text_block_hashes(&text, 16, &mut base);
+        assert_eq!(
+            names(BASE_MODEL),
+            base,
+            "the base model's names are unchanged"
+        );
+        // The base model's chain, written out: ROOT is its first parent, as before.
+        let first = chain(ROOT, content_hash(&text.as_bytes()[..64]));
+        assert_eq!(base[0], first);
+        let (one, two) = (names(1), names(2));
+        assert_eq!(one.len(), 3);
+        for i in 0..3 {
+            assert_ne!(one[i], base[i], "block {i}: adapter 1 and the base model");
+            assert_ne!(one[i], two[i], "block {i}: adapters 1 and 2");
+        }
+        assert_eq!(one, names(1), "an adapter's names are stable");
+        assert!((1..=4095).all(|a| root_for(a) != ROOT));
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub struct Work {
     /// length-aware strategies (copied into the scheduler's `RequestMeta` at submission).
     pub predicted_output_tokens: u32,
     /// The model the backend is asked for (set by the engine when it routes the request;
-    /// `None` before). Shared, so setting it does not allocate.
+    /// `None` before). A LoRA adapter's request carries the adapter's name from the io
+    /// thread, and the engine keeps it: an upstream vLLM serves the adapter under its own
+    /// name. Shared, so setting it does not allocate.
     pub model: Option<Arc<str>>,
     /// Chat completions only: the client's JSON request body, for an `upstream` backend to
     /// forward (messages, tools, response_format...) with `model` and `stream` replaced.

@@ -72,13 +72,17 @@ pub enum LoraError {
     NameTaken { name: String },
     #[error("base model '{base}' is not served here; the adapter needs a model abe serves")]
     UnknownBase { base: String },
+    /// The engine's control queue is full (it is far behind): nothing was changed.
+    #[error("the engine is busy and did not take the change; nothing changed, retry")]
+    EngineBusy,
 }
 
 impl LoraError {
-    /// vLLM's status: 404 for an unknown adapter, 400 otherwise.
+    /// vLLM's status: 404 for an unknown adapter, 400 otherwise (503: abe's engine busy).
     pub fn status(&self) -> u16 {
         match self {
             LoraError::NotFound(_) => 404,
+            LoraError::EngineBusy => 503,
             _ => 400,
         }
     }
@@ -88,6 +92,7 @@ impl LoraError {
         match self {
             LoraError::NotFound(_) => "NotFoundError",
             LoraError::TableFull { .. } => "BadRequestError",
+            LoraError::EngineBusy => "ServiceUnavailableError",
             _ => "InvalidUserInput",
         }
     }

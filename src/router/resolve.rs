@@ -8,9 +8,14 @@
 //! only an alias. After build every name a request may use sits in one table, so resolving
 //! is one hash lookup (no allocation) and always terminates. Nothing here may look at
 //! backend health or load: that is `select`'s job.
+//!
+//! A LoRA adapter's request names its base model and takes neither an alias nor a
+//! fallback ([`Resolver::alias_for`], [`Resolver::chain_for_adapter`]): the adapter's
+//! weights belong to that model, so another model's backend cannot serve it.
 
 use super::error::RouterConfigError;
 use super::registry::{ModelId, Registry};
+use crate::core::lora::{AdapterId, BASE_MODEL};
 use std::collections::{BTreeMap, HashMap};
 
 /// Dense index of a name the router knows: a served model, an alias, an alias target or a
@@ -215,6 +220,24 @@ impl Resolver {
         match self.alias_of(id) {
             Some(t) if own.is_empty() => self.fallbacks_of(t),
             _ => own,
+        }
+    }
+
+    /// The alias target a request of LoRA adapter `adapter` may go to for `id`: none for an
+    /// adapter (see the module doc), else [`Resolver::alias_of`].
+    #[inline]
+    pub fn alias_for(&self, id: NameId, adapter: AdapterId) -> Option<NameId> {
+        self.alias_of(id).filter(|_| adapter == BASE_MODEL)
+    }
+
+    /// The fallback chain a request of LoRA adapter `adapter` may take for `id`: none for
+    /// an adapter (see the module doc), else [`Resolver::chain_for`].
+    #[inline]
+    pub fn chain_for_adapter(&self, id: NameId, adapter: AdapterId) -> &[NameId] {
+        if adapter == BASE_MODEL {
+            self.chain_for(id)
+        } else {
+            &[]
         }
     }
 

@@ -344,8 +344,12 @@ impl Router {
         let candidates = r
             .served(name)
             .into_iter()
-            .chain(r.alias_of(name).and_then(|t| r.served(t)))
-            .chain(r.chain_for(name).iter().filter_map(|&f| r.served(f)));
+            .chain(r.alias_for(name, req.adapter).and_then(|t| r.served(t)))
+            .chain(
+                r.chain_for_adapter(name, req.adapter)
+                    .iter()
+                    .filter_map(|&f| r.served(f)),
+            );
         for model in candidates {
             if self
                 .registry
@@ -393,7 +397,7 @@ impl Router {
         }
         if let Some(model) = self
             .resolver
-            .alias_of(name)
+            .alias_for(name, req.adapter)
             .and_then(|t| self.resolver.served(t))
         {
             if let Some(backend) = self.pick_excluding_with(model, req, &[], affinity) {
@@ -405,9 +409,9 @@ impl Router {
                 });
             }
         }
-        let chain_len = self.resolver.chain_for(name).len();
+        let chain_len = self.resolver.chain_for_adapter(name, req.adapter).len();
         for i in 0..chain_len {
-            let fallback = self.resolver.chain_for(name)[i];
+            let fallback = self.resolver.chain_for_adapter(name, req.adapter)[i];
             if let Some(model) = self.resolver.served(fallback) {
                 if let Some(backend) = self.pick_excluding_with(model, req, &[], affinity) {
                     return Ok(Decision {
@@ -621,9 +625,9 @@ impl RouterView<'_> {
     #[cold]
     fn explain(&self, name: NameId, req: &Requirements<'_>) -> RouteError {
         let r = &self.resolver;
-        let alias = r.alias_of(name);
+        let alias = r.alias_for(name, req.adapter);
         let requested = r.name(name).to_string();
-        let chain = r.chain_for(name);
+        let chain = r.chain_for_adapter(name, req.adapter);
         if !chain.is_empty() {
             let mut tried = Vec::with_capacity(chain.len() + 2);
             if r.served(name).is_some() || alias.is_none() {

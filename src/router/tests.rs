@@ -1608,6 +1608,49 @@ fn an_adapter_whose_backends_are_all_down_is_a_503_naming_the_backends_without_i
     );
 }
 
+/// LoRA: an adapter is served only by a backend that has it, never through its base
+/// model's fallback or alias: another model's backend (or the same backend, as another
+/// model) would answer with the wrong weights. With the base model down, a run-time
+/// adapter's request is a 503 for its base model; a base request still falls back.
+#[test]
+fn an_adapter_is_never_served_through_a_fallback_or_alias_by_another_model() {
+    let mut a = backend("a", 0, &[("m", 8192, NONE), ("other", 8192, NONE)]);
+    a.models[0].adapters = vec![lora::AdapterConfig::Name("sql".into())];
+    let b = backend("b", 0, &[("other", 8192, NONE)]);
+    let cfg = RoutingConfig {
+        fallbacks: fallbacks(&[("m", &["other"])]),
+        aliases: aliases(&[("m", "other")]),
+        ..routing("round_robin")
+    };
+    let mut r = router(&[a, b], &cfg);
+    // "m" is served by a only; make its one offer unavailable.
+    let a_id = r.registry().backend_id("a").unwrap();
+    for adapter in [1, 2] {
+        // 1: configured on a's "m"; 2: loaded at run time on "m".
+        let req = Requirements {
+            adapter,
+            ..Requirements::text("m", 10)
+        };
+        let (name, need) = r.precheck(&req).unwrap();
+        let d = r.route_name(name, &need).unwrap();
+        assert_eq!((d.backend, r.registry().model_name(d.model)), (a_id, "m"));
+        r.registry_mut().set_healthy(a_id, false);
+        let e = r.route_name(name, &need).unwrap_err();
+        assert_eq!(e.status(), 503, "adapter {adapter}: {e}");
+        assert!(
+            matches!(&e, RouteError::NoHealthyBackend { model, .. } if model == "m"),
+            "adapter {adapter}: not served as 'other': {e:?}"
+        );
+        let base = r.route(&Requirements::text("m", 10)).unwrap();
+        assert_eq!(
+            r.registry().model_name(base.model),
+            "other",
+            "the base model still falls back"
+        );
+        r.registry_mut().set_healthy(a_id, true);
+    }
+}
+
 /// LoRA affinity gives way to load: a backend holding the adapter resident stops being the
 /// only choice once it has more than one batch in flight beyond the least busy candidate.
 #[test]

@@ -252,6 +252,9 @@ pub enum Control {
     SwapTables,
     /// `[routing]` settings a reload changed (strategy, weights, retries, prefix thresholds).
     SetRouting(crate::router::LiveRouting),
+    /// A LoRA adapter id was unloaded, or handed to a newly loaded adapter: every slot table
+    /// forgets it (`core::lora::LoraSlots::forget`), so the next request with it pays a load.
+    ForgetAdapter(crate::core::lora::AdapterId),
 }
 
 /// Which runtime thread is starting (for `RuntimeConfig::on_thread_start`).

@@ -9,10 +9,10 @@
 //! Where things live: `engine/` (the engine thread: its turn, and what each batching mode
 //! does in it), `worker` (worker threads), `submitter`, `gate` and `intake` (the way in and
 //! the submit/drain handshake), `ring` and `doorbell` (SPSC rings, waking a parked thread),
-//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`; `dst` (feature
-//! `testing`) builds the engine without threads for the deterministic simulation. Every
-//! cross-thread atomic comes from `sync`, the std/loom switch, so `loom-tests/` checks the
-//! real protocols.
+//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`, `seq_cell` (a value
+//! read without a lock); `dst` (feature `testing`) builds the engine without threads for the
+//! deterministic simulation. Every cross-thread atomic comes from `sync`, the std/loom
+//! switch, so `loom-tests/` checks the real protocols.
 
 pub mod clock;
 pub mod doorbell;
@@ -25,6 +25,7 @@ pub mod intake;
 pub mod messages;
 pub mod pin;
 pub mod ring;
+pub mod seq_cell;
 pub mod snapshot;
 pub mod submitter;
 pub mod tables;
@@ -613,6 +614,21 @@ impl Handle {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .is_none_or(JoinHandle::is_finished)
+    }
+
+    /// LoRA adapter `adapter` was unloaded, or its id handed to a new adapter: the engine
+    /// forgets it in every slot table between two turns, so the next request with the id
+    /// pays a load. `Busy` when the control queue is full.
+    pub fn forget_adapter(
+        &self,
+        adapter: crate::core::lora::AdapterId,
+    ) -> Result<(), RequestError> {
+        self.shared
+            .control
+            .push(Control::ForgetAdapter(adapter))
+            .map_err(|_| RequestError::Busy)?;
+        self.shared.engine_bell.ring();
+        Ok(())
     }
 
     /// `[routing]` settings a reload changed (the engine's router takes them between turns).

@@ -95,3 +95,25 @@ fn a_resident_adapter_is_not_loaded_again_and_max_loras_bounds_a_batch() {
     );
     assert_eq!(loads, 1, "only adapter 3 had to be loaded");
 }
+
+#[test]
+fn a_forgotten_adapter_is_loaded_again_by_its_next_batch() {
+    let mut core = Core::new(CoreConfig {
+        dispatch_when_idle: true,
+        strategy: StrategyKind::Fixed,
+        max_loras: 1,
+        ..cfg()
+    });
+    let mut adapter_of = Vec::new();
+    let mut batch = |core: &mut Core, at: Nanos| {
+        adapter_of.push((core.admit(at, adapter_req(4, at)).unwrap(), 4u16));
+        next_batch(core, at + MS, &adapter_of).1
+    };
+    assert_eq!(batch(&mut core, 0), 1, "first use: loaded");
+    assert_eq!(batch(&mut core, 10 * MS), 0, "resident");
+    assert!(core.adapter_resident(4));
+    core.forget_adapter(4);
+    assert!(!core.adapter_resident(4), "forgotten on every worker");
+    assert_eq!(batch(&mut core, 20 * MS), 1, "the reused id pays a load");
+    assert_eq!(core.stats().lora_loads, 2);
+}

@@ -280,6 +280,10 @@ impl Mode for IterationLevel {
         self.sched.begin_drain();
     }
 
+    fn forget_adapter(&mut self, adapter: crate::core::lora::AdapterId) {
+        self.sched.forget_adapter(adapter);
+    }
+
     fn routing(&mut self) -> &mut Routing {
         &mut self.routing
     }

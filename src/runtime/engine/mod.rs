@@ -68,6 +68,9 @@ pub trait Mode {
     /// Stops admitting: what is admitted finishes, later submissions are refused.
     fn begin_drain(&mut self);
 
+    /// Forgets LoRA adapter `adapter` in every slot table (a `ForgetAdapter` control).
+    fn forget_adapter(&mut self, adapter: crate::core::lora::AdapterId);
+
     /// The routing state, for controls that change it between turns (`SetSlot`,
     /// `SetRouting`); the mode marks a draining slot empty once it holds nothing.
     fn routing(&mut self) -> &mut Routing;
@@ -310,6 +313,7 @@ impl<M: Mode> Engine<M> {
                     self.io.shared.tables.answer(|t| routing.swap_tables(t));
                 }
                 Control::SetRouting(live) => self.mode.routing().router.set_live_routing(live),
+                Control::ForgetAdapter(adapter) => self.mode.forget_adapter(adapter),
                 Control::Drain { deadline_ns } => {
                     // Admit what is already in the rings before refusing new work.
                     while self.admit_submissions(now) {}

@@ -289,7 +289,7 @@ impl RequestLevel {
                 route.tried_len += 1;
                 route.decision = Some(Decision { backend: b, ..d });
                 let mut work = work;
-                work.model = self.routing.model_for(b, d.model);
+                self.routing.set_model(&mut work, b, d.model, meta.adapter);
                 io.move_pending(index, to, work, route);
                 return;
             }
@@ -425,6 +425,12 @@ impl Mode for RequestLevel {
         }
     }
 
+    fn forget_adapter(&mut self, adapter: crate::core::lora::AdapterId) {
+        for lane in &mut self.lanes {
+            lane.core.forget_adapter(adapter);
+        }
+    }
+
     /// Routes the submission to a backend and admits it into that backend's core.
     #[inline]
     fn admit(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos, submitter: u16, sub: Submission) {
@@ -491,7 +497,7 @@ impl Mode for RequestLevel {
             }
         };
         let b = decision.backend.index();
-        work.model = routing.model_for(decision.backend, decision.model);
+        routing.set_model(&mut work, decision.backend, decision.model, meta.adapter);
         let lane = &mut lanes[b];
         match admitted {
             Ok(ticket) => {

@@ -218,6 +218,22 @@ impl Routing {
         self.wants_model[backend.index()].then(|| self.model_names[model.index()].clone())
     }
 
+    /// Sets `work.model` for a request of `model` (LoRA adapter `adapter`) routed to
+    /// `backend`: [`Routing::model_for`], except that a LoRA request keeps the adapter's
+    /// name the io thread gave it, so an upstream backend is asked for the adapter (as a
+    /// gateway in front of vLLM asks), not for its base model.
+    pub(super) fn set_model(
+        &self,
+        work: &mut crate::exec::Work,
+        backend: BackendId,
+        model: ModelId,
+        adapter: crate::core::lora::AdapterId,
+    ) {
+        if adapter == crate::core::lora::BASE_MODEL || work.model.is_none() {
+            work.model = self.model_for(backend, model);
+        }
+    }
+
     /// Takes health changes the checker published.
     pub(super) fn refresh_health(&mut self) {
         let Some(h) = &self.health else { return };

@@ -136,3 +136,37 @@ fn max_loras_two_runs_two_adapters_in_one_step() {
     assert_eq!(c.running_adapters(0).count(), 2);
     assert_eq!(c.waiting_adapters(0).collect::<Vec<_>>(), [3]);
 }
+
+#[test]
+fn a_forgotten_adapter_leaves_its_slot_when_its_requests_finish() {
+    let mut c = Continuous::new(cfg());
+    let mut budget = std::collections::HashMap::new();
+    let t = c.admit(lora_meta(1, 3)).unwrap();
+    budget.insert(t, 3);
+    let first = run_step(&mut c, &mut budget);
+    assert!(first[0].lora_load);
+    // Forgotten (unloaded, or its id handed to a new adapter) while its request runs.
+    c.forget_adapter(1);
+    assert!(!c.adapter_resident(0, 1), "not resident for new requests");
+    let t = c.admit(lora_meta(1, 1)).unwrap();
+    budget.insert(t, 1);
+    let mut load_of_new = None;
+    while !c.is_idle() {
+        for e in run_step(&mut c, &mut budget) {
+            if e.ticket == t && load_of_new.is_none() {
+                load_of_new = Some(e.lora_load);
+            }
+        }
+    }
+    assert_eq!(
+        load_of_new,
+        Some(true),
+        "the id's next request waited for the slot to empty and paid a load"
+    );
+    assert_eq!(c.stats().lora_loads, 2);
+    c.forget_adapter(1);
+    assert!(
+        !c.adapter_resident(0, 1),
+        "an idle forgotten adapter leaves at once"
+    );
+}
