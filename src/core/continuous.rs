@@ -426,8 +426,16 @@ fn grow_prefill(
     bt: u32,
 ) {
     let need = (slot.prefilled + slot.generated).saturating_sub(s.held * bt);
-    for _ in 0..need.div_ceil(bt) {
-        take_block(cache, s);
+    let n = need.div_ceil(bt);
+    if n > 0 {
+        let (first, last) = cache
+            .allocate_run(s.tail, n)
+            .expect("the step's KV blocks were checked before it ran (ensure_kv)");
+        if s.held == s.registered {
+            s.reg_block = first;
+        }
+        s.tail = last;
+        s.held += n;
     }
     set_watch(slot, s, bt);
     let full = (slot.prefilled / bt).min(s.named);
@@ -440,6 +448,20 @@ fn grow_prefill(
         s.reg_parent = s.reg_block;
         s.reg_block = cache.chain_next(s.reg_block);
         s.registered += 1;
+    }
+}
+
+/// The first slot at or after `from` whose bit in `live` is clear, below `slots`.
+fn first_idle(live: &[u64], from: usize, slots: usize) -> Option<usize> {
+    let mut w = from / 64;
+    let mut idle = !*live.get(w)? & (u64::MAX << (from % 64));
+    loop {
+        if idle != 0 {
+            let i = w * 64 + idle.trailing_zeros() as usize;
+            return (i < slots).then_some(i);
+        }
+        w += 1;
+        idle = !*live.get(w)?;
     }
 }
 
@@ -1056,11 +1078,7 @@ impl Continuous {
         if self.replicas[r].active == self.cfg.max_slots {
             return NextAdmission::Full;
         }
-        let Some(free) = self.replicas[r].slots[*from..]
-            .iter()
-            .position(|s| s.phase == SlotPhase::Idle)
-            .map(|i| *from + i)
-        else {
+        let Some(free) = first_idle(&self.replicas[r].live, *from, self.cfg.max_slots) else {
             return NextAdmission::Full;
         };
         *from = free;
