@@ -264,6 +264,8 @@ struct Replica {
     busy: bool,
     /// Entries of the step in flight (capacity `max_slots`).
     entries: Vec<StepEntry>,
+    /// Decode entries of the step in flight (they lead `entries`).
+    step_decodes: u32,
     admitted_seq: u64,
     /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
     active: usize,
@@ -273,6 +275,13 @@ struct Replica {
     /// One bit per slot, set while the slot is not idle (bit `i % 64` of word `i / 64`), so
     /// a step is built in O(active slots) however they are spread over `slots`.
     live: Vec<u64>,
+    /// One bit per slot, set while the slot generates (a subset of `live`; the rest of
+    /// `live` prefill), so a step's decode and prefill entries are each found from bits.
+    generating: Vec<u64>,
+    /// Context of the generating slots: `prefilled + generated` summed over them. A decode
+    /// step adds one per sequence, so a step where every generating slot decodes is priced
+    /// from this total ([`StepShape`]), not from a walk over its entries.
+    gen_context: u64,
     /// KV tokens in use. Invariant: `prefilled + generated` summed over active slots.
     /// Kept so a tick costs O(active slots), not O(max_slots), when few slots are busy.
     kv_used: u64,
@@ -292,7 +301,12 @@ impl Replica {
         self.active -= 1;
         self.prefilling -= usize::from(slot.phase == SlotPhase::Prefilling);
         self.live[s / 64] &= !(1u64 << (s % 64));
-        self.kv_used -= u64::from(slot.prefilled) + u64::from(slot.generated);
+        self.generating[s / 64] &= !(1u64 << (s % 64));
+        let context = u64::from(slot.prefilled) + u64::from(slot.generated);
+        self.kv_used -= context;
+        if slot.phase == SlotPhase::Generating {
+            self.gen_context -= context;
+        }
         if let Some(cache) = &mut self.cache {
             release_blocks(cache, &self.slot_blocks[s]);
             self.slot_blocks[s] = NO_BLOCKS;
@@ -317,13 +331,21 @@ impl Replica {
             .iter()
             .filter(|s| s.phase == SlotPhase::Prefilling)
             .count();
-        let bits_hold =
-            self.slots.iter().enumerate().all(|(i, s)| {
-                (s.phase != SlotPhase::Idle) == (self.live[i / 64] >> (i % 64) & 1 == 1)
-            });
+        let gen_context: u64 = self
+            .slots
+            .iter()
+            .filter(|s| s.phase == SlotPhase::Generating)
+            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
+            .sum();
+        let bit = |bits: &[u64], i: usize| bits[i / 64] >> (i % 64) & 1 == 1;
+        let bits_hold = self.slots.iter().enumerate().all(|(i, s)| {
+            (s.phase != SlotPhase::Idle) == bit(&self.live, i)
+                && (s.phase == SlotPhase::Generating) == bit(&self.generating, i)
+        });
         live.count() == self.active
             && kv == self.kv_used
             && prefilling == self.prefilling
+            && gen_context == self.gen_context
             && bits_hold
     }
 }
@@ -404,8 +426,16 @@ fn grow_prefill(
     bt: u32,
 ) {
     let need = (slot.prefilled + slot.generated).saturating_sub(s.held * bt);
-    for _ in 0..need.div_ceil(bt) {
-        take_block(cache, s);
+    let n = need.div_ceil(bt);
+    if n > 0 {
+        let (first, last) = cache
+            .allocate_run(s.tail, n)
+            .expect("the step's KV blocks were checked before it ran (ensure_kv)");
+        if s.held == s.registered {
+            s.reg_block = first;
+        }
+        s.tail = last;
+        s.held += n;
     }
     set_watch(slot, s, bt);
     let full = (slot.prefilled / bt).min(s.named);
@@ -418,6 +448,20 @@ fn grow_prefill(
         s.reg_parent = s.reg_block;
         s.reg_block = cache.chain_next(s.reg_block);
         s.registered += 1;
+    }
+}
+
+/// The first slot at or after `from` whose bit in `live` is clear, below `slots`.
+fn first_idle(live: &[u64], from: usize, slots: usize) -> Option<usize> {
+    let mut w = from / 64;
+    let mut idle = !*live.get(w)? & (u64::MAX << (from % 64));
+    loop {
+        if idle != 0 {
+            let i = w * 64 + idle.trailing_zeros() as usize;
+            return (i < slots).then_some(i);
+        }
+        w += 1;
+        idle = !*live.get(w)?;
     }
 }
 
@@ -521,10 +565,13 @@ impl Continuous {
                 slot_blocks: vec![NO_BLOCKS; cfg.max_slots],
                 busy: false,
                 entries: Vec::with_capacity(cfg.max_slots),
+                step_decodes: 0,
                 admitted_seq: 0,
                 active: 0,
                 prefilling: 0,
                 live: vec![0; cfg.max_slots.div_ceil(64)],
+                generating: vec![0; cfg.max_slots.div_ceil(64)],
+                gen_context: 0,
                 kv_used: 0,
                 cache: cfg
                     .prefix_caching
@@ -776,8 +823,8 @@ impl Continuous {
             }
             self.admit_into_slots(r, blocks);
             self.ensure_kv(r, out);
-            if self.build_step(r) {
-                let shape = StepShape::of(&self.replicas[r].entries);
+            if let Some(shape) = self.build_step(r) {
+                debug_assert_eq!(shape, StepShape::of(&self.replicas[r].entries));
                 self.replicas[r].busy = true;
                 self.stats.steps += 1;
                 self.stats.decode_tokens += u64::from(shape.decode_tokens);
@@ -847,11 +894,21 @@ impl Continuous {
     ) {
         let block_tokens = self.cfg.block_tokens.max(1);
         let rep = &mut self.replicas[replica];
+        // Every decode entry adds a token to the KV in use and to the generating context:
+        // added here at once, taken back for an entry whose slot was freed meanwhile.
+        let decodes = u64::from(rep.step_decodes);
+        rep.kv_used += decodes;
+        rep.gen_context += decodes;
         for (i, result) in results.iter().enumerate().take(rep.entries.len()) {
             let entry = rep.entries[i];
             let slot = &mut rep.slots[entry.slot as usize];
             if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
-                continue; // freed while the step ran
+                // Freed while the step ran.
+                if entry.work == StepWork::Decode {
+                    rep.kv_used -= 1;
+                    rep.gen_context -= 1;
+                }
+                continue;
             }
             let ended = *result != EntryResult::Continue;
             let done = match entry.work {
@@ -861,6 +918,9 @@ impl Continuous {
                         slot.phase = SlotPhase::Generating;
                         slot.generated += 1;
                         rep.prefilling -= 1;
+                        let s = entry.slot as usize;
+                        rep.generating[s / 64] |= 1u64 << (s % 64);
+                        rep.gen_context += u64::from(slot.prefilled + slot.generated);
                     }
                     rep.kv_used += u64::from(tokens + u32::from(last));
                     if CACHING {
@@ -872,10 +932,9 @@ impl Continuous {
                     ended || (last && slot.generated >= slot.max_tokens)
                 }
                 StepWork::Decode => {
-                    slot.generated += 1;
-                    rep.kv_used += 1;
-                    // One compare for most steps: `watch` is `max_tokens`, or sooner the
-                    // first token past the blocks held.
+                    slot.generated += 1; // its KV and context were counted above
+                                         // One compare for most steps: `watch` is `max_tokens`, or sooner the
+                                         // first token past the blocks held.
                     if slot.generated >= slot.watch || ended {
                         if CACHING {
                             if let Some(cache) = &mut rep.cache {
@@ -1019,11 +1078,7 @@ impl Continuous {
         if self.replicas[r].active == self.cfg.max_slots {
             return NextAdmission::Full;
         }
-        let Some(free) = self.replicas[r].slots[*from..]
-            .iter()
-            .position(|s| s.phase == SlotPhase::Idle)
-            .map(|i| *from + i)
-        else {
+        let Some(free) = first_idle(&self.replicas[r].live, *from, self.cfg.max_slots) else {
             return NextAdmission::Full;
         };
         *from = free;
@@ -1374,66 +1429,86 @@ impl Continuous {
     }
 
     /// Fills the replica's entry buffer: decode for every generating slot first, then prefill
-    /// chunks, never past `n_batch` tokens. Returns false if there is nothing to run.
-    fn build_step(&mut self, r: usize) -> bool {
+    /// chunks, never past `n_batch` tokens, and returns the step's shape (`None` if there is
+    /// nothing to run). When every generating slot decodes (the budget covers them), their
+    /// part of the shape is the running context total, not a sum over the entries.
+    fn build_step(&mut self, r: usize) -> Option<StepShape> {
         let chunk = self.cfg.prefill_chunk.max(1);
         let mut budget = self.cfg.n_batch.max(1);
         let rep = &mut self.replicas[r];
         rep.entries.clear();
-        let prefilling = rep.prefilling;
-        // Decode entries, in slot order, over the live slots only.
-        let mut first_prefill = rep.slots.len();
-        for (w, &word) in rep.live.iter().enumerate() {
+        let mut shape = StepShape::default();
+        // Decode entries, in slot order, over the generating slots only. A generating slot
+        // ran its prefill, so its setup and adapter load were taken with that entry.
+        let generating = (rep.active - rep.prefilling) as u32;
+        let all_decode = generating <= budget;
+        'decode: for (w, &word) in rep.generating.iter().enumerate() {
             let mut bits = word;
             while bits != 0 {
+                if budget == 0 {
+                    break 'decode;
+                }
                 let i = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                let s = &mut rep.slots[i];
-                match s.phase {
-                    SlotPhase::Generating if budget > 0 => {
-                        rep.entries.push(StepEntry {
-                            slot: i as u32,
-                            ticket: s.ticket,
-                            work: StepWork::Decode,
-                            generated: s.generated,
-                            admitted: std::mem::take(&mut s.fresh),
-                            context: s.prefilled + s.generated,
-                            lora_load: std::mem::take(&mut s.lora_load),
-                        });
-                        budget -= 1;
-                    }
-                    SlotPhase::Prefilling => first_prefill = first_prefill.min(i),
-                    _ => {}
-                }
-            }
-        }
-        // Then prefill chunks, in slot order, from the first prefilling slot.
-        let mut seen = 0;
-        for (i, s) in rep.slots.iter_mut().enumerate().skip(first_prefill) {
-            if seen == prefilling || budget == 0 {
-                break;
-            }
-            if s.phase == SlotPhase::Prefilling {
-                seen += 1;
-                let remaining = s.prompt_tokens - s.prefilled;
-                let tokens = remaining.min(chunk).min(budget);
+                let s = &rep.slots[i];
+                debug_assert!(s.phase == SlotPhase::Generating && !s.fresh && !s.lora_load);
+                let context = s.prefilled + s.generated;
                 rep.entries.push(StepEntry {
                     slot: i as u32,
                     ticket: s.ticket,
-                    work: StepWork::Prefill {
-                        offset: s.prefilled,
-                        tokens,
-                        last: tokens == remaining,
-                    },
+                    work: StepWork::Decode,
                     generated: s.generated,
-                    admitted: std::mem::take(&mut s.fresh),
-                    context: s.prefilled + s.generated,
-                    lora_load: std::mem::take(&mut s.lora_load),
+                    admitted: false,
+                    context,
+                    lora_load: false,
                 });
-                budget -= tokens;
+                budget -= 1;
+                if !all_decode {
+                    shape.push(context, 1, true);
+                }
             }
         }
-        !rep.entries.is_empty()
+        if all_decode {
+            shape.decode_tokens = generating;
+            shape.kv_read_tokens = rep.gen_context;
+            shape.attention_pairs = rep.gen_context + u64::from(generating);
+        }
+        rep.step_decodes = rep.entries.len() as u32;
+        // Then prefill chunks, in slot order: the live slots that do not generate.
+        if rep.prefilling > 0 {
+            'prefill: for w in 0..rep.live.len() {
+                let mut bits = rep.live[w] & !rep.generating[w];
+                while bits != 0 {
+                    if budget == 0 {
+                        break 'prefill;
+                    }
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let s = &mut rep.slots[i];
+                    debug_assert!(s.phase == SlotPhase::Prefilling);
+                    let remaining = s.prompt_tokens - s.prefilled;
+                    let tokens = remaining.min(chunk).min(budget);
+                    let entry = StepEntry {
+                        slot: i as u32,
+                        ticket: s.ticket,
+                        work: StepWork::Prefill {
+                            offset: s.prefilled,
+                            tokens,
+                            last: tokens == remaining,
+                        },
+                        generated: s.generated,
+                        admitted: std::mem::take(&mut s.fresh),
+                        context: s.prefilled + s.generated,
+                        lora_load: std::mem::take(&mut s.lora_load),
+                    };
+                    shape.push(entry.context, tokens, false);
+                    shape.lora_loads += u32::from(entry.lora_load);
+                    rep.entries.push(entry);
+                    budget -= tokens;
+                }
+            }
+        }
+        (!rep.entries.is_empty()).then_some(shape)
     }
 }
 

@@ -21,7 +21,7 @@ use super::record::Recorder;
 use super::tokens::TokenRecord;
 use super::workload::SimRequest;
 use super::SimError;
-use crate::core::continuous::{Continuous, ContinuousConfig, EntryResult, StepAction};
+use crate::core::continuous::{Continuous, ContinuousConfig, EntryResult, StepAction, StepWork};
 use crate::core::prefix::{BlockHash, PromptBlocks};
 use crate::core::{CoreStats, Nanos, Ticket};
 use crate::exec::latency::LatencyModel;
@@ -160,6 +160,10 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     let mut slot_replica = vec![u32::MAX; table_slots]; // routed runs: each ticket's replica
     let mut slot_work = vec![0u64; table_slots]; // routed runs: each ticket's routed work
 
+    // No waiting request fails before this: the earliest deadline the last
+    // `next_expiry` saw, lowered by each admission since (a request that leaves the queue
+    // only moves the next deadline later), so most instants skip `expire_waiting`.
+    let mut expiry_at = Nanos::MAX;
     let mut next_arrival = 0usize;
     let mut now: Nanos = 0;
     loop {
@@ -214,6 +218,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 Ok(ticket) => {
                     slot_req[ticket.index as usize] = next_arrival as u32;
                     tokens.on_admit(ticket.index, r.arrival_ns);
+                    expiry_at = expiry_at.min(r.arrival_ns.saturating_add(request_timeout_ns));
                     if let Some(c) = &mut cluster {
                         c.started(replica, work);
                         slot_replica[ticket.index as usize] = replica as u32;
@@ -228,7 +233,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             next_arrival += 1;
         }
 
-        if sched.waiting() > 0 {
+        if sched.waiting() > 0 && now >= expiry_at {
             let (rec, slot_req, cl) = (&mut rec, &slot_req, &mut cluster);
             let (slot_replica, slot_work) = (&slot_replica, &slot_work);
             sched.expire_waiting(now, request_timeout_ns, &mut |ticket| {
@@ -238,6 +243,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                     c.finished(slot_replica[t] as usize, slot_work[t]);
                 }
             });
+            expiry_at = sched.next_expiry(request_timeout_ns).unwrap_or(Nanos::MAX);
         }
 
         started.clear();
@@ -258,7 +264,9 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 } => {
                     let lora_ms = f64::from(shape.lora_loads) * lora.load_ms;
                     let ns = ms_to_ns(latency.step_ms(&shape) + lora_ms);
-                    for e in entries.iter().filter(|e| e.admitted) {
+                    // Decode entries lead and never take a slot: only the prefills can.
+                    let prefills = entries.partition_point(|e| e.work == StepWork::Decode);
+                    for e in entries[prefills..].iter().filter(|e| e.admitted) {
                         if tokens.on_slot(e.ticket.index) {
                             let r = &requests[slot_req[e.ticket.index as usize] as usize];
                             rec.on_dispatched(now, r);

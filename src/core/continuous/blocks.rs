@@ -237,6 +237,25 @@ impl BlockCache {
         Some(block)
     }
 
+    /// Takes `n > 0` free blocks as `n` calls of [`Self::allocate`] would, chained one after
+    /// the other after `prev`, and returns the first and the last; `None` (nothing taken)
+    /// if fewer than `n` are free. One call for a prefill chunk's blocks.
+    pub fn allocate_run(&mut self, prev: u32, n: u32) -> Option<(u32, u32)> {
+        debug_assert!(n > 0);
+        if self.free_len < n {
+            return None;
+        }
+        let (mut first, mut last) = (NIL, prev);
+        for _ in 0..n {
+            let b = self.allocate(last).expect("free_len counted the blocks");
+            if first == NIL {
+                first = b;
+            }
+            last = b;
+        }
+        Some((first, last))
+    }
+
     /// Names held block `block` and indexes it under `name` with indexed parent `parent`
     /// (`NIL`: a first block). Returns false, leaving the block blank, if `name` is already
     /// indexed (another sequence computed the same block first).

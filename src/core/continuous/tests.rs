@@ -378,6 +378,84 @@ fn a_failed_replica_frees_its_requests_and_ignores_the_late_step() {
     assert!(c.is_idle());
 }
 
+/// More generating sequences than the step's token budget, on more slots than one word of
+/// the slot bitmaps: a step decodes the first `n_batch` of them in slot order, its shape
+/// prices exactly its entries, and every request still ends with exactly its max_tokens.
+#[test]
+fn a_budget_below_the_generating_slots_decodes_the_first_ones_and_prices_only_them() {
+    for caching in [false, true] {
+        let mut c = Continuous::new(ContinuousConfig {
+            max_slots: 130,
+            n_batch: 100,
+            max_queue: 200,
+            prefix_caching: caching,
+            ..cfg()
+        });
+        let mut want = std::collections::HashMap::new();
+        for i in 0..160u32 {
+            let t = c
+                .admit(meta(1 + i % 5, 20 + i % 7, Priority::Normal))
+                .unwrap();
+            want.insert(t, 20 + i % 7);
+        }
+        let mut got = std::collections::HashMap::new();
+        let (mut limited, mut finished) = (0, 0);
+        while !c.is_idle() {
+            let (mut entries, mut shape) = (vec![], StepShape::default());
+            c.tick(&mut |a| {
+                if let StepAction::Step {
+                    entries: e,
+                    shape: s,
+                    ..
+                } = a
+                {
+                    (entries, shape) = (e.to_vec(), s);
+                }
+            });
+            let decode: Vec<_> = entries
+                .iter()
+                .filter(|e| e.work == StepWork::Decode)
+                .collect();
+            assert!(
+                decode.windows(2).all(|w| w[0].slot < w[1].slot),
+                "slot order"
+            );
+            let (mut tokens, mut kv_read, mut pairs) = (0u32, 0u64, 0u64);
+            for e in &entries {
+                let (c, n) = match e.work {
+                    StepWork::Decode => (u64::from(e.context), 1),
+                    StepWork::Prefill { tokens, .. } => (u64::from(e.context), u64::from(tokens)),
+                };
+                tokens += n as u32;
+                kv_read += c + n / 2;
+                pairs += n * c + n * (n + 1) / 2;
+            }
+            assert!(tokens <= 100, "the budget holds");
+            assert_eq!(shape.decode_tokens as usize, decode.len());
+            assert_eq!(
+                (shape.kv_read_tokens, shape.attention_pairs),
+                (kv_read, pairs)
+            );
+            limited += usize::from(decode.len() == 100);
+            for e in entries.iter().filter(|e| e.samples()) {
+                assert_eq!(
+                    got.insert(e.ticket, e.generated + 1).unwrap_or(0),
+                    e.generated
+                );
+            }
+            for t in finish_all(&mut c, &entries) {
+                assert_eq!(got[&t], want[&t], "exactly max_tokens tokens");
+                finished += 1;
+            }
+        }
+        assert!(
+            limited > 0,
+            "some steps had more generating slots than budget"
+        );
+        assert_eq!(finished, 160);
+    }
+}
+
 #[test]
 fn step_entries_carry_their_context_for_the_latency_model() {
     let mut c = Continuous::new(cfg());
