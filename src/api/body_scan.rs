@@ -25,8 +25,11 @@ use std::borrow::Cow;
 /// `POST /v1/completions`'s body: scanned when it is of the common shape, else serde's
 /// (`wire::parse_body`), with its error messages.
 pub fn completion_body(body: &[u8]) -> Result<CompletionBody<'_>, BodyError> {
-    match scan_completion(body) {
-        Some(b) => Ok(b),
+    // Filled in place (a body is a few hundred bytes; returning it through an `Option`
+    // and a `Result` copied it twice); a scan that gives up leaves it half-filled, unused.
+    let mut b = CompletionBody::default();
+    match scan_completion_into(body, &mut b) {
+        Some(()) => Ok(b),
         None => wire::parse_body(body),
     }
 }
@@ -34,8 +37,9 @@ pub fn completion_body(body: &[u8]) -> Result<CompletionBody<'_>, BodyError> {
 /// `POST /v1/chat/completions`'s body: scanned when it is of the common shape, else
 /// serde's (`wire::parse_body`), with its error messages.
 pub fn chat_body(body: &[u8]) -> Result<ChatBody<'_>, BodyError> {
-    match scan_chat(body) {
-        Some(b) => Ok(b),
+    let mut b = ChatBody::default();
+    match scan_chat_into(body, &mut b) {
+        Some(()) => Ok(b),
         None => wire::parse_body(body),
     }
 }
@@ -43,74 +47,84 @@ pub fn chat_body(body: &[u8]) -> Result<ChatBody<'_>, BodyError> {
 /// The completion body when it is a flat object of the keys below with plain values, else
 /// `None` (serde decides).
 pub fn scan_completion(body: &[u8]) -> Option<CompletionBody<'_>> {
-    let mut s = Scanner { b: body, i: 0 };
     let mut b = CompletionBody::default();
+    scan_completion_into(body, &mut b).map(|()| b)
+}
+
+/// [`scan_completion`] into `b` (a default body); on `None`, `b` is half-filled.
+fn scan_completion_into<'a>(body: &'a [u8], b: &mut CompletionBody<'a>) -> Option<()> {
+    let mut s = Scanner { b: body, i: 0 };
     let mut seen = 0u32;
     s.object(|s, key| {
         // One bit per key: serde refuses a duplicate field, so the scanner leaves it to it.
         let (bit, ok) = match key {
-            "model" => (0, s.opt(|s| s.str().map(Str)).map(|v| b.model = v)),
-            "prompt" => (
+            b"model" => (0, s.opt(|s| s.str().map(Str)).map(|v| b.model = v)),
+            b"prompt" => (
                 1,
                 s.opt(|s| s.str().map(|p| Inputs(smallvec::smallvec![Str(p)])))
                     .map(|v| b.prompt = v),
             ),
-            "max_tokens" => (2, s.opt(Scanner::int).map(|v| b.max_tokens = v)),
-            "n" => (3, s.opt(Scanner::int).map(|v| b.n = v)),
-            "stream" => (4, s.opt(Scanner::bool).map(|v| b.stream = v)),
-            "seed" => (5, s.opt(Scanner::int).map(|v| b.seed = v)),
-            "user" => (6, s.opt(|s| s.str().map(Str)).map(|v| b.user = v)),
-            "echo" => (7, s.opt(Scanner::bool).map(|v| b.echo = v)),
-            "logprobs" => (8, s.opt(Scanner::int).map(|v| b.logprobs = v)),
-            "priority" => (
+            b"max_tokens" => (2, s.opt(Scanner::int).map(|v| b.max_tokens = v)),
+            b"n" => (3, s.opt(Scanner::int).map(|v| b.n = v)),
+            b"stream" => (4, s.opt(Scanner::bool).map(|v| b.stream = v)),
+            b"seed" => (5, s.opt(Scanner::int).map(|v| b.seed = v)),
+            b"user" => (6, s.opt(|s| s.str().map(Str)).map(|v| b.user = v)),
+            b"echo" => (7, s.opt(Scanner::bool).map(|v| b.echo = v)),
+            b"logprobs" => (8, s.opt(Scanner::int).map(|v| b.logprobs = v)),
+            b"priority" => (
                 9,
                 s.opt(|s| s.str().map(PriorityField))
                     .map(|v| b.priority = v),
             ),
-            "min_tokens" => (10, s.opt(Scanner::int).map(|v| b.min_tokens = v)),
-            "ignore_eos" => (11, s.opt(Scanner::bool).map(|v| b.ignore_eos = v)),
-            "best_of" => (12, s.opt(Scanner::int).map(|v| b.best_of = v)),
+            b"min_tokens" => (10, s.opt(Scanner::int).map(|v| b.min_tokens = v)),
+            b"ignore_eos" => (11, s.opt(Scanner::bool).map(|v| b.ignore_eos = v)),
+            b"best_of" => (12, s.opt(Scanner::int).map(|v| b.best_of = v)),
             _ => return None,
         };
         once(&mut seen, bit)?;
         ok
     })?;
-    Some(b)
+    Some(())
 }
 
 /// The chat body when it is a flat object of the keys below with plain values and messages
 /// of a string `role` and a string (or null) `content`, else `None` (serde decides).
 pub fn scan_chat(body: &[u8]) -> Option<ChatBody<'_>> {
-    let mut s = Scanner { b: body, i: 0 };
     let mut b = ChatBody::default();
+    scan_chat_into(body, &mut b).map(|()| b)
+}
+
+/// [`scan_chat`] into `b` (a default body); on `None`, `b` is half-filled.
+fn scan_chat_into<'a>(body: &'a [u8], b: &mut ChatBody<'a>) -> Option<()> {
+    let mut s = Scanner { b: body, i: 0 };
     let mut seen = 0u32;
     s.object(|s, key| {
         let (bit, ok) = match key {
-            "model" => (0, s.opt(|s| s.str().map(Str)).map(|v| b.model = v)),
-            "messages" => (1, s.opt(Scanner::messages).map(|v| b.messages = v)),
-            "max_tokens" => (2, s.opt(Scanner::int).map(|v| b.max_tokens = v)),
-            "max_completion_tokens" => {
+            b"model" => (0, s.opt(|s| s.str().map(Str)).map(|v| b.model = v)),
+            b"messages" => (1, s.opt(Scanner::messages).map(|v| b.messages = v)),
+            b"max_tokens" => (2, s.opt(Scanner::int).map(|v| b.max_tokens = v)),
+            b"max_completion_tokens" => {
                 (3, s.opt(Scanner::int).map(|v| b.max_completion_tokens = v))
             }
-            "n" => (4, s.opt(Scanner::int).map(|v| b.n = v)),
-            "stream" => (5, s.opt(Scanner::bool).map(|v| b.stream = v)),
-            "seed" => (6, s.opt(Scanner::int).map(|v| b.seed = v)),
-            "user" => (7, s.opt(|s| s.str().map(Str)).map(|v| b.user = v)),
-            "logprobs" => (8, s.opt(Scanner::bool).map(|v| b.logprobs = v)),
-            "top_logprobs" => (9, s.opt(Scanner::int).map(|v| b.top_logprobs = v)),
-            "priority" => (
+            b"n" => (4, s.opt(Scanner::int).map(|v| b.n = v)),
+            b"stream" => (5, s.opt(Scanner::bool).map(|v| b.stream = v)),
+            b"seed" => (6, s.opt(Scanner::int).map(|v| b.seed = v)),
+            b"user" => (7, s.opt(|s| s.str().map(Str)).map(|v| b.user = v)),
+            b"logprobs" => (8, s.opt(Scanner::bool).map(|v| b.logprobs = v)),
+            b"top_logprobs" => (9, s.opt(Scanner::int).map(|v| b.top_logprobs = v)),
+            b"priority" => (
                 10,
                 s.opt(|s| s.str().map(PriorityField))
                     .map(|v| b.priority = v),
             ),
-            "min_tokens" => (11, s.opt(Scanner::int).map(|v| b.min_tokens = v)),
-            "ignore_eos" => (12, s.opt(Scanner::bool).map(|v| b.ignore_eos = v)),
+            b"min_tokens" => (11, s.opt(Scanner::int).map(|v| b.min_tokens = v)),
+            b"ignore_eos" => (12, s.opt(Scanner::bool).map(|v| b.ignore_eos = v)),
             _ => return None,
         };
         once(&mut seen, bit)?;
         ok
     })?;
-    Some(b)
+    Some(())
 }
 
 /// Marks key `bit` seen; `None` when it was seen before.
@@ -154,14 +168,14 @@ impl<'a> Scanner<'a> {
 
     /// A whole body: one object (keys handed to `field`, which reads the value), then only
     /// whitespace to the end.
-    fn object(&mut self, field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+    fn object(&mut self, field: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
         self.ws();
         self.members(field)?;
         (self.i == self.b.len()).then_some(())
     }
 
     /// `{ "key": value, ... }` and the whitespace after it; `field` reads each value.
-    fn members(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+    fn members(&mut self, mut field: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
         self.eat(b'{')?;
         self.ws();
         if self.eat(b'}').is_some() {
@@ -169,7 +183,9 @@ impl<'a> Scanner<'a> {
             return Some(());
         }
         loop {
-            let key = self.raw_str()?;
+            // A key is only compared with the ASCII names above: its bytes need no UTF-8
+            // check (a key that is not one of them ends the scan).
+            let key = self.raw_bytes()?;
             self.ws();
             self.eat(b':')?;
             self.ws();
@@ -199,23 +215,44 @@ impl<'a> Scanner<'a> {
         value(self).map(Some)
     }
 
-    /// A string without escapes or control characters, borrowed, without the whitespace
-    /// after it.
-    fn raw_str(&mut self) -> Option<&'a str> {
+    /// The bytes of a string without escapes or control characters, borrowed, and whether
+    /// they are all ASCII; without the whitespace after it.
+    fn raw_bytes_ascii(&mut self) -> Option<(&'a [u8], bool)> {
         self.eat(b'"')?;
         let start = self.i;
+        let mut high = 0u8;
         loop {
             match *self.b.get(self.i)? {
                 b'"' => break,
                 // An escape needs unescaping (serde's job); a raw control character is an
                 // error in JSON (serde's message).
                 b'\\' | 0..=0x1f => return None,
-                _ => self.i += 1,
+                c => {
+                    high |= c;
+                    self.i += 1;
+                }
             }
         }
-        let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
+        let bytes = &self.b[start..self.i];
         self.i += 1;
-        Some(text)
+        Some((bytes, high < 0x80))
+    }
+
+    fn raw_bytes(&mut self) -> Option<&'a [u8]> {
+        self.raw_bytes_ascii().map(|(bytes, _)| bytes)
+    }
+
+    /// A string without escapes or control characters, borrowed, without the whitespace
+    /// after it.
+    fn raw_str(&mut self) -> Option<&'a str> {
+        let (bytes, ascii) = self.raw_bytes_ascii()?;
+        if ascii {
+            // SAFETY: every byte is below 0x80, and ASCII is valid UTF-8. (The common
+            // prompt is ASCII; `from_utf8` on it was ~100 instructions a string.)
+            Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+        } else {
+            std::str::from_utf8(bytes).ok()
+        }
     }
 
     /// A plain string value, borrowed.
@@ -293,12 +330,12 @@ impl<'a> Scanner<'a> {
             let mut content = None;
             let mut seen = 0u32;
             self.members(|s, key| match key {
-                "role" => {
+                b"role" => {
                     once(&mut seen, 0)?;
                     role = Some(s.string()?);
                     Some(())
                 }
-                "content" => {
+                b"content" => {
                     once(&mut seen, 1)?;
                     content = s.opt(|s| s.string().map(Content::Text))?;
                     Some(())
