@@ -100,3 +100,44 @@ fn request_bodies_get_an_answer_of_their_shape_or_a_clear_client_error() {
     assert_eq!(c.request("GET", "/health", None).status, 200);
     abe.shutdown();
 }
+
+/// The body scanner (`abe::api::body_scan`) against serde on mutated bodies: whenever it
+/// reads a completion or chat body, serde reads the same one (every field, through
+/// `Debug`), and it never reads one serde refuses. No server: the two parsers side by side.
+#[test]
+fn the_body_scanner_reads_exactly_what_serde_reads() {
+    use abe::api::body_scan::{scan_chat, scan_completion};
+    use abe::api::wire::{parse_body, ChatBody, CompletionBody};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/api");
+    // The corpus files are "path\nbody"; the scanner sees bodies.
+    let mut seeds: Vec<Vec<u8>> = seeds_from_dir(&dir)
+        .into_iter()
+        .map(|s| match s.iter().position(|&b| b == b'\n') {
+            Some(i) if s.first() == Some(&b'/') => s[i + 1..].to_vec(),
+            _ => s,
+        })
+        .collect();
+    seeds.push(br#"{"model":"abe-sim","prompt":"hi","max_tokens":1}"#.to_vec());
+    seeds.push(
+        br#"{"model":"abe-sim","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#
+            .to_vec(),
+    );
+    let report = Campaign::new("body_scan", seeds, DICTIONARY, 1024, 20_000).run(|body| {
+        let completion = scan_completion(body).map(|scanned| {
+            let serde: CompletionBody = parse_body(body)
+                .unwrap_or_else(|e| panic!("scanned, serde refused {body:?}: {e:?}"));
+            assert_eq!(format!("{scanned:?}"), format!("{serde:?}"), "{body:?}");
+        });
+        let chat = scan_chat(body).map(|scanned| {
+            let serde: ChatBody = parse_body(body)
+                .unwrap_or_else(|e| panic!("scanned, serde refused {body:?}: {e:?}"));
+            assert_eq!(format!("{scanned:?}"), format!("{serde:?}"), "{body:?}");
+        });
+        let serde_ok = (
+            parse_body::<CompletionBody>(body).is_ok(),
+            parse_body::<ChatBody>(body).is_ok(),
+        );
+        signature((completion.is_some(), chat.is_some(), serde_ok))
+    });
+    eprintln!("{report}");
+}

@@ -15,6 +15,7 @@
 
 pub mod admin;
 pub mod admin_backends;
+pub mod body_scan;
 pub mod chat;
 pub mod deferred;
 pub mod faults;
@@ -671,7 +672,7 @@ fn text_source<'a>(
 }
 
 fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
-    let mut b: CompletionBody = wire::parse_body(body).map_err(bad)?;
+    let mut b: CompletionBody = body_scan::completion_body(body).map_err(bad)?;
     let session = session_of(head, b.user.as_deref());
     let generation = b.generation();
     let explicit_max = generation.max_tokens.is_some();
@@ -830,7 +831,7 @@ fn check_model_len(ctx: &Decoder<'_>, prompt: &str, text: &payload::Text) -> Res
 }
 
 fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
-    let mut b: ChatBody = wire::parse_body(body).map_err(bad)?;
+    let mut b: ChatBody = body_scan::chat_body(body).map_err(bad)?;
     let session = session_of(head, b.user.as_deref());
     let mut generation = b.generation();
     let explicit_max = generation.max_tokens.is_some() || b.max_completion_tokens.is_some();

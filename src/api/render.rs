@@ -298,7 +298,8 @@ where
 /// parts in request order, all answered; any error answers the whole request with that
 /// error (the first one). `close` and `keep_alive_header` add the
 /// `Connection` header; `head_only` leaves the body out. `route`, when the engine reported
-/// one, is written as the `x-abe-route` header (also on an error answer).
+/// one, is the `x-abe-route` header line ([`RouteHeaderCache::line`]), written also on an
+/// error answer.
 #[allow(clippy::too_many_arguments)] // the slot's parts, passed without a struct per call
 pub fn write_job(
     job: &Job,
@@ -308,11 +309,11 @@ pub fn write_job(
     close: bool,
     keep_alive_header: bool,
     head_only: bool,
-    route: Option<(&crate::router::Router, &crate::router::Decision)>,
+    route: Option<&[u8]>,
 ) -> u16 {
     let route_header = |out: &mut Vec<u8>| {
-        if let Some((router, d)) = route {
-            write_route_header(out, router, d);
+        if let Some(line) = route {
+            out.extend_from_slice(line);
         }
         if let Some(rid) = job.request_id() {
             out.extend_from_slice(b"X-Request-Id: ");
@@ -362,10 +363,11 @@ pub fn write_job(
         }
     };
     let mut fallback = fallback;
-    if let Some((router, d)) = route {
+    if let Some(line) = route {
+        let line = line.strip_suffix(b"\r\n").unwrap_or(line);
         fallback
             .headers
-            .push(format!("{ROUTE_HEADER}: {}", router.describe(d)));
+            .push(String::from_utf8_lossy(line).into_owned());
     }
     if keep_alive_header {
         fallback.headers.push("Connection: keep-alive".into());
@@ -435,6 +437,40 @@ pub fn write_route_header(
 
 /// The response header naming the backend that served a routed request.
 pub const ROUTE_HEADER: &str = "x-abe-route";
+
+/// The `x-abe-route` header line (with its CRLF) of the last routing decision an io thread
+/// wrote, rendered once and copied into every response routed the same way (most are: one
+/// backend, one model). Rendering it walked the router's name tables for every response,
+/// ~200 instructions a request (BENCHMARKS.md, "The hot path again"). The io thread clears
+/// it when it takes a new router copy, whose ids may name other backends.
+#[derive(Debug, Default)]
+pub struct RouteHeaderCache {
+    key: Option<(
+        crate::router::BackendId,
+        crate::router::ModelId,
+        crate::router::Via,
+    )>,
+    line: Vec<u8>,
+}
+
+impl RouteHeaderCache {
+    /// Forgets the line: the router it was rendered from is no longer the io thread's.
+    pub fn clear(&mut self) {
+        self.key = None;
+    }
+
+    /// The header line for decision `d` of `router`, rendered when the decision differs
+    /// from the last one's backend, model or route (its `work` does not show).
+    pub fn line(&mut self, router: &crate::router::Router, d: &crate::router::Decision) -> &[u8] {
+        let key = (d.backend, d.model, d.via);
+        if self.key != Some(key) {
+            self.line.clear();
+            write_route_header(&mut self.line, router, d);
+            self.key = Some(key);
+        }
+        &self.line
+    }
+}
 
 /// `GET /v1/models`.
 /// `adapters`: the LoRA adapters' cards (`api::lora::model_cards`), listed after the models.

@@ -219,10 +219,12 @@ impl Conn {
     /// Moves finished responses from the front of the queue into the write buffer, in
     /// order, reporting (endpoint, status) of each to `on_response` for stats. Returns true
     /// if it moved any.
-    /// `router` names the backend of a routed job in its `x-abe-route` header.
+    /// `router` names the backend of a routed job in its `x-abe-route` header, rendered
+    /// through the io thread's `routes`.
     pub fn stage_ready(
         &mut self,
         router: &crate::router::Router,
+        routes: &mut crate::api::render::RouteHeaderCache,
         mut on_response: impl FnMut(Endpoint, u16),
     ) -> bool {
         self.check();
@@ -255,7 +257,7 @@ impl Conn {
                     let writer = &st.writer;
                     crate::api::stream::write_head(&mut self.write_buf, front.close, |out| {
                         if let Some(d) = &route {
-                            crate::api::render::write_route_header(out, router, d);
+                            out.extend_from_slice(routes.line(router, d));
                         }
                         writer.write_headers(out);
                     });
@@ -309,7 +311,7 @@ impl Conn {
                     slot.close,
                     slot.keep_alive_header,
                     slot.head_only,
-                    slot.route.as_ref().map(|d| (router, d)),
+                    slot.route.as_ref().map(|d| routes.line(router, d)),
                 ),
                 (None, None) => unreachable!("checked above: a response or a finished job"),
             };

@@ -58,6 +58,8 @@ pub struct IoThread {
     /// How long to keep polling for completions before sleeping (`[engine] idle`, `spin_us`).
     idler: Idler,
     pub ctx: Arc<ApiContext>,
+    /// The `x-abe-route` line of the last decision written; cleared with a new `ctx`.
+    route_headers: crate::api::render::RouteHeaderCache,
     pub shared: Arc<ServerShared>,
     conns: Vec<Option<Conn>>,
     free_conns: Vec<usize>,
@@ -106,6 +108,7 @@ impl IoThread {
                 Duration::from_micros(ctx.config.engine.spin_us),
             ),
             ctx,
+            route_headers: Default::default(),
             shared,
             conns: Vec::new(),
             free_conns: Vec::new(),
@@ -163,6 +166,7 @@ impl IoThread {
             // Backends or names changed live (`crate::live`): take the new router copy.
             if let Some(ctx) = self.ctx.refreshed() {
                 self.ctx = Arc::new(ctx);
+                self.route_headers.clear();
             }
             for ev in events.iter() {
                 match ev.token() {
@@ -351,9 +355,11 @@ impl IoThread {
                 return;
             };
             let stats = &self.ctx.http_stats;
-            progress |= conn.stage_ready(&self.ctx.router, |endpoint, code| {
-                stats.record_response(endpoint, code)
-            });
+            progress |= conn.stage_ready(
+                &self.ctx.router,
+                &mut self.route_headers,
+                |endpoint, code| stats.record_response(endpoint, code),
+            );
             match conn.flush(now) {
                 Ok(n) => {
                     stats.add_bytes_out(n as u64);

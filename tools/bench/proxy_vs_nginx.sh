@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The proxy path against a plain reverse proxy: one `abe serve` answers (latency model
+# `none`), and in front of it either a second abe routing to it as an `upstream` backend
+# (the upstream executor: keep-alive HTTP/1.1, UPSTREAM_WORKERS batches in flight) or nginx
+# with `proxy_pass` to a keep-alive upstream block. wrk sends the same small POST as
+# http_vs_nginx.sh (tools/bench/post.lua) at -c CONNS to each front in alternation (nginx,
+# abe, nginx, ...) for ROUNDS rounds; each round's ratio compares neighbouring runs. Prints
+# every run (req/s, p50/p99, CPU per request of the front and of the answering abe) and the
+# medians and median ratio. All three processes and wrk share the machine's cores.
+# Needs: wrk, nginx, curl (Debian packages).
+# Usage: tools/bench/proxy_vs_nginx.sh [seconds per run] [rounds] [connections]
+#        (BENCH_BIN=PATH uses that binary instead of building target/release/abe;
+#         UPSTREAM_WORKERS=N sets the front abe's max_concurrent_batches, default 4;
+#         FRONT_MAX_BATCH=N sets its batching.max_batch_size: by default the front batches
+#         requests and forwards a batch as one upstream request with a prompt array, which
+#         nginx cannot do; FRONT_MAX_BATCH=1 forwards every request alone, as nginx does)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+secs="${1:-10}"
+rounds="${2:-3}"
+conns="${3:-64}"
+workers="${UPSTREAM_WORKERS:-4}"
+front_max_batch="${FRONT_MAX_BATCH:-}"
+bin="${BENCH_BIN:-}"
+if [ -z "$bin" ]; then
+  cargo build --release --bin abe >/dev/null
+  bin=target/release/abe
+fi
+here="$(pwd)/tools/bench"
+work="$(mktemp -d)"
+results="$work/results"
+back_port=18486
+front_port=18487
+ngx_port=18488
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us$/,"",v); print v} else if (v ~ /ms$/) {sub(/ms$/,"",v); print v*1000} else {sub(/s$/,"",v); print v*1e6}}' <<<"$1"; }
+
+{
+  if [ -n "$front_max_batch" ]; then printf '[batching]\nmax_batch_size = %s\n' "$front_max_batch"; fi
+  cat <<TOML
+[[backends]]
+name = "upstream-abe"
+kind = "upstream"
+base_url = "http://127.0.0.1:$back_port"
+prompt_array = true
+max_concurrent_batches = $workers
+[[backends.models]]
+name = "abe-sim"
+context_length = 131072
+TOML
+} >"$work/front.toml"
+cat >"$work/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    upstream abe_back {
+        server 127.0.0.1:$back_port;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$ngx_port;
+        location / {
+            proxy_pass http://abe_back;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering on;
+        }
+    }
+}
+NGINX
+
+ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_PIN=false RUST_LOG=warn \
+  "$bin" serve --port $back_port >/dev/null &
+back=$!
+front=""
+ngx=""
+trap 'kill $back $front $ngx 2>/dev/null || true; rm -rf "$work"' EXIT
+for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$back_port/health" >/dev/null && break; sleep 0.1; done
+ABE_ENGINE_PIN=false RUST_LOG=warn "$bin" serve --port $front_port --config "$work/front.toml" >/dev/null &
+front=$!
+nginx -c "$work/nginx.conf" &
+ngx=$!
+for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$front_port/health" >/dev/null && break; sleep 0.1; done
+sleep 0.5
+ngx_worker=$(pgrep -P "$ngx" | head -1)
+for port in $front_port $ngx_port; do
+  curl -sf -X POST "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt":"hi","max_tokens":1}' | grep -q '"text_completion"' ||
+    { echo "the front on port $port did not answer a completion" >&2; exit 1; }
+done
+
+run() { # name front_pid url round
+  local name=$1 pid=$2 url=$3 round=$4
+  local b_front b_back a_front a_back out reqs rps p50 p99 cpu_front cpu_back
+  b_front=$(cpu_ticks "$pid"); b_back=$(cpu_ticks "$back")
+  out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$here/post.lua" "$url")
+  a_front=$(cpu_ticks "$pid"); a_back=$(cpu_ticks "$back")
+  if grep -q "Non-2xx" <<<"$out"; then echo "$name: non-2xx answers: $out" >&2; exit 1; fi
+  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
+  p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
+  cpu_front=$(awk -v t=$((a_front - b_front)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')
+  cpu_back=$(awk -v t=$((a_back - b_back)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')
+  printf "round %s  %-9s c=%-3s %9.0f req/s  p50 %6.0f us  p99 %6.0f us  CPU front %6s us/req, answering abe %6s us/req\n" \
+    "$round" "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_front" "$cpu_back"
+  echo "$name $round $rps $p50 $p99 $cpu_front $cpu_back" >>"$results"
+}
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD); front abe: $workers upstream batches in flight, max_batch_size ${front_max_batch:-default}"
+wrk -t1 -c"$conns" -d1s -s "$here/post.lua" "http://127.0.0.1:$ngx_port/v1/completions" >/dev/null
+wrk -t1 -c"$conns" -d1s -s "$here/post.lua" "http://127.0.0.1:$front_port/v1/completions" >/dev/null
+for r in $(seq 1 "$rounds"); do
+  run nginx "$ngx_worker" "http://127.0.0.1:$ngx_port/v1/completions" "$r"
+  run abe-front "$front" "http://127.0.0.1:$front_port/v1/completions" "$r"
+done
+median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+col() { awk -v n="$1" -v k="$2" '$1 == n {print $k}' "$results"; }
+echo "medians over $rounds rounds:"
+for name in nginx abe-front; do
+  printf "  %-9s c=%-3s %9.0f req/s  p50 %6.0f us  p99 %6.0f us  CPU front %6.2f us/req, answering abe %6.2f us/req\n" \
+    "$name" "$conns" "$(col $name 3 | median)" "$(col $name 4 | median)" \
+    "$(col $name 5 | median)" "$(col $name 6 | median)" "$(col $name 7 | median)"
+done
+ratios=$(paste <(col nginx 3) <(col abe-front 3) | awk '{printf "%.3f\n", $2 / $1}')
+printf "  abe/nginx proxy req/s at c=%s: median %.3f (per round: %s)\n" \
+  "$conns" "$(median <<<"$ratios")" "$(paste -sd' ' <<<"$ratios")"
