@@ -35,6 +35,7 @@
 //!
 //! Fixed-size arrays only; nothing here allocates or reads a clock.
 
+use super::shares::Shares;
 use crate::core::request::{Nanos, BUCKET_COUNT, CLASS_COUNT};
 
 /// Offset bins: bin 0 is `[0, 2^12)` ns; then four per octave from 2^12 ns (4.1 us) to
@@ -143,12 +144,15 @@ pub struct ArrivalModel {
     window_requests: u32,
     window_seen: u32,
     window_counts: [u32; ECHO_BINS],
+    /// Bins `window_top..` of `window_counts` are 0 (so a new window clears only the bins
+    /// the last one touched, not all of them).
+    window_top: usize,
     /// Moving averages of the time between completions, ns, and of the arrivals in that
     /// time (0 until two completions): their ratio is the stream's rate.
     completion_gap_ns: f64,
     arrivals_per_gap: f64,
     /// Share of arrivals per token bucket (they sum to 1 once anything arrived).
-    bucket_share: [f64; BUCKET_COUNT],
+    bucket_share: Shares<BUCKET_COUNT>,
     gaps: [GapStats; CLASS_COUNT],
     arrivals: u64,
 }
@@ -165,9 +169,10 @@ impl Default for ArrivalModel {
             window_requests: 0,
             window_seen: 0,
             window_counts: [0; ECHO_BINS],
+            window_top: 0,
             completion_gap_ns: 0.0,
             arrivals_per_gap: 0.0,
-            bucket_share: [0.0; BUCKET_COUNT],
+            bucket_share: Shares::new(SHARE_ALPHA),
             gaps: [GapStats::default(); CLASS_COUNT],
             arrivals: 0,
         }
@@ -178,14 +183,7 @@ impl ArrivalModel {
     /// A request of `class` (priority x bucket) and token `bucket` arrived.
     pub fn observe_arrival(&mut self, now: Nanos, class: usize, bucket: usize) {
         self.arrivals += 1;
-        if self.arrivals == 1 {
-            self.bucket_share[bucket] = 1.0;
-        } else {
-            for (b, share) in self.bucket_share.iter_mut().enumerate() {
-                let hit = if b == bucket { 1.0 } else { 0.0 };
-                *share += SHARE_ALPHA * (hit - *share);
-            }
-        }
+        self.bucket_share.observe(bucket);
         let g = &mut self.gaps[class];
         if let Some(last) = g.last_arrival_ns {
             let gap = now.saturating_sub(last) as f64;
@@ -202,6 +200,7 @@ impl ArrivalModel {
             self.window_seen = self.window_seen.saturating_add(1);
             if let Some(j) = bin_of(now.saturating_sub(start)) {
                 self.window_counts[j] = self.window_counts[j].saturating_add(1);
+                self.window_top = self.window_top.max(j + 1);
             }
         }
     }
@@ -218,7 +217,9 @@ impl ArrivalModel {
         self.window_start_ns = Some(now);
         self.window_requests = requests;
         self.window_seen = 0;
-        self.window_counts = [0; ECHO_BINS];
+        self.window_counts[..self.window_top].fill(0);
+        self.window_top = 0;
+        debug_assert!(self.window_counts.iter().all(|&c| c == 0));
     }
 
     /// Folds the open window into the echo averages: every bin the window covered whole.
@@ -271,7 +272,7 @@ impl ArrivalModel {
         if self.arrivals == 0 {
             1.0
         } else {
-            self.bucket_share[bucket]
+            self.bucket_share.share(bucket)
         }
     }
 

@@ -1,0 +1,296 @@
+//! The open-loop half of `auto`'s property harness: arrivals that do not answer completions
+//! (Poisson, or bursts whose starts are Poisson), drawn from a seed, in virtual time, each
+//! held to the best fixed window in hindsight on the same arrivals.
+//!
+//! A case draws: a fixed cost `a` (0.2-50 ms) and a per-request cost `b` (0-a/4 per 8
+//! requests, as the closed-loop cases), the cost's shape (linear, concave, step), 1-4
+//! workers, a max batch of 8-64, a load of 30-90 % of capacity (`W max / S(max)` requests
+//! per second), and the arrivals: Poisson, or bursts of 2-32 requests 5-200 us apart. The
+//! properties, on the latencies (arrival to answer) of every request after the first
+//! [`WARMUP`]:
+//! - `auto`'s p50 and p99 within [`WINDOW_SLACK`] (3 %) of the best in hindsight: the least
+//!   p50 and the least p99 over work-conserving dispatch and a grid of `fixed` windows
+//!   ([`windows`]), each taken where it is best (so the two may come from two windows);
+//! - `auto`'s p50 and p99 never more than [`WC_SLACK`] (1 %) above work-conserving dispatch
+//!   (window 0).
+//!
+//! `AUTO_PROPS_OPEN_SEEDS=N` runs seeds `0..N` (default [`SEEDS_IN_TEST_RUN`]);
+//! `AUTO_PROPS_OPEN_SEED=S` replays one. A failure prints its seed, its case and every
+//! schedule's p50 and p99.
+
+use crate::core::strategy::StrategyKind;
+use crate::core::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const MS: Nanos = 1_000_000;
+
+/// Seeds in the normal test run (a debug build runs each in about a fifth of a second).
+const SEEDS_IN_TEST_RUN: u64 = 24;
+
+/// Requests per case, and the first ones left out of the percentiles (`auto` learning).
+const REQUESTS: usize = 4_000;
+const WARMUP: usize = 500;
+
+/// `auto` against the best window in hindsight, and against work-conserving dispatch.
+const WINDOW_SLACK: f64 = 1.03;
+const WC_SLACK: f64 = 1.01;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shape {
+    Linear,
+    Concave,
+    Step,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct OpenCase {
+    seed: u64,
+    workers: usize,
+    max_batch: usize,
+    a: Nanos,
+    b: Nanos,
+    shape: Shape,
+    /// Offered load, a share of capacity.
+    load: f64,
+    /// Requests per burst (1: Poisson) and the gap inside a burst, ns.
+    burst: usize,
+    gap: Nanos,
+}
+
+impl OpenCase {
+    fn from_seed(seed: u64) -> OpenCase {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x09e7_100b);
+        let workers = rng.gen_range(1..=4usize);
+        let max_batch = [8usize, 16, 32, 64][rng.gen_range(0..4)];
+        let a = (rng.gen_range(0.2f64..50.0) * MS as f64) as Nanos;
+        let b = (rng.gen_range(0.0f64..0.25) * a as f64) as Nanos / 8;
+        let shape = [Shape::Linear, Shape::Concave, Shape::Step][rng.gen_range(0..3)];
+        let load = rng.gen_range(0.3..0.9);
+        let (burst, gap) = if rng.gen_bool(0.5) {
+            (1, 0)
+        } else {
+            (rng.gen_range(2..=32usize), rng.gen_range(5_000..200_000))
+        };
+        OpenCase {
+            seed,
+            workers,
+            max_batch,
+            a,
+            b,
+            shape,
+            load,
+            burst,
+            gap,
+        }
+    }
+
+    /// Service time of a batch of `n`, ns.
+    fn cost(&self, n: usize) -> Nanos {
+        let variable = match self.shape {
+            Shape::Linear => self.b as f64 * n as f64,
+            Shape::Concave => self.b as f64 * (n as f64 * self.max_batch as f64).sqrt(),
+            Shape::Step => self.b as f64 * (8 * n.div_ceil(8)) as f64,
+        };
+        (self.a as f64 + variable) as Nanos
+    }
+
+    /// Requests per second the workers serve in full batches.
+    fn capacity_per_s(&self) -> f64 {
+        self.workers as f64 * self.max_batch as f64 * 1e9 / self.cost(self.max_batch) as f64
+    }
+
+    /// Arrival instants, sorted: bursts (or single requests) starting as a Poisson process
+    /// at the case's load.
+    fn arrivals(&self) -> Vec<Nanos> {
+        let mut rng = SmallRng::seed_from_u64(self.seed ^ 0xa441_7a15);
+        let mean_gap_ns = 1e9 * self.burst as f64 / (self.load * self.capacity_per_s());
+        let mut out = Vec::with_capacity(REQUESTS);
+        let mut t = 0.0f64;
+        while out.len() < REQUESTS {
+            t += -(1.0 - rng.gen::<f64>()).ln() * mean_gap_ns;
+            for i in 0..self.burst.min(REQUESTS - out.len()) {
+                out.push(t as Nanos + i as Nanos * self.gap);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+}
+
+/// A core for `case`: `auto` as it runs by default, or `fixed` with a window of
+/// `window_ns` (0: work-conserving, a batch whenever a worker is free).
+fn config(case: &OpenCase, strategy: StrategyKind, window_ns: Nanos) -> CoreConfig {
+    let mut cfg = CoreConfig {
+        workers: case.workers,
+        max_batch_size: case.max_batch,
+        max_inflight_per_worker: 1,
+        strategy,
+        ..CoreConfig::default()
+    };
+    if strategy == StrategyKind::Fixed {
+        cfg.dispatch_when_idle = window_ns == 0;
+        cfg.strategy_params.max_wait_ms = window_ns as f64 / MS as f64;
+        cfg.priority_max_wait_ms = [1e6; Priority::COUNT];
+    }
+    cfg
+}
+
+/// The windows of the grid: 1/16 to 1 of a batch's fixed cost, and for bursts 1/2 to 2 of
+/// a burst's span.
+fn windows(case: &OpenCase) -> Vec<Nanos> {
+    let a = case.a as f64;
+    let mut out: Vec<Nanos> = [0.0625, 0.125, 0.25, 0.5, 1.0]
+        .iter()
+        .map(|k| (k * a) as Nanos)
+        .collect();
+    if case.burst > 1 {
+        let span = (case.burst - 1) as f64 * case.gap as f64;
+        out.extend([0.5, 1.0, 2.0].iter().map(|k| (k * span) as Nanos));
+    }
+    out.retain(|&w| w > 0);
+    out
+}
+
+/// Latencies of the requests after [`WARMUP`] (arrival to answer, ns), sorted.
+fn latencies(case: &OpenCase, arrivals: &[Nanos], cfg: CoreConfig) -> Vec<Nanos> {
+    let mut core = Core::new(cfg);
+    let mut index_of: Vec<usize> = vec![usize::MAX; core.config().queue_capacity];
+    let mut out = Vec::with_capacity(arrivals.len());
+    let mut busy: Vec<Option<(Nanos, BatchId)>> = vec![None; case.workers];
+    let mut wake: Option<Nanos> = None;
+    let (mut next, mut answered, mut now) = (0usize, 0usize, 0);
+    while answered < arrivals.len() {
+        now = busy
+            .iter()
+            .flatten()
+            .map(|&(t, _)| t)
+            .chain(arrivals.get(next).copied())
+            .chain(wake)
+            .min()
+            .expect("work remains")
+            .max(now);
+        for slot in busy.iter_mut() {
+            let Some((t, batch)) = *slot else { continue };
+            if t > now {
+                continue;
+            }
+            *slot = None;
+            for ticket in core.batch_tickets(batch) {
+                let i = index_of[ticket.index as usize];
+                answered += 1;
+                if i >= WARMUP {
+                    out.push(now - arrivals[i]);
+                }
+            }
+            assert_eq!(
+                core.complete(now, batch, BatchOutcome::Ok),
+                Completion::Deliver
+            );
+        }
+        while arrivals.get(next).is_some_and(|&t| t <= now) {
+            let mut meta = RequestMeta::new(Priority::Normal, Kind::Completion, 0, 0, now);
+            meta.tokens_estimated = 20;
+            let ticket = core.admit(now, meta).expect("the queue has room");
+            index_of[ticket.index as usize] = next;
+            next += 1;
+        }
+        wake = core.poll(now, &mut |action| {
+            if let Action::Dispatch {
+                worker,
+                tickets,
+                batch,
+                ..
+            } = action
+            {
+                assert!(busy[worker].is_none(), "one batch per worker at a time");
+                busy[worker] = Some((now + case.cost(tickets.len()), batch));
+            }
+        });
+        wake = wake.filter(|&t| t > now);
+    }
+    out.sort_unstable();
+    out
+}
+
+/// p50 and p99 of sorted latencies, ms.
+fn p50_p99(sorted: &[Nanos]) -> (f64, f64) {
+    let at = |p: f64| sorted[((sorted.len() - 1) as f64 * p) as usize] as f64 / MS as f64;
+    (at(0.5), at(0.99))
+}
+
+fn seeds() -> Vec<u64> {
+    if let Ok(s) = std::env::var("AUTO_PROPS_OPEN_SEED") {
+        return vec![s.parse().expect("AUTO_PROPS_OPEN_SEED is a number")];
+    }
+    let n = std::env::var("AUTO_PROPS_OPEN_SEEDS").map_or(SEEDS_IN_TEST_RUN, |s| {
+        s.parse().expect("AUTO_PROPS_OPEN_SEEDS is a number")
+    });
+    (0..n).collect()
+}
+
+/// The issue's open-loop goal over drawn cases. Prints one line per case (`--nocapture`)
+/// and every miss with the seed that replays it.
+///
+/// Not in the default test run: `auto` misses it today (2026-11-27, 24 seeds: 19 misses,
+/// the worst 1.445 of the best window and 1.062 of work-conserving; BENCHMARKS.md, issue
+/// 25). With several workers a `fixed` window that fills batches beats work-conserving
+/// dispatch by up to 45 % at high load (each small batch occupies a worker for a whole
+/// fixed cost), and `auto`, which holds only for echoes and bursts it expects, stays near
+/// work-conserving. Run it with `tools/auto_props.sh N open`.
+#[test]
+#[ignore = "auto misses the open-loop goal today; tools/auto_props.sh N open runs it"]
+fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
+    let mut misses = Vec::new();
+    let (mut worst_window, mut worst_wc) = (0.0f64, 0.0f64);
+    let mut cases = 0;
+    for seed in seeds() {
+        let case = OpenCase::from_seed(seed);
+        let arrivals = case.arrivals();
+        let auto = p50_p99(&latencies(
+            &case,
+            &arrivals,
+            config(&case, StrategyKind::Auto, 0),
+        ));
+        let wc = p50_p99(&latencies(
+            &case,
+            &arrivals,
+            config(&case, StrategyKind::Fixed, 0),
+        ));
+        let mut best = wc;
+        let mut table = format!("work-conserving {:.3} / {:.3} ms", wc.0, wc.1);
+        for w in windows(&case) {
+            let r = p50_p99(&latencies(
+                &case,
+                &arrivals,
+                config(&case, StrategyKind::Fixed, w),
+            ));
+            best = (best.0.min(r.0), best.1.min(r.1));
+            table += &format!("; {:.3} ms: {:.3} / {:.3}", w as f64 / MS as f64, r.0, r.1);
+        }
+        let window_ratio = (auto.0 / best.0).max(auto.1 / best.1);
+        let wc_ratio = (auto.0 / wc.0).max(auto.1 / wc.1);
+        println!(
+            "open seed {seed}: auto p50 {:.3} p99 {:.3} ms; / best window {window_ratio:.3}, \
+             / work-conserving {wc_ratio:.3}: {case:?}",
+            auto.0, auto.1
+        );
+        cases += 1;
+        worst_window = worst_window.max(window_ratio);
+        worst_wc = worst_wc.max(wc_ratio);
+        if window_ratio > WINDOW_SLACK || wc_ratio > WC_SLACK {
+            misses.push(format!(
+                "open seed {seed} (replay: AUTO_PROPS_OPEN_SEED={seed}): auto p50 {:.3} p99 \
+                 {:.3} ms, {window_ratio:.3} of the best window (bound {WINDOW_SLACK}), \
+                 {wc_ratio:.3} of work-conserving (bound {WC_SLACK}): {case:?}\n  {table}",
+                auto.0, auto.1
+            ));
+        }
+    }
+    println!(
+        "{cases} open cases: worst against the best window {worst_window:.3}, against \
+         work-conserving {worst_wc:.3}; {} misses",
+        misses.len()
+    );
+    assert!(misses.is_empty(), "{}", misses.join("\n"));
+}
