@@ -765,7 +765,11 @@ impl IoThread {
                     // Nothing streamed yet: answer with a plain HTTP error instead.
                     Some(e) if !st.writer.started() => {
                         slot.stream = None;
-                        slot.response = Some(api::error_response(&e));
+                        let mut response = api::error_response(&e);
+                        if let Some(rid) = slot.job.as_ref().and_then(|j| j.request_id()) {
+                            response.headers.push(format!("X-Request-Id: {rid}"));
+                        }
+                        slot.response = Some(response);
                     }
                     Some(e) => {
                         st.writer.error(&e.to_string(), &mut st.pending);
