@@ -76,6 +76,11 @@ pub struct IoThread {
     /// allocate another every turn).
     servicing: Vec<usize>,
     next_response_id: u64,
+    /// The earliest end of an injected stream stall (api::faults) seen at the front of a
+    /// connection: the poll timeout honours it, so a stall of T ms ends at T, not at the
+    /// next tick. Cleared when it passes (the holding streams are looked at again, and any
+    /// still held put their own deadline back).
+    stall_deadline: Option<Instant>,
     /// Read scratch, allocated once (a stack array would be zeroed on every read).
     read_chunk: Vec<u8>,
     /// Completions taken off the ring in one turn; empty between turns, kept for its
@@ -117,6 +122,7 @@ impl IoThread {
             touched: Vec::new(),
             servicing: Vec::new(),
             next_response_id: thread_index << 48,
+            stall_deadline: None,
             read_chunk: vec![0; 16 * 1024],
             completions: Vec::new(),
         })
@@ -143,6 +149,8 @@ impl IoThread {
                 // could see the flag must not wait for the next tick.
                 let timeout = if self.submitter.has_completions() {
                     Duration::ZERO
+                } else if let Some(t) = self.stall_deadline {
+                    TICK.min(t.saturating_duration_since(Instant::now()))
                 } else {
                     TICK
                 };
@@ -182,6 +190,11 @@ impl IoThread {
             // Completions may arrive without a waker event if they raced with this turn.
             self.drain_completions();
             self.flush_touched(now);
+            if self.stall_deadline.is_some_and(|t| now >= t) {
+                // Serviced next turn: their held chunks go out, later stalls re-arm.
+                self.stall_deadline = None;
+                self.touch_event_streams();
+            }
             // A comparison, not `duration_since` (a subtraction of timespecs): once per turn.
             if now >= next_tick {
                 next_tick = now + TICK;
@@ -354,6 +367,9 @@ impl IoThread {
             progress |= conn.stage_ready(&self.ctx.router, |endpoint, code| {
                 stats.record_response(endpoint, code)
             });
+            if let Some(t) = conn.stalled_until() {
+                self.stall_deadline = Some(self.stall_deadline.map_or(t, |d| d.min(t)));
+            }
             match conn.flush(now) {
                 Ok(n) => {
                     stats.add_bytes_out(n as u64);
