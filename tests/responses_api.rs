@@ -142,3 +142,57 @@ fn a_streamed_response_sends_the_responses_event_types_in_order() {
         abe.shutdown();
     }
 }
+
+fn assert_valid(schema: &Value, instance: &Value) {
+    let v = jsonschema::validator_for(schema).expect("a valid schema");
+    let errors: Vec<String> = v.iter_errors(instance).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{instance} against {schema}: {errors:?}");
+}
+
+/// `text.format` `json_schema` and `json_object` make the output text schema-valid JSON, whole
+/// and streamed (the deltas add up to it), and the response repeats the format; an unknown
+/// format type is a 400 naming the field. Checked with the `jsonschema` crate.
+#[test]
+fn text_format_makes_schema_valid_output_whole_and_streamed() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"],
+        "additionalProperties": false
+    });
+    for mode in MODES {
+        let abe = start_in(mode);
+        let mut c = Client::connect(abe.local_addr());
+        let format = serde_json::json!({"type": "json_schema", "name": "w", "schema": schema, "strict": true});
+        let body = serde_json::json!({"input": "weather?", "text": {"format": format}});
+        let r = c.request("POST", "/v1/responses", Some(&body.to_string()));
+        assert_eq!(r.status, 200, "{mode:?}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["text"]["format"], format);
+        assert_eq!(v["status"], "completed");
+        assert_valid(&schema, &serde_json::from_str(output_text(&v)).unwrap());
+        let mut streamed = body.clone();
+        streamed["stream"] = Value::Bool(true);
+        let r = c.request("POST", "/v1/responses", Some(&streamed.to_string()));
+        assert_eq!(r.status, 200, "{mode:?}: {}", r.text());
+        let deltas: String = named_events(&r.text())
+            .iter()
+            .filter(|(n, _)| n == "response.output_text.delta")
+            .filter_map(|(_, d)| d["delta"].as_str().map(str::to_string))
+            .collect();
+        assert_valid(&schema, &serde_json::from_str(&deltas).unwrap());
+        let body = serde_json::json!({"input": "json please", "text": {"format": {"type": "json_object"}}});
+        let r = c.request("POST", "/v1/responses", Some(&body.to_string()));
+        let out: Value = serde_json::from_str(output_text(&r.json())).unwrap();
+        assert!(out.is_object(), "{out}");
+        let body = serde_json::json!({"input": "x", "text": {"format": {"type": "yaml"}}});
+        let r = c.request("POST", "/v1/responses", Some(&body.to_string()));
+        assert_eq!(r.status, 400);
+        assert!(
+            r.error_message().contains("text.format.type"),
+            "{}",
+            r.text()
+        );
+        abe.shutdown();
+    }
+}

@@ -63,6 +63,8 @@ pub struct ResponseMeta {
     pub max_output_tokens: Option<u32>,
     pub temperature: f64,
     pub top_p: f64,
+    /// `text.format` as asked (`{"type": "text"}` by default).
+    pub text_format: Value,
     /// Set (by the endpoint) when `store` is on: the answer goes there when complete.
     pub store: Option<Arc<ResponseStore>>,
 }
@@ -104,7 +106,7 @@ pub fn response_json(meta: &ResponseMeta, done: Option<(&str, u64, u64, bool)>) 
         "previous_response_id": null,
         "store": meta.store.is_some(),
         "temperature": meta.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": meta.text_format},
         "tool_choice": "auto",
         "tools": [],
         "top_p": meta.top_p,

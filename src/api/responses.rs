@@ -1,7 +1,8 @@
 //! OpenAI's Responses API as vLLM serves it, the request side: `POST /v1/responses` (text
 //! `input` or a list of messages, optional `instructions`) decoded into one engine request,
 //! like a chat completion: the prompt is the rendered conversation, `max_output_tokens` its
-//! max tokens. The response object and its store are in [`super::response_object`]; the
+//! max tokens; `text.format` (`json_object`, `json_schema`) makes the output schema-valid
+//! JSON, through [`super::structured`] as chat's `response_format` does. The response object and its store are in [`super::response_object`]; the
 //! stream's events in [`super::stream`].
 //!
 //! What must never happen here: a stored answer for a request that asked `store: false`.
@@ -29,6 +30,52 @@ struct ResponsesBody<'a> {
     previous_response_id: Option<String>,
     #[serde(borrow)]
     priority: Option<wire::PriorityField<'a>>,
+    /// `text.format`: `text`, `json_object`, or `json_schema` (`name`, `schema`, `strict`).
+    text: Option<TextParam>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct TextParam {
+    format: Option<serde_json::Value>,
+}
+
+/// What `text.format` asks of the output: a plan for [`super::structured`] (`None`: plain
+/// text) and the format as the response object repeats it.
+fn text_format(
+    text: Option<TextParam>,
+) -> Result<(Option<super::structured::Plan>, serde_json::Value), wire::BodyError> {
+    let Some(format) = text.and_then(|t| t.format) else {
+        return Ok((None, serde_json::json!({"type": "text"})));
+    };
+    let invalid = |m: &str| body_error("invalid_value", m.to_string());
+    let rf = match format.get("type").and_then(serde_json::Value::as_str) {
+        Some("text") => return Ok((None, format)),
+        Some("json_object") => wire::ResponseFormat {
+            kind: Some("json_object".into()),
+            json_schema: None,
+        },
+        Some("json_schema") => {
+            let schema = format
+                .get("schema")
+                .ok_or_else(|| invalid("'text.format.schema' is required with type json_schema"))?;
+            // Chat's shape: {"json_schema": {"schema": ...}}.
+            wire::ResponseFormat {
+                kind: Some("json_schema".into()),
+                json_schema: Some(serde_json::json!({ "schema": schema })),
+            }
+        }
+        _ => {
+            return Err(invalid(
+                "'text.format.type' must be 'text', 'json_object' or 'json_schema'",
+            ))
+        }
+    };
+    let plan = super::structured::plan(&super::structured::Asks {
+        response_format: Some(&rf),
+        ..Default::default()
+    })?;
+    Ok((plan, format))
 }
 
 #[derive(serde::Deserialize)]
@@ -141,6 +188,8 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
         ))
     })?;
     let msgs = messages(b.instructions.as_deref(), input).map_err(super::bad)?;
+    let (plan, format) = text_format(b.text).map_err(super::bad)?;
+    let explicit_max = b.max_output_tokens.is_some();
     let generation = wire::GenerationBody {
         max_tokens: b.max_output_tokens,
         stream: b.stream,
@@ -172,19 +221,22 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
         max_output_tokens: b.max_output_tokens.map(|n| n as u32),
         temperature: b.temperature.unwrap_or(1.0),
         top_p: b.top_p.unwrap_or(1.0),
+        text_format: format,
         // Attached by `attach_store` when `store` is not false.
         store: None,
     };
     let store = b.store != Some(false);
     let created_at = meta.created_at;
-    let requests = vec![Request {
+    let mut requests = vec![Request {
         priority: text.priority,
         route: Some(route),
         work,
     }];
+    let structured = super::shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
     let mut job = Job::new(JobKind::Response { store }, model, requests)
         .with_stream(text.stream)
-        .with_request_id(head.request_id.as_deref());
+        .with_request_id(head.request_id.as_deref())
+        .with_structured(structured);
     job.created_unix = created_at;
     job.extras_mut().response = Some(Arc::new(meta));
     Ok(Routed::Submit(job))
