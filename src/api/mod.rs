@@ -162,6 +162,8 @@ pub struct Decoder<'a> {
     pub has_upstream: bool,
     /// LoRA adapters a request may name as its `model` (`None`: none).
     pub lora: Option<&'a crate::router::lora::LoraTable>,
+    /// The Responses API's store, for `previous_response_id` (`None`: none kept).
+    pub responses: Option<&'a response_object::ResponseStore>,
 }
 
 /// The adapters `config`'s models list (checked by `Config::check`; a config that was not
@@ -183,6 +185,7 @@ impl ApiContext {
             default_model: &self.default_model,
             has_upstream: self.has_upstream,
             lora: Some(&self.lora),
+            responses: Some(&self.responses),
         }
     }
 }

@@ -2,7 +2,9 @@
 //! `input` or a list of messages, optional `instructions`) decoded into one engine request,
 //! like a chat completion: the prompt is the rendered conversation, `max_output_tokens` its
 //! max tokens; `text.format` (`json_object`, `json_schema`) makes the output schema-valid
-//! JSON, through [`super::structured`] as chat's `response_format` does. The response object and its store are in [`super::response_object`]; the
+//! JSON, through [`super::structured`] as chat's `response_format` does;
+//! `previous_response_id` puts a stored response's input and output before the new input.
+//! The response object and its store are in [`super::response_object`]; the
 //! stream's events in [`super::stream`].
 //!
 //! What must never happen here: a stored answer for a request that asked `store: false`.
@@ -175,19 +177,40 @@ fn messages(instructions: Option<&str>, input: Input) -> Result<Vec<Message>, wi
 /// Decodes `POST /v1/responses` into a job of one engine request.
 pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let b: ResponsesBody<'_> = parse_body(body).map_err(super::bad)?;
-    if b.previous_response_id.is_some() {
-        return Err(super::bad(body_error(
-            "unsupported_value",
-            "'previous_response_id' is not supported by abe; send the conversation as 'input'",
-        )));
-    }
     let input = b.input.ok_or_else(|| {
         super::bad(body_error(
             "missing_field",
             "missing required field 'input'",
         ))
     })?;
-    let msgs = messages(b.instructions.as_deref(), input).map_err(super::bad)?;
+    // A previous response's input and output come first (its instructions do not carry
+    // over, as OpenAI's); an id not kept is a 404, as OpenAI answers.
+    let mut conversation: Vec<Message> = match &b.previous_response_id {
+        None => Vec::new(),
+        Some(id) => match ctx.responses.and_then(|s| s.conversation(id)) {
+            Some(c) => c.to_vec(),
+            None => {
+                return Err(Routed::Now(crate::http::response::Response::error(
+                    crate::http::response::Status::NotFound,
+                    "previous_response_not_found",
+                    format!(
+                        "Previous response with id '{id}' not found (not stored, or older \
+                         than the newest {})",
+                        super::response_object::STORE_MAX
+                    ),
+                )))
+            }
+        },
+    };
+    conversation.extend(messages(None, input).map_err(super::bad)?);
+    let mut msgs = Vec::with_capacity(conversation.len() + 1);
+    if let Some(i) = &b.instructions {
+        msgs.push(Message {
+            role: "system".into(),
+            content: Some(Content::Text(i.clone())),
+        });
+    }
+    msgs.extend(conversation.iter().cloned());
     let (plan, format) = text_format(b.text).map_err(super::bad)?;
     let explicit_max = b.max_output_tokens.is_some();
     let generation = wire::GenerationBody {
@@ -222,6 +245,13 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
         temperature: b.temperature.unwrap_or(1.0),
         top_p: b.top_p.unwrap_or(1.0),
         text_format: format,
+        previous_response_id: b.previous_response_id,
+        // Kept only for the store.
+        conversation: if b.store != Some(false) {
+            conversation
+        } else {
+            Vec::new()
+        },
         // Attached by `attach_store` when `store` is not false.
         store: None,
     };
