@@ -77,7 +77,13 @@ fn a_response_is_answered_stored_and_fetched_again() {
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.json()["status"], "completed");
         assert_eq!(r.json()["instructions"], "Be brief.");
-        for (body, says) in [(r#"{"max_output_tokens":2}"#, "'input'")] {
+        for (body, says) in [
+            (r#"{"max_output_tokens":2}"#, "'input'"),
+            (
+                r#"{"input":"x","tools":[{"type":"function","name":"f","parameters":{}}]}"#,
+                "'tools' in /v1/responses",
+            ),
+        ] {
             let r = c.request("POST", "/v1/responses", Some(body));
             assert_eq!(r.status, 400, "{body}");
             assert!(r.error_message().contains(says), "{}", r.text());

@@ -34,6 +34,8 @@ struct ResponsesBody<'a> {
     priority: Option<wire::PriorityField<'a>>,
     /// `text.format`: `text`, `json_object`, or `json_schema` (`name`, `schema`, `strict`).
     text: Option<TextParam>,
+    /// Refused when not empty: abe does not answer tools here yet.
+    tools: Option<Vec<serde_json::Value>>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -177,6 +179,13 @@ fn messages(instructions: Option<&str>, input: Input) -> Result<Vec<Message>, wi
 /// Decodes `POST /v1/responses` into a job of one engine request.
 pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let b: ResponsesBody<'_> = parse_body(body).map_err(super::bad)?;
+    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(super::bad(body_error(
+            "unsupported_value",
+            "'tools' in /v1/responses is not supported by abe yet; send tools to \
+             /v1/chat/completions",
+        )));
+    }
     let input = b.input.ok_or_else(|| {
         super::bad(body_error(
             "missing_field",
