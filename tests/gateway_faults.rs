@@ -232,6 +232,60 @@ fn a_reset_stream_resets_the_connection_after_n_events() {
     }
 }
 
+/// A stall of T ms ends at T, not at the io thread's next 50 ms tick: the median pause
+/// between the last event before a 10 ms stall and the first after it stays under 3 T (it
+/// was about 50 ms when the tick released it), and every answer took at least T. Both
+/// batching modes.
+#[test]
+fn a_short_stall_ends_at_its_deadline_not_at_the_next_tick() {
+    const STALL_MS: u64 = 10;
+    const RUNS: usize = 9;
+    for mode in MODES {
+        let mut cfg = config(mode);
+        cfg.workers.fault_stream_stall_rate = 1.0;
+        cfg.workers.fault_stream_after_chunks = 2;
+        cfg.workers.fault_stream_stall_ms = STALL_MS as u32;
+        let abe = start(cfg);
+        let mut pauses = Vec::with_capacity(RUNS);
+        for _ in 0..RUNS {
+            let mut c = Client::connect(abe.local_addr());
+            let sent_at = Instant::now();
+            stream_request(&mut c);
+            let mut line = String::new();
+            while line != "\r\n" {
+                line.clear();
+                c.reader.read_line(&mut line).unwrap();
+            }
+            // The second event (the last before the stall), then the third (after it).
+            let mut events = 0;
+            let mut paused_at = sent_at;
+            while events < 3 {
+                line.clear();
+                c.reader.read_line(&mut line).unwrap();
+                if line.starts_with("data: ") {
+                    events += 1;
+                    if events == 2 {
+                        paused_at = Instant::now();
+                    }
+                }
+            }
+            let resumed_at = Instant::now();
+            assert!(
+                resumed_at.duration_since(sent_at) >= Duration::from_millis(STALL_MS),
+                "{mode:?}: the stall did not hold the stream back"
+            );
+            pauses.push(resumed_at.duration_since(paused_at));
+        }
+        pauses.sort();
+        let median = pauses[RUNS / 2];
+        assert!(
+            median < Duration::from_millis(3 * STALL_MS),
+            "{mode:?}: a {STALL_MS} ms stall paused the stream {median:?} (median; all: {pauses:?})"
+        );
+        abe.shutdown();
+    }
+}
+
 #[test]
 fn a_stalled_stream_pauses_after_n_events_then_completes() {
     const STALL_MS: u64 = 600;

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::mock_upstream::{MockUpstream, Mode};
 use common::{start, start_in, test_config, Client, MODES};
 
 fn sse_json(body: &str) -> Vec<serde_json::Value> {
@@ -131,6 +132,91 @@ fn x_request_id_is_echoed_and_becomes_the_response_id() {
             })
             .collect();
         assert_ne!(ids[0], ids[1]);
+        abe.shutdown();
+    }
+}
+
+/// Every answer echoes `X-Request-Id`: a stream failing before its first byte (answered as a
+/// plain HTTP error, the stream never opened), and a refused method. Request-level: abe in
+/// front of an upstream answering 500; continuous (no upstreams there): a prompt larger than
+/// a replica's KV cache, which the engine refuses.
+#[test]
+fn x_request_id_is_echoed_by_a_stream_failing_before_its_first_byte() {
+    for mode in MODES {
+        let mut cfg = test_config();
+        cfg.batching.mode = mode;
+        let mut mock = None;
+        let (model, code) = if mode == abe::core::BatchingMode::Request {
+            let m = MockUpstream::start();
+            let file: abe::config::Config = toml::from_str(&format!(
+                r#"
+                [[backends]]
+                name = "up"
+                kind = "upstream"
+                base_url = "{}"
+                [[backends.models]]
+                name = "m"
+                context_length = 4096
+                [health]
+                check_interval = "1h"
+                "#,
+                m.base_url()
+            ))
+            .unwrap();
+            cfg.backends = file.backends;
+            cfg.health = file.health;
+            mock = Some(m);
+            ("m", "upstream_error")
+        } else {
+            // 250 KV tokens per replica.
+            let d = &mut cfg.batching.dynamic;
+            d.m_max_gb = 2.0;
+            d.m_model_gb = 1.0;
+            d.memory_margin_gb = 0.0;
+            d.kv_gb_per_token = 0.004;
+            d.safety_fraction = 0.0;
+            (cfg.server.model_name.as_str(), "request_too_large")
+        };
+        let model = model.to_string();
+        let abe = start(cfg);
+        if let Some(m) = &mock {
+            // Fail only once the start-up probe found the backend healthy.
+            let probed = std::time::Instant::now();
+            while m.answered("/v1/models") == 0 {
+                assert!(probed.elapsed().as_secs() < 30, "no start-up probe");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            m.set_mode(Mode::Status(500));
+        }
+        let mut c = Client::connect(abe.local_addr());
+        let rid = [("X-Request-Id", "gw-early")];
+        let prompt = "word ".repeat(400);
+        for path in ["/v1/completions", "/v1/chat/completions"] {
+            let body = if path == "/v1/completions" {
+                serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 3, "stream": true})
+            } else {
+                serde_json::json!({"model": model, "max_tokens": 3, "stream": true,
+                    "messages": [{"role": "user", "content": prompt}]})
+            };
+            let r = c.request_with("POST", path, Some(&body.to_string()), &rid);
+            assert!(
+                r.status >= 400,
+                "{mode:?} {path}: {} {}",
+                r.status,
+                r.text()
+            );
+            assert_eq!(r.json()["error"]["code"], code, "{mode:?}: {}", r.text());
+            assert_eq!(
+                r.header("x-request-id"),
+                Some("gw-early"),
+                "{mode:?} {path}"
+            );
+        }
+        let r = c.request_with("GET", "/v1/completions", None, &rid);
+        assert_eq!(
+            (r.status, r.header("x-request-id")),
+            (405, Some("gw-early"))
+        );
         abe.shutdown();
     }
 }

@@ -5,7 +5,8 @@ exception for its status; a cut stream ends without [DONE]; a reset stream raise
 vLLM compatibilities (X-Request-Id, integer priority, /version, continuous usage stats), and
 tools and structured output (tool_calls[0].function.arguments valid for the function's
 parameters, whole and streamed; response_format json_schema; a clear 400), and the
-Responses API (create, retrieve, stream), and LoRA adapters (loaded with vLLM's
+Responses API (create, retrieve, stream, previous_response_id, text.format; tools are a
+400 there for now), and LoRA adapters (loaded with vLLM's
 POST /v1/load_lora_adapter, listed by models.list with their parent, served as a model,
 unloaded).
 
@@ -166,6 +167,33 @@ def check_responses(client):
             final = ev.response
     check(types[0] == "response.created" and final is not None and final.output_text == deltas,
           f"responses stream: the SDK's typed events, deltas add up ({len(types)} events)")
+    nxt = client.responses.create(model="abe-sim", input="and then?", max_output_tokens=3,
+                                  previous_response_id=r.id)
+    alone = client.responses.create(model="abe-sim", input="and then?", max_output_tokens=3)
+    check(nxt.previous_response_id == r.id
+          and nxt.usage.input_tokens > alone.usage.input_tokens + r.usage.output_tokens // 2,
+          f"previous_response_id: the stored conversation comes first "
+          f"({nxt.usage.input_tokens} input tokens, {alone.usage.input_tokens} without)")
+    try:
+        client.responses.create(model="abe-sim", input="x", previous_response_id="resp_nope")
+        check(False, "an unknown previous_response_id is a 404")
+    except openai.NotFoundError:
+        check(True, "an unknown previous_response_id is a 404 (the SDK's NotFoundError)")
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+              "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+              "required": ["city", "days"], "additionalProperties": False}
+    j = client.responses.create(model="abe-sim", input="weather?", text={"format": {
+        "type": "json_schema", "name": "w", "schema": schema, "strict": True}})
+    out = json.loads(j.output_text)
+    check(set(out) == {"city", "days"} and isinstance(out["city"], str)
+          and 1 <= out["days"] <= 7 and j.text.format.type == "json_schema",
+          f"text.format json_schema: the output text is the schema's JSON ({j.output_text})")
+    try:
+        client.responses.create(model="abe-sim", input="x", tools=[{
+            "type": "function", "name": "f", "parameters": {"type": "object"}}])
+        check(False, "tools in responses.create are refused, not ignored")
+    except openai.BadRequestError as err:
+        check("tools" in str(err), "tools in responses.create: a clear 400 (not built yet)")
 
 
 def post(base, path, body):

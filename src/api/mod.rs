@@ -163,6 +163,8 @@ pub struct Decoder<'a> {
     pub has_upstream: bool,
     /// LoRA adapters a request may name as its `model` (`None`: none).
     pub lora: Option<&'a crate::router::lora::LoraTable>,
+    /// The Responses API's store, for `previous_response_id` (`None`: none kept).
+    pub responses: Option<&'a response_object::ResponseStore>,
 }
 
 /// The adapters `config`'s models list (checked by `Config::check`; a config that was not
@@ -184,6 +186,7 @@ impl ApiContext {
             default_model: &self.default_model,
             has_upstream: self.has_upstream,
             lora: Some(&self.lora),
+            responses: Some(&self.responses),
         }
     }
 }
@@ -430,18 +433,19 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
     let is_get = matches!(head.method, Method::Get | Method::Head);
     match path {
         "/v1/completions" | "/v1/chat/completions" | "/v1/embeddings" | "/v1/responses" => {
-            if head.method != Method::Post {
-                return allow("POST");
-            }
-            if !ctx.handle.is_accepting() {
-                return Routed::Now(Response::error(
+            // Every answer to a generation request echoes its `X-Request-Id` (vLLM does).
+            let routed = if head.method != Method::Post {
+                allow("POST")
+            } else if !ctx.handle.is_accepting() {
+                Routed::Now(Response::error(
                     Status::ServiceUnavailable,
                     "shutting_down",
                     "the server is shutting down and no longer accepts requests",
-                ));
-            }
-            let routed = faults::inject(&ctx.faults, ctx.decoder().decode(head, body));
-            let routed = responses::attach_store(&ctx.responses, routed);
+                ))
+            } else {
+                let routed = faults::inject(&ctx.faults, ctx.decoder().decode(head, body));
+                responses::attach_store(&ctx.responses, routed)
+            };
             match (routed, head.request_id.as_deref()) {
                 (Routed::Now(r), Some(id)) => Routed::Now(r.with_header(format!("X-Request-Id: {id}"))),
                 (routed, _) => routed,

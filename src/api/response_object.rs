@@ -7,6 +7,7 @@
 //! What must never happen here: a store that grows past its bound, or an id that answers
 //! with another request's response.
 
+use super::wire::{Content, Message};
 use crate::exec::{FinishReason, Output};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
@@ -16,8 +17,12 @@ use std::sync::{Arc, Mutex};
 /// `server.max_tokens_limit` tokens each (a few MiB on defaults).
 pub const STORE_MAX: usize = 1024;
 
+/// A kept response: its JSON, and its conversation (input and output, without its
+/// instructions) for a later request's `previous_response_id`.
+type Entry = (Arc<str>, Arc<[Message]>);
+
 /// The kept responses by id, and their ids oldest first.
-type Kept = (HashMap<Arc<str>, Arc<str>>, VecDeque<Arc<str>>);
+type Kept = (HashMap<Arc<str>, Entry>, VecDeque<Arc<str>>);
 
 /// The stored responses, oldest first out.
 #[derive(Debug, Default)]
@@ -26,12 +31,16 @@ pub struct ResponseStore {
 }
 
 impl ResponseStore {
-    /// Keeps `body` (the response's JSON) under `id`, dropping the oldest past the bound.
-    pub fn insert(&self, id: &str, body: String) {
+    /// Keeps `body` (the response's JSON) and its `conversation` under `id`, dropping the
+    /// oldest past the bound.
+    pub fn insert(&self, id: &str, body: String, conversation: Arc<[Message]>) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let (map, order) = &mut *g;
         let id: Arc<str> = id.into();
-        if map.insert(id.clone(), body.into()).is_none() {
+        if map
+            .insert(id.clone(), (body.into(), conversation))
+            .is_none()
+        {
             order.push_back(id);
         }
         while order.len() > STORE_MAX {
@@ -46,7 +55,13 @@ impl ResponseStore {
     /// The stored response `id`, if still kept.
     pub fn get(&self, id: &str) -> Option<Arc<str>> {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.0.get(id).cloned()
+        g.0.get(id).map(|(body, _)| body.clone())
+    }
+
+    /// The conversation of stored response `id` (its input then its output), if still kept.
+    pub fn conversation(&self, id: &str) -> Option<Arc<[Message]>> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.0.get(id).map(|(_, c)| c.clone())
     }
 }
 
@@ -63,6 +78,12 @@ pub struct ResponseMeta {
     pub max_output_tokens: Option<u32>,
     pub temperature: f64,
     pub top_p: f64,
+    /// `text.format` as asked (`{"type": "text"}` by default).
+    pub text_format: Value,
+    pub previous_response_id: Option<String>,
+    /// The input this response ran on (a previous response's conversation first), without
+    /// its instructions: stored with the output for a later `previous_response_id`.
+    pub conversation: Vec<Message>,
     /// Set (by the endpoint) when `store` is on: the answer goes there when complete.
     pub store: Option<Arc<ResponseStore>>,
 }
@@ -101,10 +122,10 @@ pub fn response_json(meta: &ResponseMeta, done: Option<(&str, u64, u64, bool)>) 
         "model": meta.model,
         "output": output,
         "parallel_tool_calls": true,
-        "previous_response_id": null,
+        "previous_response_id": meta.previous_response_id,
         "store": meta.store.is_some(),
         "temperature": meta.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": meta.text_format},
         "tool_choice": "auto",
         "tools": [],
         "top_p": meta.top_p,
@@ -144,7 +165,12 @@ pub fn finish(meta: &ResponseMeta, output: &Output) -> String {
     };
     let body = response_json(meta, Some((text, input, out, cut))).to_string();
     if let Some(store) = &meta.store {
-        store.insert(&meta.id, body.clone());
+        let mut conversation = meta.conversation.clone();
+        conversation.push(Message {
+            role: "assistant".into(),
+            content: Some(Content::Text(text.to_string())),
+        });
+        store.insert(&meta.id, body.clone(), conversation.into());
     }
     body
 }
@@ -173,7 +199,11 @@ mod tests {
     fn the_store_keeps_the_newest_up_to_its_bound() {
         let s = ResponseStore::default();
         for i in 0..STORE_MAX + 10 {
-            s.insert(&format!("resp_{i}"), format!("{{\"n\":{i}}}"));
+            s.insert(
+                &format!("resp_{i}"),
+                format!("{{\"n\":{i}}}"),
+                Arc::from(Vec::new()),
+            );
         }
         assert!(s.get("resp_0").is_none());
         assert!(s.get("resp_9").is_none());

@@ -1,7 +1,10 @@
 //! OpenAI's Responses API as vLLM serves it, the request side: `POST /v1/responses` (text
 //! `input` or a list of messages, optional `instructions`) decoded into one engine request,
 //! like a chat completion: the prompt is the rendered conversation, `max_output_tokens` its
-//! max tokens. The response object and its store are in [`super::response_object`]; the
+//! max tokens; `text.format` (`json_object`, `json_schema`) makes the output schema-valid
+//! JSON, through [`super::structured`] as chat's `response_format` does;
+//! `previous_response_id` puts a stored response's input and output before the new input.
+//! The response object and its store are in [`super::response_object`]; the
 //! stream's events in [`super::stream`].
 //!
 //! What must never happen here: a stored answer for a request that asked `store: false`.
@@ -29,6 +32,54 @@ struct ResponsesBody<'a> {
     previous_response_id: Option<String>,
     #[serde(borrow)]
     priority: Option<wire::PriorityField<'a>>,
+    /// `text.format`: `text`, `json_object`, or `json_schema` (`name`, `schema`, `strict`).
+    text: Option<TextParam>,
+    /// Refused when not empty: abe does not answer tools here yet.
+    tools: Option<Vec<serde_json::Value>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct TextParam {
+    format: Option<serde_json::Value>,
+}
+
+/// What `text.format` asks of the output: a plan for [`super::structured`] (`None`: plain
+/// text) and the format as the response object repeats it.
+fn text_format(
+    text: Option<TextParam>,
+) -> Result<(Option<super::structured::Plan>, serde_json::Value), wire::BodyError> {
+    let Some(format) = text.and_then(|t| t.format) else {
+        return Ok((None, serde_json::json!({"type": "text"})));
+    };
+    let invalid = |m: &str| body_error("invalid_value", m.to_string());
+    let rf = match format.get("type").and_then(serde_json::Value::as_str) {
+        Some("text") => return Ok((None, format)),
+        Some("json_object") => wire::ResponseFormat {
+            kind: Some("json_object".into()),
+            json_schema: None,
+        },
+        Some("json_schema") => {
+            let schema = format
+                .get("schema")
+                .ok_or_else(|| invalid("'text.format.schema' is required with type json_schema"))?;
+            // Chat's shape: {"json_schema": {"schema": ...}}.
+            wire::ResponseFormat {
+                kind: Some("json_schema".into()),
+                json_schema: Some(serde_json::json!({ "schema": schema })),
+            }
+        }
+        _ => {
+            return Err(invalid(
+                "'text.format.type' must be 'text', 'json_object' or 'json_schema'",
+            ))
+        }
+    };
+    let plan = super::structured::plan(&super::structured::Asks {
+        response_format: Some(&rf),
+        ..Default::default()
+    })?;
+    Ok((plan, format))
 }
 
 #[derive(serde::Deserialize)]
@@ -128,10 +179,11 @@ fn messages(instructions: Option<&str>, input: Input) -> Result<Vec<Message>, wi
 /// Decodes `POST /v1/responses` into a job of one engine request.
 pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Routed> {
     let b: ResponsesBody<'_> = parse_body(body).map_err(super::bad)?;
-    if b.previous_response_id.is_some() {
+    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(super::bad(body_error(
             "unsupported_value",
-            "'previous_response_id' is not supported by abe; send the conversation as 'input'",
+            "'tools' in /v1/responses is not supported by abe yet; send tools to \
+             /v1/chat/completions",
         )));
     }
     let input = b.input.ok_or_else(|| {
@@ -140,7 +192,36 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
             "missing required field 'input'",
         ))
     })?;
-    let msgs = messages(b.instructions.as_deref(), input).map_err(super::bad)?;
+    // A previous response's input and output come first (its instructions do not carry
+    // over, as OpenAI's); an id not kept is a 404, as OpenAI answers.
+    let mut conversation: Vec<Message> = match &b.previous_response_id {
+        None => Vec::new(),
+        Some(id) => match ctx.responses.and_then(|s| s.conversation(id)) {
+            Some(c) => c.to_vec(),
+            None => {
+                return Err(Routed::Now(crate::http::response::Response::error(
+                    crate::http::response::Status::NotFound,
+                    "previous_response_not_found",
+                    format!(
+                        "Previous response with id '{id}' not found (not stored, or older \
+                         than the newest {})",
+                        super::response_object::STORE_MAX
+                    ),
+                )))
+            }
+        },
+    };
+    conversation.extend(messages(None, input).map_err(super::bad)?);
+    let mut msgs = Vec::with_capacity(conversation.len() + 1);
+    if let Some(i) = &b.instructions {
+        msgs.push(Message {
+            role: "system".into(),
+            content: Some(Content::Text(i.clone())),
+        });
+    }
+    msgs.extend(conversation.iter().cloned());
+    let (plan, format) = text_format(b.text).map_err(super::bad)?;
+    let explicit_max = b.max_output_tokens.is_some();
     let generation = wire::GenerationBody {
         max_tokens: b.max_output_tokens,
         stream: b.stream,
@@ -172,19 +253,29 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
         max_output_tokens: b.max_output_tokens.map(|n| n as u32),
         temperature: b.temperature.unwrap_or(1.0),
         top_p: b.top_p.unwrap_or(1.0),
+        text_format: format,
+        previous_response_id: b.previous_response_id,
+        // Kept only for the store.
+        conversation: if b.store != Some(false) {
+            conversation
+        } else {
+            Vec::new()
+        },
         // Attached by `attach_store` when `store` is not false.
         store: None,
     };
     let store = b.store != Some(false);
     let created_at = meta.created_at;
-    let requests = vec![Request {
+    let mut requests = vec![Request {
         priority: text.priority,
         route: Some(route),
         work,
     }];
+    let structured = super::shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;
     let mut job = Job::new(JobKind::Response { store }, model, requests)
         .with_stream(text.stream)
-        .with_request_id(head.request_id.as_deref());
+        .with_request_id(head.request_id.as_deref())
+        .with_structured(structured);
     job.created_unix = created_at;
     job.extras_mut().response = Some(Arc::new(meta));
     Ok(Routed::Submit(job))

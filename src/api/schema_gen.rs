@@ -4,7 +4,8 @@
 //! Covers what function and response schemas use: `type` (one or a list), `enum`, `const`,
 //! `properties` / `required` / `additionalProperties`, `items` / `prefixItems` and their
 //! counts, numeric bounds and `multipleOf` for integers, string lengths and the common
-//! `format`s, `anyOf` / `oneOf` (the first alternative abe can satisfy), `allOf` of object
+//! `format`s, `anyOf` (the first alternative abe can satisfy), `oneOf` (the first alternative
+//! whose output provably fails every other one, see [`excludes`]; none is a 400), `allOf` of object
 //! schemas, local `$ref`s (`#/$defs/..`, `#/definitions/..`), booleans as schemas. What it
 //! cannot satisfy (a `pattern`, a contradiction such as `minimum` > `maximum`, a `false`
 //! schema, an unknown `type`, refs nested past a bound) is an error naming the schema path,
@@ -163,10 +164,11 @@ impl<'a> Gen<'a, '_> {
             let options = options.ok_or_else(|| no(at, "'enum' must be a non-empty array"))?;
             return Ok(self.draw.pick(options).clone());
         }
-        for key in ["anyOf", "oneOf"] {
-            if let Some(alts) = obj.get(key) {
-                return self.first_of(alts, &format!("{at}/{key}"), depth);
-            }
+        if let Some(alts) = obj.get("anyOf") {
+            return self.first_of(alts, &format!("{at}/anyOf"), depth);
+        }
+        if let Some(alts) = obj.get("oneOf") {
+            return self.one_of(alts, &format!("{at}/oneOf"), depth);
         }
         if let Some(all) = obj.get("allOf") {
             let merged = merge_all_of(obj, all).map_err(|why| no(&format!("{at}/allOf"), why))?;
@@ -228,6 +230,36 @@ impl<'a> Gen<'a, '_> {
             }
         }
         Err(last.unwrap_or_else(|| no(at, "no alternative")))
+    }
+
+    /// `oneOf`: valid only when exactly one alternative matches, so each alternative's
+    /// output is kept only if it provably fails every other alternative ([`excludes`]:
+    /// conservative, it never claims a failure it did not see); the first such is the answer.
+    fn one_of(&mut self, alts: &Value, at: &str, depth: u32) -> Result<Value, Unsatisfiable> {
+        let alts = alts
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| no(at, "must be a non-empty array of schemas"))?;
+        let mut last = None;
+        for (i, alt) in alts.iter().enumerate() {
+            match self.value(alt, &format!("{at}/{i}"), depth + 1) {
+                Ok(v) => {
+                    let mut others = alts.iter().enumerate().filter(|(j, _)| *j != i);
+                    if others.all(|(_, other)| excludes(self.root, other, &v, 0)) {
+                        return Ok(v);
+                    }
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(match last {
+            Some(e) if alts.len() == 1 => e,
+            _ => no(
+                at,
+                "abe cannot make output that matches exactly one alternative \
+                 (each one it can produce may also match another)",
+            ),
+        })
     }
 
     fn object(
@@ -540,6 +572,108 @@ impl<'a> Gen<'a, '_> {
         serde_json::Number::from_f64(v)
             .map(Value::Number)
             .ok_or_else(|| no(at, "bounds abe cannot write a number within"))
+    }
+}
+
+/// True only when `v` certainly fails `schema` (`root` for its `$ref`s): a `false` schema,
+/// a `type`, `const` or `enum` `v` does not meet, a required property `v` lacks, a property
+/// a closed object forbids, or a property whose own schema it certainly fails. Anything it
+/// cannot see (bounds, lengths, formats...) counts as "may match": `oneOf` relies on it
+/// never saying true wrongly.
+pub fn excludes(root: &Value, schema: &Value, v: &Value, depth: u32) -> bool {
+    if depth > DEPTH_MAX {
+        return false;
+    }
+    let o = match schema {
+        Value::Bool(b) => return !b,
+        Value::Object(o) => o,
+        _ => return false,
+    };
+    if let Some(target) = o
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix('#'))
+        .and_then(|p| root.pointer(p))
+    {
+        if excludes(root, target, v, depth + 1) {
+            return true;
+        }
+    }
+    let type_fails = |t: &Value| match t {
+        Value::String(t) => !has_type(v, t),
+        Value::Array(ts) => ts
+            .iter()
+            .all(|t| t.as_str().is_some_and(|t| !has_type(v, t))),
+        _ => false,
+    };
+    if o.get("type").is_some_and(type_fails) {
+        return true;
+    }
+    if o.get("const").is_some_and(|c| !json_eq(c, v)) {
+        return true;
+    }
+    if let Some(Value::Array(options)) = o.get("enum") {
+        if !options.iter().any(|e| json_eq(e, v)) {
+            return true;
+        }
+    }
+    let Value::Object(fields) = v else {
+        return false;
+    };
+    if let Some(Value::Array(required)) = o.get("required") {
+        if required
+            .iter()
+            .filter_map(Value::as_str)
+            .any(|name| !fields.contains_key(name))
+        {
+            return true;
+        }
+    }
+    let props = o.get("properties").and_then(Value::as_object);
+    if o.get("additionalProperties") == Some(&Value::Bool(false))
+        && fields
+            .keys()
+            .any(|k| !props.is_some_and(|p| p.contains_key(k)))
+    {
+        return true;
+    }
+    props.is_some_and(|p| {
+        fields
+            .iter()
+            .any(|(k, fv)| p.get(k).is_some_and(|ps| excludes(root, ps, fv, depth + 1)))
+    })
+}
+
+/// JSON Schema's type test: an integer is also a number, and a number with no fraction is
+/// also an integer.
+fn has_type(v: &Value, t: &str) -> bool {
+    match (t, v) {
+        ("null", Value::Null) | ("boolean", Value::Bool(_)) | ("string", Value::String(_)) => true,
+        ("array", Value::Array(_))
+        | ("object", Value::Object(_))
+        | ("number", Value::Number(_)) => true,
+        ("integer", Value::Number(n)) => {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
+        ("null" | "boolean" | "string" | "array" | "object" | "number" | "integer", _) => false,
+        // A type abe does not know: it may match.
+        _ => true,
+    }
+}
+
+/// JSON Schema's equality: numbers by value (1 equals 1.0), the rest structurally.
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x == y || x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_eq(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, xv)| y.get(k).is_some_and(|yv| json_eq(xv, yv)))
+        }
+        _ => a == b,
     }
 }
 

@@ -553,6 +553,12 @@ impl StreamWriter {
         self.fault.stall_until.is_some()
     }
 
+    /// When a stall holding chunks back ends (`None`: no stall holds any): the io thread
+    /// wakes then, not at its next tick.
+    pub fn stall_until(&self) -> Option<std::time::Instant> {
+        self.fault.stall_until
+    }
+
     /// A stall whose deadline passed lets its held chunks go, into `out`.
     pub fn release_due(&mut self, now: std::time::Instant, out: &mut Vec<u8>) {
         if self.fault.stall_until.is_some_and(|t| now >= t) {

@@ -216,6 +216,11 @@ impl Conn {
         Ok((ReadResult::Open, total))
     }
 
+    /// When the stream at the front, held back by an injected stall, may go on.
+    pub fn stalled_until(&self) -> Option<Instant> {
+        self.slots.front()?.stream.as_ref()?.writer.stall_until()
+    }
+
     /// Moves finished responses from the front of the queue into the write buffer, in
     /// order, reporting (endpoint, status) of each to `on_response` for stats. Returns true
     /// if it moved any.

@@ -78,6 +78,11 @@ pub struct IoThread {
     /// allocate another every turn).
     servicing: Vec<usize>,
     next_response_id: u64,
+    /// The earliest end of an injected stream stall (api::faults) seen at the front of a
+    /// connection: the poll timeout honours it, so a stall of T ms ends at T, not at the
+    /// next tick. Cleared when it passes (the holding streams are looked at again, and any
+    /// still held put their own deadline back).
+    stall_deadline: Option<Instant>,
     /// Read scratch, allocated once (a stack array would be zeroed on every read).
     read_chunk: Vec<u8>,
     /// Completions taken off the ring in one turn; empty between turns, kept for its
@@ -120,6 +125,7 @@ impl IoThread {
             touched: Vec::new(),
             servicing: Vec::new(),
             next_response_id: thread_index << 48,
+            stall_deadline: None,
             read_chunk: vec![0; 16 * 1024],
             completions: Vec::new(),
         })
@@ -146,6 +152,8 @@ impl IoThread {
                 // could see the flag must not wait for the next tick.
                 let timeout = if self.submitter.has_completions() {
                     Duration::ZERO
+                } else if let Some(t) = self.stall_deadline {
+                    TICK.min(t.saturating_duration_since(Instant::now()))
                 } else {
                     TICK
                 };
@@ -186,6 +194,11 @@ impl IoThread {
             // Completions may arrive without a waker event if they raced with this turn.
             self.drain_completions();
             self.flush_touched(now);
+            if self.stall_deadline.is_some_and(|t| now >= t) {
+                // Serviced next turn: their held chunks go out, later stalls re-arm.
+                self.stall_deadline = None;
+                self.touch_event_streams();
+            }
             // A comparison, not `duration_since` (a subtraction of timespecs): once per turn.
             if now >= next_tick {
                 next_tick = now + TICK;
@@ -360,6 +373,9 @@ impl IoThread {
                 &mut self.route_headers,
                 |endpoint, code| stats.record_response(endpoint, code),
             );
+            if let Some(t) = conn.stalled_until() {
+                self.stall_deadline = Some(self.stall_deadline.map_or(t, |d| d.min(t)));
+            }
             match conn.flush(now) {
                 Ok(n) => {
                     stats.add_bytes_out(n as u64);
@@ -771,7 +787,11 @@ impl IoThread {
                     // Nothing streamed yet: answer with a plain HTTP error instead.
                     Some(e) if !st.writer.started() => {
                         slot.stream = None;
-                        slot.response = Some(api::error_response(&e));
+                        let mut response = api::error_response(&e);
+                        if let Some(rid) = slot.job.as_ref().and_then(|j| j.request_id()) {
+                            response.headers.push(format!("X-Request-Id: {rid}"));
+                        }
+                        slot.response = Some(response);
                     }
                     Some(e) => {
                         st.writer.error(&e.to_string(), &mut st.pending);

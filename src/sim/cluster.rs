@@ -227,8 +227,9 @@ impl SimCluster {
                 n as usize <= self.blocks.capacity(),
                 "sized before the loop"
             );
-            self.blocks
-                .extend((0..n).map(|i| arena.block_hash(req.prefix, self.block_tokens, i)));
+            self.blocks.extend(
+                (0..n).map(|i| arena.block_hash_for(req.prefix, self.block_tokens, i, adapter)),
+            );
         }
         let session =
             (self.session && req.prefix.len > 0).then(|| arena.chains[req.prefix.start as usize]);

@@ -63,6 +63,8 @@ struct SimPromptBlocks<'a> {
     /// Per request-table slot, the index of its request in `requests` (`u32::MAX`: none).
     slot_req: &'a [u32],
     block_tokens: u32,
+    /// Each request's adapter: its blocks are named under it.
+    lora: &'a super::settings::SimLora,
 }
 
 impl SimPromptBlocks<'_> {
@@ -85,7 +87,11 @@ impl PromptBlocks for SimPromptBlocks<'_> {
 
     fn block_hash(&self, ticket: Ticket, i: u32) -> BlockHash {
         let r = self.request(ticket).expect("block_hash of a live ticket");
-        self.arena.block_hash(r.prefix, self.block_tokens, i)
+        let adapter = self
+            .lora
+            .adapter_of(self.slot_req[ticket.index as usize] as usize);
+        self.arena
+            .block_hash_for(r.prefix, self.block_tokens, i, adapter)
     }
 }
 
@@ -192,6 +198,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 arena: prefix,
                 slot_req: &slot_req,
                 block_tokens,
+                lora: &lora,
             };
             let (rec, tokens, slot_req, slot_work) = (&mut rec, &mut tokens, &slot_req, &slot_work);
             let cl = &mut cluster;
@@ -253,6 +260,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 arena: prefix,
                 slot_req: &slot_req,
                 block_tokens,
+                lora: &lora,
             };
             let (rec, tokens, started) = (&mut rec, &mut tokens, &mut started);
             let entries_total = &mut entries_total;

@@ -64,6 +64,23 @@ impl PrefixArena {
         (tokens / u64::from(block_tokens.max(1))) as u32
     }
 
+    /// [`Self::block_hash`] for a request run with LoRA adapter `adapter`: keyed by adapter
+    /// as the live path's names are (a chain from [`crate::core::prefix::root_for`]), so
+    /// adapters share no block; the base model's names are the trace chain's own.
+    pub fn block_hash_for(
+        &self,
+        span: PrefixSpan,
+        block_tokens: u32,
+        i: u32,
+        adapter: crate::core::lora::AdapterId,
+    ) -> BlockHash {
+        let name = self.block_hash(span, block_tokens, i);
+        match crate::core::prefix::root_for(adapter) {
+            ROOT => name,
+            root => chain(root, name),
+        }
+    }
+
     /// The name of KV block `i` (of `block_tokens` tokens) of the request at `span`.
     pub fn block_hash(&self, span: PrefixSpan, block_tokens: u32, i: u32) -> BlockHash {
         let last_token = (u64::from(i) + 1) * u64::from(block_tokens) - 1;
