@@ -1,7 +1,8 @@
 //! The Responses API's response object and its store: the JSON of a response (whole, the
 //! stream's `response.created` / `response.completed`, the stored copy) built from what the
 //! request asked and what the engine answered, and the bounded store `GET /v1/responses/{id}`
-//! reads (`store`, default true; the oldest of [`STORE_MAX`] answers goes first). Decoding
+//! reads (`store`, default true; the oldest goes first past [`STORE_MAX`] answers or
+//! [`STORE_MAX_BYTES`]). Decoding
 //! the request lives in [`super::responses`]; the stream's events in [`super::stream`].
 //!
 //! What must never happen here: a store that grows past its bound, or an id that answers
@@ -13,16 +14,39 @@ use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-/// Responses kept for `GET /v1/responses/{id}`: 1,024 answers of at most
-/// `server.max_tokens_limit` tokens each (a few MiB on defaults).
+/// Responses kept for `GET /v1/responses/{id}`: at most 1,024 answers ...
 pub const STORE_MAX: usize = 1024;
 
-/// A kept response: its JSON, and its conversation (input and output, without its
-/// instructions) for a later request's `previous_response_id`.
-type Entry = (Arc<str>, Arc<[Message]>);
+/// ... and at most 64 MiB of them, counting each answer's JSON and its conversation. A
+/// conversation holds every earlier turn of its `previous_response_id` chain, so a long chain
+/// stores text that grows with the square of its length: the bytes, not the count, bound it
+/// then. The oldest go first; an answer larger than the whole bound is not kept.
+pub const STORE_MAX_BYTES: usize = 64 << 20;
 
-/// The kept responses by id, and their ids oldest first.
-type Kept = (HashMap<Arc<str>, Entry>, VecDeque<Arc<str>>);
+/// A kept response: its JSON, its conversation (input and output, without its
+/// instructions) for a later request's `previous_response_id`, and the bytes both hold.
+type Entry = (Arc<str>, Arc<[Message]>, usize);
+
+/// The kept responses by id, their ids oldest first, and the bytes they hold.
+type Kept = (HashMap<Arc<str>, Entry>, VecDeque<Arc<str>>, usize);
+
+/// The text bytes a conversation holds (roles, contents, parts).
+fn conversation_bytes(conversation: &[Message]) -> usize {
+    conversation
+        .iter()
+        .map(|m| {
+            m.role.len()
+                + match &m.content {
+                    None => 0,
+                    Some(Content::Text(t)) => t.len(),
+                    Some(Content::Parts(parts)) => parts
+                        .iter()
+                        .map(|p| p.kind.len() + p.text.as_ref().map_or(0, String::len))
+                        .sum(),
+                }
+        })
+        .sum()
+}
 
 /// The stored responses, oldest first out.
 #[derive(Debug, Default)]
@@ -34,34 +58,40 @@ impl ResponseStore {
     /// Keeps `body` (the response's JSON) and its `conversation` under `id`, dropping the
     /// oldest past the bound.
     pub fn insert(&self, id: &str, body: String, conversation: Arc<[Message]>) {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let (map, order) = &mut *g;
-        let id: Arc<str> = id.into();
-        if map
-            .insert(id.clone(), (body.into(), conversation))
-            .is_none()
-        {
-            order.push_back(id);
+        let bytes = body.len() + conversation_bytes(&conversation);
+        if bytes > STORE_MAX_BYTES {
+            // Larger than the whole store: not kept, and nothing else is evicted for it.
+            return;
         }
-        while order.len() > STORE_MAX {
-            if let Some(old) = order.pop_front() {
-                map.remove(&old);
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, order, held) = &mut *g;
+        let id: Arc<str> = id.into();
+        match map.insert(id.clone(), (body.into(), conversation, bytes)) {
+            None => order.push_back(id),
+            Some((_, _, was)) => *held -= was,
+        }
+        *held += bytes;
+        while order.len() > STORE_MAX || *held > STORE_MAX_BYTES {
+            let Some(old) = order.pop_front() else { break };
+            if let Some((_, _, b)) = map.remove(&old) {
+                *held -= b;
             }
         }
-        // Guarantees: the bound holds and every kept id is in both.
+        // Guarantees: both bounds hold and every kept id is in both.
         debug_assert!(map.len() == order.len() && map.len() <= STORE_MAX);
+        debug_assert!(*held <= STORE_MAX_BYTES);
     }
 
     /// The stored response `id`, if still kept.
     pub fn get(&self, id: &str) -> Option<Arc<str>> {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.0.get(id).map(|(body, _)| body.clone())
+        g.0.get(id).map(|(body, _, _)| body.clone())
     }
 
     /// The conversation of stored response `id` (its input then its output), if still kept.
     pub fn conversation(&self, id: &str) -> Option<Arc<[Message]>> {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.0.get(id).map(|(_, c)| c.clone())
+        g.0.get(id).map(|(_, c, _)| c.clone())
     }
 }
 
@@ -209,5 +239,36 @@ mod tests {
         assert!(s.get("resp_9").is_none());
         assert_eq!(s.get("resp_10").as_deref(), Some("{\"n\":10}"));
         assert!(s.get(&format!("resp_{}", STORE_MAX + 9)).is_some());
+    }
+
+    /// A `previous_response_id` chain re-stores every earlier turn: the bytes bound the
+    /// store long before the count does, the newest stay, and the held bytes never pass it.
+    #[test]
+    fn a_long_conversation_chain_is_bounded_in_bytes_not_only_in_count() {
+        let s = ResponseStore::default();
+        let turn = "x".repeat(4 << 20); // 4 MiB a turn
+        let mut conversation: Vec<Message> = Vec::new();
+        for i in 0..20 {
+            conversation.push(Message {
+                role: "user".into(),
+                content: Some(Content::Text(turn.clone())),
+            });
+            s.insert(
+                &format!("resp_{i}"),
+                "{}".into(),
+                conversation.clone().into(),
+            );
+            let held = s.inner.lock().unwrap().2;
+            assert!(held <= STORE_MAX_BYTES, "turn {i}: {held} bytes held");
+        }
+        // 20 turns of a growing chain would hold 840 MiB under the count bound alone.
+        // Turn 14 (15 turns, 60 MiB) is the last that fits; it pushed out every
+        // older one; the later ones, each over the bound alone, were not kept and evicted
+        // nothing.
+        let kept: Vec<usize> = (0..20)
+            .filter(|i| s.get(&format!("resp_{i}")).is_some())
+            .collect();
+        assert_eq!(kept, [14]);
+        assert!(s.conversation("resp_14").is_some_and(|c| c.len() == 15));
     }
 }
