@@ -291,7 +291,7 @@ struct Replica {
     /// Per slot, (previous, next) in its wheel bucket (`NIL`: none).
     wheel_links: Vec<(u32, u32)>,
     /// Scratch of one completion: the decode slots that need more than counting, with
-    /// how their entry ended (capacity `max_slots`).
+    /// how their entry ended (capacity `2 * max_slots`: due ones, then ended ones).
     due_now: Vec<(u32, EntryResult)>,
     admitted_seq: u64,
     /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
@@ -712,7 +712,8 @@ impl Continuous {
                 clock: 0,
                 wheel: vec![NIL; (cfg.max_slots * 2).next_power_of_two().max(WHEEL_MIN)],
                 wheel_links: vec![(NIL, NIL); cfg.max_slots],
-                due_now: Vec::with_capacity(cfg.max_slots),
+                // A slot can be both due and ended by its result: twice, before dedup.
+                due_now: Vec::with_capacity(2 * cfg.max_slots),
                 admitted_seq: 0,
                 active: 0,
                 prefilling: 0,
