@@ -1799,6 +1799,27 @@ impl<'a> StepEntries<'a> {
         decodes.chain(rep.entries.iter().copied())
     }
 
+    /// Calls `f(ticket, generated)` for every entry that samples a token, in entry order:
+    /// [`Self::iter`]'s sampling entries without making each one (the simulator's
+    /// per-token timing).
+    #[inline]
+    pub fn for_each_token(&self, mut f: impl FnMut(Ticket, u32)) {
+        let rep = self.rep;
+        let mut left = rep.step_decodes;
+        for (w, &word) in rep.step_bits.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 && left > 0 {
+                let s = &rep.slots[w * 64 + bits.trailing_zeros() as usize];
+                bits &= bits - 1;
+                left -= 1;
+                f(s.ticket, generated_at(s, rep.clock));
+            }
+        }
+        for e in rep.entries.iter().filter(|e| e.samples()) {
+            f(e.ticket, e.generated);
+        }
+    }
+
     /// The entries copied out (tests and debugging; allocates).
     pub fn to_vec(&self) -> Vec<StepEntry> {
         self.iter().collect()

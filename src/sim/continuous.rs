@@ -181,9 +181,9 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             }
             done.pop();
             let r = r as usize;
-            for e in sched.step_entries(r).iter().filter(|e| e.samples()) {
-                tokens.on_token(e.ticket.index, e.generated, now);
-            }
+            sched
+                .step_entries(r)
+                .for_each_token(|t, generated| tokens.on_token(t.index, generated, now));
             let names = SimPromptBlocks {
                 requests,
                 arena: prefix,
