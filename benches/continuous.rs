@@ -117,7 +117,7 @@ fn admit(c: &mut Criterion) {
             let _ = sched.admit(m);
             sched.tick_replicas(&names, &mut |_| true, &mut |a| {
                 if let StepAction::Step { entries, .. } = a {
-                    black_box(entries[0]);
+                    black_box(entries.prefills()[0]);
                 }
             });
             sched.complete_step_with(0, &names, &done, &mut |t, _| {

@@ -147,7 +147,7 @@ pub enum StepAction<'a> {
     /// Run one forward pass on `replica` with these entries (decode entries first).
     Step {
         replica: usize,
-        entries: &'a [StepEntry],
+        entries: StepEntries<'a>,
         /// The entries' tokens and attention context (what a latency model prices).
         shape: StepShape,
     },
@@ -184,7 +184,13 @@ struct Slot {
     ticket: Ticket,
     prompt_tokens: u32,
     prefilled: u32,
-    generated: u32,
+    /// While generating, the output tokens so far are `replica.clock + gen_off` (wrapping):
+    /// a decode step advances the replica's clock, not every sequence (0 otherwise: a
+    /// prefilling sequence has generated nothing). See [`Replica::generated`].
+    gen_off: u32,
+    /// While generating, the clock value at which `generated` reaches `watch` (the
+    /// sequence sits in the finish wheel's bucket for it).
+    due: u32,
     max_tokens: u32,
     /// Admission order on this replica (youngest = largest), for preemption.
     admitted_seq: u64,
@@ -200,6 +206,10 @@ struct Slot {
     lora_load: bool,
 }
 
+/// Fewest buckets of a replica's finish wheel (more for many slots): a sequence whose
+/// `due` is further ahead than the wheel is long is passed over once a turn.
+const WHEEL_MIN: usize = 256;
+
 /// [`Slot::lora_slot`] of a base-model request.
 const NO_LORA_SLOT: u8 = u8::MAX;
 
@@ -211,7 +221,8 @@ const IDLE_SLOT: Slot = Slot {
     },
     prompt_tokens: 0,
     prefilled: 0,
-    generated: 0,
+    gen_off: 0,
+    due: 0,
     max_tokens: 0,
     admitted_seq: 0,
     fresh: false,
@@ -262,10 +273,26 @@ struct Replica {
     slot_blocks: Vec<SlotBlocks>,
     /// A step is running; no tick until it completes.
     busy: bool,
-    /// Entries of the step in flight (capacity `max_slots`).
+    /// Prefill entries of the step in flight (capacity `max_slots`). Its decode entries are
+    /// not stored: they are the slots in `step_bits`, read through [`StepEntries`].
     entries: Vec<StepEntry>,
-    /// Decode entries of the step in flight (they lead `entries`).
+    /// Decode entries of the step in flight (they lead the step's entries).
     step_decodes: u32,
+    /// One bit per slot decoding in the step in flight: a copy of `generating` when the
+    /// budget covers every generating slot, else its first `n_batch` bits.
+    step_bits: Vec<u64>,
+    /// Decode steps completed (wrapping): a generating slot's output count is derived from
+    /// it ([`Slot::gen_off`]), so a decode step does not touch the sequences that go on.
+    clock: u32,
+    /// The finish wheel: per bucket (`due % wheel.len()`), the first generating slot whose
+    /// `due` falls in it (`NIL`: none), linked through `wheel_links`. Completing a step
+    /// visits only the bucket of the new clock value: sequences reaching `watch`.
+    wheel: Vec<u32>,
+    /// Per slot, (previous, next) in its wheel bucket (`NIL`: none).
+    wheel_links: Vec<(u32, u32)>,
+    /// Scratch of one completion: the decode slots that need more than counting, with
+    /// how their entry ended (capacity `2 * max_slots`: due ones, then ended ones).
+    due_now: Vec<(u32, EntryResult)>,
     admitted_seq: u64,
     /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
     active: usize,
@@ -294,15 +321,62 @@ struct Replica {
 }
 
 impl Replica {
+    /// Output tokens slot `s` has generated (0 unless it generates).
+    #[inline]
+    fn generated(&self, s: usize) -> u32 {
+        generated_at(&self.slots[s], self.clock)
+    }
+
+    /// Puts generating slot `s` into the wheel bucket of its `due`.
+    #[inline]
+    fn wheel_insert(&mut self, s: usize) {
+        let b = self.slots[s].due as usize & (self.wheel.len() - 1);
+        let head = self.wheel[b];
+        self.wheel_links[s] = (NIL, head);
+        if head != NIL {
+            self.wheel_links[head as usize].0 = s as u32;
+        }
+        self.wheel[b] = s as u32;
+    }
+
+    /// Takes generating slot `s` out of its wheel bucket.
+    #[inline]
+    fn wheel_remove(&mut self, s: usize) {
+        let (prev, next) = self.wheel_links[s];
+        if prev == NIL {
+            let b = self.slots[s].due as usize & (self.wheel.len() - 1);
+            debug_assert_eq!(self.wheel[b], s as u32);
+            self.wheel[b] = next;
+        } else {
+            self.wheel_links[prev as usize].1 = next;
+        }
+        if next != NIL {
+            self.wheel_links[next as usize].0 = prev;
+        }
+        self.wheel_links[s] = (NIL, NIL);
+    }
+
+    /// Sets generating slot `s`'s `due` from its `watch` and files it in the wheel.
+    #[inline]
+    fn wheel_file(&mut self, s: usize) {
+        let slot = &mut self.slots[s];
+        slot.due = slot.watch.wrapping_sub(slot.gen_off);
+        self.wheel_insert(s);
+    }
+
     /// Frees slot `s` (not idle), keeping the counters; returns its ticket.
     fn free(&mut self, s: usize) -> Ticket {
+        let generated = self.generated(s);
+        if self.slots[s].phase == SlotPhase::Generating {
+            self.wheel_remove(s);
+        }
         let slot = &mut self.slots[s];
         debug_assert!(slot.phase != SlotPhase::Idle);
         self.active -= 1;
         self.prefilling -= usize::from(slot.phase == SlotPhase::Prefilling);
         self.live[s / 64] &= !(1u64 << (s % 64));
         self.generating[s / 64] &= !(1u64 << (s % 64));
-        let context = u64::from(slot.prefilled) + u64::from(slot.generated);
+        let context = u64::from(slot.prefilled) + u64::from(generated);
         self.kv_used -= context;
         if slot.phase == SlotPhase::Generating {
             self.gen_context -= context;
@@ -321,10 +395,11 @@ impl Replica {
 
     /// Recomputes the counters from the slots (debug checks of the invariants).
     fn counters_hold(&self) -> bool {
+        let clock = self.clock;
         let live = self.slots.iter().filter(|s| s.phase != SlotPhase::Idle);
         let kv: u64 = live
             .clone()
-            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
+            .map(|s| u64::from(s.prefilled) + u64::from(generated_at(s, clock)))
             .sum();
         let prefilling = self
             .slots
@@ -335,7 +410,7 @@ impl Replica {
             .slots
             .iter()
             .filter(|s| s.phase == SlotPhase::Generating)
-            .map(|s| u64::from(s.prefilled) + u64::from(s.generated))
+            .map(|s| u64::from(s.prefilled) + u64::from(generated_at(s, clock)))
             .sum();
         let bit = |bits: &[u64], i: usize| bits[i / 64] >> (i % 64) & 1 == 1;
         let bits_hold = self.slots.iter().enumerate().all(|(i, s)| {
@@ -344,9 +419,55 @@ impl Replica {
         });
         live.count() == self.active
             && kv == self.kv_used
+            && self.wheel_holds()
             && prefilling == self.prefilling
             && gen_context == self.gen_context
             && bits_hold
+    }
+}
+
+impl Replica {
+    /// The finish wheel holds exactly the generating slots, each once, in the bucket of its
+    /// `due`, which is the clock value at which it reaches `watch`, still ahead of the clock
+    /// (debug checks).
+    fn wheel_holds(&self) -> bool {
+        let mask = self.wheel.len() - 1;
+        let mut seen = 0usize;
+        for (b, &head) in self.wheel.iter().enumerate() {
+            let (mut s, mut prev) = (head, NIL);
+            while s != NIL {
+                let slot = &self.slots[s as usize];
+                let ahead = slot.watch > generated_at(slot, self.clock);
+                if slot.phase != SlotPhase::Generating
+                    || slot.due as usize & mask != b
+                    || slot.due != slot.watch.wrapping_sub(slot.gen_off)
+                    || !ahead
+                    || self.wheel_links[s as usize].0 != prev
+                    || seen > self.slots.len()
+                {
+                    return false;
+                }
+                seen += 1;
+                prev = s;
+                s = self.wheel_links[s as usize].1;
+            }
+        }
+        let generating = self
+            .slots
+            .iter()
+            .filter(|s| s.phase == SlotPhase::Generating)
+            .count();
+        seen == generating
+    }
+}
+
+/// Output tokens `slot` has generated when its replica's clock reads `clock`.
+#[inline]
+fn generated_at(slot: &Slot, clock: u32) -> u32 {
+    if slot.phase == SlotPhase::Generating {
+        clock.wrapping_add(slot.gen_off)
+    } else {
+        0
     }
 }
 
@@ -392,10 +513,10 @@ fn take_block(cache: &mut BlockCache, s: &mut SlotBlocks) {
 /// Sets `slot.watch` after `s`'s blocks cover the context: the decode token that makes the
 /// context one more than they hold is the first that needs a block.
 #[inline]
-fn set_watch(slot: &mut Slot, s: &SlotBlocks, bt: u32) {
+fn set_watch(slot: &mut Slot, generated: u32, s: &SlotBlocks, bt: u32) {
     let capacity = s.held * bt;
     debug_assert!({
-        let context = slot.prefilled + slot.generated;
+        let context = slot.prefilled + generated;
         capacity >= context && capacity - context < bt
     });
     slot.watch = slot.max_tokens.min(capacity + 1 - slot.prefilled);
@@ -405,11 +526,17 @@ fn set_watch(slot: &mut Slot, s: &SlotBlocks, bt: u32) {
 /// not fit the ones held (even for a request that ends here, as vLLM allocates a step's
 /// slots before it runs). Once per `bt` tokens a sequence generates, and at its end.
 #[inline(never)]
-fn grow_decode(cache: &mut BlockCache, slot: &mut Slot, s: &mut SlotBlocks, bt: u32) {
-    if slot.prefilled + slot.generated > s.held * bt {
+fn grow_decode(
+    cache: &mut BlockCache,
+    slot: &mut Slot,
+    generated: u32,
+    s: &mut SlotBlocks,
+    bt: u32,
+) {
+    if slot.prefilled + generated > s.held * bt {
         take_block(cache, s);
     }
-    set_watch(slot, s, bt);
+    set_watch(slot, generated, s, bt);
 }
 
 /// After a prefill chunk (and the first output token when it ended the prompt): gives `s`
@@ -421,11 +548,12 @@ fn grow_decode(cache: &mut BlockCache, slot: &mut Slot, s: &mut SlotBlocks, bt: 
 fn grow_prefill(
     cache: &mut BlockCache,
     slot: &mut Slot,
+    generated: u32,
     s: &mut SlotBlocks,
     blocks: &impl PromptBlocks,
     bt: u32,
 ) {
-    let need = (slot.prefilled + slot.generated).saturating_sub(s.held * bt);
+    let need = (slot.prefilled + generated).saturating_sub(s.held * bt);
     let n = need.div_ceil(bt);
     if n > 0 {
         let (first, last) = cache
@@ -437,7 +565,7 @@ fn grow_prefill(
         s.tail = last;
         s.held += n;
     }
-    set_watch(slot, s, bt);
+    set_watch(slot, generated, s, bt);
     let full = (slot.prefilled / bt).min(s.named);
     while s.registered < full && s.reg_block != NIL {
         let name = blocks.block_hash(slot.ticket, s.registered);
@@ -488,6 +616,20 @@ pub struct ContinuousStats {
     pub prefill_tokens: u64,
     /// LoRA adapters loaded into a slot (each a step that paid `lora_load_ms`).
     pub lora_loads: u64,
+}
+
+impl ContinuousStats {
+    /// Counts a request that left its slot with `result`; what `finished` is told.
+    #[inline]
+    fn count_end(&mut self, result: EntryResult) -> EntryResult {
+        if result == EntryResult::Cancelled {
+            self.cancelled += 1;
+            EntryResult::Cancelled
+        } else {
+            self.completed += 1;
+            EntryResult::Finished
+        }
+    }
 }
 
 /// The continuous-batching scheduler.
@@ -566,6 +708,12 @@ impl Continuous {
                 busy: false,
                 entries: Vec::with_capacity(cfg.max_slots),
                 step_decodes: 0,
+                step_bits: vec![0; cfg.max_slots.div_ceil(64)],
+                clock: 0,
+                wheel: vec![NIL; (cfg.max_slots * 2).next_power_of_two().max(WHEEL_MIN)],
+                wheel_links: vec![(NIL, NIL); cfg.max_slots],
+                // A slot can be both due and ended by its result: twice, before dedup.
+                due_now: Vec::with_capacity(2 * cfg.max_slots),
                 admitted_seq: 0,
                 active: 0,
                 prefilling: 0,
@@ -625,8 +773,10 @@ impl Continuous {
 
     /// The entries of the step running on `replica` (empty when none is): valid from the
     /// [`StepAction::Step`] that started it until [`Self::complete_step_with`].
-    pub fn step_entries(&self, replica: usize) -> &[StepEntry] {
-        &self.replicas[replica].entries
+    pub fn step_entries(&self, replica: usize) -> StepEntries<'_> {
+        StepEntries {
+            rep: &self.replicas[replica],
+        }
     }
 
     /// Slots in use on `replica`.
@@ -824,14 +974,16 @@ impl Continuous {
             self.admit_into_slots(r, blocks);
             self.ensure_kv(r, out);
             if let Some(shape) = self.build_step(r) {
-                debug_assert_eq!(shape, StepShape::of(&self.replicas[r].entries));
+                debug_assert_eq!(shape, StepShape::of(self.step_entries(r).iter()));
                 self.replicas[r].busy = true;
                 self.stats.steps += 1;
                 self.stats.decode_tokens += u64::from(shape.decode_tokens);
                 self.stats.prefill_tokens += u64::from(shape.prefill_tokens);
                 out(StepAction::Step {
                     replica: r,
-                    entries: &self.replicas[r].entries,
+                    entries: StepEntries {
+                        rep: &self.replicas[r],
+                    },
                     shape,
                 });
                 any = true;
@@ -850,15 +1002,40 @@ impl Continuous {
         self.complete_step_with(replica, &super::prefix::NoPromptBlocks, results, finished)
     }
 
-    /// The step on `replica` finished; `results[i]` answers `entries[i]` of that step.
-    /// Calls `finished(ticket, result)` for every request that left its slot. With prefix
-    /// caching, the sequences' new tokens take KV blocks, and prompt blocks now full are
-    /// named (by `blocks`, as at admission) so later prompts find them.
+    /// The step on `replica` finished; `results[i]` answers entry `i` of that step (its
+    /// [`StepEntries`] order: decode entries, then prefill ones). Calls
+    /// `finished(ticket, result)` for every request that left its slot. With prefix caching,
+    /// the sequences' new tokens take KV blocks, and prompt blocks now full are named (by
+    /// `blocks`, as at admission) so later prompts find them. O(entries) for the results;
+    /// [`Self::complete_step_continuing`] when every result is `Continue`.
     pub fn complete_step_with(
         &mut self,
         replica: usize,
         blocks: &impl PromptBlocks,
         results: &[EntryResult],
+        finished: &mut impl FnMut(Ticket, EntryResult),
+    ) {
+        self.complete(replica, blocks, Some(results), finished);
+    }
+
+    /// [`Self::complete_step_with`] for a step whose every entry goes on (no stop sequence,
+    /// end of sequence or cancellation: the simulator's steps). Touches only the sequences
+    /// that reach their `watch` (their last token, or with prefix caching a token past
+    /// their blocks) and the step's prefill entries, not every decode entry.
+    pub fn complete_step_continuing(
+        &mut self,
+        replica: usize,
+        blocks: &impl PromptBlocks,
+        finished: &mut impl FnMut(Ticket, EntryResult),
+    ) {
+        self.complete(replica, blocks, None, finished);
+    }
+
+    fn complete(
+        &mut self,
+        replica: usize,
+        blocks: &impl PromptBlocks,
+        results: Option<&[EntryResult]>,
         finished: &mut impl FnMut(Ticket, EntryResult),
     ) {
         let rep = &mut self.replicas[replica];
@@ -867,7 +1044,9 @@ impl Continuous {
             "complete_step for replica {replica} without a step out"
         );
         rep.busy = false;
-        debug_assert_eq!(results.len(), rep.entries.len());
+        debug_assert!(
+            results.is_none_or(|r| r.len() == rep.step_decodes as usize + rep.entries.len())
+        );
         // Two copies of the loop, so the one without caching has no trace of it and the
         // one with it tests nothing per entry to know.
         if rep.cache.is_some() {
@@ -877,88 +1056,136 @@ impl Continuous {
         }
         let rep = &mut self.replicas[replica];
         rep.entries.clear();
+        rep.step_bits.fill(0);
+        rep.step_decodes = 0;
         debug_assert!(rep.counters_hold());
         // The block table's invariants (`BlockCache::check`, O(blocks)) are checked by the
         // tests after every step, not here: a debug simulation runs millions of steps.
     }
 
-    /// [`Self::complete_step_with`]'s walk over the step's entries; `CACHING` says the
-    /// replica has a block cache.
+    /// [`Self::complete`]'s work: the clock advances (every decode entry's sequence has one
+    /// more token), the sequences due now and those whose entry ended are settled in slot
+    /// order, then the prefill entries in order. `CACHING` says the replica has a block
+    /// cache.
     #[inline(always)]
     fn complete_entries<const CACHING: bool>(
         &mut self,
         replica: usize,
         blocks: &impl PromptBlocks,
-        results: &[EntryResult],
+        results: Option<&[EntryResult]>,
         finished: &mut impl FnMut(Ticket, EntryResult),
     ) {
         let block_tokens = self.cfg.block_tokens.max(1);
         let rep = &mut self.replicas[replica];
-        // Every decode entry adds a token to the KV in use and to the generating context:
-        // added here at once, taken back for an entry whose slot was freed meanwhile.
-        let decodes = u64::from(rep.step_decodes);
+        rep.clock = rep.clock.wrapping_add(1);
+        // Decode entries whose slot was freed while the step ran (their token is not
+        // counted), and generating slots the budget left out of the step (their count
+        // stays: one less offset, one later due).
+        let mut freed = 0u32;
+        for w in 0..rep.step_bits.len() {
+            let (step, gen) = (rep.step_bits[w], rep.generating[w]);
+            freed += (step & !gen).count_ones();
+            let mut skipped = gen & !step;
+            while skipped != 0 {
+                let i = w * 64 + skipped.trailing_zeros() as usize;
+                skipped &= skipped - 1;
+                rep.wheel_remove(i);
+                let slot = &mut rep.slots[i];
+                slot.gen_off = slot.gen_off.wrapping_sub(1);
+                rep.wheel_file(i);
+            }
+        }
+        // Every decode entry adds a token to the KV in use and to the generating context.
+        let decodes = u64::from(rep.step_decodes - freed);
         rep.kv_used += decodes;
         rep.gen_context += decodes;
-        for (i, result) in results.iter().enumerate().take(rep.entries.len()) {
-            let entry = rep.entries[i];
-            let slot = &mut rep.slots[entry.slot as usize];
-            if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
-                // Freed while the step ran.
-                if entry.work == StepWork::Decode {
-                    rep.kv_used -= 1;
-                    rep.gen_context -= 1;
-                }
-                continue;
+        // The sequences that need more than counting: due now, or their entry ended.
+        let mut due = std::mem::take(&mut rep.due_now);
+        due.clear();
+        let mut s = rep.wheel[rep.clock as usize & (rep.wheel.len() - 1)];
+        while s != NIL {
+            if rep.slots[s as usize].due == rep.clock {
+                due.push((s, EntryResult::Continue));
             }
-            let ended = *result != EntryResult::Continue;
-            let done = match entry.work {
-                StepWork::Prefill { tokens, last, .. } => {
-                    slot.prefilled += tokens;
-                    if last {
-                        slot.phase = SlotPhase::Generating;
-                        slot.generated += 1;
-                        rep.prefilling -= 1;
-                        let s = entry.slot as usize;
-                        rep.generating[s / 64] |= 1u64 << (s % 64);
-                        rep.gen_context += u64::from(slot.prefilled + slot.generated);
-                    }
-                    rep.kv_used += u64::from(tokens + u32::from(last));
-                    if CACHING {
-                        if let Some(cache) = &mut rep.cache {
-                            let sb = &mut rep.slot_blocks[entry.slot as usize];
-                            grow_prefill(cache, slot, sb, blocks, block_tokens);
-                        }
-                    }
-                    ended || (last && slot.generated >= slot.max_tokens)
-                }
-                StepWork::Decode => {
-                    slot.generated += 1; // its KV and context were counted above
-                                         // One compare for most steps: `watch` is `max_tokens`, or sooner the
-                                         // first token past the blocks held.
-                    if slot.generated >= slot.watch || ended {
-                        if CACHING {
-                            if let Some(cache) = &mut rep.cache {
-                                let sb = &mut rep.slot_blocks[entry.slot as usize];
-                                grow_decode(cache, slot, sb, block_tokens);
-                            }
-                        }
-                        ended || slot.generated >= slot.max_tokens
-                    } else {
-                        false
+            s = rep.wheel_links[s as usize].1;
+        }
+        let step_decodes = rep.step_decodes as usize;
+        if let Some(results) = results {
+            let mut k = 0;
+            for w in 0..rep.step_bits.len() {
+                let mut bits = rep.step_bits[w];
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let r = results[k];
+                    k += 1;
+                    if r != EntryResult::Continue && rep.slots[i].phase == SlotPhase::Generating {
+                        due.push((i as u32, r));
                     }
                 }
-            };
-            if done {
-                let ticket = rep.free(entry.slot as usize);
+            }
+        }
+        if due.len() > 1 {
+            // Slot order, as the entries; an ended entry before the same slot's due mark.
+            due.sort_unstable_by_key(|&(s, r)| (s, r == EntryResult::Continue));
+            due.dedup_by_key(|p| p.0);
+        }
+        for &(i, result) in &due {
+            let i = i as usize;
+            let generated = rep.generated(i);
+            let slot = &mut rep.slots[i];
+            let ended = result != EntryResult::Continue;
+            if CACHING {
+                if let Some(cache) = &mut rep.cache {
+                    let sb = &mut rep.slot_blocks[i];
+                    grow_decode(cache, slot, generated, sb, block_tokens);
+                }
+            }
+            if ended || generated >= slot.max_tokens {
+                let ticket = rep.free(i);
                 self.table.remove(ticket);
-                let r = if *result == EntryResult::Cancelled {
-                    self.stats.cancelled += 1;
-                    EntryResult::Cancelled
-                } else {
-                    self.stats.completed += 1;
-                    EntryResult::Finished
-                };
-                finished(ticket, r);
+                finished(ticket, self.stats.count_end(result));
+            } else {
+                rep.wheel_remove(i);
+                rep.wheel_file(i);
+            }
+        }
+        rep.due_now = due;
+        for k in 0..rep.entries.len() {
+            let entry = rep.entries[k];
+            let result = results.map_or(EntryResult::Continue, |r| r[step_decodes + k]);
+            let i = entry.slot as usize;
+            let slot = &mut rep.slots[i];
+            if slot.phase == SlotPhase::Idle || slot.ticket != entry.ticket {
+                continue; // freed while the step ran
+            }
+            let StepWork::Prefill { tokens, last, .. } = entry.work else {
+                unreachable!("stored entries are prefills");
+            };
+            slot.prefilled += tokens;
+            let generated = u32::from(last);
+            if last {
+                slot.phase = SlotPhase::Generating;
+                slot.gen_off = 1u32.wrapping_sub(rep.clock);
+                rep.prefilling -= 1;
+                rep.generating[i / 64] |= 1u64 << (i % 64);
+                rep.gen_context += u64::from(slot.prefilled + 1);
+            }
+            rep.kv_used += u64::from(tokens + generated);
+            if CACHING {
+                if let Some(cache) = &mut rep.cache {
+                    let sb = &mut rep.slot_blocks[i];
+                    grow_prefill(cache, slot, generated, sb, blocks, block_tokens);
+                }
+            }
+            if last {
+                rep.wheel_file(i);
+            }
+            let slot = &rep.slots[i];
+            if result != EntryResult::Continue || (last && generated >= slot.max_tokens) {
+                let ticket = rep.free(i);
+                self.table.remove(ticket);
+                finished(ticket, self.stats.count_end(result));
             }
         }
     }
@@ -1228,7 +1455,8 @@ impl Continuous {
                     ticket: self.table.ticket_at(index),
                     prompt_tokens: meta.tokens_estimated - meta.max_tokens,
                     prefilled: 0,
-                    generated: 0,
+                    gen_off: 0,
+                    due: 0,
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
@@ -1269,7 +1497,9 @@ impl Continuous {
                             SlotPhase::Generating => 1,
                             _ => (s.prompt_tokens - s.prefilled).min(self.cfg.prefill_chunk),
                         };
-                        u64::from(s.prefilled) + u64::from(s.generated) + u64::from(grow)
+                        u64::from(s.prefilled)
+                            + u64::from(generated_at(s, rep.clock))
+                            + u64::from(grow)
                     })
                     .sum();
                 if used <= capacity {
@@ -1327,7 +1557,7 @@ impl Continuous {
                         rest.min(chunk) + u32::from(rest <= chunk)
                     }
                 };
-                let room = b.held * bt - (s.prefilled + s.generated);
+                let room = b.held * bt - (s.prefilled + generated_at(s, rep.clock));
                 u64::from(grow.saturating_sub(room).div_ceil(bt))
             })
             .sum();
@@ -1402,7 +1632,8 @@ impl Continuous {
                     ticket,
                     prompt_tokens: prompt,
                     prefilled: cached,
-                    generated: 0,
+                    gen_off: 0,
+                    due: 0,
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
@@ -1428,10 +1659,11 @@ impl Continuous {
         }
     }
 
-    /// Fills the replica's entry buffer: decode for every generating slot first, then prefill
-    /// chunks, never past `n_batch` tokens, and returns the step's shape (`None` if there is
-    /// nothing to run). When every generating slot decodes (the budget covers them), their
-    /// part of the shape is the running context total, not a sum over the entries.
+    /// Sets up the replica's step: decode for every generating slot first (as bits: the
+    /// decode entries are not written), then prefill chunks, never past `n_batch` tokens,
+    /// and returns the step's shape (`None` if there is nothing to run). When every
+    /// generating slot decodes (the budget covers them), their part of the shape is the
+    /// running context total and the step's decode set is the generating bits: O(words).
     fn build_step(&mut self, r: usize) -> Option<StepShape> {
         let chunk = self.cfg.prefill_chunk.max(1);
         let mut budget = self.cfg.n_batch.max(1);
@@ -1441,39 +1673,33 @@ impl Continuous {
         // Decode entries, in slot order, over the generating slots only. A generating slot
         // ran its prefill, so its setup and adapter load were taken with that entry.
         let generating = (rep.active - rep.prefilling) as u32;
-        let all_decode = generating <= budget;
-        'decode: for (w, &word) in rep.generating.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                if budget == 0 {
-                    break 'decode;
-                }
-                let i = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let s = &rep.slots[i];
-                debug_assert!(s.phase == SlotPhase::Generating && !s.fresh && !s.lora_load);
-                let context = s.prefilled + s.generated;
-                rep.entries.push(StepEntry {
-                    slot: i as u32,
-                    ticket: s.ticket,
-                    work: StepWork::Decode,
-                    generated: s.generated,
-                    admitted: false,
-                    context,
-                    lora_load: false,
-                });
-                budget -= 1;
-                if !all_decode {
-                    shape.push(context, 1, true);
-                }
-            }
-        }
-        if all_decode {
+        if generating <= budget {
+            rep.step_bits.copy_from_slice(&rep.generating);
             shape.decode_tokens = generating;
             shape.kv_read_tokens = rep.gen_context;
             shape.attention_pairs = rep.gen_context + u64::from(generating);
+            rep.step_decodes = generating;
+            budget -= generating;
+        } else {
+            // Only the first `budget` in slot order: each priced from its own context.
+            rep.step_bits.fill(0);
+            'decode: for w in 0..rep.generating.len() {
+                let mut bits = rep.generating[w];
+                while bits != 0 {
+                    if budget == 0 {
+                        break 'decode;
+                    }
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    rep.step_bits[w] |= 1u64 << (i % 64);
+                    let s = &rep.slots[i];
+                    debug_assert!(s.phase == SlotPhase::Generating && !s.fresh && !s.lora_load);
+                    shape.push(s.prefilled + generated_at(s, rep.clock), 1, true);
+                    budget -= 1;
+                }
+            }
+            rep.step_decodes = shape.decode_tokens;
         }
-        rep.step_decodes = rep.entries.len() as u32;
         // Then prefill chunks, in slot order: the live slots that do not generate.
         if rep.prefilling > 0 {
             'prefill: for w in 0..rep.live.len() {
@@ -1488,6 +1714,7 @@ impl Continuous {
                     debug_assert!(s.phase == SlotPhase::Prefilling);
                     let remaining = s.prompt_tokens - s.prefilled;
                     let tokens = remaining.min(chunk).min(budget);
+                    // A prefilling sequence has generated nothing yet.
                     let entry = StepEntry {
                         slot: i as u32,
                         ticket: s.ticket,
@@ -1496,9 +1723,9 @@ impl Continuous {
                             tokens,
                             last: tokens == remaining,
                         },
-                        generated: s.generated,
+                        generated: 0,
                         admitted: std::mem::take(&mut s.fresh),
-                        context: s.prefilled + s.generated,
+                        context: s.prefilled,
                         lora_load: std::mem::take(&mut s.lora_load),
                     };
                     shape.push(entry.context, tokens, false);
@@ -1508,7 +1735,100 @@ impl Continuous {
                 }
             }
         }
-        (!rep.entries.is_empty()).then_some(shape)
+        (rep.step_decodes > 0 || !rep.entries.is_empty()).then_some(shape)
+    }
+}
+
+/// The entries of one step: its decode entries (the slots of the replica's step bits, in
+/// slot order, each made when read from the slot and the replica's clock) then its prefill
+/// entries (stored). Valid while the step runs and its slots keep their requests; what a
+/// driver hands to a worker is [`Self::iter`]'s copies.
+#[derive(Clone, Copy)]
+pub struct StepEntries<'a> {
+    rep: &'a Replica,
+}
+
+impl<'a> StepEntries<'a> {
+    /// Entries in the step: decode then prefill.
+    pub fn len(&self) -> usize {
+        self.rep.step_decodes as usize + self.rep.entries.len()
+    }
+
+    /// No step is running.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decode entries (they lead the step).
+    pub fn decodes(&self) -> usize {
+        self.rep.step_decodes as usize
+    }
+
+    /// The prefill entries, after the decode ones (the only ones that can be `admitted`).
+    pub fn prefills(&self) -> &'a [StepEntry] {
+        &self.rep.entries
+    }
+
+    /// Every entry, decode first, in the order `complete_step`'s results answer them.
+    pub fn iter(&self) -> impl Iterator<Item = StepEntry> + 'a {
+        let rep = self.rep;
+        let decodes = rep
+            .step_bits
+            .iter()
+            .enumerate()
+            .flat_map(move |(w, &word)| {
+                std::iter::successors((word != 0).then_some(word), |&b| {
+                    let b = b & (b - 1);
+                    (b != 0).then_some(b)
+                })
+                .map(move |b| w * 64 + b.trailing_zeros() as usize)
+            });
+        let decodes = decodes.take(rep.step_decodes as usize).map(move |i| {
+            let s = &rep.slots[i];
+            let generated = generated_at(s, rep.clock);
+            StepEntry {
+                slot: i as u32,
+                ticket: s.ticket,
+                work: StepWork::Decode,
+                generated,
+                admitted: false,
+                context: s.prefilled + generated,
+                lora_load: false,
+            }
+        });
+        decodes.chain(rep.entries.iter().copied())
+    }
+
+    /// Calls `f(ticket, generated)` for every entry that samples a token, in entry order:
+    /// [`Self::iter`]'s sampling entries without making each one (the simulator's
+    /// per-token timing).
+    #[inline]
+    pub fn for_each_token(&self, mut f: impl FnMut(Ticket, u32)) {
+        let rep = self.rep;
+        let mut left = rep.step_decodes;
+        for (w, &word) in rep.step_bits.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 && left > 0 {
+                let s = &rep.slots[w * 64 + bits.trailing_zeros() as usize];
+                bits &= bits - 1;
+                left -= 1;
+                f(s.ticket, generated_at(s, rep.clock));
+            }
+        }
+        for e in rep.entries.iter().filter(|e| e.samples()) {
+            f(e.ticket, e.generated);
+        }
+    }
+
+    /// The entries copied out (tests and debugging; allocates).
+    pub fn to_vec(&self) -> Vec<StepEntry> {
+        self.iter().collect()
+    }
+}
+
+impl std::fmt::Debug for StepEntries<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
@@ -1544,9 +1864,12 @@ impl StepShape {
     }
 
     /// The shape of a step with these entries.
-    pub fn of<'a>(entries: impl IntoIterator<Item = &'a StepEntry>) -> StepShape {
+    pub fn of<E: std::borrow::Borrow<StepEntry>>(
+        entries: impl IntoIterator<Item = E>,
+    ) -> StepShape {
         let mut s = StepShape::default();
         for e in entries {
+            let e = e.borrow();
             s.lora_loads += u32::from(e.lora_load);
             match e.work {
                 StepWork::Decode => s.push(e.context, 1, true),

@@ -21,7 +21,7 @@ use super::record::Recorder;
 use super::tokens::TokenRecord;
 use super::workload::SimRequest;
 use super::SimError;
-use crate::core::continuous::{Continuous, ContinuousConfig, EntryResult, StepAction, StepWork};
+use crate::core::continuous::{Continuous, ContinuousConfig, StepAction};
 use crate::core::prefix::{BlockHash, PromptBlocks};
 use crate::core::{CoreStats, Nanos, Ticket};
 use crate::exec::latency::LatencyModel;
@@ -158,7 +158,6 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
     );
     let mut slot_req = vec![u32::MAX; table_slots]; // one per request-table slot
     let mut done: BinaryHeap<Reverse<(Nanos, u32)>> = BinaryHeap::with_capacity(replicas + 1); // one per replica
-    let results = vec![EntryResult::Continue; slots]; // one step's results
     let mut started: Vec<(usize, Nanos)> = Vec::with_capacity(replicas); // steps of one tick
     let mut busy_ns = vec![0 as Nanos; replicas];
     let mut entries_total = 0u64; // sequences over all steps
@@ -188,11 +187,9 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             }
             done.pop();
             let r = r as usize;
-            let entries = sched.step_entries(r);
-            for e in entries.iter().filter(|e| e.samples()) {
-                tokens.on_token(e.ticket.index, e.generated, now);
-            }
-            let n = entries.len();
+            sched
+                .step_entries(r)
+                .for_each_token(|t, generated| tokens.on_token(t.index, generated, now));
             let names = SimPromptBlocks {
                 requests,
                 arena: prefix,
@@ -202,7 +199,7 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             };
             let (rec, tokens, slot_req, slot_work) = (&mut rec, &mut tokens, &slot_req, &slot_work);
             let cl = &mut cluster;
-            sched.complete_step_with(r, &names, &results[..n], &mut |ticket, _| {
+            sched.complete_step_continuing(r, &names, &mut |ticket, _| {
                 tokens.on_finish(ticket.index, now);
                 rec.on_complete(now, &requests[slot_req[ticket.index as usize] as usize]);
                 if let Some(c) = cl {
@@ -272,9 +269,8 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 } => {
                     let lora_ms = f64::from(shape.lora_loads) * lora.load_ms;
                     let ns = ms_to_ns(latency.step_ms(&shape) + lora_ms);
-                    // Decode entries lead and never take a slot: only the prefills can.
-                    let prefills = entries.partition_point(|e| e.work == StepWork::Decode);
-                    for e in entries[prefills..].iter().filter(|e| e.admitted) {
+                    // Decode entries never take a slot: only the prefills can.
+                    for e in entries.prefills().iter().filter(|e| e.admitted) {
                         if tokens.on_slot(e.ticket.index) {
                             let r = &requests[slot_req[e.ticket.index as usize] as usize];
                             rec.on_dispatched(now, r);

@@ -569,7 +569,7 @@ impl Mode for IterationLevel {
                     let mut items = bufs[replica]
                         .take()
                         .expect("a replica without a step out has its buffer");
-                    for e in entries {
+                    for e in entries.iter() {
                         if let (true, StepWork::Prefill { offset, .. }) = (e.admitted, e.work) {
                             // A fresh slot's prefill starts after its cached prefix.
                             cached_tokens[e.ticket.index as usize] = offset;
@@ -588,7 +588,7 @@ impl Mode for IterationLevel {
                             None
                         };
                         items.push(StepItem {
-                            entry: *e,
+                            entry: e,
                             work,
                             token: None,
                             token_offset: 0,
