@@ -41,7 +41,7 @@ step() {
 summary() {
   local rc=$?
   # A suite that stops early does not leave the background release build running.
-  if [ -n "${release_pid:-}" ]; then kill "$release_pid" 2>/dev/null || true; fi
+  if [ -n "${release_pid:-}" ]; then kill -- "-$release_pid" 2>/dev/null || true; fi
   step ""
   echo "== wall time per step (2 cores: the whole suite should stay under 15 minutes)"
   printf '%s\n' "${timings[@]}"
@@ -69,7 +69,8 @@ cargo test --workspace --all-targets --features testing,embed --no-run
 # again, in release). `nice` keeps the tests' share of the cores; its log is printed if it fails.
 release_log=target/release-build.log
 mkdir -p target
-nice -n 19 cargo build --release --bin abe >"$release_log" 2>&1 &
+# Its own process group (setsid), so a suite that stops early stops its rustc processes too.
+setsid nice -n 19 cargo build --release --bin abe >"$release_log" 2>&1 &
 release_pid=$!
 
 step "cargo test: run"
