@@ -360,5 +360,6 @@ fn an_adapter_loaded_under_an_unloaded_adapters_id_pays_its_load() {
             took >= at_least,
             "{mode:?}: reloaded, paid again ({took:?})"
         );
+        abe.shutdown();
     }
 }

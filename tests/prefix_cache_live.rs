@@ -389,3 +389,39 @@ fn the_same_prompt_under_another_adapter_finds_nothing_cached() {
         );
     }
 }
+
+/// An adapter loaded under the id an unloaded one held finds none of the KV that one left
+/// cached (vLLM never reuses a `lora_int_id`): the same prompt under the new adapter is a
+/// miss, and a repeat under it hits its own blocks.
+#[test]
+fn an_adapter_under_a_reused_id_finds_nothing_its_predecessor_cached() {
+    let mut cfg = continuous(true);
+    cfg.lora.max_lora_adapters = 1;
+    cfg.lora.lora_load_ms = 0.0;
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    let prompt = long_prompt();
+    let mut ask = |c: &mut Client, model: &str| {
+        let body = json!({"model": model, "prompt": prompt, "max_tokens": 2});
+        let usage = post(c, "/v1/completions", &body)["usage"].clone();
+        (cached(&usage).expect("caching on"), prompt_tokens(&usage))
+    };
+    let mut admin = |c: &mut Client, path: &str, body: &str| {
+        let r = c.request("POST", path, Some(body));
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    };
+    admin(&mut c, "/v1/load_lora_adapter", r#"{"lora_name":"a","lora_path":"/a"}"#);
+    assert_eq!(ask(&mut c, "a").0, 0, "a cold cache");
+    let (hit, tokens) = ask(&mut c, "a");
+    let full = (tokens - 1) / BLOCK_TOKENS * BLOCK_TOKENS;
+    assert_eq!(hit, full, "a repeat under 'a' hits its blocks");
+    admin(&mut c, "/v1/unload_lora_adapter", r#"{"lora_name":"a"}"#);
+    // The table has one id: 'b' takes 'a's.
+    admin(&mut c, "/v1/load_lora_adapter", r#"{"lora_name":"b","lora_path":"/b"}"#);
+    assert_eq!(
+        ask(&mut c, "b").0,
+        0,
+        "'b' under 'a's id: 'a's cached KV is not 'b's"
+    );
+    assert_eq!(ask(&mut c, "b").0, full, "a repeat under 'b' hits its own");
+}

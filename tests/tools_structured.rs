@@ -330,6 +330,24 @@ fn one_of_output_matches_exactly_one_alternative_or_is_a_400() {
                 .to_string();
             assert_valid(&schema, &serde_json::from_str(&args).unwrap());
         }
+        // A closed object whose `patternProperties` admit the other alternative's key: the
+        // other's output may match it too, so it is not proven excluded (was a 200 whose
+        // output matched both alternatives).
+        let patterned = json!({"oneOf": [
+            {"type": "object", "patternProperties": {"^a$": {}}, "additionalProperties": false},
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+        ]});
+        let r = chat(&mut c, json!({"guided_json": patterned}));
+        if r.status == 200 {
+            let content = r.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert_valid(&patterned, &serde_json::from_str(&content).unwrap());
+        } else {
+            assert_eq!(r.status, 400, "{mode:?}: {}", r.text());
+            assert!(r.error_message().contains("oneOf"), "{}", r.text());
+        }
         let ambiguous = json!({"type": "object", "properties": {"x": {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 64}]}}});
         let r = chat(&mut c, json!({"guided_json": ambiguous}));
         assert_eq!(r.status, 400, "{mode:?}: {}", r.text());

@@ -41,7 +41,7 @@ step() {
 summary() {
   local rc=$?
   # A suite that stops early does not leave the background release build running.
-  if [ -n "${release_pid:-}" ]; then kill "$release_pid" 2>/dev/null || true; fi
+  if [ -n "${release_pid:-}" ]; then kill -- "-$release_pid" 2>/dev/null || true; fi
   step ""
   echo "== wall time per step (2 cores: the whole suite should stay under 15 minutes)"
   printf '%s\n' "${timings[@]}"
@@ -63,13 +63,16 @@ tools/fetch_minilm.sh >/dev/null
 step "cargo test: build (workspace, all targets, features testing + embed)"
 cargo test --workspace --all-targets --features testing,embed --no-run
 # The instruction budget's release build (step 7) starts now, in the background at the lowest
-# CPU priority: the steps until then leave the cores idle for much of their wall time (tests
-# waiting on loopback servers, soaks of fixed length), so the build fills those gaps instead
-# of adding minutes of its own at the end (on a fresh machine it compiles every dependency
-# again, in release). `nice` keeps the tests' share of the cores; its log is printed if it fails.
+# CPU priority: the test run and the live checks until the soaks leave the cores idle for
+# much of their wall time (tests waiting on loopback servers), so the build fills those gaps
+# instead of adding minutes of its own at the end (on a fresh machine it compiles every
+# dependency again, in release). `nice` keeps the tests' share of the cores. It is waited for
+# before the soaks, which run alone (they load the server as hard as 2 cores allow); its log
+# is printed if it fails.
 release_log=target/release-build.log
 mkdir -p target
-nice -n 19 cargo build --release --bin abe >"$release_log" 2>&1 &
+# Its own process group (setsid), so a suite that stops early stops its rustc processes too.
+setsid nice -n 19 cargo build --release --bin abe >"$release_log" 2>&1 &
 release_pid=$!
 
 step "cargo test: run"
@@ -103,6 +106,14 @@ step "/dashboard in headless Chromium against abe serve under load (both batchin
 tools/with_server.sh tools/dashboard_check.sh
 ABE_BATCHING_MODE=continuous DASHBOARD_MODE=continuous tools/with_server.sh tools/dashboard_check.sh
 
+step "the instruction budget's release build (started after step 1), finishing before the soaks"
+if ! wait "$release_pid"; then
+  cat "$release_log" >&2
+  echo "the release build (started after step 1's build) failed" >&2
+  exit 1
+fi
+release_pid=""
+
 step "chaos soak (bounded; RELIABILITY.md has the long runs)"
 python3 tools/chaos_soak.py --seconds 30 --mode request
 python3 tools/chaos_soak.py --seconds 30 --mode continuous
@@ -116,10 +127,5 @@ python3 deploy/check.py --abe target/debug/abe
 
 step "instruction budget (release build; callgrind, tools/bench/instruction_budget.toml)"
 # A release build (the count is of what users run; a debug build's count says little about
-# it), started in the background after step 1's build (above).
-if ! wait "$release_pid"; then
-  cat "$release_log" >&2
-  echo "the release build (started after step 1's build) failed" >&2
-  exit 1
-fi
+# it), built in the background from the end of step 1's build (above).
 tools/bench/instruction_budget.sh --check target/release/abe

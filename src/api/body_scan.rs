@@ -432,20 +432,11 @@ mod tests {
             b"",
             b"[]",
         ] {
-            // Whatever the scanner does with them, it agrees with serde (`agrees` panics
-            // otherwise); the ones serde refuses must not be scanned.
+            // Neither scanner reads them (serde does, or refuses them), and `agrees` checks
+            // the fallback gives serde's answer.
             let (c, m) = agrees(body);
-            if wire::parse_body::<CompletionBody>(body).is_err() {
-                assert!(!c, "{}", String::from_utf8_lossy(body));
-            }
-            if wire::parse_body::<ChatBody>(body).is_err() {
-                assert!(!m, "{}", String::from_utf8_lossy(body));
-            }
+            assert!(!c && !m, "scanned: {}", String::from_utf8_lossy(body));
         }
-        assert!(scan_completion(br#"{"prompt":"x","max_tokens":-0}"#).is_none());
-        assert!(scan_completion(br#"{"prompt":"h\u0069"}"#).is_none());
-        assert!(scan_completion(br#"{"prompt":"x","max_tokens":01}"#).is_none());
-        assert!(scan_completion(br#"{"prompt":"x","prompt":"y"}"#).is_none());
     }
 
     /// Pieces a random body is built from: the keys both scanners know (and some they do

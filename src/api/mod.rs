@@ -777,7 +777,8 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
 /// `upstream` backend its approximate index records them). Done here, on the io thread, so
 /// the engine only looks names up. The rendered text is named (after the chat template),
 /// so a conversation sent again with its history finds its earlier turns. A LoRA
-/// `adapter`'s names are its own (`core::prefix::root_for`): no KV shared across adapters.
+/// `adapter`'s names are its own (`core::prefix::root_for_load`): no KV shared across
+/// adapters, nor with an earlier adapter of the same id.
 fn name_prompt_blocks(
     ctx: &Decoder<'_>,
     work: &mut crate::exec::Work,
@@ -790,11 +791,18 @@ fn name_prompt_blocks(
     if !caching && !routing {
         return;
     }
+    // An adapter loaded under a freed id names its blocks apart from the id's earlier
+    // adapters' (`root_for_load`); the base model (and an id unloaded meanwhile) under 0.
+    let load = match adapter {
+        crate::core::lora::BASE_MODEL => 0,
+        id => ctx.lora.and_then(|t| t.load_of(id)).unwrap_or(0),
+    };
     let mut names = Vec::with_capacity(work.prompt.len() / (c.kv_block_tokens.max(1) as usize * 4));
     crate::core::prefix::adapter_text_block_hashes(
         &work.prompt,
         c.kv_block_tokens,
         adapter,
+        load,
         &mut names,
     );
     if !names.is_empty() {

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 /// Responses kept for `GET /v1/responses/{id}`: at most 1,024 answers ...
 pub const STORE_MAX: usize = 1024;
 
-/// ... and at most 64 MiB of them, counting each answer's JSON and its conversation. A
+/// ... and at most 64 MiB of them, counting the text bytes of each answer's JSON and of its
+/// conversation (not the allocations' own overhead, a few dozen bytes a message). A
 /// conversation holds every earlier turn of its `previous_response_id` chain, so a long chain
 /// stores text that grows with the square of its length: the bytes, not the count, bound it
 /// then. The oldest go first; an answer larger than the whole bound is not kept.
@@ -214,8 +215,10 @@ pub fn get(store: &ResponseStore, id: &str) -> crate::http::response::Response {
             Status::NotFound,
             "not_found",
             format!(
-                "no stored response '{id}': it was not stored ('store': false), or is older \
-                 than the newest {STORE_MAX}"
+                "no stored response '{id}': it was not stored ('store': false, or larger \
+                 than the whole store), or no longer is (abe keeps the newest {STORE_MAX} \
+                 answers and {} MiB of them)",
+                STORE_MAX_BYTES >> 20
             ),
         ),
     }

@@ -203,9 +203,10 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
                     crate::http::response::Status::NotFound,
                     "previous_response_not_found",
                     format!(
-                        "Previous response with id '{id}' not found (not stored, or older \
-                         than the newest {})",
-                        super::response_object::STORE_MAX
+                        "Previous response with id '{id}' not found (not stored, or no \
+                         longer: abe keeps the newest {} answers and {} MiB of them)",
+                        super::response_object::STORE_MAX,
+                        super::response_object::STORE_MAX_BYTES >> 20
                     ),
                 )))
             }

@@ -630,7 +630,10 @@ pub fn excludes(root: &Value, schema: &Value, v: &Value, depth: u32) -> bool {
         }
     }
     let props = o.get("properties").and_then(Value::as_object);
+    // Closed: a key outside `properties` fails it, unless `patternProperties` may allow it
+    // (patterns are not matched here; not proven, so not excluded).
     if o.get("additionalProperties") == Some(&Value::Bool(false))
+        && !o.contains_key("patternProperties")
         && fields
             .keys()
             .any(|k| !props.is_some_and(|p| p.contains_key(k)))

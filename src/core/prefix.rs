@@ -63,6 +63,19 @@ pub const fn root_for(adapter: AdapterId) -> BlockHash {
     }
 }
 
+/// [`root_for`] of the `load`-th adapter to hold id `adapter` (0: the id's first, whose root
+/// is [`root_for`]'s, as in the simulator, which never reloads): an adapter loaded under a
+/// freed id starts a chain of its own, so it never hits KV its id's earlier adapter left.
+#[inline]
+pub const fn root_for_load(adapter: AdapterId, load: u32) -> BlockHash {
+    if load == 0 || adapter == BASE_MODEL {
+        root_for(adapter)
+    } else {
+        // 'LoRAload' keeps these apart from block contents' hashes, as above.
+        chain(root_for(adapter), 0x4c6f_5241_6c6f_0000 | load as u64)
+    }
+}
+
 /// The content hash of one block of prompt bytes (8 bytes at a time, the length last).
 pub fn content_hash(bytes: &[u8]) -> u64 {
     let mut h = 0x243f_6a88_85a3_08d3u64;
@@ -81,19 +94,20 @@ pub fn content_hash(bytes: &[u8]) -> u64 {
 /// token, as abe counts prompt tokens), in order, for the base model. Runs on io threads;
 /// allocates in `out`.
 pub fn text_block_hashes(text: &str, block_tokens: u32, out: &mut Vec<BlockHash>) {
-    adapter_text_block_hashes(text, block_tokens, BASE_MODEL, out);
+    adapter_text_block_hashes(text, block_tokens, BASE_MODEL, 0, out);
 }
 
-/// As [`text_block_hashes`], for a prompt run with LoRA adapter `adapter` (its chain starts
-/// at [`root_for`]`(adapter)`).
+/// As [`text_block_hashes`], for a prompt run with the `load`-th LoRA adapter of id
+/// `adapter` (its chain starts at [`root_for_load`]`(adapter, load)`).
 pub fn adapter_text_block_hashes(
     text: &str,
     block_tokens: u32,
     adapter: AdapterId,
+    load: u32,
     out: &mut Vec<BlockHash>,
 ) {
     let block_bytes = (block_tokens.max(1) as usize) * TOKEN_BYTES;
-    let mut parent = root_for(adapter);
+    let mut parent = root_for_load(adapter, load);
     for block in text.as_bytes().chunks_exact(block_bytes) {
         parent = chain(parent, content_hash(block));
         out.push(parent);
@@ -185,7 +199,7 @@ mod tests {
         let text = "abcd".repeat(16 * 3);
         let names = |adapter| {
             let mut out = Vec::new();
-            adapter_text_block_hashes(&text, 16, adapter, &mut out);
+            adapter_text_block_hashes(&text, 16, adapter, 0, &mut out);
             out
         };
         let mut base = Vec::new();
@@ -206,6 +220,19 @@ mod tests {
         }
         assert_eq!(one, names(1), "an adapter's names are stable");
         assert!((1..=4095).all(|a| root_for(a) != ROOT));
+    }
+
+    #[test]
+    fn a_reloaded_id_starts_a_chain_of_its_own() {
+        // The id's first load (and the simulator, which never reloads) keeps `root_for`.
+        assert_eq!(root_for_load(3, 0), root_for(3));
+        assert_eq!(root_for_load(BASE_MODEL, 7), ROOT, "the base model has no loads");
+        let roots: Vec<BlockHash> = (0..64).map(|l| root_for_load(3, l)).collect();
+        let mut distinct = roots.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), roots.len(), "every load of an id has its own root");
+        assert!((1..64).all(|l| (1..=64).all(|a| root_for_load(3, l) != root_for(a))));
     }
 
     #[test]

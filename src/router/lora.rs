@@ -53,6 +53,11 @@ pub struct Adapter {
     pub base: String,
     /// `/v1/models`' `root`.
     pub path: String,
+    /// How many loads its id had before this one (0: the id's first). The io thread names
+    /// prompt blocks under (id, load) (`core::prefix::root_for_load`), so an adapter loaded
+    /// under a freed id never finds the KV its id's earlier adapter left cached (vLLM never
+    /// reuses a `lora_int_id` for that reason).
+    pub load: u32,
 }
 
 /// Why a load or an unload was refused; `status` and `kind` are vLLM's.
@@ -107,6 +112,8 @@ pub struct LoraTable {
     /// when loaded again, and no other name takes it (the router's per-backend
     /// eligibility, built from the config, knows them by id). Locked before `slots`.
     configured: Mutex<Vec<String>>,
+    /// By `id - 1`: how many loads that id has had ([`Adapter::load`]). Locked after `slots`.
+    loads: Mutex<Vec<u32>>,
 }
 
 /// An adapter the config lists: its name, path, base model, and the backends (by index in
@@ -165,6 +172,7 @@ impl LoraTable {
         );
         let t = LoraTable {
             slots: Mutex::new(vec![None; capacity]),
+            loads: Mutex::new(vec![0; capacity]),
             configured: Mutex::new(Vec::new()),
         };
         for (name, path, base) in adapters {
@@ -194,6 +202,7 @@ impl LoraTable {
     pub fn empty() -> LoraTable {
         LoraTable {
             slots: Mutex::new(Vec::new()),
+            loads: Mutex::new(Vec::new()),
             configured: Mutex::new(Vec::new()),
         }
     }
@@ -229,11 +238,18 @@ impl LoraTable {
             });
         };
         let id = AdapterId::try_from(free + 1).expect("checked in new");
+        let load = {
+            let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+            let n = loads[free];
+            loads[free] = n.wrapping_add(1);
+            n
+        };
         slots[free] = Some(Adapter {
             id,
             name: name.to_string(),
             base: base.to_string(),
             path: path.to_string(),
+            load,
         });
         Ok(id)
     }
@@ -269,6 +285,12 @@ impl LoraTable {
         self.lock().get(i)?.as_ref().map(|a| a.name.clone())
     }
 
+    /// [`Adapter::load`] of the adapter holding `id`, if any.
+    pub fn load_of(&self, id: AdapterId) -> Option<u32> {
+        let i = usize::from(id).checked_sub(1)?;
+        self.lock().get(i)?.as_ref().map(|a| a.load)
+    }
+
     /// Every adapter loaded, by id.
     pub fn list(&self) -> Vec<Adapter> {
         self.lock().iter().flatten().cloned().collect()
@@ -281,6 +303,20 @@ mod tests {
 
     fn table() -> LoraTable {
         LoraTable::new(2, &[("sql".into(), "/a/sql".into(), "m".into())]).unwrap()
+    }
+
+    #[test]
+    fn each_load_of_an_id_is_counted() {
+        let t = LoraTable::new(1, &[]).unwrap();
+        assert_eq!(t.load("a", "/a", "m"), Ok(1));
+        assert_eq!((t.lookup("a").unwrap().load, t.load_of(1)), (0, Some(0)));
+        t.unload("a").unwrap();
+        assert_eq!(t.load_of(1), None);
+        assert_eq!(t.load("b", "/b", "m"), Ok(1), "the freed id again");
+        assert_eq!(t.load_of(1), Some(1), "its second load");
+        t.unload("b").unwrap();
+        t.load("a", "/a", "m").unwrap();
+        assert_eq!(t.load_of(1), Some(2), "a name back is a new load too");
     }
 
     #[test]

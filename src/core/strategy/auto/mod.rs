@@ -413,8 +413,9 @@ impl Auto {
 /// has no rounding instruction): the truncation, one up where it cut something off.
 fn ceil_ns(x: f64) -> Nanos {
     if x > 0.0 {
+        // `as` saturates past `Nanos::MAX`; so does the step up.
         let t = x as Nanos;
-        t + Nanos::from((t as f64) < x)
+        t.saturating_add(Nanos::from((t as f64) < x))
     } else {
         0
     }
