@@ -410,14 +410,22 @@ fn an_adapter_under_a_reused_id_finds_nothing_its_predecessor_cached() {
         let r = c.request("POST", path, Some(body));
         assert_eq!(r.status, 200, "{path}: {}", r.text());
     };
-    admin(&mut c, "/v1/load_lora_adapter", r#"{"lora_name":"a","lora_path":"/a"}"#);
+    admin(
+        &mut c,
+        "/v1/load_lora_adapter",
+        r#"{"lora_name":"a","lora_path":"/a"}"#,
+    );
     assert_eq!(ask(&mut c, "a").0, 0, "a cold cache");
     let (hit, tokens) = ask(&mut c, "a");
     let full = (tokens - 1) / BLOCK_TOKENS * BLOCK_TOKENS;
     assert_eq!(hit, full, "a repeat under 'a' hits its blocks");
     admin(&mut c, "/v1/unload_lora_adapter", r#"{"lora_name":"a"}"#);
     // The table has one id: 'b' takes 'a's.
-    admin(&mut c, "/v1/load_lora_adapter", r#"{"lora_name":"b","lora_path":"/b"}"#);
+    admin(
+        &mut c,
+        "/v1/load_lora_adapter",
+        r#"{"lora_name":"b","lora_path":"/b"}"#,
+    );
     assert_eq!(
         ask(&mut c, "b").0,
         0,

@@ -226,12 +226,20 @@ mod tests {
     fn a_reloaded_id_starts_a_chain_of_its_own() {
         // The id's first load (and the simulator, which never reloads) keeps `root_for`.
         assert_eq!(root_for_load(3, 0), root_for(3));
-        assert_eq!(root_for_load(BASE_MODEL, 7), ROOT, "the base model has no loads");
+        assert_eq!(
+            root_for_load(BASE_MODEL, 7),
+            ROOT,
+            "the base model has no loads"
+        );
         let roots: Vec<BlockHash> = (0..64).map(|l| root_for_load(3, l)).collect();
         let mut distinct = roots.clone();
         distinct.sort_unstable();
         distinct.dedup();
-        assert_eq!(distinct.len(), roots.len(), "every load of an id has its own root");
+        assert_eq!(
+            distinct.len(),
+            roots.len(),
+            "every load of an id has its own root"
+        );
         assert!((1..64).all(|l| (1..=64).all(|a| root_for_load(3, l) != root_for(a))));
     }
 
