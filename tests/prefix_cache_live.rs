@@ -401,12 +401,12 @@ fn an_adapter_under_a_reused_id_finds_nothing_its_predecessor_cached() {
     let abe = start(cfg);
     let mut c = Client::connect(abe.local_addr());
     let prompt = long_prompt();
-    let mut ask = |c: &mut Client, model: &str| {
+    let ask = |c: &mut Client, model: &str| {
         let body = json!({"model": model, "prompt": prompt, "max_tokens": 2});
         let usage = post(c, "/v1/completions", &body)["usage"].clone();
         (cached(&usage).expect("caching on"), prompt_tokens(&usage))
     };
-    let mut admin = |c: &mut Client, path: &str, body: &str| {
+    let admin = |c: &mut Client, path: &str, body: &str| {
         let r = c.request("POST", path, Some(body));
         assert_eq!(r.status, 200, "{path}: {}", r.text());
     };
