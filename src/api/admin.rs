@@ -34,6 +34,16 @@ pub fn admin(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response
     admin_allowed(ctx, head, path, body)
 }
 
+/// A 405 for `path`, which takes POST only (with its `Allow` header).
+pub(super) fn post_only(path: &str) -> Response {
+    Response::error(
+        Status::MethodNotAllowed,
+        "method_not_allowed",
+        format!("{path} supports POST only"),
+    )
+    .with_header("Allow: POST")
+}
+
 /// The refusal of a control call (`/admin/*`, the LoRA load and unload endpoints) while
 /// `server.admin_enabled` is off or without the admin token; `None`: allowed.
 pub(super) fn refuse(ctx: &ApiContext, head: &Head) -> Option<Response> {
@@ -102,12 +112,7 @@ fn admin_allowed(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Resp
         );
     };
     if head.method != Method::Post {
-        return Response::error(
-            Status::MethodNotAllowed,
-            "method_not_allowed",
-            format!("{path} supports POST only"),
-        )
-        .with_header("Allow: POST");
+        return post_only(path);
     }
     if ctx.config.batching.mode == crate::core::BatchingMode::Continuous {
         return Response::error(

@@ -40,12 +40,7 @@ struct UnloadBody {
 /// `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (`path`).
 pub fn endpoint(ctx: &ApiContext, head: &Head, path: &str, body: &[u8]) -> Response {
     if head.method != Method::Post {
-        return Response::error(
-            Status::MethodNotAllowed,
-            "method_not_allowed",
-            format!("{path} supports POST only"),
-        )
-        .with_header("Allow: POST");
+        return super::admin::post_only(path);
     }
     if let Some(refused) = super::admin::refuse(ctx, head) {
         return refused;

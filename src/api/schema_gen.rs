@@ -218,10 +218,7 @@ impl<'a> Gen<'a, '_> {
     }
 
     fn first_of(&mut self, alts: &Value, at: &str, depth: u32) -> Result<Value, Unsatisfiable> {
-        let alts = alts
-            .as_array()
-            .filter(|a| !a.is_empty())
-            .ok_or_else(|| no(at, "must be a non-empty array of schemas"))?;
+        let alts = alternatives(alts, at)?;
         let mut last = None;
         for (i, alt) in alts.iter().enumerate() {
             match self.value(alt, &format!("{at}/{i}"), depth + 1) {
@@ -236,10 +233,7 @@ impl<'a> Gen<'a, '_> {
     /// output is kept only if it provably fails every other alternative ([`excludes`]:
     /// conservative, it never claims a failure it did not see); the first such is the answer.
     fn one_of(&mut self, alts: &Value, at: &str, depth: u32) -> Result<Value, Unsatisfiable> {
-        let alts = alts
-            .as_array()
-            .filter(|a| !a.is_empty())
-            .ok_or_else(|| no(at, "must be a non-empty array of schemas"))?;
+        let alts = alternatives(alts, at)?;
         let mut last = None;
         for (i, alt) in alts.iter().enumerate() {
             match self.value(alt, &format!("{at}/{i}"), depth + 1) {
@@ -645,6 +639,13 @@ pub fn excludes(root: &Value, schema: &Value, v: &Value, depth: u32) -> bool {
             .iter()
             .any(|(k, fv)| p.get(k).is_some_and(|ps| excludes(root, ps, fv, depth + 1)))
     })
+}
+
+/// The alternatives of an `anyOf` / `oneOf` at `at`: a non-empty array of schemas.
+fn alternatives<'v>(alts: &'v Value, at: &str) -> Result<&'v Vec<Value>, Unsatisfiable> {
+    alts.as_array()
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| no(at, "must be a non-empty array of schemas"))
 }
 
 /// JSON Schema's type test: an integer is also a number, and a number with no fraction is
