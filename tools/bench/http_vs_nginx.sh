@@ -15,11 +15,8 @@ cargo build --release --bin abe >/dev/null
 here="$(pwd)/tools/bench"
 results="$(mktemp)"
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
+. tools/bench/wrk_lib.sh # cpu_ticks, hz, us_per, to_us, median
 
-# Latency as wrk prints it (us, ms, s) in microseconds.
-to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us$/,"",v); print v} else if (v ~ /ms$/) {sub(/ms$/,"",v); print v*1000} else {sub(/s$/,"",v); print v*1e6}}' <<<"$1"; }
 
 run() { # name pid url conns round
   local name=$1 pid=$2 url=$3 conns=$4 round=$5
@@ -31,7 +28,7 @@ run() { # name pid url conns round
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
   p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
-  cpu_us=$(awk -v t=$((after - before)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')
+  cpu_us=$(us_per $((after - before)) "$reqs")
   printf "round %s  %-6s c=%-3s %10.0f req/s  p50 %6.0f us  p99 %6.0f us  server CPU %5s us/req\n" \
     "$round" "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_us"
   echo "$name $conns $round $rps $p50 $p99 $cpu_us" >>"$results"
@@ -55,7 +52,6 @@ for r in $(seq 1 "$rounds"); do
     run abe "$abe" http://127.0.0.1:18480/v1/completions "$c" "$r"
   done
 done
-median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 col() { awk -v n="$1" -v c="$2" -v k="$3" '$1 == n && $2 == c {print $k}' "$results"; }
 echo "medians over $rounds rounds:"
 for c in 64 8; do

@@ -33,9 +33,7 @@ back_port=18486
 front_port=18487
 ngx_port=18488
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
-to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us$/,"",v); print v} else if (v ~ /ms$/) {sub(/ms$/,"",v); print v*1000} else {sub(/s$/,"",v); print v*1e6}}' <<<"$1"; }
+. tools/bench/wrk_lib.sh # cpu_ticks, hz, us_per, to_us, median
 
 {
   if [ -n "$front_max_batch" ]; then printf '[batching]\nmax_batch_size = %s\n' "$front_max_batch"; fi
@@ -108,8 +106,8 @@ run() { # name front_pid url round
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
   p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
-  cpu_front=$(awk -v t=$((a_front - b_front)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')
-  cpu_back=$(awk -v t=$((a_back - b_back)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')
+  cpu_front=$(us_per $((a_front - b_front)) "$reqs")
+  cpu_back=$(us_per $((a_back - b_back)) "$reqs")
   printf "round %s  %-9s c=%-3s %9.0f req/s  p50 %6.0f us  p99 %6.0f us  CPU front %6s us/req, answering abe %6s us/req\n" \
     "$round" "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_front" "$cpu_back"
   echo "$name $round $rps $p50 $p99 $cpu_front $cpu_back" >>"$results"
@@ -122,7 +120,6 @@ for r in $(seq 1 "$rounds"); do
   run nginx "$ngx_worker" "http://127.0.0.1:$ngx_port/v1/completions" "$r"
   run abe-front "$front" "http://127.0.0.1:$front_port/v1/completions" "$r"
 done
-median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 col() { awk -v n="$1" -v k="$2" '$1 == n {print $k}' "$results"; }
 echo "medians over $rounds rounds:"
 for name in nginx abe-front; do

@@ -35,9 +35,7 @@ abe_port=18484
 ngx_port=18485
 body="{\"prompt\":\"hi\",\"max_tokens\":$max_tokens,\"stream\":true}"
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
-to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us$/,"",v); print v} else if (v ~ /ms$/) {sub(/ms$/,"",v); print v*1000} else {sub(/s$/,"",v); print v*1e6}}' <<<"$1"; }
+. tools/bench/wrk_lib.sh # cpu_ticks, hz, us_per, to_us, median
 
 cat >"$work/post_stream.lua" <<LUA
 wrk.method = "POST"
@@ -106,7 +104,7 @@ run() { # name pid url round
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
   p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
-  cpu_us=$(awk -v t=$((after - before)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')
+  cpu_us=$(us_per $((after - before)) "$reqs")
   local eps
   eps=$(awk -v r="$rps" -v e="$events" 'BEGIN {printf "%.0f", r * e}')
   if grep -q "Non-2xx" <<<"$out"; then echo "$name: non-2xx answers" >&2; exit 1; fi
@@ -122,7 +120,6 @@ for r in $(seq 1 "$rounds"); do
   run nginx "$ngx_worker" "http://127.0.0.1:$ngx_port/v1/completions" "$r"
   run abe "$abe" "http://127.0.0.1:$abe_port/v1/completions" "$r"
 done
-median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 col() { awk -v n="$1" -v k="$2" '$1 == n {print $k}' "$results"; }
 echo "medians over $rounds rounds:"
 for name in nginx abe; do
