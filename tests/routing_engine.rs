@@ -1,6 +1,7 @@
 //! The engine's routing, through the in-process runtime API (no HTTP): circuits that
 //! recover are routable at once, a full backend queue spills to another backend of the
-//! model, retries during a drain, and outcome counters that count each request once.
+//! model, retries during a drain, requests queued behind a circuit that opens move or fail
+//! at once, and outcome counters that count each request once.
 
 use abe::core::{Kind, Priority};
 use abe::exec::latency::LatencyModel;
@@ -184,4 +185,80 @@ fn a_request_failed_during_drain_is_still_retried() {
     let r = waiter.join().unwrap();
     assert!(r.is_ok(), "{r:?}");
     assert!(report.clean, "{report:?}");
+}
+
+/// Backend `a` fails every batch, slowly, with requests queued behind them: once its
+/// circuit opens, the requests still queued there move to `b` at once instead of waiting
+/// the whole open time (60 s here) for a probe batch.
+#[test]
+fn requests_queued_behind_an_opening_circuit_move_to_another_backend() {
+    let handle = two_lanes_with(
+        FaultSettings {
+            error_rate: 1.0,
+            added_latency_ms: 20.0,
+            ..Default::default()
+        },
+        |cfg| {
+            cfg.core.max_batch_size = 1;
+            cfg.core.max_inflight_per_worker = 1;
+            cfg.core.circuit.recovery_ns = 60_000_000_000;
+        },
+    );
+    let pending: Vec<_> = (0..12)
+        .map(|i| handle.submit(completion(&format!("q{i}"))))
+        .collect();
+    for (i, p) in pending.into_iter().enumerate() {
+        let r = p
+            .wait_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("request {i} still waiting after 20 s"));
+        assert!(r.is_ok(), "request {i}: {r:?}");
+    }
+    let s = wait_for(&handle, |s| s.stats.completed == 12);
+    assert_eq!(
+        (s.stats.admitted, s.stats.failed, s.stats.worker_errors),
+        (12, 0, 0),
+        "each request counted once, by its final answer"
+    );
+    assert_eq!(s.backends[0].retried_away, 12, "{:?}", s.backends);
+    assert_eq!(s.backends[1].routed, 12, "{:?}", s.backends);
+}
+
+/// The only backend fails every batch with requests queued behind them: once its circuit
+/// opens, the queued ones are answered at once with the routing error a new request gets
+/// (no healthy backend, 503 over HTTP), not after the 60 s open time.
+#[test]
+fn requests_queued_behind_an_open_circuit_with_no_other_backend_fail_fast() {
+    let mut cfg = one_worker_config();
+    cfg.core.max_batch_size = 1;
+    cfg.core.max_inflight_per_worker = 1;
+    cfg.core.circuit.recovery_ns = 60_000_000_000;
+    let handle = runtime::start(cfg).unwrap();
+    handle.set_faults(
+        0,
+        FaultSettings {
+            error_rate: 1.0,
+            added_latency_ms: 20.0,
+            ..Default::default()
+        },
+    );
+    let pending: Vec<_> = (0..10)
+        .map(|i| handle.submit(completion(&format!("q{i}"))))
+        .collect();
+    let (mut backend, mut unroutable) = (0, 0);
+    for (i, p) in pending.into_iter().enumerate() {
+        match p
+            .wait_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("request {i} still waiting after 20 s"))
+        {
+            Err(RequestError::Backend(_)) => backend += 1,
+            Err(RequestError::Route(e)) => {
+                assert_eq!(e.status(), 503, "{e}");
+                unroutable += 1
+            }
+            other => panic!("request {i}: {other:?}"),
+        }
+    }
+    assert_eq!((backend, unroutable), (5, 5), "5 failures open the circuit");
+    let s = wait_for(&handle, |s| s.stats.failed == 10);
+    assert_eq!((s.stats.admitted, s.stats.completed), (10, 0));
 }

@@ -1,6 +1,7 @@
 //! Admission: the way into the core. `admit` queues a new request (or refuses it with a
 //! [`Reject`]), `readmit` takes one moved here from another core, `cancel` takes a
-//! still-queued one back out, `begin_drain` closes the door.
+//! still-queued one back out, `take_queued_to_move` hands one back to be moved to another core,
+//! `begin_drain` closes the door.
 //!
 //! What must never happen here: a clock read (time is the `now` passed in), I/O, or an
 //! allocation (a request takes a slot of the table built in [`Core::new`]); a refusal that
@@ -69,6 +70,23 @@ impl Core {
         self.stats.failed += 1;
         self.stats.cancelled += 1;
         true
+    }
+
+    /// Takes one still-queued request out so the driver can move it to another backend
+    /// (every worker's circuit here opened while it waited: it would wait the whole open
+    /// time for a probe). Counted as a worker failure, as a request of a failed batch is:
+    /// the driver corrects the count when the request moves, as it does for a retry.
+    /// `None` when nothing is queued.
+    pub fn take_queued_to_move(&mut self) -> Option<(Ticket, RequestMeta)> {
+        let index = self.any_queued()?;
+        self.dequeue(index);
+        self.queued -= 1;
+        let ticket = self.table.ticket_at(index);
+        let meta = *self.table.meta(index);
+        self.table.remove(ticket);
+        self.stats.failed += 1;
+        self.stats.worker_errors += 1;
+        Some((ticket, meta))
     }
 
     /// Stops admitting; from now on every queued request is flushed as soon as a worker can

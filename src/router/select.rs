@@ -603,6 +603,35 @@ impl Router {
         view.explain(name, req)
     }
 
+    /// Why a request for `name` needing `need` cannot be routed now, judged without routing
+    /// it (cold path: allocates): for a request that has to leave its backend (the
+    /// engine's evacuation of a lane whose circuit opened). `None` when some backend of one
+    /// of its models could take it now.
+    #[cold]
+    pub fn explain_unroutable(&self, name: NameId, need: &Need) -> Option<RouteError> {
+        let req = need.requirements();
+        let r = &self.resolver;
+        let candidates = r
+            .served(name)
+            .into_iter()
+            .chain(r.alias_for(name, req.adapter).and_then(|t| r.served(t)))
+            .chain(
+                r.chain_for_adapter(name, req.adapter)
+                    .iter()
+                    .filter_map(|&f| r.served(f)),
+            );
+        for model in candidates {
+            if self.registry.offers(model).iter().any(|o| {
+                o.capable(&req)
+                    && self.registry.lora_eligible(o.backend, req.adapter)
+                    && self.registry.state(o.backend).routable()
+            }) {
+                return None;
+            }
+        }
+        Some(self.explain(name, &req))
+    }
+
     /// The error for a request none of whose models could serve (cold path: allocates).
     #[cold]
     fn explain(&self, name: NameId, req: &Requirements<'_>) -> RouteError {

@@ -12,6 +12,7 @@
 use super::io::{move_latency_samples, move_samples, EngineIo, SampleKind};
 use super::routing::{RouteState, Routing, MAX_TRIES};
 use super::Mode;
+use crate::core::circuit::CircuitState;
 use crate::core::strategy::StrategyKind;
 use crate::core::{Action, BatchOutcome, Completion, Core, FailReason, Nanos, Reject, CLASS_COUNT};
 use crate::exec::{BatchItem, ExecError, Work};
@@ -242,63 +243,149 @@ impl RequestLevel {
         error: ExecError,
         batch_ok: bool,
     ) {
+        let work = if error.is_backend_fault() {
+            match self.try_move(io, now, index, work, batch_ok, true) {
+                None => return,
+                Some(work) => work,
+            }
+        } else {
+            work
+        };
+        drop(work);
+        self.answer_unmoved(io, now, index, batch_ok, RequestError::Backend(error));
+    }
+
+    /// Moves the request in pending slot `index` to another backend of its model that it
+    /// has not tried (and, for a retry, `max_retries` allows), unless the client has seen
+    /// part of its answer or went away. Gives the work back when it stays (`None`: moved).
+    fn try_move(
+        &mut self,
+        io: &mut EngineIo<BatchMsg>,
+        now: Nanos,
+        index: u32,
+        work: Work,
+        batch_ok: bool,
+        is_retry: bool,
+    ) -> Option<Work> {
         let slot = &io.pending[index as usize];
         let route = slot.route;
         let (l, _) = lane_of(&self.lanes, index);
         let retries_used = route.tried_len.saturating_sub(1) as u32;
-        let retry_to = match route.decision {
-            Some(d)
-                if error.is_backend_fault()
-                    && !slot.tokens_sent
-                    && !slot.cancelled
-                    && retries_used < self.routing.router.max_retries()
-                    && (route.tried_len as usize) < MAX_TRIES =>
-            {
-                let affinity = Affinity {
-                    blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
-                    session: route.session,
-                    exact: None,
-                    output_tokens: slot.meta.expected_output_tokens(),
-                };
-                self.routing
-                    .router
-                    .pick_excluding_with(
-                        d.model,
-                        &route.need.requirements(),
-                        route.tried(),
-                        &affinity,
-                    )
-                    .map(|b| (d, b))
-            }
-            _ => None,
+        let Some(d) = route.decision else {
+            return Some(work);
         };
-        if let Some((d, b)) = retry_to {
-            let meta = slot.meta;
-            let lane = &mut self.lanes[b.index()];
-            if let Ok(ticket) = lane.core.readmit(now, meta) {
-                let to = lane.pending_base + ticket.index;
-                if batch_ok {
-                    self.stats_fix.moved_from_ok_batch += 1;
-                } else {
-                    self.stats_fix.moved_from_failed_batch += 1;
-                }
-                self.routing.counters[l].retried_away += 1;
-                self.routing.counters[b.index()].routed += 1;
-                let mut route = route;
-                route.tried[route.tried_len as usize] = b;
-                route.tried_len += 1;
-                route.decision = Some(Decision { backend: b, ..d });
-                let mut work = work;
-                self.routing.set_model(&mut work, b, d.model, meta.adapter);
-                io.move_pending(index, to, work, route);
-                return;
-            }
+        if slot.tokens_sent
+            || slot.cancelled
+            || (is_retry && retries_used >= self.routing.router.max_retries())
+            || route.tried_len as usize >= MAX_TRIES
+        {
+            return Some(work);
         }
+        let affinity = Affinity {
+            blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
+            session: route.session,
+            exact: None,
+            output_tokens: slot.meta.expected_output_tokens(),
+        };
+        let Some(b) = self.routing.router.pick_excluding_with(
+            d.model,
+            &route.need.requirements(),
+            route.tried(),
+            &affinity,
+        ) else {
+            return Some(work);
+        };
+        let meta = slot.meta;
+        let lane = &mut self.lanes[b.index()];
+        let Ok(ticket) = lane.core.readmit(now, meta) else {
+            return Some(work);
+        };
+        let to = lane.pending_base + ticket.index;
+        if batch_ok {
+            self.stats_fix.moved_from_ok_batch += 1;
+        } else {
+            self.stats_fix.moved_from_failed_batch += 1;
+        }
+        self.routing.counters[l].retried_away += 1;
+        self.routing.counters[b.index()].routed += 1;
+        let mut route = route;
+        route.tried[route.tried_len as usize] = b;
+        route.tried_len += 1;
+        route.decision = Some(Decision { backend: b, ..d });
+        let mut work = work;
+        self.routing.set_model(&mut work, b, d.model, meta.adapter);
+        io.move_pending(index, to, work, route);
+        None
+    }
+
+    /// Answers with `error` a request that failed on its backend and did not move.
+    fn answer_unmoved(
+        &mut self,
+        io: &mut EngineIo<BatchMsg>,
+        now: Nanos,
+        index: u32,
+        batch_ok: bool,
+        error: RequestError,
+    ) {
+        let (l, _) = lane_of(&self.lanes, index);
         self.routing.counters[l].failed += 1;
         if batch_ok {
             self.stats_fix.failed_in_ok_batch += 1;
         }
-        io.finish(now, index, Err(RequestError::Backend(error)));
+        io.finish(now, index, Err(error));
+    }
+
+    /// Every worker's circuit of a lane is open (and none is due its probe) while requests
+    /// wait in its queue: they would wait the whole open time (`circuit_open`, 30 s by
+    /// default) for a probe batch. Each moves to another backend of its model, as a failed
+    /// batch's requests do (not counted against `max_retries`: it was never sent), or is
+    /// answered at once, as a circuit breaker is meant to fail fast: with the routing error
+    /// a new request gets when no backend of its model can take one (503, no healthy
+    /// backend, with each backend's state), else (it tried the others already, or their
+    /// queues are full) with this backend's failure (502).
+    fn evacuate_open_lanes(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos) {
+        for l in 0..self.lanes.len() {
+            if self.routing.counters[l].circuit != CircuitState::Open
+                || self.lanes[l].core.queued() == 0
+            {
+                continue;
+            }
+            while let Some((ticket, _)) = self.lanes[l].core.take_queued_to_move() {
+                let index = self.lanes[l].pending_base + ticket.index;
+                let work = io.pending[index as usize]
+                    .work
+                    .take()
+                    .expect("a queued request still holds its work");
+                let Some(work) = self.try_move(io, now, index, work, false, false) else {
+                    continue;
+                };
+                drop(work);
+                // Cold path: the error message allocates.
+                let route = io.pending[index as usize].route;
+                let error = match self
+                    .routing
+                    .router
+                    .explain_unroutable(route.name, &route.need)
+                {
+                    Some(e) => RequestError::Route(e),
+                    // Another backend could take it, but not this request (tried already,
+                    // or its queue is full).
+                    None => RequestError::Backend(ExecError::Connect {
+                        backend: self
+                            .routing
+                            .router
+                            .registry()
+                            .backend(BackendId::from_index(l))
+                            .name()
+                            .to_string(),
+                        message: "its circuit opened while the request was queued, and no \
+                                  backend it has not tried could take it"
+                            .into(),
+                    }),
+                };
+                self.answer_unmoved(io, now, index, false, error);
+            }
+        }
     }
 }
 
@@ -571,6 +658,7 @@ impl Mode for RequestLevel {
     /// Polls every core and carries out its actions (dispatches, failures).
     #[inline]
     fn poll(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos) -> (bool, Option<Nanos>) {
+        self.evacuate_open_lanes(io, now);
         let RequestLevel {
             lanes,
             routing,
