@@ -6,7 +6,7 @@
 use abe::core::{Kind, Priority};
 use abe::exec::latency::LatencyModel;
 use abe::exec::sim::FaultSettings;
-use abe::exec::Work;
+use abe::exec::{ExecError, Work};
 use abe::router::{BackendConfig, Router, RoutingConfig};
 use abe::runtime::engine::Routing;
 use abe::runtime::{self, Request, RequestError, RuntimeConfig};
@@ -224,8 +224,9 @@ fn requests_queued_behind_an_opening_circuit_move_to_another_backend() {
 }
 
 /// The only backend fails every batch with requests queued behind them: once its circuit
-/// opens, the queued ones are answered at once with the routing error a new request gets
-/// (no healthy backend, 503 over HTTP), not after the 60 s open time.
+/// opens, the queued ones are answered at once with a 503 saying why (no healthy backend,
+/// as a new request would be told), not after the 60 s open time; the counters count them
+/// as admitted and failed.
 #[test]
 fn requests_queued_behind_an_open_circuit_with_no_other_backend_fail_fast() {
     let mut cfg = one_worker_config();
@@ -250,15 +251,19 @@ fn requests_queued_behind_an_open_circuit_with_no_other_backend_fail_fast() {
             .wait_timeout(Duration::from_secs(20))
             .unwrap_or_else(|_| panic!("request {i} still waiting after 20 s"))
         {
-            Err(RequestError::Backend(_)) => backend += 1,
-            Err(RequestError::Route(e)) => {
-                assert_eq!(e.status(), 503, "{e}");
+            Err(RequestError::Backend(e @ ExecError::Unavailable { .. })) => {
+                assert_eq!(e.http_status(), 503, "{e}");
+                assert!(e.to_string().contains("No healthy backend"), "{e}");
                 unroutable += 1
             }
+            Err(RequestError::Backend(_)) => backend += 1,
             other => panic!("request {i}: {other:?}"),
         }
     }
     assert_eq!((backend, unroutable), (5, 5), "5 failures open the circuit");
     let s = wait_for(&handle, |s| s.stats.failed == 10);
-    assert_eq!((s.stats.admitted, s.stats.completed), (10, 0));
+    assert_eq!(
+        (s.stats.admitted, s.stats.completed, s.stats.worker_errors),
+        (10, 0, 10)
+    );
 }

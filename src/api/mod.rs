@@ -383,6 +383,7 @@ pub fn error_response(e: &RequestError) -> Response {
         }
         RequestError::Backend(b) => match b.http_status() {
             504 => (Status::GatewayTimeout, "upstream_timeout"),
+            503 => (Status::ServiceUnavailable, "backend_unavailable"),
             502 => (Status::BadGateway, "upstream_error"),
             500 => (Status::InternalError, "worker_error"),
             code => (client_status(code), "upstream_rejected"),

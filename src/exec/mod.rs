@@ -129,6 +129,10 @@ pub enum ExecError {
     /// The backend answered something that is not the expected OpenAI shape.
     #[error("backend '{backend}' sent an invalid response: {message}")]
     Protocol { backend: String, message: String },
+    /// The backend stopped taking requests while this one waited for it (its circuit
+    /// opened and no other backend could take the request): 503, retry later.
+    #[error("backend '{backend}' is unavailable: {message}")]
+    Unavailable { backend: String, message: String },
     /// A local executor cannot take this request as it is (an input too long for the model,
     /// more `dimensions` than it has): the client's to fix, answered 400, never retried.
     #[error("backend '{backend}' cannot take this request: {message}")]
@@ -143,7 +147,7 @@ impl ExecError {
         match self {
             ExecError::Status { status, .. } => *status >= 500,
             ExecError::Invalid { .. } => false,
-            ExecError::Protocol { .. } => true,
+            ExecError::Protocol { .. } | ExecError::Unavailable { .. } => true,
             ExecError::Injected(_)
             | ExecError::Backend(_)
             | ExecError::Connect { .. }
@@ -152,11 +156,12 @@ impl ExecError {
     }
 
     /// The HTTP status the client gets when this is the final failure: 504 for a timeout,
-    /// the backend's own 4xx, 502 for anything else a backend did wrong, 500 for a fault
+    /// 503 for a backend that became unavailable, the backend's own 4xx, 502 for anything else a backend did wrong, 500 for a fault
     /// inside abe's own executors.
     pub fn http_status(&self) -> u16 {
         match self {
             ExecError::Timeout { .. } => 504,
+            ExecError::Unavailable { .. } => 503,
             ExecError::Invalid { .. } => 400,
             ExecError::Status { status, .. } if (400..500).contains(status) => *status,
             ExecError::Status { .. } | ExecError::Connect { .. } | ExecError::Protocol { .. } => {

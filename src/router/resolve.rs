@@ -241,6 +241,20 @@ impl Resolver {
         }
     }
 
+    /// Every served model a request for `id` (LoRA adapter `adapter`) may be routed to, in
+    /// the order routing tries them: the name itself, its alias's target, its fallback
+    /// chain.
+    pub fn candidates(&self, id: NameId, adapter: AdapterId) -> impl Iterator<Item = ModelId> + '_ {
+        self.served(id)
+            .into_iter()
+            .chain(self.alias_for(id, adapter).and_then(|t| self.served(t)))
+            .chain(
+                self.chain_for_adapter(id, adapter)
+                    .iter()
+                    .filter_map(|&f| self.served(f)),
+            )
+    }
+
     /// Every name a request can use and what it is, for `GET /v1/models`. Aliases of
     /// unserved models and chains with no served model are left out.
     pub fn routable(&self) -> impl Iterator<Item = (&str, Routable<'_>)> + '_ {

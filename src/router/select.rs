@@ -340,17 +340,7 @@ impl Router {
     pub fn precheck(&self, req: &Requirements<'_>) -> Result<(NameId, Need), RouteError> {
         let name = self.lookup(req.model)?;
         let need = Need::of(req);
-        let r = &self.resolver;
-        let candidates = r
-            .served(name)
-            .into_iter()
-            .chain(r.alias_for(name, req.adapter).and_then(|t| r.served(t)))
-            .chain(
-                r.chain_for_adapter(name, req.adapter)
-                    .iter()
-                    .filter_map(|&f| r.served(f)),
-            );
-        for model in candidates {
+        for model in self.resolver.candidates(name, req.adapter) {
             if self
                 .registry
                 .offers(model)
@@ -610,17 +600,7 @@ impl Router {
     #[cold]
     pub fn explain_unroutable(&self, name: NameId, need: &Need) -> Option<RouteError> {
         let req = need.requirements();
-        let r = &self.resolver;
-        let candidates = r
-            .served(name)
-            .into_iter()
-            .chain(r.alias_for(name, req.adapter).and_then(|t| r.served(t)))
-            .chain(
-                r.chain_for_adapter(name, req.adapter)
-                    .iter()
-                    .filter_map(|&f| r.served(f)),
-            );
-        for model in candidates {
+        for model in self.resolver.candidates(name, req.adapter) {
             if self.registry.offers(model).iter().any(|o| {
                 o.capable(&req)
                     && self.registry.lora_eligible(o.backend, req.adapter)

@@ -339,10 +339,10 @@ impl RequestLevel {
     /// wait in its queue: they would wait the whole open time (`circuit_open`, 30 s by
     /// default) for a probe batch. Each moves to another backend of its model, as a failed
     /// batch's requests do (not counted against `max_retries`: it was never sent), or is
-    /// answered at once, as a circuit breaker is meant to fail fast: with the routing error
-    /// a new request gets when no backend of its model can take one (503, no healthy
-    /// backend, with each backend's state), else (it tried the others already, or their
-    /// queues are full) with this backend's failure (502).
+    /// answered at once, as a circuit breaker is meant to fail fast: 503
+    /// (`ExecError::Unavailable`, a failure after admission, counted as a worker error) with
+    /// why no other backend took it (the routing error a new request would get, with each
+    /// backend's state, or that it tried the others already or their queues are full).
     fn evacuate_open_lanes(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos) {
         for l in 0..self.lanes.len() {
             if self.routing.counters[l].circuit != CircuitState::Open
@@ -362,27 +362,24 @@ impl RequestLevel {
                 drop(work);
                 // Cold path: the error message allocates.
                 let route = io.pending[index as usize].route;
-                let error = match self
+                let why = match self
                     .routing
                     .router
                     .explain_unroutable(route.name, &route.need)
                 {
-                    Some(e) => RequestError::Route(e),
-                    // Another backend could take it, but not this request (tried already,
-                    // or its queue is full).
-                    None => RequestError::Backend(ExecError::Connect {
-                        backend: self
-                            .routing
-                            .router
-                            .registry()
-                            .backend(BackendId::from_index(l))
-                            .name()
-                            .to_string(),
-                        message: "its circuit opened while the request was queued, and no \
-                                  backend it has not tried could take it"
-                            .into(),
-                    }),
+                    Some(e) => e.to_string(),
+                    None => "another backend could take it, but not this request (it tried \
+                             the others already, or their queues are full)"
+                        .to_string(),
                 };
+                let backend = self.routing.router.registry();
+                let error = RequestError::Backend(ExecError::Unavailable {
+                    backend: backend.backend(BackendId::from_index(l)).name().to_string(),
+                    message: format!(
+                        "its circuit opened (consecutive failed batches) while the request \
+                         was queued for it; {why}"
+                    ),
+                });
                 self.answer_unmoved(io, now, index, false, error);
             }
         }
