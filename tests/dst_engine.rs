@@ -95,6 +95,9 @@ struct Tally {
     batch_timeouts: u64,
     /// Continuous: KV-exhaustion preemptions (requests re-queued after they started).
     preemptions: u64,
+    /// Request-level: requests queued behind a circuit that opened, with no other backend
+    /// to move to, answered at once (503 `ExecError::Unavailable`).
+    failed_fast: u64,
     quiet_turns: u64,
     turns: u64,
     steps: u64,
@@ -136,6 +139,7 @@ impl Tally {
             clients_left,
             clients_joined,
             batch_timeouts,
+            failed_fast,
             quiet_turns,
             turns,
             steps
@@ -698,6 +702,9 @@ impl<M: Play> World<M> {
                 panic!("request {id}: a door refusal came back from the engine: {e}")
             }
         }
+        if let Err(RequestError::Backend(ExecError::Unavailable { .. })) = outcome {
+            self.tally.failed_fast += 1;
+        }
         match outcome {
             Ok(_) => self.tally.ok += 1,
             Err(RequestError::Rejected(_)) | Err(RequestError::Route(_)) => {
@@ -1245,6 +1252,7 @@ fn assert_reached(seeds: u64, t: &Tally, continuous: bool) {
         kinds.push(("strategy switches", t.switches));
         kinds.push(("per-request errors", t.item_errors));
         kinds.push(("client (4xx) errors", t.client_errors));
+        kinds.push(("requests failed fast behind an open circuit", t.failed_fast));
     }
     for (what, n) in kinds {
         assert!(n > 0, "no {what} in {seeds} seeds: {t:?}");
