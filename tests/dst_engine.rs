@@ -95,8 +95,9 @@ struct Tally {
     batch_timeouts: u64,
     /// Continuous: KV-exhaustion preemptions (requests re-queued after they started).
     preemptions: u64,
-    /// Request-level: requests queued behind a circuit that opened, with no other backend
-    /// to move to, answered at once (503 `ExecError::Unavailable`).
+    /// Requests queued behind a circuit that opened, with no other backend to move to
+    /// (request-level) or waiting for its slots (continuous), answered at once (503
+    /// `ExecError::Unavailable`).
     failed_fast: u64,
     quiet_turns: u64,
     turns: u64,
@@ -1248,11 +1249,11 @@ fn assert_reached(seeds: u64, t: &Tally, continuous: bool) {
     if continuous {
         kinds.push(("preemptions", t.preemptions));
     }
+    kinds.push(("requests failed fast behind an open circuit", t.failed_fast));
     if !continuous {
         kinds.push(("strategy switches", t.switches));
         kinds.push(("per-request errors", t.item_errors));
         kinds.push(("client (4xx) errors", t.client_errors));
-        kinds.push(("requests failed fast behind an open circuit", t.failed_fast));
     }
     for (what, n) in kinds {
         assert!(n > 0, "no {what} in {seeds} seeds: {t:?}");

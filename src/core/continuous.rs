@@ -1273,6 +1273,27 @@ impl Continuous {
         }
     }
 
+    /// Requests waiting in group `group` (its queues, preempted ones included).
+    pub fn waiting_in_group(&self, group: usize) -> usize {
+        self.group_waiting[group]
+    }
+
+    /// Drops every request waiting in group `group`, handing each to `out` (the driver
+    /// answers them): every replica of the group has an open circuit, so they would wait
+    /// for a probe step. Preempted ones too: their backend cannot resume them either.
+    /// O(waiting in the group).
+    pub fn drop_waiting_in_group(&mut self, group: usize, out: &mut impl FnMut(Ticket)) {
+        for p in 0..Priority::COUNT {
+            while let Some(index) = self.waiting[group][p].pop_front(&mut self.table) {
+                self.waiting_len -= 1;
+                self.group_waiting[group] -= 1;
+                let ticket = self.table.ticket_at(index);
+                self.table.remove(ticket);
+                out(ticket);
+            }
+        }
+    }
+
     /// The step out on `replica` will not be waited for (it hung past the step timeout):
     /// every request active on the replica is freed and handed to `out`, to be failed. The
     /// replica stays busy until the step comes back through `complete_step`, which then

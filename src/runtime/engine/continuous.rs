@@ -15,7 +15,8 @@
 //! back. A replica whose circuit is open runs no step and takes no request until its
 //! recovery time has passed (then one probe step); a backend whose replicas' circuits are
 //! all open is open to the router too (as in request-level mode), so new requests go to
-//! the model's other backends or its fallback until a probe is due. The shared turn is in `engine/mod.rs`. Same rules: after start-up no
+//! the model's other backends or its fallback until a probe is due, and the requests
+//! waiting for its slots are answered at once (503) rather than kept for the probe. The shared turn is in `engine/mod.rs`. Same rules: after start-up no
 //! allocation, no lock (other than `try_lock` to publish), no blocking. Step buffers
 //! circulate engine -> worker -> engine; request payloads are moved or `Arc`-shared, never
 //! copied.
@@ -23,13 +24,13 @@
 use super::io::{move_latency_samples, move_samples, EngineIo};
 use super::routing::{RouteState, Routing};
 use super::Mode;
-use crate::core::circuit::{CircuitBreaker, CircuitParams};
+use crate::core::circuit::{CircuitBreaker, CircuitParams, CircuitState};
 use crate::core::continuous::{Continuous, ContinuousReject, EntryResult, StepAction, StepWork};
 use crate::core::pool::WorkerStatus;
 use crate::core::prefix::{BlockHash, PromptBlocks, ROOT};
 use crate::core::strategy::StrategyKind;
 use crate::core::{FailReason, Nanos, Reject, Ticket};
-use crate::exec::StepItem;
+use crate::exec::{ExecError, StepItem};
 use crate::router::{Affinity, BackendId, CacheView, Need, Via};
 use crate::runtime::messages::{
     Outcome, RequestError, RouteRequest, StepMsg, StepResult, Submission,
@@ -212,6 +213,36 @@ impl IterationLevel {
             names: vec![None; sched.table_capacity()],
             cached_tokens: vec![0; sched.table_capacity()],
             sched,
+        }
+    }
+
+    /// Requests waiting for a backend every replica of which has an open circuit (none due
+    /// its probe) would wait the whole open time (`health.recovery_timeout`, 30 s by
+    /// default): answered at once with a 503 saying why (`ExecError::Unavailable`, a
+    /// failure after admission, counted as a worker error), as a circuit breaker is meant
+    /// to fail fast. Unlike request-level mode there is no move to another backend.
+    fn fail_waiting_behind_open_circuits(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
+        for g in 0..self.sched.groups() {
+            if self.routing.counters[g].circuit != CircuitState::Open
+                || self.sched.waiting_in_group(g) == 0
+            {
+                continue;
+            }
+            let (failed, errors, routing) =
+                (&mut self.failed, &mut self.worker_errors, &mut self.routing);
+            self.sched.drop_waiting_in_group(g, &mut |t| {
+                *failed += 1;
+                *errors += 1;
+                // Cold path: the error message allocates.
+                let backend = routing.router.registry().backend(BackendId::from_index(g));
+                let outcome = Err(RequestError::Backend(ExecError::Unavailable {
+                    backend: backend.name().to_string(),
+                    message: "every replica's circuit opened (consecutive failed steps) while \
+                              the request waited for a slot; retry later"
+                        .to_string(),
+                }));
+                finish(routing, io, now, t.index, outcome);
+            });
         }
     }
 
@@ -522,6 +553,7 @@ impl Mode for IterationLevel {
         if self.sched.waiting() == 0 {
             return;
         }
+        self.fail_waiting_behind_open_circuits(io, now);
         let (failed, expired, routing) = (&mut self.failed, &mut self.expired, &mut self.routing);
         self.sched
             .expire_waiting(now, self.request_timeout_ns, &mut |t| {
