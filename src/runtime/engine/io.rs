@@ -234,6 +234,11 @@ impl<J: Job> EngineIo<J> {
         let mut worked = false;
         for p in Priority::HIGHEST_FIRST {
             let priority_bits = ((1u32 << BUCKET_COUNT) - 1) << (p.index() * BUCKET_COUNT);
+            if any & priority_bits == 0 {
+                // No submitter's ring of this priority may hold anything (`any` is every
+                // unread class): nothing to pop.
+                continue;
+            }
             for s in 0..self.submitters.len() {
                 while budget > 0 {
                     let link = &mut self.submitters[s];
