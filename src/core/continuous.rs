@@ -1804,6 +1804,15 @@ impl<'a> StepEntries<'a> {
     /// per-token timing).
     #[inline]
     pub fn for_each_token(&self, mut f: impl FnMut(Ticket, u32)) {
+        self.for_each_decode(&mut f);
+        for e in self.rep.entries.iter().filter(|e| e.samples()) {
+            f(e.ticket, e.generated);
+        }
+    }
+
+    /// Calls `f(ticket, generated)` for every decode entry, in entry order.
+    #[inline]
+    pub fn for_each_decode(&self, mut f: impl FnMut(Ticket, u32)) {
         let rep = self.rep;
         let mut left = rep.step_decodes;
         for (w, &word) in rep.step_bits.iter().enumerate() {
@@ -1815,8 +1824,25 @@ impl<'a> StepEntries<'a> {
                 f(s.ticket, generated_at(s, rep.clock));
             }
         }
-        for e in rep.entries.iter().filter(|e| e.samples()) {
-            f(e.ticket, e.generated);
+    }
+
+    /// Does the step leave out generating sequences (the token budget covered fewer than
+    /// the replica generates)? Read it when the step starts (a completion frees slots).
+    pub fn skips(&self) -> bool {
+        (self.rep.step_decodes as usize) < self.rep.active - self.rep.prefilling
+    }
+
+    /// Calls `f(ticket, generated)` for every generating sequence the step leaves out
+    /// ([`Self::skips`]), in slot order. O(words of the slot bitmap) plus one call each.
+    pub fn for_each_skipped(&self, mut f: impl FnMut(Ticket, u32)) {
+        let rep = self.rep;
+        for (w, (&gen, &step)) in rep.generating.iter().zip(&rep.step_bits).enumerate() {
+            let mut bits = gen & !step;
+            while bits != 0 {
+                let s = &rep.slots[w * 64 + bits.trailing_zeros() as usize];
+                bits &= bits - 1;
+                f(s.ticket, generated_at(s, rep.clock));
+            }
         }
     }
 
