@@ -290,9 +290,12 @@ struct Replica {
     wheel: Vec<u32>,
     /// Per slot, (previous, next) in its wheel bucket (`NIL`: none).
     wheel_links: Vec<(u32, u32)>,
-    /// Scratch of one completion: the decode slots that need more than counting, with
-    /// how their entry ended (capacity `2 * max_slots`: due ones, then ended ones).
-    due_now: Vec<(u32, EntryResult)>,
+    /// Scratch of one completion: one bit per decode slot that needs more than counting
+    /// (due now, or its entry ended), and of those the ended ones with their result in
+    /// `end_result` (per slot). Bits, so they are settled in slot order without a sort.
+    due_bits: Vec<u64>,
+    ended_bits: Vec<u64>,
+    end_result: Vec<EntryResult>,
     admitted_seq: u64,
     /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
     active: usize,
@@ -712,8 +715,9 @@ impl Continuous {
                 clock: 0,
                 wheel: vec![NIL; (cfg.max_slots * 2).next_power_of_two().max(WHEEL_MIN)],
                 wheel_links: vec![(NIL, NIL); cfg.max_slots],
-                // A slot can be both due and ended by its result: twice, before dedup.
-                due_now: Vec::with_capacity(2 * cfg.max_slots),
+                due_bits: vec![0; cfg.max_slots.div_ceil(64)],
+                ended_bits: vec![0; cfg.max_slots.div_ceil(64)],
+                end_result: vec![EntryResult::Continue; cfg.max_slots],
                 admitted_seq: 0,
                 active: 0,
                 prefilling: 0,
@@ -1100,12 +1104,10 @@ impl Continuous {
         rep.kv_used += decodes;
         rep.gen_context += decodes;
         // The sequences that need more than counting: due now, or their entry ended.
-        let mut due = std::mem::take(&mut rep.due_now);
-        due.clear();
         let mut s = rep.wheel[rep.clock as usize & (rep.wheel.len() - 1)];
         while s != NIL {
             if rep.slots[s as usize].due == rep.clock {
-                due.push((s, EntryResult::Continue));
+                rep.due_bits[s as usize / 64] |= 1u64 << (s % 64);
             }
             s = rep.wheel_links[s as usize].1;
         }
@@ -1120,37 +1122,44 @@ impl Continuous {
                     let r = results[k];
                     k += 1;
                     if r != EntryResult::Continue && rep.slots[i].phase == SlotPhase::Generating {
-                        due.push((i as u32, r));
+                        rep.due_bits[w] |= 1u64 << (i % 64);
+                        rep.ended_bits[w] |= 1u64 << (i % 64);
+                        rep.end_result[i] = r;
                     }
                 }
             }
         }
-        if due.len() > 1 {
-            // Slot order, as the entries; an ended entry before the same slot's due mark.
-            due.sort_unstable_by_key(|&(s, r)| (s, r == EntryResult::Continue));
-            due.dedup_by_key(|p| p.0);
-        }
-        for &(i, result) in &due {
-            let i = i as usize;
-            let generated = rep.generated(i);
-            let slot = &mut rep.slots[i];
-            let ended = result != EntryResult::Continue;
-            if CACHING {
-                if let Some(cache) = &mut rep.cache {
-                    let sb = &mut rep.slot_blocks[i];
-                    grow_decode(cache, slot, generated, sb, block_tokens);
+        // In slot order, as the entries; an ended entry's result over its due mark.
+        for w in 0..rep.due_bits.len() {
+            let mut bits = std::mem::take(&mut rep.due_bits[w]);
+            let ended = std::mem::take(&mut rep.ended_bits[w]);
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let result = if ended >> (i % 64) & 1 == 1 {
+                    rep.end_result[i]
+                } else {
+                    EntryResult::Continue
+                };
+                let generated = rep.generated(i);
+                let slot = &mut rep.slots[i];
+                let ended = result != EntryResult::Continue;
+                if CACHING {
+                    if let Some(cache) = &mut rep.cache {
+                        let sb = &mut rep.slot_blocks[i];
+                        grow_decode(cache, slot, generated, sb, block_tokens);
+                    }
+                }
+                if ended || generated >= slot.max_tokens {
+                    let ticket = rep.free(i);
+                    self.table.remove(ticket);
+                    finished(ticket, self.stats.count_end(result));
+                } else {
+                    rep.wheel_remove(i);
+                    rep.wheel_file(i);
                 }
             }
-            if ended || generated >= slot.max_tokens {
-                let ticket = rep.free(i);
-                self.table.remove(ticket);
-                finished(ticket, self.stats.count_end(result));
-            } else {
-                rep.wheel_remove(i);
-                rep.wheel_file(i);
-            }
         }
-        rep.due_now = due;
         for k in 0..rep.entries.len() {
             let entry = rep.entries[k];
             let result = results.map_or(EntryResult::Continue, |r| r[step_decodes + k]);
@@ -1825,6 +1834,15 @@ impl<'a> StepEntries<'a> {
     /// per-token timing).
     #[inline]
     pub fn for_each_token(&self, mut f: impl FnMut(Ticket, u32)) {
+        self.for_each_decode(&mut f);
+        for e in self.rep.entries.iter().filter(|e| e.samples()) {
+            f(e.ticket, e.generated);
+        }
+    }
+
+    /// Calls `f(ticket, generated)` for every decode entry, in entry order.
+    #[inline]
+    pub fn for_each_decode(&self, mut f: impl FnMut(Ticket, u32)) {
         let rep = self.rep;
         let mut left = rep.step_decodes;
         for (w, &word) in rep.step_bits.iter().enumerate() {
@@ -1836,8 +1854,25 @@ impl<'a> StepEntries<'a> {
                 f(s.ticket, generated_at(s, rep.clock));
             }
         }
-        for e in rep.entries.iter().filter(|e| e.samples()) {
-            f(e.ticket, e.generated);
+    }
+
+    /// Does the step leave out generating sequences (the token budget covered fewer than
+    /// the replica generates)? Read it when the step starts (a completion frees slots).
+    pub fn skips(&self) -> bool {
+        (self.rep.step_decodes as usize) < self.rep.active - self.rep.prefilling
+    }
+
+    /// Calls `f(ticket, generated)` for every generating sequence the step leaves out
+    /// ([`Self::skips`]), in slot order. O(words of the slot bitmap) plus one call each.
+    pub fn for_each_skipped(&self, mut f: impl FnMut(Ticket, u32)) {
+        let rep = self.rep;
+        for (w, (&gen, &step)) in rep.generating.iter().zip(&rep.step_bits).enumerate() {
+            let mut bits = gen & !step;
+            while bits != 0 {
+                let s = &rep.slots[w * 64 + bits.trailing_zeros() as usize];
+                bits &= bits - 1;
+                f(s.ticket, generated_at(s, rep.clock));
+            }
         }
     }
 

@@ -187,9 +187,25 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             }
             done.pop();
             let r = r as usize;
-            sched
-                .step_entries(r)
-                .for_each_token(|t, generated| tokens.on_token(t.index, generated, now));
+            // The step's decode tokens: counted together while every generating request of
+            // the replica is `Clocked` (the usual case), else timed one by one.
+            let entries = sched.step_entries(r);
+            if tokens.tracks(r) {
+                entries
+                    .for_each_decode(|t, generated| tokens.on_decode(r, t.index, generated, now));
+            } else {
+                #[cfg(debug_assertions)]
+                entries.for_each_decode(|t, _| {
+                    debug_assert_eq!(
+                        tokens.state[t.index as usize].mode,
+                        super::tokens::TokenMode::Clocked
+                    );
+                });
+                tokens.on_decodes(r, entries.decodes() as u64, now);
+            }
+            for e in entries.prefills().iter().filter(|e| e.samples()) {
+                tokens.on_first_token(r, e.ticket.index, now);
+            }
             let names = SimPromptBlocks {
                 requests,
                 arena: prefix,
@@ -200,12 +216,13 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
             let (rec, tokens, slot_req, slot_work) = (&mut rec, &mut tokens, &slot_req, &slot_work);
             let cl = &mut cluster;
             sched.complete_step_continuing(r, &names, &mut |ticket, _| {
-                tokens.on_finish(ticket.index, now);
+                tokens.on_finish(r, ticket.index, now);
                 rec.on_complete(now, &requests[slot_req[ticket.index as usize] as usize]);
                 if let Some(c) = cl {
                     c.finished(r, slot_work[ticket.index as usize]);
                 }
             });
+            tokens.on_step_end(r, now);
         }
 
         while let Some(r) = requests.get(next_arrival).filter(|r| r.arrival_ns == now) {
@@ -269,6 +286,9 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                 } => {
                     let lora_ms = f64::from(shape.lora_loads) * lora.load_ms;
                     let ns = ms_to_ns(latency.step_ms(&shape) + lora_ms);
+                    if entries.skips() {
+                        entries.for_each_skipped(|t, _| tokens.on_skipped(replica, t.index));
+                    }
                     // Decode entries never take a slot: only the prefills can.
                     for e in entries.prefills().iter().filter(|e| e.admitted) {
                         if tokens.on_slot(e.ticket.index) {
@@ -282,7 +302,9 @@ pub fn run(input: ContinuousInput<'_>) -> Result<RunOutput, SimError> {
                     done.push(Reverse((now.saturating_add(ns), replica as u32)));
                     started.push((replica, ns));
                 }
-                StepAction::Preempted { .. } => tokens.preemptions += 1,
+                StepAction::Preempted {
+                    replica, ticket, ..
+                } => tokens.on_preempted(replica, ticket.index),
             });
         }
         // KV and slots as the steps start (the tick borrowed the scheduler).

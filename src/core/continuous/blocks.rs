@@ -246,7 +246,33 @@ impl BlockCache {
             return None;
         }
         let (mut first, mut last) = (NIL, prev);
-        for _ in 0..n {
+        // Blank blocks first, as `allocate` would pop them one by one, in one walk down the
+        // stack: its `chain_next` links already chain them in the order they are taken.
+        let mut left = n;
+        if self.blank_top != NIL {
+            first = self.blank_top;
+            let mut b = first;
+            loop {
+                let blk = &mut self.table[b as usize];
+                blk.refs = 1;
+                blk.parent = NIL;
+                blk.chain_prev = last;
+                last = b;
+                left -= 1;
+                let next = blk.chain_next;
+                if left == 0 || next == NIL {
+                    blk.chain_next = NIL;
+                    self.blank_top = next;
+                    break;
+                }
+                b = next;
+            }
+            self.free_len -= n - left;
+            if prev != NIL {
+                self.table[prev as usize].chain_next = first;
+            }
+        }
+        for _ in 0..left {
             let b = self.allocate(last).expect("free_len counted the blocks");
             if first == NIL {
                 first = b;
@@ -410,6 +436,59 @@ impl BlockCache {
 mod tests {
     use super::*;
     use crate::core::prefix::chain;
+
+    /// A run taken in one walk down the blank stack (and past it, by eviction) is the run
+    /// `n` single allocations take: the same blocks in the same order, chained the same way.
+    #[test]
+    fn a_run_takes_what_single_allocations_take() {
+        let (mut run, mut one) = (BlockCache::new(40), BlockCache::new(40));
+        // Named blocks cached at the back, blank runs freed in between, so later runs
+        // cross from the blank stack into eviction.
+        let mut held: Vec<(u32, u32, u32)> = vec![];
+        for (k, n) in [3u32, 5, 1, 7, 4, 6, 2, 9, 8, 12, 3]
+            .into_iter()
+            .enumerate()
+        {
+            let got = run.allocate_run(NIL, n);
+            if one.free() < n {
+                assert_eq!(got, None, "run {k} of {n}: too few free");
+                continue;
+            }
+            let (mut first, mut last) = (NIL, NIL);
+            for _ in 0..n {
+                let b = one.allocate(last).unwrap();
+                first = if first == NIL { b } else { first };
+                last = b;
+            }
+            assert_eq!(got, Some((first, last)), "run {k} of {n}");
+            let mut b = first;
+            for c in [&run, &one] {
+                assert_eq!(c.chain_prev(first), NIL);
+                assert_eq!(c.chain_next(last), NIL);
+            }
+            while b != last {
+                assert_eq!(run.chain_next(b), one.chain_next(b));
+                assert_eq!(run.chain_prev(run.chain_next(b)), b);
+                b = run.chain_next(b);
+            }
+            if k % 2 == 0 {
+                // Name the first block and free the run: one cached, the rest blank.
+                let name = chain(ROOT, k as u64);
+                for c in [&mut run, &mut one] {
+                    assert!(c.register(first, name, NIL));
+                    if first != last {
+                        c.release_blank_run(c.chain_next(first), last, n - 1);
+                    }
+                    c.release(first);
+                }
+            } else {
+                held.push((first, last, n));
+            }
+            assert!(run.check() && one.check());
+            assert_eq!((run.free(), run.evicted), (one.free(), one.evicted));
+        }
+        assert!(run.evicted > 0, "some run evicted cached blocks");
+    }
 
     #[test]
     fn allocation_takes_blank_blocks_first_then_evicts_the_least_recently_freed() {

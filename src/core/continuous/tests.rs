@@ -400,8 +400,11 @@ fn a_budget_below_the_generating_slots_decodes_the_first_ones_and_prices_only_th
         }
         let mut got = std::collections::HashMap::new();
         let (mut limited, mut finished) = (0, 0);
+        // Generating requests (sampled a token, not finished).
+        let mut generating = std::collections::HashSet::new();
         while !c.is_idle() {
-            let (mut entries, mut shape) = (vec![], StepShape::default());
+            let (mut entries, mut shape, mut skips) = (vec![], StepShape::default(), false);
+            let mut skipped = vec![];
             c.tick(&mut |a| {
                 if let StepAction::Step {
                     entries: e,
@@ -409,9 +412,23 @@ fn a_budget_below_the_generating_slots_decodes_the_first_ones_and_prices_only_th
                     ..
                 } = a
                 {
-                    (entries, shape) = (e.to_vec(), s);
+                    (entries, shape, skips) = (e.to_vec(), s, e.skips());
+                    e.for_each_skipped(|t, generated| skipped.push((t, generated)));
                 }
             });
+            // The generating requests the step leaves out are exactly those not in it, each
+            // with the tokens it has.
+            assert_eq!(skips, !skipped.is_empty());
+            let decoding: std::collections::HashSet<_> = entries
+                .iter()
+                .filter(|e| e.work == StepWork::Decode)
+                .map(|e| e.ticket)
+                .collect();
+            for &(t, generated) in &skipped {
+                assert!(generating.contains(&t) && !decoding.contains(&t));
+                assert_eq!(got[&t], generated);
+            }
+            assert_eq!(decoding.len() + skipped.len(), generating.len());
             let decode: Vec<_> = entries
                 .iter()
                 .filter(|e| e.work == StepWork::Decode)
@@ -442,9 +459,11 @@ fn a_budget_below_the_generating_slots_decodes_the_first_ones_and_prices_only_th
                     got.insert(e.ticket, e.generated + 1).unwrap_or(0),
                     e.generated
                 );
+                generating.insert(e.ticket);
             }
             for t in finish_all(&mut c, &entries) {
                 assert_eq!(got[&t], want[&t], "exactly max_tokens tokens");
+                generating.remove(&t);
                 finished += 1;
             }
         }
