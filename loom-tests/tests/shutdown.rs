@@ -18,7 +18,6 @@
 
 use abe::runtime::doorbell::Doorbell;
 use abe::runtime::idle::IdlePolicy;
-use abe::runtime::ready::{MarkedProducer, ReadyMask};
 use abe::runtime::ring::ring;
 use abe::runtime::sync::{Arc, AtomicBool, Ordering};
 use abe::runtime::worker::{signal_exit, Events, Job, WorkerThread};
@@ -64,7 +63,7 @@ fn exit_after_one_job(wake: Wake) {
         let worker = WorkerThread {
             id: 0,
             jobs: jobs_rx,
-            results: MarkedProducer::new(replies_tx, Arc::new(ReadyMask::new()), 0),
+            results: replies_tx,
             executor: Box::new(()),
             bell: bell.clone(),
             engine_bell: engine_bell.clone(),
@@ -137,7 +136,7 @@ fn signal_exit_ends_a_job_waiting_for_stop_and_the_worker_exits() {
         let worker = WorkerThread {
             id: 0,
             jobs: jobs_rx,
-            results: MarkedProducer::new(replies_tx, Arc::new(ReadyMask::new()), 0),
+            results: replies_tx,
             executor: Box::new(StopExec(stop.clone())),
             bell: bell.clone(),
             engine_bell: engine_bell.clone(),
