@@ -195,7 +195,7 @@ fn requests_queued_behind_an_opening_circuit_move_to_another_backend() {
     let handle = two_lanes_with(
         FaultSettings {
             error_rate: 1.0,
-            added_latency_ms: 20.0,
+            added_latency_ms: 100.0,
             ..Default::default()
         },
         |cfg| {
@@ -238,7 +238,7 @@ fn requests_queued_behind_an_open_circuit_with_no_other_backend_fail_fast() {
         0,
         FaultSettings {
             error_rate: 1.0,
-            added_latency_ms: 20.0,
+            added_latency_ms: 100.0,
             ..Default::default()
         },
     );
@@ -265,5 +265,44 @@ fn requests_queued_behind_an_open_circuit_with_no_other_backend_fail_fast() {
     assert_eq!(
         (s.stats.admitted, s.stats.completed, s.stats.worker_errors),
         (10, 0, 10)
+    );
+}
+
+/// Backend `a`'s only batch hangs past the batch timeout, which opens its circuit (a
+/// threshold of one failure) inside the core's poll, not at a completion: the requests
+/// queued behind it still move to `b` at once, long before the hung batch comes back (5 s).
+#[test]
+fn requests_queued_behind_a_circuit_opened_by_a_batch_timeout_move_at_once() {
+    let handle = two_lanes_with(
+        FaultSettings {
+            hang_rate: 1.0,
+            hang_ms: 5_000.0,
+            ..Default::default()
+        },
+        |cfg| {
+            cfg.core.max_batch_size = 1;
+            cfg.core.max_inflight_per_worker = 1;
+            cfg.core.batch_timeout_ns = 100_000_000;
+            cfg.core.circuit.failure_threshold = 1;
+            cfg.core.circuit.recovery_ns = 60_000_000_000;
+        },
+    );
+    let pending: Vec<_> = (0..6)
+        .map(|i| handle.submit(completion(&format!("t{i}"))))
+        .collect();
+    let mut served = 0;
+    for (i, p) in pending.into_iter().enumerate() {
+        match p
+            .wait_timeout(Duration::from_secs(3))
+            .unwrap_or_else(|_| panic!("request {i} still waiting after 3 s"))
+        {
+            Ok(_) => served += 1,
+            Err(RequestError::Failed(abe::core::FailReason::BatchTimeout)) => {}
+            Err(e) => panic!("request {i}: {e}"),
+        }
+    }
+    assert_eq!(
+        served, 5,
+        "the five queued behind the hung batch, served by b"
     );
 }

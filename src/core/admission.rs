@@ -79,13 +79,8 @@ impl Core {
     /// `None` when nothing is queued.
     pub fn take_queued_to_move(&mut self) -> Option<(Ticket, RequestMeta)> {
         let index = self.any_queued()?;
-        self.dequeue(index);
-        self.queued -= 1;
-        let ticket = self.table.ticket_at(index);
         let meta = *self.table.meta(index);
-        self.table.remove(ticket);
-        self.stats.failed += 1;
-        self.stats.worker_errors += 1;
+        let ticket = self.remove_queued(index, super::FailReason::WorkerError);
         Some((ticket, meta))
     }
 

@@ -1261,15 +1261,7 @@ impl Continuous {
     pub fn abort_all(&mut self, out: &mut impl FnMut(Ticket)) {
         self.draining = true;
         for g in 0..self.groups() {
-            for p in 0..Priority::COUNT {
-                while let Some(index) = self.waiting[g][p].pop_front(&mut self.table) {
-                    self.waiting_len -= 1;
-                    self.group_waiting[g] -= 1;
-                    let ticket = self.table.ticket_at(index);
-                    self.table.remove(ticket);
-                    out(ticket);
-                }
-            }
+            self.drop_waiting_in_group(g, out);
         }
         for r in 0..self.replicas.len() {
             for s in 0..self.replicas[r].slots.len() {
@@ -1827,17 +1819,6 @@ impl<'a> StepEntries<'a> {
             }
         });
         decodes.chain(rep.entries.iter().copied())
-    }
-
-    /// Calls `f(ticket, generated)` for every entry that samples a token, in entry order:
-    /// [`Self::iter`]'s sampling entries without making each one (the simulator's
-    /// per-token timing).
-    #[inline]
-    pub fn for_each_token(&self, mut f: impl FnMut(Ticket, u32)) {
-        self.for_each_decode(&mut f);
-        for e in self.rep.entries.iter().filter(|e| e.samples()) {
-            f(e.ticket, e.generated);
-        }
     }
 
     /// Calls `f(ticket, generated)` for every decode entry, in entry order.

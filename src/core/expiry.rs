@@ -101,6 +101,13 @@ impl Core {
     /// Takes queued table slot `index` out of its queue, frees it, counts the failure and
     /// tells the driver to answer it with `reason`.
     fn fail_queued(&mut self, index: u32, reason: FailReason, out: &mut impl FnMut(Action<'_>)) {
+        let ticket = self.remove_queued(index, reason);
+        out(Action::Fail { ticket, reason });
+    }
+
+    /// Takes queued table slot `index` out of its queue and frees it, counting it failed
+    /// for `reason`; its ticket, for the caller to answer or move.
+    pub(super) fn remove_queued(&mut self, index: u32, reason: FailReason) -> super::Ticket {
         self.dequeue(index);
         self.queued -= 1;
         let ticket = self.table.ticket_at(index);
@@ -113,6 +120,6 @@ impl Core {
             FailReason::BatchTimeout => self.stats.batch_timeouts += 1,
             FailReason::WorkerError => self.stats.worker_errors += 1,
         }
-        out(Action::Fail { ticket, reason });
+        ticket
     }
 }

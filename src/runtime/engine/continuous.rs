@@ -216,21 +216,25 @@ impl IterationLevel {
         }
     }
 
-    /// Requests waiting for a backend every replica of which has an open circuit (none due
-    /// its probe) would wait the whole open time (`health.recovery_timeout`, 30 s by
-    /// default): answered at once with a 503 saying why (`ExecError::Unavailable`, a
-    /// failure after admission, counted as a worker error), as a circuit breaker is meant
-    /// to fail fast. Unlike request-level mode there is no move to another backend.
+    /// Requests waiting for (or holding, outside the failed step) the slots of a backend
+    /// every replica of which has an open circuit (none due its probe) would wait the whole
+    /// open time (`health.recovery_timeout`, 30 s by default): answered at once with a 503
+    /// saying why (`ExecError::Unavailable`, a failure after admission, counted as a worker
+    /// error), as a circuit breaker is meant to fail fast. Unlike request-level mode there
+    /// is no move to another backend. Every turn; O(groups) while no circuit is open.
     fn fail_waiting_behind_open_circuits(&mut self, io: &mut EngineIo<StepMsg>, now: Nanos) {
+        let replicas = self.replicas();
         for g in 0..self.sched.groups() {
-            if self.routing.counters[g].circuit != CircuitState::Open
-                || self.sched.waiting_in_group(g) == 0
-            {
+            if self.routing.counters[g].circuit != CircuitState::Open {
                 continue;
             }
-            let (failed, errors, routing) =
-                (&mut self.failed, &mut self.worker_errors, &mut self.routing);
-            self.sched.drop_waiting_in_group(g, &mut |t| {
+            let (sched, failed, errors, routing) = (
+                &mut self.sched,
+                &mut self.failed,
+                &mut self.worker_errors,
+                &mut self.routing,
+            );
+            let mut answer = |t: Ticket| {
                 *failed += 1;
                 *errors += 1;
                 // Cold path: the error message allocates.
@@ -238,11 +242,23 @@ impl IterationLevel {
                 let outcome = Err(RequestError::Backend(ExecError::Unavailable {
                     backend: backend.name().to_string(),
                     message: "every replica's circuit opened (consecutive failed steps) while \
-                              the request waited for a slot; retry later"
+                              the request waited for a slot, or held one outside the failed \
+                              step; retry later"
                         .to_string(),
                 }));
                 finish(routing, io, now, t.index, outcome);
-            });
+            };
+            // Slots held outside the failed step (prefills the token budget left out): their
+            // replica runs no step before the probe either. A replica with a step out is
+            // left to that step's reply or timeout.
+            for r in 0..replicas {
+                if sched.group_of(r) == g && !sched.is_busy(r) && sched.active_slots(r) > 0 {
+                    sched.fail_replica(r, &mut answer);
+                }
+            }
+            if sched.waiting_in_group(g) > 0 {
+                sched.drop_waiting_in_group(g, &mut answer);
+            }
         }
     }
 
@@ -550,10 +566,10 @@ impl Mode for IterationLevel {
                 finish(routing, io, now, t.index, outcome);
             });
         }
+        self.fail_waiting_behind_open_circuits(io, now);
         if self.sched.waiting() == 0 {
             return;
         }
-        self.fail_waiting_behind_open_circuits(io, now);
         let (failed, expired, routing) = (&mut self.failed, &mut self.expired, &mut self.routing);
         self.sched
             .expire_waiting(now, self.request_timeout_ns, &mut |t| {

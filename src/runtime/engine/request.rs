@@ -5,9 +5,10 @@
 //! (trying the model's other backends before a 429 when the chosen queue is full); each
 //! core's actions dispatch batches to its workers; a batch's reply answers its requests,
 //! or moves a request its backend failed to another backend of the same model; a backend's
-//! circuit as routing sees it follows its workers' breakers. The shared turn is in
-//! `engine/mod.rs`; this file must not allocate per request either (error answers
-//! excepted): batch buffers are allocated here once and circulate.
+//! circuit as routing sees it follows its workers' breakers, and a lane whose circuit opens
+//! hands its queued requests to another backend of the model or answers them 503 at once.
+//! The shared turn is in `engine/mod.rs`; this file must not allocate per request either
+//! (error answers excepted): batch buffers are allocated here once and circulate.
 
 use super::io::{move_latency_samples, move_samples, EngineIo, SampleKind};
 use super::routing::{RouteState, Routing, MAX_TRIES};
@@ -270,7 +271,10 @@ impl RequestLevel {
         let slot = &io.pending[index as usize];
         let route = slot.route;
         let (l, _) = lane_of(&self.lanes, index);
-        let retries_used = route.tried_len.saturating_sub(1) as u32;
+        let retries_used = route
+            .tried_len
+            .saturating_sub(1)
+            .saturating_sub(route.unsent_moves) as u32;
         let Some(d) = route.decision else {
             return Some(work);
         };
@@ -311,6 +315,9 @@ impl RequestLevel {
         let mut route = route;
         route.tried[route.tried_len as usize] = b;
         route.tried_len += 1;
+        if !is_retry {
+            route.unsent_moves += 1;
+        }
         route.decision = Some(Decision { backend: b, ..d });
         let mut work = work;
         self.routing.set_model(&mut work, b, d.model, meta.adapter);
@@ -336,8 +343,8 @@ impl RequestLevel {
     }
 
     /// Every worker's circuit of a lane is open (and none is due its probe) while requests
-    /// wait in its queue: they would wait the whole open time (`circuit_open`, 30 s by
-    /// default) for a probe batch. Each moves to another backend of its model, as a failed
+    /// wait in its queue: they would wait the whole open time (`health.recovery_timeout`,
+    /// 30 s by default) for a probe batch. Each moves to another backend of its model, as a failed
     /// batch's requests do (not counted against `max_retries`: it was never sent), or is
     /// answered at once, as a circuit breaker is meant to fail fast: 503
     /// (`ExecError::Unavailable`, a failure after admission, counted as a worker error) with
@@ -368,8 +375,10 @@ impl RequestLevel {
                     .explain_unroutable(route.name, &route.need)
                 {
                     Some(e) => e.to_string(),
-                    None => "another backend could take it, but not this request (it tried \
-                             the others already, or their queues are full)"
+                    None => "another backend could take requests for its model, but not \
+                             this one: it tried that backend already, the backend's queue is \
+                             full, or it serves the model's alias or fallback (a queued request \
+                             moves only between backends of the model it was routed to)"
                         .to_string(),
                 };
                 let backend = self.routing.router.registry();
@@ -664,12 +673,27 @@ impl Mode for RequestLevel {
         } = self;
         let mut dispatched = false;
         let mut next: Option<Nanos> = None;
+        let mut opened = false;
         for (l, lane) in lanes.iter_mut().enumerate() {
             let at = lane.at(l);
+            let mut timed_out = false;
             let lane_next = lane.core.poll(now, &mut |a| {
                 dispatched = true;
+                timed_out |= matches!(
+                    a,
+                    Action::Fail {
+                        reason: FailReason::BatchTimeout,
+                        ..
+                    }
+                );
                 act(io, free_bufs, routing, now, at, a)
             });
+            if timed_out {
+                // Batch timeouts count against the workers' breakers inside the core's poll:
+                // routing must see a circuit they opened now, not at the next completion.
+                routing.sync_circuit(at.backend, &lane.core, now);
+                opened |= routing.counters[l].circuit == CircuitState::Open;
+            }
             let (held, hold) = lane.core.auto_holds();
             if held != lane.holds_emitted {
                 lane.holds_emitted = held;
@@ -690,6 +714,11 @@ impl Mode for RequestLevel {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
+        }
+        if opened {
+            // Its queued requests leave now; the lanes they moved to are polled next turn,
+            // which follows at once (this turn worked).
+            self.evacuate_open_lanes(io, now);
         }
         (dispatched, next)
     }

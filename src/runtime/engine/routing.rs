@@ -20,6 +20,9 @@ pub(super) struct RouteState {
     /// Backends tried so far (the current one last).
     pub(super) tried: [BackendId; MAX_TRIES],
     pub(super) tried_len: u8,
+    /// Moves among `tried` that were not retries: the request left a backend whose circuit
+    /// opened while it was queued there, never sent (not counted against `max_retries`).
+    pub(super) unsent_moves: u8,
 }
 
 /// Most backends one request is tried on: the first plus `routing.max_retries` (<= 8).
@@ -41,6 +44,7 @@ impl RouteState {
         decision: None,
         tried: [BackendId::FIRST; MAX_TRIES],
         tried_len: 0,
+        unsent_moves: 0,
     };
 
     pub(super) fn tried(&self) -> &[BackendId] {
