@@ -18,6 +18,7 @@
 
 use abe::runtime::doorbell::Doorbell;
 use abe::runtime::idle::IdlePolicy;
+use abe::runtime::ready::{MarkedProducer, ReadyMask};
 use abe::runtime::ring::ring;
 use abe::runtime::sync::{Arc, AtomicBool, Ordering};
 use abe::runtime::worker::{signal_exit, Events, Job, WorkerThread};
@@ -63,7 +64,7 @@ fn exit_after_one_job(wake: Wake) {
         let worker = WorkerThread {
             id: 0,
             jobs: jobs_rx,
-            results: replies_tx,
+            results: MarkedProducer::new(replies_tx, Arc::new(ReadyMask::new()), 0),
             executor: Box::new(()),
             bell: bell.clone(),
             engine_bell: engine_bell.clone(),
@@ -136,7 +137,7 @@ fn signal_exit_ends_a_job_waiting_for_stop_and_the_worker_exits() {
         let worker = WorkerThread {
             id: 0,
             jobs: jobs_rx,
-            results: replies_tx,
+            results: MarkedProducer::new(replies_tx, Arc::new(ReadyMask::new()), 0),
             executor: Box::new(StopExec(stop.clone())),
             bell: bell.clone(),
             engine_bell: engine_bell.clone(),

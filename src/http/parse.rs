@@ -134,7 +134,11 @@ fn head_error(status: Status, message: impl Into<String>) -> HeadError {
 
 /// `s` as a Content-Length: `1*DIGIT` (RFC 9112 6.3; no sign, no space), no overflow.
 fn decimal_usize(s: &str) -> Option<usize> {
-    let digits = s.as_bytes();
+    decimal_bytes(s.as_bytes())
+}
+
+/// [`decimal_usize`] over bytes: `1*DIGIT`, no overflow.
+fn decimal_bytes(digits: &[u8]) -> Option<usize> {
     if digits.is_empty() {
         return None;
     }
@@ -243,6 +247,18 @@ pub fn parse_head(
         }
         let value = || std::str::from_utf8(h.value).unwrap_or_default().trim();
         if name.eq_ignore_ascii_case("content-length") {
+            // The usual value, one bare number, is read from its bytes: the UTF-8 check,
+            // trim and split below would each hand it back unchanged.
+            if let Some(n) = decimal_bytes(h.value) {
+                if content_length.is_some_and(|c| c != n) {
+                    return Err(head_error(
+                        Status::BadRequest,
+                        "conflicting Content-Length values",
+                    ));
+                }
+                content_length = Some(n);
+                continue;
+            }
             // RFC 9112 6.3 (5): a list is accepted only when every value is the same valid
             // length (`5, 5`); so are repeated headers. Anything else is no framing at all.
             for value in value().split(',') {

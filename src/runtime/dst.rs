@@ -16,7 +16,8 @@ use super::engine::{Engine, Mode, TurnResult, WorkerLink};
 use super::gate::Gate;
 use super::idle::{IdlePolicy, Idler};
 use super::messages::{Control, RequestError};
-use super::ring::{self, Consumer, Producer};
+use super::ready::{MarkedProducer, ReadyMask};
+use super::ring::{self, Consumer};
 use super::snapshot::Snapshot;
 use super::submitter::Submitter;
 use super::sync::{AtomicBool, Ordering};
@@ -48,7 +49,8 @@ pub struct DstConfig {
 /// The worker's end of one worker link: jobs in, replies out. The caller plays the worker.
 pub struct WorkerEnd<J: Job> {
     pub jobs: Consumer<J>,
-    pub replies: Producer<J::Reply>,
+    /// Marks the engine's reply mask after each push, as a live worker's ring does.
+    pub replies: MarkedProducer<J::Reply>,
     /// Result-ring slots kept for job replies: token events may use only the rest (as a
     /// live worker's `Events` does).
     pub reserve: usize,
@@ -109,17 +111,19 @@ impl<M: Mode> Sim<M> {
         });
         let mut links = Vec::with_capacity(workers);
         let mut ends = Vec::with_capacity(workers);
-        for _ in 0..workers {
+        let replies_ready = sync::Arc::new(ReadyMask::new());
+        for w in 0..workers {
             let (job_tx, job_rx) = ring::ring(cfg.jobs_per_worker);
             let (reply_tx, reply_rx) = ring::ring(cfg.jobs_per_worker + TOKEN_ROOM);
             links.push(WorkerLink {
                 jobs: job_tx,
                 replies: reply_rx,
+                replies_ready: replies_ready.clone(),
                 bell: sync::Arc::new(Doorbell::new()),
             });
             ends.push(WorkerEnd {
                 jobs: job_rx,
-                replies: reply_tx,
+                replies: MarkedProducer::new(reply_tx, replies_ready.clone(), w),
                 reserve: cfg.jobs_per_worker,
             });
         }

@@ -24,6 +24,7 @@ pub mod idle;
 pub mod intake;
 pub mod messages;
 pub mod pin;
+pub mod ready;
 pub mod ring;
 pub mod seq_cell;
 pub mod snapshot;
@@ -418,6 +419,8 @@ impl Workers<'_> {
         let spin = Duration::from_micros(self.cfg.spin_us);
         let mut links = Vec::with_capacity(executors.len());
         let mut handles = Vec::with_capacity(executors.len());
+        // One mask for every worker's reply ring: the engine pops only the marked ones.
+        let replies_ready = sync::Arc::new(ready::ReadyMask::new());
         for (id, executor) in executors.into_iter().enumerate() {
             let (job_tx, job_rx) = ring::ring(per_worker);
             let (reply_tx, reply_rx) = ring::ring(per_worker + worker::TOKEN_ROOM);
@@ -425,12 +428,13 @@ impl Workers<'_> {
             links.push(WorkerLink {
                 jobs: job_tx,
                 replies: reply_rx,
+                replies_ready: replies_ready.clone(),
                 bell: bell.clone(),
             });
             let thread = WorkerThread::<J> {
                 id,
                 jobs: job_rx,
-                results: reply_tx,
+                results: ready::MarkedProducer::new(reply_tx, replies_ready.clone(), id),
                 executor,
                 bell,
                 engine_bell: self.engine_bell.clone(),

@@ -14,7 +14,8 @@
 use super::doorbell::Doorbell;
 use super::idle::{IdlePolicy, Idler};
 use super::messages::{BatchEvent, BatchMsg, ResultMsg, StepMsg, StepResult};
-use super::ring::{Consumer, Producer};
+use super::ready::MarkedProducer;
+use super::ring::Consumer;
 use super::sync::{Arc, AtomicBool, Ordering};
 use crate::core::Ticket;
 use crate::exec::{ExecError, Executor, TokenSink};
@@ -35,7 +36,7 @@ pub trait Job: Send + 'static {
 /// A job's way to send events to the engine while it runs, never taking the result-ring
 /// slots kept for job replies.
 pub struct Events<'a, R> {
-    results: &'a mut Producer<R>,
+    results: &'a mut MarkedProducer<R>,
     engine_bell: &'a Doorbell,
     /// Result-ring slots kept free for job replies.
     reserve: usize,
@@ -57,7 +58,8 @@ impl<R> Events<'_, R> {
 pub struct WorkerThread<J: Job> {
     pub id: usize,
     pub jobs: Consumer<J>,
-    pub results: Producer<J::Reply>,
+    /// Marks the engine's reply mask after each push (`runtime::ready`).
+    pub results: MarkedProducer<J::Reply>,
     pub executor: Box<J::Exec>,
     pub bell: Arc<Doorbell>,
     pub engine_bell: Arc<Doorbell>,

@@ -15,6 +15,7 @@ use crate::runtime::clock::Clock;
 use crate::runtime::doorbell::Doorbell;
 use crate::runtime::intake::{self, IntakeRx};
 use crate::runtime::messages::{Event, Outcome, Reply, RequestError, Submission, TaggedEvent};
+use crate::runtime::ready::ReadyMask;
 use crate::runtime::ring::{Consumer, Producer};
 use crate::runtime::snapshot::{FinishedStats, Snapshot};
 use crate::runtime::telemetry::{TelemetryEvent, TelemetryTx};
@@ -124,6 +125,9 @@ pub(super) struct PendingSlot {
 pub struct WorkerLink<J: Job> {
     pub jobs: Producer<J>,
     pub replies: Consumer<J::Reply>,
+    /// The mask the worker marks after each push into `replies`: one mask, shared by every
+    /// worker link of an engine (`runtime::ready`).
+    pub replies_ready: sync::Arc<ReadyMask>,
     pub bell: sync::Arc<Doorbell>,
 }
 
@@ -141,6 +145,8 @@ pub struct EngineIo<J: Job> {
     needs_wake: Vec<bool>,
     pub(super) pending: Vec<PendingSlot>,
     pub(super) workers: Vec<WorkerLink<J>>,
+    /// The workers' reply mask (every link's `replies_ready`): which reply rings to pop.
+    pub(super) replies_ready: sync::Arc<ReadyMask>,
     /// Latencies (ns) and batch sizes recorded since the last publish. Moved into the
     /// snapshot's histograms at publish time, so publishing costs O(new samples), not
     /// O(histogram size). Capacity fixed at start; when full, the engine publishes at once.
@@ -165,6 +171,12 @@ impl<J: Job> EngineIo<J> {
         max_submitters: usize,
         table_capacity: usize,
     ) -> EngineIo<J> {
+        assert!(
+            workers
+                .iter()
+                .all(|w| sync::Arc::ptr_eq(&w.replies_ready, &workers[0].replies_ready)),
+            "every worker link marks the same reply mask"
+        );
         EngineIo {
             clock,
             shared,
@@ -191,6 +203,10 @@ impl<J: Job> EngineIo<J> {
                     route: RouteState::NONE,
                 })
                 .collect(),
+            replies_ready: workers.first().map_or_else(
+                || sync::Arc::new(ReadyMask::new()),
+                |w| w.replies_ready.clone(),
+            ),
             workers,
             new_latencies_ns: Vec::with_capacity(SAMPLE_BUFFER),
             new_batch_sizes: Vec::with_capacity(SAMPLE_BUFFER),
@@ -218,6 +234,11 @@ impl<J: Job> EngineIo<J> {
         let mut worked = false;
         for p in Priority::HIGHEST_FIRST {
             let priority_bits = ((1u32 << BUCKET_COUNT) - 1) << (p.index() * BUCKET_COUNT);
+            if any & priority_bits == 0 {
+                // No submitter's ring of this priority may hold anything (`any` is every
+                // unread class): nothing to pop.
+                continue;
+            }
             for s in 0..self.submitters.len() {
                 while budget > 0 {
                     let link = &mut self.submitters[s];
@@ -579,7 +600,7 @@ impl<J: Job> EngineIo<J> {
             || self.submitters.iter().any(|s| !s.cancels.is_empty())
             || self.registration_ready()
             || self.any_input()
-            || self.workers.iter().any(|w| !w.replies.is_empty())
+            || self.replies_ready.any()
     }
 }
 

@@ -37,6 +37,7 @@ pub use routing::{BackendHealth, Routing};
 use super::clock::Clock;
 use super::idle::Idler;
 use super::messages::{Control, Submission};
+use super::ready;
 use super::snapshot::{Snapshot, SNAPSHOT_INTERVAL_NS};
 use super::sync::{AtomicBool, Ordering};
 use super::worker::Job;
@@ -340,14 +341,20 @@ impl<M: Mode> Engine<M> {
             .drain_cancels(|io, index| mode.cancel(io, now, index))
     }
 
-    /// Takes every reply the workers sent.
+    /// Takes every reply the workers sent, from the rings their mask marks (a turn with no
+    /// reply looks at no ring).
     #[inline]
     fn drain_replies(&mut self, now: Nanos) -> bool {
         let mut worked = false;
-        for w in 0..self.io.workers.len() {
-            while let Some(reply) = self.io.workers[w].replies.pop() {
-                worked = true;
-                self.mode.on_reply(&mut self.io, now, w, reply);
+        let mut groups = self.io.replies_ready.take();
+        while groups != 0 {
+            let group = groups.trailing_zeros();
+            groups &= groups - 1;
+            for w in ready::group_rings(group, self.io.workers.len()) {
+                while let Some(reply) = self.io.workers[w].replies.pop() {
+                    worked = true;
+                    self.mode.on_reply(&mut self.io, now, w, reply);
+                }
             }
         }
         worked
