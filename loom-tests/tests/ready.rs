@@ -6,9 +6,11 @@
 //! cleared its bit) and ring the engine's doorbell, as `WorkerThread::step` does; the engine
 //! takes the mask (Acquire swap), pops every ring of each group taken until empty, and
 //! sleeps through `Doorbell::wait` with `ReadyMask::any` as its re-check, as
-//! `EngineIo::has_work` does. (Rings sharing a group, index `i` and `i + 64`, are a plain
-//! index walk, `group_rings`, unit-tested in `runtime::ready`.) What must hold: no reply is lost (a push whose bit the engine missed while sleeping would
-//! strand it: a deadlock under loom), none is popped twice, and each ring keeps its order.
+//! `EngineIo::has_work` does; the engine is a thread of its own, as in abe. (Rings sharing
+//! a group, index `i` and `i + 64`, are a plain index walk, `group_rings`, unit-tested in
+//! `runtime::ready`.) What must hold: no reply is lost (a push whose bit the engine missed
+//! while sleeping would strand it: a deadlock under loom), none is popped twice, and each
+//! ring keeps its order.
 #![cfg(feature = "loom")]
 
 use abe::runtime::doorbell::Doorbell;
