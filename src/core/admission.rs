@@ -1,7 +1,7 @@
 //! Admission: the way into the core. `admit` queues a new request (or refuses it with a
 //! [`Reject`]), `readmit` takes one moved here from another core, `cancel` takes a
-//! still-queued one back out, `take_queued_to_move` hands one back to be moved to another core,
-//! `begin_drain` closes the door.
+//! still-queued one back out, `take_queued_to_move` hands one back to be moved to another
+//! core, `begin_drain` closes the door.
 //!
 //! What must never happen here: a clock read (time is the `now` passed in), I/O, or an
 //! allocation (a request takes a slot of the table built in [`Core::new`]); a refusal that
@@ -77,11 +77,9 @@ impl Core {
     /// time for a probe). Counted as a worker failure, as a request of a failed batch is:
     /// the driver corrects the count when the request moves, as it does for a retry.
     /// `None` when nothing is queued.
-    pub fn take_queued_to_move(&mut self) -> Option<(Ticket, RequestMeta)> {
+    pub fn take_queued_to_move(&mut self) -> Option<Ticket> {
         let index = self.any_queued()?;
-        let meta = *self.table.meta(index);
-        let ticket = self.remove_queued(index, super::FailReason::WorkerError);
-        Some((ticket, meta))
+        Some(self.remove_queued(index, super::FailReason::WorkerError))
     }
 
     /// Stops admitting; from now on every queued request is flushed as soon as a worker can

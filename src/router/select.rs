@@ -340,15 +340,8 @@ impl Router {
     pub fn precheck(&self, req: &Requirements<'_>) -> Result<(NameId, Need), RouteError> {
         let name = self.lookup(req.model)?;
         let need = Need::of(req);
-        for model in self.resolver.candidates(name, req.adapter) {
-            if self
-                .registry
-                .offers(model)
-                .iter()
-                .any(|o| o.capable(req) && self.registry.lora_eligible(o.backend, req.adapter))
-            {
-                return Ok((name, need));
-            }
+        if self.any_candidate_takes(name, req, false) {
+            return Ok((name, need));
         }
         let mut err = self.explain_static(name, req);
         if let RouteError::ModelNotFound { model, .. } = &mut err {
@@ -600,16 +593,20 @@ impl Router {
     #[cold]
     pub fn explain_unroutable(&self, name: NameId, need: &Need) -> Option<RouteError> {
         let req = need.requirements();
-        for model in self.resolver.candidates(name, req.adapter) {
-            if self.registry.offers(model).iter().any(|o| {
-                o.capable(&req)
+        (!self.any_candidate_takes(name, &req, true)).then(|| self.explain(name, &req))
+    }
+
+    /// Some backend of a model `name` may be routed to ([`Resolver::candidates`]) has what
+    /// `req` needs (capabilities, the LoRA adapter), and with `now`, is routable now
+    /// (healthy, circuit closed, active).
+    fn any_candidate_takes(&self, name: NameId, req: &Requirements<'_>, now: bool) -> bool {
+        self.resolver.candidates(name, req.adapter).any(|model| {
+            self.registry.offers(model).iter().any(|o| {
+                o.capable(req)
                     && self.registry.lora_eligible(o.backend, req.adapter)
-                    && self.registry.state(o.backend).routable()
-            }) {
-                return None;
-            }
-        }
-        Some(self.explain(name, &req))
+                    && (!now || self.registry.state(o.backend).routable())
+            })
+        })
     }
 
     /// The error for a request none of whose models could serve (cold path: allocates).

@@ -16,10 +16,10 @@
 //! recovery time has passed (then one probe step); a backend whose replicas' circuits are
 //! all open is open to the router too (as in request-level mode), so new requests go to
 //! the model's other backends or its fallback until a probe is due, and the requests
-//! waiting for its slots are answered at once (503) rather than kept for the probe. The shared turn is in `engine/mod.rs`. Same rules: after start-up no
-//! allocation, no lock (other than `try_lock` to publish), no blocking. Step buffers
-//! circulate engine -> worker -> engine; request payloads are moved or `Arc`-shared, never
-//! copied.
+//! waiting for its slots are answered at once (503) rather than kept for the probe. The
+//! shared turn is in `engine/mod.rs`. Same rules: after start-up no allocation, no lock
+//! (other than `try_lock` to publish), no blocking. Step buffers circulate engine -> worker
+//! -> engine; request payloads are moved or `Arc`-shared, never copied.
 
 use super::io::{move_latency_samples, move_samples, EngineIo};
 use super::routing::{RouteState, Routing};

@@ -244,15 +244,13 @@ impl RequestLevel {
         error: ExecError,
         batch_ok: bool,
     ) {
-        let work = if error.is_backend_fault() {
-            match self.try_move(io, now, index, work, batch_ok, true) {
-                None => return,
-                Some(work) => work,
-            }
-        } else {
-            work
-        };
-        drop(work);
+        if error.is_backend_fault()
+            && self
+                .try_move(io, now, index, work, batch_ok, true)
+                .is_none()
+        {
+            return;
+        }
         self.answer_unmoved(io, now, index, batch_ok, RequestError::Backend(error));
     }
 
@@ -344,9 +342,9 @@ impl RequestLevel {
 
     /// Every worker's circuit of a lane is open (and none is due its probe) while requests
     /// wait in its queue: they would wait the whole open time (`health.recovery_timeout`,
-    /// 30 s by default) for a probe batch. Each moves to another backend of its model, as a failed
-    /// batch's requests do (not counted against `max_retries`: it was never sent), or is
-    /// answered at once, as a circuit breaker is meant to fail fast: 503
+    /// 30 s by default) for a probe batch. Each moves to another backend of its model, as a
+    /// failed batch's requests do (not counted against `max_retries`: it was never sent), or
+    /// is answered at once, as a circuit breaker is meant to fail fast: 503
     /// (`ExecError::Unavailable`, a failure after admission, counted as a worker error) with
     /// why no other backend took it (the routing error a new request would get, with each
     /// backend's state, or that it tried the others already or their queues are full).
@@ -357,16 +355,15 @@ impl RequestLevel {
             {
                 continue;
             }
-            while let Some((ticket, _)) = self.lanes[l].core.take_queued_to_move() {
+            while let Some(ticket) = self.lanes[l].core.take_queued_to_move() {
                 let index = self.lanes[l].pending_base + ticket.index;
                 let work = io.pending[index as usize]
                     .work
                     .take()
                     .expect("a queued request still holds its work");
-                let Some(work) = self.try_move(io, now, index, work, false, false) else {
+                if self.try_move(io, now, index, work, false, false).is_none() {
                     continue;
-                };
-                drop(work);
+                }
                 // Cold path: the error message allocates.
                 let route = io.pending[index as usize].route;
                 let why = match self
