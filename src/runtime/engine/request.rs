@@ -244,11 +244,7 @@ impl RequestLevel {
         error: ExecError,
         batch_ok: bool,
     ) {
-        if error.is_backend_fault()
-            && self
-                .try_move(io, now, index, work, batch_ok, true)
-                .is_none()
-        {
+        if error.is_backend_fault() && self.try_move(io, now, index, work, batch_ok, true) {
             return;
         }
         self.answer_unmoved(io, now, index, batch_ok, RequestError::Backend(error));
@@ -256,7 +252,8 @@ impl RequestLevel {
 
     /// Moves the request in pending slot `index` to another backend of its model that it
     /// has not tried (and, for a retry, `max_retries` allows), unless the client has seen
-    /// part of its answer or went away. Gives the work back when it stays (`None`: moved).
+    /// part of its answer or went away. True when it moved (its work with it); when it
+    /// stays, its work is dropped (the caller answers it).
     fn try_move(
         &mut self,
         io: &mut EngineIo<BatchMsg>,
@@ -265,7 +262,7 @@ impl RequestLevel {
         work: Work,
         batch_ok: bool,
         is_retry: bool,
-    ) -> Option<Work> {
+    ) -> bool {
         let slot = &io.pending[index as usize];
         let route = slot.route;
         let (l, _) = lane_of(&self.lanes, index);
@@ -274,14 +271,14 @@ impl RequestLevel {
             .saturating_sub(1)
             .saturating_sub(route.unsent_moves) as u32;
         let Some(d) = route.decision else {
-            return Some(work);
+            return false;
         };
         if slot.tokens_sent
             || slot.cancelled
             || (is_retry && retries_used >= self.routing.router.max_retries())
             || route.tried_len as usize >= MAX_TRIES
         {
-            return Some(work);
+            return false;
         }
         let affinity = Affinity {
             blocks: work.prompt_blocks.as_deref().unwrap_or(&[]),
@@ -295,12 +292,12 @@ impl RequestLevel {
             route.tried(),
             &affinity,
         ) else {
-            return Some(work);
+            return false;
         };
         let meta = slot.meta;
         let lane = &mut self.lanes[b.index()];
         let Ok(ticket) = lane.core.readmit(now, meta) else {
-            return Some(work);
+            return false;
         };
         let to = lane.pending_base + ticket.index;
         if batch_ok {
@@ -320,7 +317,7 @@ impl RequestLevel {
         let mut work = work;
         self.routing.set_model(&mut work, b, d.model, meta.adapter);
         io.move_pending(index, to, work, route);
-        None
+        true
     }
 
     /// Answers with `error` a request that failed on its backend and did not move.
@@ -361,7 +358,7 @@ impl RequestLevel {
                     .work
                     .take()
                     .expect("a queued request still holds its work");
-                if self.try_move(io, now, index, work, false, false).is_none() {
+                if self.try_move(io, now, index, work, false, false) {
                     continue;
                 }
                 // Cold path: the error message allocates.
