@@ -4,6 +4,7 @@ nothing was lost, nothing answered twice, counters reconcile, nothing panicked, 
 and file descriptors came back to their baseline.
 
 Usage: tools/chaos_soak.py [--seconds N] [--mode request|continuous] [--bin PATH]
+                          [--slow-first-byte S]
 
 Load (threads on raw sockets, one request per connection, `Connection: close`):
 completions, chat and embeddings, plain and streamed; 10% of requests are abandoned
@@ -60,6 +61,12 @@ def start_abe(binary, config_path, port, log_path, extra_env=None):
 
 
 LAST_ERROR = threading.local()
+# `--slow-first-byte S`: connections whose first answer byte came more than S seconds after
+# their request was sent (seconds waited, longest kept), reported at the end; how the
+# 30 s waits behind an opening circuit were found (RELIABILITY.md, "Found by the soak").
+SLOW_AFTER = None
+SLOW = []
+SLOW_LOCK = threading.Lock()
 
 
 def raw(port, data, half=False, timeout=30.0):
@@ -80,8 +87,12 @@ def raw(port, data, half=False, timeout=30.0):
             return b""
         out = b""
         stage = f"read after {0} bytes"
+        sent = time.time()
         while True:
             chunk = s.recv(65536)
+            if not out and SLOW_AFTER is not None and time.time() - sent > SLOW_AFTER:
+                with SLOW_LOCK:
+                    SLOW.append(time.time() - sent)
             if not chunk:
                 return out
             out += chunk
@@ -367,7 +378,11 @@ def main():
     ap.add_argument("--mode", choices=["request", "continuous"], default="request")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--bin", default=os.path.join(ROOT, "target/debug/abe"))
+    ap.add_argument("--slow-first-byte", type=float, default=None, metavar="S",
+                    help="report connections whose first byte took more than S seconds")
     a = ap.parse_args()
+    global SLOW_AFTER
+    SLOW_AFTER = a.slow_first_byte
     work = tempfile.mkdtemp(prefix="abe-chaos-")
     logs = [os.path.join(work, "front.log"), os.path.join(work, "upstream.log")]
     faults = ("fault_error_rate = 0.02\nfault_hang_rate = 0.005\nfault_hang_ms = 400.0\n"
@@ -472,6 +487,9 @@ check_interval = "250ms"
                   or k == "injected stream_reset")
     print(f"chaos soak ({a.mode} mode): {a.seconds:.0f} s, {a.clients} clients + bursts of 300")
     print(f"  requests checked answered exactly once: {checked}")
+    if SLOW_AFTER is not None:
+        worst = f" (longest {max(SLOW):.1f} s)" if SLOW else ""
+        print(f"  first byte after more than {SLOW_AFTER:g} s: {len(SLOW)} connections{worst}")
     for k in sorted(tally.by):
         print(f"    {k}: {tally.by[k]}")
     switches = sum(n for k, n in tally.by.items() if k.startswith("fault switches"))
