@@ -256,6 +256,9 @@ struct SlotBlocks {
     /// one; and the one before it (`NIL` for none).
     reg_block: u32,
     reg_parent: u32,
+    /// While it generates, its residue in [`Replica::cross`] (kept so leaving or being
+    /// skipped does not divide).
+    residue: u32,
 }
 
 const NO_BLOCKS: SlotBlocks = SlotBlocks {
@@ -267,6 +270,7 @@ const NO_BLOCKS: SlotBlocks = SlotBlocks {
     registered: 0,
     reg_block: NIL,
     reg_parent: NIL,
+    residue: 0,
 };
 
 struct Replica {
@@ -411,19 +415,14 @@ impl Replica {
             self.gen_context -= context;
         }
         let generating = self.slots[s].phase == SlotPhase::Generating;
-        let residue = if generating && self.cache.is_some() {
-            self.residue(s)
-        } else {
-            0
-        };
         if let Some(cache) = &mut self.cache {
-            let held = self.slot_blocks[s].held;
+            let sb = &self.slot_blocks[s];
             if generating {
                 // The blocks its output took past the ones it holds by chain: by count.
-                let blocks = context.div_ceil(u64::from(self.block_tokens)) as u32;
-                debug_assert!(blocks >= held);
-                cache.unreserve(blocks - held);
-                self.cross[residue] -= 1;
+                let blocks = (context as u32).div_ceil(self.block_tokens);
+                debug_assert!(blocks >= sb.held);
+                cache.unreserve(blocks - sb.held);
+                self.cross[sb.residue as usize] -= 1;
             }
             release_blocks(cache, &self.slot_blocks[s]);
             self.slot_blocks[s] = NO_BLOCKS;
@@ -471,7 +470,11 @@ impl Replica {
             let mut reserved = 0u32;
             for (i, s) in self.slots.iter().enumerate() {
                 if s.phase == SlotPhase::Generating {
-                    cross[self.residue(i) % 64] += 1;
+                    let r = self.residue(i);
+                    if r != self.slot_blocks[i].residue as usize {
+                        return false;
+                    }
+                    cross[r % 64] += 1;
                     let context = s.prefilled + generated_at(s, clock);
                     reserved += context.div_ceil(bt) - self.slot_blocks[i].held;
                 }
@@ -1137,9 +1140,14 @@ impl Continuous {
                 rep.wheel_file(i);
                 if CACHING {
                     // Its context stayed: one residue back.
-                    let r = rep.residue(i);
-                    rep.cross[(r + 1) % block_tokens as usize] -= 1;
-                    rep.cross[r] += 1;
+                    let sb = &mut rep.slot_blocks[i];
+                    rep.cross[sb.residue as usize] -= 1;
+                    sb.residue = if sb.residue == 0 {
+                        block_tokens - 1
+                    } else {
+                        sb.residue - 1
+                    };
+                    rep.cross[sb.residue as usize] += 1;
                 }
             }
         }
@@ -1150,7 +1158,12 @@ impl Continuous {
         // is there for the next one).
         let mut cross_one_by_one = false;
         if CACHING {
-            let r = ((1 + block_tokens - rep.phase) % block_tokens) as usize;
+            // r + phase = 1 modulo block_tokens (0 for blocks of one token), without
+            // dividing.
+            let r = match u32::from(block_tokens > 1) + block_tokens - rep.phase {
+                r if r >= block_tokens => r - block_tokens,
+                r => r,
+            } as usize;
             let crossing = rep.cross[r];
             if crossing > 0 {
                 let cache = rep.cache.as_mut().expect("caching");
@@ -1163,7 +1176,7 @@ impl Continuous {
                         while bits != 0 {
                             let i = w * 64 + bits.trailing_zeros() as usize;
                             bits &= bits - 1;
-                            if rep.residue(i) == r {
+                            if rep.slot_blocks[i].residue as usize == r {
                                 rep.due_bits[w] |= 1u64 << (i % 64);
                                 rep.cross_bits[w] |= 1u64 << (i % 64);
                             }
@@ -1266,6 +1279,7 @@ impl Continuous {
                 rep.wheel_file(i);
                 if CACHING {
                     let r = rep.residue(i);
+                    rep.slot_blocks[i].residue = r as u32;
                     rep.cross[r] += 1;
                 }
             }
@@ -1635,16 +1649,23 @@ impl Continuous {
     /// With prefix caching: do the free blocks cover what the next step can add? Each
     /// generating slot grows by a token, each prefilling one by at most a chunk (and its first
     /// token when the chunk ends the prompt).
+    #[inline]
     fn next_step_fits_blocks(&self, rep: &Replica, cache: &BlockCache) -> bool {
-        let bt = self.cfg.block_tokens.max(1);
-        let chunk = self.cfg.prefill_chunk.max(1);
         let free = u64::from(cache.free());
         // Quick bound: a generating slot takes at most one new block in a step, a prefilling
         // one at most `step_blocks_most`.
         let generating = (rep.active - rep.prefilling) as u64;
-        if free >= generating + rep.prefilling as u64 * u64::from(self.step_blocks_most) {
-            return true;
-        }
+        free >= generating + rep.prefilling as u64 * u64::from(self.step_blocks_most)
+            || self.next_step_needs_at_most(rep, free)
+    }
+
+    /// [`Self::next_step_fits_blocks`] past its quick bound: the blocks each slot's growth
+    /// needs, summed, against `free`.
+    #[cold]
+    #[inline(never)]
+    fn next_step_needs_at_most(&self, rep: &Replica, free: u64) -> bool {
+        let bt = self.cfg.block_tokens.max(1);
+        let chunk = self.cfg.prefill_chunk.max(1);
         let needed: u64 = rep
             .slots
             .iter()
@@ -1757,6 +1778,7 @@ impl Continuous {
                     registered: hits,
                     reg_block: NIL,
                     reg_parent: last,
+                    residue: 0,
                 };
                 rep.active += 1;
                 rep.prefilling += 1;
