@@ -14,7 +14,7 @@
 use abe::core::continuous::{Continuous, ContinuousConfig, EntryResult, StepAction};
 use abe::core::prefix::{chain, BlockHash, PromptBlocks, ROOT};
 use abe::core::{Kind, Priority, RequestMeta, Ticket};
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use std::hint::black_box;
 
 /// Every request's prompt has the same block names.
@@ -41,43 +41,66 @@ fn shared_names(blocks: u64) -> Shared {
     )
 }
 
+/// The tick loop both benches run: 16 generating slots, 16-token prompts, 64 tokens out,
+/// one request in 64 ending by EOS at each step, the queue kept topped up.
+struct TickLoop {
+    sched: Continuous,
+    results: [EntryResult; 16],
+    n: u64,
+    prompt: u32,
+}
+
+impl TickLoop {
+    fn new(caching: bool, prompt: u32) -> TickLoop {
+        TickLoop {
+            sched: Continuous::new(ContinuousConfig {
+                max_slots: 16,
+                max_queue: 4096,
+                prefix_caching: caching,
+                ..ContinuousConfig::default()
+            }),
+            results: [EntryResult::Continue; 16],
+            n: 0,
+            prompt,
+        }
+    }
+
+    /// One tick and its completion.
+    #[inline]
+    fn tick(&mut self, names: &Shared) {
+        // Keep the queue topped up so freed slots are refilled at once.
+        while self.sched.waiting() < 16 {
+            let mut m = RequestMeta::new(Priority::Normal, Kind::Completion, 64, 64, 0);
+            m.tokens_estimated = self.prompt + 64;
+            let _ = self.sched.admit(m);
+        }
+        let mut entries = 0;
+        self.sched.tick_replicas(names, &mut |_| true, &mut |a| {
+            if let StepAction::Step { entries: e, .. } = a {
+                entries = e.len();
+            }
+        });
+        // One request in 64 finishes by EOS at each step.
+        for (i, r) in self.results.iter_mut().enumerate().take(entries) {
+            self.n += 1;
+            *r = if (self.n + i as u64) % 64 == 0 {
+                EntryResult::Finished
+            } else {
+                EntryResult::Continue
+            };
+        }
+        self.sched
+            .complete_step_with(0, names, &self.results[..entries], &mut |t, _| {
+                black_box(t);
+            });
+    }
+}
+
 fn run_ticks(c: &mut Criterion, name: &str, caching: bool, prompt: u32, names: &Shared) {
     let mut group = c.benchmark_group("continuous");
     group.bench_function(name, |b| {
-        let mut sched = Continuous::new(ContinuousConfig {
-            max_slots: 16,
-            max_queue: 4096,
-            prefix_caching: caching,
-            ..ContinuousConfig::default()
-        });
-        let mut results = [EntryResult::Continue; 16];
-        let mut n = 0u64;
-        b.iter(|| {
-            // Keep the queue topped up so freed slots are refilled at once.
-            while sched.waiting() < 16 {
-                let mut m = RequestMeta::new(Priority::Normal, Kind::Completion, 64, 64, 0);
-                m.tokens_estimated = prompt + 64;
-                let _ = sched.admit(m);
-            }
-            let mut entries = 0;
-            sched.tick_replicas(names, &mut |_| true, &mut |a| {
-                if let StepAction::Step { entries: e, .. } = a {
-                    entries = e.len();
-                }
-            });
-            // One request in 64 finishes by EOS at each step.
-            for (i, r) in results.iter_mut().enumerate().take(entries) {
-                n += 1;
-                *r = if (n + i as u64) % 64 == 0 {
-                    EntryResult::Finished
-                } else {
-                    EntryResult::Continue
-                };
-            }
-            sched.complete_step_with(0, names, &results[..entries], &mut |t, _| {
-                black_box(t);
-            });
-        });
+        let mut l = TickLoop::new(caching, prompt);
+        b.iter(|| l.tick(names));
     });
     group.finish();
 }
@@ -130,4 +153,24 @@ fn admit(c: &mut Criterion) {
 }
 
 criterion_group!(benches, tick, admit);
-criterion_main!(benches);
+
+/// `TICK_COUNT=N` (and `TICK_CACHING=on|off`, default on) runs `N` ticks of the
+/// `tick_16_slots` loop (16-token prompts, no names) and nothing else, for an instruction
+/// count per tick under callgrind (`tools/bench/tick_instructions.sh`): the difference
+/// between two counts over the difference in ticks. Otherwise the criterion benches.
+fn main() {
+    if let Some(ticks) = std::env::var("TICK_COUNT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        let caching = std::env::var("TICK_CACHING").map_or(true, |v| v != "off");
+        let none = Shared(Vec::new());
+        let mut l = TickLoop::new(caching, 16);
+        for _ in 0..ticks {
+            l.tick(&none);
+        }
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -195,10 +195,9 @@ struct Slot {
     /// Admission order on this replica (youngest = largest), for preemption.
     admitted_seq: u64,
     fresh: bool,
-    /// `generated` at which a decode step needs more than counting: `max_tokens`, or with
-    /// prefix caching the first token that does not fit the blocks held, if sooner. So the
-    /// step loop's one compare per decode entry (`generated >= watch`) checks both, and a
-    /// token that fits its last block costs nothing more than without caching.
+    /// `generated` at which a decode step needs more than counting: `max_tokens` (at least
+    /// 1). With prefix caching too: a decode token that starts a KV block is counted per
+    /// replica ([`Replica::cross`]), so a sequence is visited only when it ends.
     watch: u32,
     /// The replica's LoRA slot this request holds ([`NO_LORA_SLOT`]: base model).
     lora_slot: u8,
@@ -232,11 +231,14 @@ const IDLE_SLOT: Slot = Slot {
 };
 
 /// A slot's KV blocks with prefix caching (all zero / `NIL` without it). Kept apart from
-/// [`Slot`], which every step reads: these are touched only when a sequence takes a new
-/// block, names one, or leaves.
+/// [`Slot`], which every step reads: these are touched only when a sequence prefills, names
+/// a block, or leaves (its blocks past the prompt are counted, not chained:
+/// [`Replica::cross`]).
 #[derive(Clone, Copy, Debug)]
 struct SlotBlocks {
-    /// KV blocks held: the cached prefix's, then the ones this slot allocated.
+    /// KV blocks held by chain: the cached prefix's, then the ones its prefill allocated.
+    /// While it generates it also holds `ceil(context / block_tokens) - held` blank blocks
+    /// by count ([`BlockCache::reserve`]).
     held: u32,
     /// Leading blocks found cached at admission (shared, held by reference).
     hit_blocks: u32,
@@ -254,6 +256,9 @@ struct SlotBlocks {
     /// one; and the one before it (`NIL` for none).
     reg_block: u32,
     reg_parent: u32,
+    /// While it generates, its residue in [`Replica::cross`] (kept so leaving or being
+    /// skipped does not divide).
+    residue: u32,
 }
 
 const NO_BLOCKS: SlotBlocks = SlotBlocks {
@@ -265,6 +270,7 @@ const NO_BLOCKS: SlotBlocks = SlotBlocks {
     registered: 0,
     reg_block: NIL,
     reg_parent: NIL,
+    residue: 0,
 };
 
 struct Replica {
@@ -295,6 +301,9 @@ struct Replica {
     /// `end_result` (per slot). Bits, so they are settled in slot order without a sort.
     due_bits: Vec<u64>,
     ended_bits: Vec<u64>,
+    /// With `due_bits`, when a step's new blocks are taken one by one: the slots whose token
+    /// starts a block.
+    cross_bits: Vec<u64>,
     end_result: Vec<EntryResult>,
     admitted_seq: u64,
     /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
@@ -317,6 +326,17 @@ struct Replica {
     kv_used: u64,
     /// The KV blocks, with prefix caching (`None`: KV is counted in tokens only).
     cache: Option<BlockCache>,
+    /// Tokens a KV block holds (`block_tokens`, at least 1).
+    block_tokens: u32,
+    /// With prefix caching, the decode steps completed modulo `block_tokens` (the clock's
+    /// residue, kept apart from it so `block_tokens` need not divide 2^32).
+    phase: u32,
+    /// With prefix caching (else empty), per residue `r` below `block_tokens`: the
+    /// generating slots whose context is `phase + r` modulo `block_tokens`. A decode step
+    /// moves every context and the phase on by one, so the sequences whose token starts a
+    /// new block (context 1 modulo `block_tokens`) are one count, read in O(1): a sequence
+    /// is not visited when it needs a block ([`BlockCache::reserve`]).
+    cross: Vec<u32>,
     /// Prefix-cache lookups on this replica (evictions are the cache's).
     prefix: PrefixStats,
     /// LoRA adapters resident on this replica and their running requests.
@@ -328,6 +348,16 @@ impl Replica {
     #[inline]
     fn generated(&self, s: usize) -> u32 {
         generated_at(&self.slots[s], self.clock)
+    }
+
+    /// Generating slot `s`'s residue in [`Replica::cross`]: its context less the phase,
+    /// modulo `block_tokens`.
+    #[inline]
+    fn residue(&self, s: usize) -> usize {
+        let bt = self.block_tokens;
+        let slot = &self.slots[s];
+        let context = (slot.prefilled % bt + self.generated(s) % bt) % bt;
+        ((context + bt - self.phase) % bt) as usize
     }
 
     /// Puts generating slot `s` into the wheel bucket of its `due`.
@@ -384,10 +414,20 @@ impl Replica {
         if slot.phase == SlotPhase::Generating {
             self.gen_context -= context;
         }
+        let generating = self.slots[s].phase == SlotPhase::Generating;
         if let Some(cache) = &mut self.cache {
+            let sb = &self.slot_blocks[s];
+            if generating {
+                // The blocks its output took past the ones it holds by chain: by count.
+                let blocks = (context as u32).div_ceil(self.block_tokens);
+                debug_assert!(blocks >= sb.held);
+                cache.unreserve(blocks - sb.held);
+                self.cross[sb.residue as usize] -= 1;
+            }
             release_blocks(cache, &self.slot_blocks[s]);
             self.slot_blocks[s] = NO_BLOCKS;
         }
+        let slot = &mut self.slots[s];
         let ticket = slot.ticket;
         if slot.lora_slot != NO_LORA_SLOT {
             self.lora.release(slot.lora_slot);
@@ -420,7 +460,32 @@ impl Replica {
             (s.phase != SlotPhase::Idle) == bit(&self.live, i)
                 && (s.phase == SlotPhase::Generating) == bit(&self.generating, i)
         });
+        // With caching: each generating slot in the residue count of its context, and the
+        // blocks held by count those its output took past its chain.
+        // (Counted on the stack, residues folded into 64 bins: the engine's thread must
+        // not allocate, debug checks included.)
+        let blocks_hold = self.cache.as_ref().is_none_or(|cache| {
+            let bt = self.block_tokens;
+            let mut cross = [0u32; 64];
+            let mut reserved = 0u32;
+            for (i, s) in self.slots.iter().enumerate() {
+                if s.phase == SlotPhase::Generating {
+                    let r = self.residue(i);
+                    if r != self.slot_blocks[i].residue as usize {
+                        return false;
+                    }
+                    cross[r % 64] += 1;
+                    let context = s.prefilled + generated_at(s, clock);
+                    reserved += context.div_ceil(bt) - self.slot_blocks[i].held;
+                }
+            }
+            for (r, &n) in self.cross.iter().enumerate() {
+                cross[r % 64] = cross[r % 64].wrapping_sub(n);
+            }
+            cross.iter().all(|&n| n == 0) && reserved == cache.reserved()
+        });
         live.count() == self.active
+            && blocks_hold
             && kv == self.kv_used
             && self.wheel_holds()
             && prefilling == self.prefilling
@@ -500,48 +565,6 @@ fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
     debug_assert!(b == NIL, "cached prefix longer than its hits");
 }
 
-/// Gives `s` one more block, at the end of its chain.
-#[inline]
-fn take_block(cache: &mut BlockCache, s: &mut SlotBlocks) {
-    let b = cache
-        .allocate(s.tail)
-        .expect("the step's KV blocks were checked before it ran (ensure_kv)");
-    if s.held == s.registered {
-        s.reg_block = b;
-    }
-    s.tail = b;
-    s.held += 1;
-}
-
-/// Sets `slot.watch` after `s`'s blocks cover the context: the decode token that makes the
-/// context one more than they hold is the first that needs a block.
-#[inline]
-fn set_watch(slot: &mut Slot, generated: u32, s: &SlotBlocks, bt: u32) {
-    let capacity = s.held * bt;
-    debug_assert!({
-        let context = slot.prefilled + generated;
-        capacity >= context && capacity - context < bt
-    });
-    slot.watch = slot.max_tokens.min(capacity + 1 - slot.prefilled);
-}
-
-/// A decode step reached `slot.watch` or ended the request: takes a block if its token did
-/// not fit the ones held (even for a request that ends here, as vLLM allocates a step's
-/// slots before it runs). Once per `bt` tokens a sequence generates, and at its end.
-#[inline(never)]
-fn grow_decode(
-    cache: &mut BlockCache,
-    slot: &mut Slot,
-    generated: u32,
-    s: &mut SlotBlocks,
-    bt: u32,
-) {
-    if slot.prefilled + generated > s.held * bt {
-        take_block(cache, s);
-    }
-    set_watch(slot, generated, s, bt);
-}
-
 /// After a prefill chunk (and the first output token when it ended the prompt): gives `s`
 /// the blocks its tokens now fill, then names the prompt blocks that are now full, in
 /// order, while each one's name is not indexed yet (another sequence that computed the same
@@ -568,7 +591,10 @@ fn grow_prefill(
         s.tail = last;
         s.held += n;
     }
-    set_watch(slot, generated, s, bt);
+    debug_assert!({
+        let context = slot.prefilled + generated;
+        s.held * bt >= context && s.held * bt - context < bt
+    });
     let full = (slot.prefilled / bt).min(s.named);
     while s.registered < full && s.reg_block != NIL {
         let name = blocks.block_hash(slot.ticket, s.registered);
@@ -717,6 +743,7 @@ impl Continuous {
                 wheel_links: vec![(NIL, NIL); cfg.max_slots],
                 due_bits: vec![0; cfg.max_slots.div_ceil(64)],
                 ended_bits: vec![0; cfg.max_slots.div_ceil(64)],
+                cross_bits: vec![0; cfg.max_slots.div_ceil(64)],
                 end_result: vec![EntryResult::Continue; cfg.max_slots],
                 admitted_seq: 0,
                 active: 0,
@@ -728,6 +755,13 @@ impl Continuous {
                 cache: cfg
                     .prefix_caching
                     .then(|| BlockCache::new(blocks_per_replica)),
+                block_tokens: cfg.block_tokens.max(1),
+                phase: 0,
+                cross: if cfg.prefix_caching {
+                    vec![0; cfg.block_tokens.max(1) as usize]
+                } else {
+                    Vec::new()
+                },
                 prefix: PrefixStats::default(),
                 lora: LoraSlots::new(cfg.max_loras),
             })
@@ -1024,8 +1058,8 @@ impl Continuous {
 
     /// [`Self::complete_step_with`] for a step whose every entry goes on (no stop sequence,
     /// end of sequence or cancellation: the simulator's steps). Touches only the sequences
-    /// that reach their `watch` (their last token, or with prefix caching a token past
-    /// their blocks) and the step's prefill entries, not every decode entry.
+    /// that reach their `watch` (their last token) and the step's prefill entries, not every
+    /// decode entry.
     pub fn complete_step_continuing(
         &mut self,
         replica: usize,
@@ -1082,6 +1116,13 @@ impl Continuous {
         let block_tokens = self.cfg.block_tokens.max(1);
         let rep = &mut self.replicas[replica];
         rep.clock = rep.clock.wrapping_add(1);
+        if CACHING {
+            // Every generating slot's context moved on with the clock: so does the phase.
+            rep.phase += 1;
+            if rep.phase == block_tokens {
+                rep.phase = 0;
+            }
+        }
         // Decode entries whose slot was freed while the step ran (their token is not
         // counted), and generating slots the budget left out of the step (their count
         // stays: one less offset, one later due).
@@ -1097,6 +1138,51 @@ impl Continuous {
                 let slot = &mut rep.slots[i];
                 slot.gen_off = slot.gen_off.wrapping_sub(1);
                 rep.wheel_file(i);
+                if CACHING {
+                    // Its context stayed: one residue back.
+                    let sb = &mut rep.slot_blocks[i];
+                    rep.cross[sb.residue as usize] -= 1;
+                    sb.residue = if sb.residue == 0 {
+                        block_tokens - 1
+                    } else {
+                        sb.residue - 1
+                    };
+                    rep.cross[sb.residue as usize] += 1;
+                }
+            }
+        }
+        // The decode entries whose token starts a new KV block (context 1 modulo
+        // `block_tokens`) each take one, by count. With enough blank blocks for all of
+        // them no order can evict, so they are taken at once; else in slot order with the
+        // frees below, as taking them one by one would (a block a finished sequence frees
+        // is there for the next one).
+        let mut cross_one_by_one = false;
+        if CACHING {
+            // r + phase = 1 modulo block_tokens (0 for blocks of one token), without
+            // dividing.
+            let r = match u32::from(block_tokens > 1) + block_tokens - rep.phase {
+                r if r >= block_tokens => r - block_tokens,
+                r => r,
+            } as usize;
+            let crossing = rep.cross[r];
+            if crossing > 0 {
+                let cache = rep.cache.as_mut().expect("caching");
+                if cache.blank_free() >= crossing {
+                    cache.reserve(crossing);
+                } else {
+                    cross_one_by_one = true;
+                    for w in 0..rep.step_bits.len() {
+                        let mut bits = rep.step_bits[w] & rep.generating[w];
+                        while bits != 0 {
+                            let i = w * 64 + bits.trailing_zeros() as usize;
+                            bits &= bits - 1;
+                            if rep.slot_blocks[i].residue as usize == r {
+                                rep.due_bits[w] |= 1u64 << (i % 64);
+                                rep.cross_bits[w] |= 1u64 << (i % 64);
+                            }
+                        }
+                    }
+                }
             }
         }
         // Every decode entry adds a token to the KV in use and to the generating context.
@@ -1133,6 +1219,11 @@ impl Continuous {
         for w in 0..rep.due_bits.len() {
             let mut bits = std::mem::take(&mut rep.due_bits[w]);
             let ended = std::mem::take(&mut rep.ended_bits[w]);
+            let cross = if CACHING && cross_one_by_one {
+                std::mem::take(&mut rep.cross_bits[w])
+            } else {
+                0
+            };
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
@@ -1141,15 +1232,12 @@ impl Continuous {
                 } else {
                     EntryResult::Continue
                 };
-                let generated = rep.generated(i);
-                let slot = &mut rep.slots[i];
-                let ended = result != EntryResult::Continue;
-                if CACHING {
-                    if let Some(cache) = &mut rep.cache {
-                        let sb = &mut rep.slot_blocks[i];
-                        grow_decode(cache, slot, generated, sb, block_tokens);
-                    }
+                if CACHING && cross >> (i % 64) & 1 == 1 {
+                    rep.cache.as_mut().expect("caching").reserve(1);
                 }
+                let generated = rep.generated(i);
+                let slot = &rep.slots[i];
+                let ended = result != EntryResult::Continue;
                 if ended || generated >= slot.max_tokens {
                     let ticket = rep.free(i);
                     self.table.remove(ticket);
@@ -1189,6 +1277,11 @@ impl Continuous {
             }
             if last {
                 rep.wheel_file(i);
+                if CACHING {
+                    let r = rep.residue(i);
+                    rep.slot_blocks[i].residue = r as u32;
+                    rep.cross[r] += 1;
+                }
             }
             let slot = &rep.slots[i];
             if result != EntryResult::Continue || (last && generated >= slot.max_tokens) {
@@ -1556,16 +1649,23 @@ impl Continuous {
     /// With prefix caching: do the free blocks cover what the next step can add? Each
     /// generating slot grows by a token, each prefilling one by at most a chunk (and its first
     /// token when the chunk ends the prompt).
+    #[inline]
     fn next_step_fits_blocks(&self, rep: &Replica, cache: &BlockCache) -> bool {
-        let bt = self.cfg.block_tokens.max(1);
-        let chunk = self.cfg.prefill_chunk.max(1);
         let free = u64::from(cache.free());
         // Quick bound: a generating slot takes at most one new block in a step, a prefilling
         // one at most `step_blocks_most`.
         let generating = (rep.active - rep.prefilling) as u64;
-        if free >= generating + rep.prefilling as u64 * u64::from(self.step_blocks_most) {
-            return true;
-        }
+        free >= generating + rep.prefilling as u64 * u64::from(self.step_blocks_most)
+            || self.next_step_needs_at_most(rep, free)
+    }
+
+    /// [`Self::next_step_fits_blocks`] past its quick bound: the blocks each slot's growth
+    /// needs, summed, against `free`.
+    #[cold]
+    #[inline(never)]
+    fn next_step_needs_at_most(&self, rep: &Replica, free: u64) -> bool {
+        let bt = self.cfg.block_tokens.max(1);
+        let chunk = self.cfg.prefill_chunk.max(1);
         let needed: u64 = rep
             .slots
             .iter()
@@ -1579,7 +1679,13 @@ impl Continuous {
                         rest.min(chunk) + u32::from(rest <= chunk)
                     }
                 };
-                let room = b.held * bt - (s.prefilled + generated_at(s, rep.clock));
+                // Room in its last block: a generating slot holds blocks for its context
+                // (by chain and by count), a prefilling one by chain.
+                let context = s.prefilled + generated_at(s, rep.clock);
+                let room = match s.phase {
+                    SlotPhase::Generating => (bt - context % bt) % bt,
+                    _ => b.held * bt - context,
+                };
                 u64::from(grow.saturating_sub(room).div_ceil(bt))
             })
             .sum();
@@ -1659,7 +1765,7 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
-                    watch: meta.max_tokens.max(1), // set by the first prefill's blocks
+                    watch: meta.max_tokens.max(1),
                     lora_slot,
                     lora_load,
                 };
@@ -1672,6 +1778,7 @@ impl Continuous {
                     registered: hits,
                     reg_block: NIL,
                     reg_parent: last,
+                    residue: 0,
                 };
                 rep.active += 1;
                 rep.prefilling += 1;

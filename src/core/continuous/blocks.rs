@@ -11,10 +11,19 @@
 //! stack in one splice along its chain: ending a sequence costs its named blocks, not all
 //! of them (a decode-heavy request's blocks are mostly blank).
 //!
+//! A decoding sequence's blocks past its prompt are *reserved*, not taken: every
+//! `block_tokens` output tokens it needs one more blank block, and all blank blocks are
+//! alike (nothing names or looks them up), so the cache only counts them
+//! ([`BlockCache::reserve`]): `reserved` blocks of the blank stack belong to sequences. A
+//! reservation evicts exactly when taking a block would (no unreserved blank block left),
+//! so the cached set, the hits and the evictions are those of taking blocks one by one; what
+//! it saves is a sequence touching its block chain every `block_tokens` tokens.
+//!
 //! Invariants (checked by [`BlockCache::check`] in debug builds and tests):
 //! - Every block is on exactly one of: the blank stack (no name; linked by `chain_next`;
 //!   its `refs` is stale and never read), the cached queue (a name, `refs == 0`), or held
-//!   (`refs > 0`). `free_len` counts the first two.
+//!   (`refs > 0`). `blank_len` counts the first; `reserved <= blank_len` of them are held
+//!   by count; `free_len` is the rest of the blank stack plus the cached queue.
 //! - A block is in the index iff it has a name (`name != ROOT`); names in the index are
 //!   unique.
 //! - An indexed block's `parent` is the indexed block of its parent name (or `NIL` for a
@@ -70,8 +79,14 @@ pub(super) struct BlockCache {
     /// Allocation evicts its head when no blank block is left.
     q_head: u32,
     q_tail: u32,
-    /// Blocks on the blank stack or the cached queue: what allocation can take.
+    /// Blocks on the blank stack or the cached queue, less `reserved`: what allocation can
+    /// take.
     free_len: u32,
+    /// Blocks on the blank stack.
+    blank_len: u32,
+    /// Blank blocks held by count: decoding sequences' blocks past their prompt
+    /// ([`Self::reserve`]). Never more than `blank_len`.
+    reserved: u32,
     /// Open-addressing index, linear probing: block ids (`NIL` empty); length a power of two
     /// at least twice the blocks, so probes stay short.
     index: Vec<u32>,
@@ -91,6 +106,8 @@ impl BlockCache {
             q_head: NIL,
             q_tail: NIL,
             free_len: 0,
+            blank_len: 0,
+            reserved: 0,
             index: vec![NIL; index_len],
             index_mask: index_len - 1,
             evicted: 0,
@@ -205,6 +222,48 @@ impl BlockCache {
         self.table[last as usize].chain_next = self.blank_top;
         self.blank_top = first;
         self.free_len += count;
+        self.blank_len += count;
+    }
+
+    /// Blank blocks no sequence holds (by chain or by count): what a reservation or an
+    /// allocation takes without evicting.
+    #[inline]
+    pub fn blank_free(&self) -> u32 {
+        self.blank_len - self.reserved
+    }
+
+    /// Holds `n` blank blocks by count for decoding sequences (their blocks past the
+    /// prompt), as `n` calls of [`Self::allocate`] would take them: an unreserved blank
+    /// block first, else the least recently freed cached block is evicted (unindexed and
+    /// put on the blank stack). The caller checked that `n` blocks are free (`ensure_kv`).
+    #[inline]
+    pub fn reserve(&mut self, n: u32) {
+        debug_assert!(self.free_len >= n, "reserve past the free blocks");
+        let short = n.saturating_sub(self.blank_free());
+        for _ in 0..short {
+            let block = self.q_head;
+            debug_assert_ne!(block, NIL);
+            self.unlink(block);
+            self.unindex(block);
+            self.evicted += 1;
+            self.push_blank(block);
+        }
+        self.reserved += n;
+        self.free_len -= n;
+    }
+
+    /// Blank blocks held by count ([`Self::reserve`]).
+    pub fn reserved(&self) -> u32 {
+        self.reserved
+    }
+
+    /// Gives back `n` blocks held by count ([`Self::reserve`]): a sequence that ends or is
+    /// preempted.
+    #[inline]
+    pub fn unreserve(&mut self, n: u32) {
+        debug_assert!(self.reserved >= n);
+        self.reserved -= n;
+        self.free_len += n;
     }
 
     /// Takes a free block for a sequence whose last allocated block is `prev` (`NIL` for
@@ -212,10 +271,11 @@ impl BlockCache {
     /// (unindexed). Returns it held once, or `None` when every block is held.
     #[inline]
     pub fn allocate(&mut self, prev: u32) -> Option<u32> {
-        let block = if self.blank_top != NIL {
+        let block = if self.blank_len > self.reserved {
             let block = self.blank_top;
             self.blank_top = self.table[block as usize].chain_next;
             self.free_len -= 1;
+            self.blank_len -= 1;
             block
         } else if self.q_head != NIL {
             let block = self.q_head;
@@ -249,7 +309,9 @@ impl BlockCache {
         // Blank blocks first, as `allocate` would pop them one by one, in one walk down the
         // stack: its `chain_next` links already chain them in the order they are taken.
         let mut left = n;
-        if self.blank_top != NIL {
+        // Reserved blank blocks are held by count: any `blank_free` of the stack are free.
+        let blank = n.min(self.blank_free());
+        if blank > 0 {
             first = self.blank_top;
             let mut b = first;
             loop {
@@ -260,14 +322,15 @@ impl BlockCache {
                 last = b;
                 left -= 1;
                 let next = blk.chain_next;
-                if left == 0 || next == NIL {
+                if n - left == blank {
                     blk.chain_next = NIL;
                     self.blank_top = next;
                     break;
                 }
                 b = next;
             }
-            self.free_len -= n - left;
+            self.free_len -= blank;
+            self.blank_len -= blank;
             if prev != NIL {
                 self.table[prev as usize].chain_next = first;
             }
@@ -367,6 +430,7 @@ impl BlockCache {
         self.table[block as usize].chain_next = self.blank_top;
         self.blank_top = block;
         self.free_len += 1;
+        self.blank_len += 1;
     }
 
     #[inline]
@@ -394,7 +458,7 @@ impl BlockCache {
         let n = self.blocks() as usize;
         // Where each block is: 0 held, 1 on the blank stack, 2 in the cached queue.
         let mut on = vec![0u8; n];
-        let mut free = 0u32;
+        let mut blank = 0u32;
         let mut at = self.blank_top;
         while at != NIL {
             let i = at as usize;
@@ -402,9 +466,13 @@ impl BlockCache {
                 return false;
             }
             on[i] = 1;
-            free += 1;
+            blank += 1;
             at = self.table[i].chain_next;
         }
+        if blank != self.blank_len || self.reserved > blank {
+            return false;
+        }
+        let mut free = blank - self.reserved;
         let (mut at, mut prev) = (self.q_head, NIL);
         while at != NIL {
             let i = at as usize;

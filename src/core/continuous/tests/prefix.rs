@@ -149,6 +149,49 @@ fn memory_pressure_evicts_the_least_recently_used_free_blocks_first() {
     );
 }
 
+/// A decode token that starts a block takes one in slot order with the step's finishes, as
+/// vLLM's allocation one sequence at a time would: a finished sequence's blocks are there for
+/// a later slot's new block in the same step, not for an earlier slot's, which evicts a
+/// cached block when no blank one is left.
+#[test]
+fn a_step_takes_its_new_decode_blocks_in_slot_order_with_its_finishes() {
+    // Returns the blocks evicted and how much of [1, 2] is still cached.
+    let case = |finishing_first: bool| {
+        // 6 blocks of 4 tokens.
+        let mut c = Continuous::new(cfg(24));
+        let mut n = Names::default();
+        // [1, 2] cached (2 blocks; its first token's block goes back blank).
+        admit(&mut c, &mut n, 8, 1, &[1, 2]);
+        run(&mut c, &n);
+        assert_eq!(c.prefix_stats().evicted_blocks, 0);
+        // A: 4 prompt tokens, 4 out: context 5..8, never a new block, done at its 3rd
+        // decode step. B: 5 prompt tokens: context 6..9, its 3rd decode token starts a
+        // block. Each holds 2 blocks after its prefill: no blank block is left then.
+        if finishing_first {
+            admit(&mut c, &mut n, 4, 4, &[]);
+            admit(&mut c, &mut n, 5, 10, &[]);
+        } else {
+            admit(&mut c, &mut n, 5, 10, &[]);
+            admit(&mut c, &mut n, 4, 4, &[]);
+        }
+        run(&mut c, &n);
+        (
+            c.prefix_stats().evicted_blocks,
+            c.cached_prefix_blocks(0, &names(&[1, 2])),
+        )
+    };
+    assert_eq!(
+        case(true),
+        (0, 2),
+        "A's blocks freed before B's new one is taken"
+    );
+    assert_eq!(
+        case(false),
+        (1, 1),
+        "B's new block taken before A frees: [1, 2]'s second block evicted"
+    );
+}
+
 #[test]
 fn running_requests_share_blocks_and_count_them_once() {
     let mut c = Continuous::new(cfg(1000));
