@@ -125,10 +125,10 @@ run_one() {
   done
   local tracked="$TRACKED_BLOCKS"
   if [[ "$tracked" == auto ]]; then
-    # The engine publishes its first metrics a few ms after the server listens: until then
-    # the gauge is absent. Wait for it (bounded); never guess a size (an index smaller than
-    # the servers' caches forgets what they hold: 32,768 blocks here cost 11-13 points of
-    # hit rate against the servers' 52,853).
+    # Wait for the gauge (bounded; builds before 2026-11-27 published the engine's metrics
+    # a few ms after listening, and a BIN may be one); never guess a size (an index smaller
+    # than the servers' caches forgets what they hold: 32,768 blocks here cost 11-13
+    # points of hit rate against the servers' 52,853).
     local kv=0
     for _ in $(seq 1 100); do
       kv=$(curl -s "${urls[0]}/metrics" | metric_sum abe_continuous_kv_capacity_tokens | cut -d. -f1)

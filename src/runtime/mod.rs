@@ -323,7 +323,7 @@ pub fn start_routed(
                     })
                 })
                 .collect();
-            let engine = Engine::new(
+            let mut engine = Engine::new(
                 RequestLevel::new(cores, routing),
                 clock,
                 shared.clone(),
@@ -332,6 +332,10 @@ pub fn start_routed(
                 idler,
                 stop.clone(),
             );
+            // A first snapshot before the server can be scraped: until the engine's first
+            // turn publishes, /metrics would lack the engine's series (the KV capacity of a
+            // continuous backend, which tools size from, among them).
+            engine.publish(shared.clock.now());
             (Box::new(move || engine.run()), handles)
         }
         Some(ccfg) => {
@@ -343,7 +347,7 @@ pub fn start_routed(
                 },
                 &lane_workers,
             );
-            let engine = Engine::new(
+            let mut engine = Engine::new(
                 IterationLevel::new(
                     sched,
                     routing,
@@ -358,6 +362,8 @@ pub fn start_routed(
                 idler,
                 stop.clone(),
             );
+            // As above.
+            engine.publish(shared.clock.now());
             (Box::new(move || engine.run()), handles)
         }
     };
