@@ -662,29 +662,3 @@ fn latency_counts_from_when_the_request_was_received() {
     assert!(handle.snapshot().latency.max() < 3_600_000_000_000);
     handle.shutdown(Duration::from_secs(10));
 }
-
-/// The first snapshot is there as soon as the runtime starts: a scrape right after the server
-/// listens sees the engine's series (a continuous backend's KV capacity, which tools size
-/// their prefix index from), not an empty page until the engine's first turn.
-#[test]
-fn the_first_snapshot_is_published_before_start_returns() {
-    let mut cfg = config(2, LatencyModel::None);
-    cfg.continuous = Some(abe::core::continuous::ContinuousConfig {
-        max_slots: 4,
-        kv_capacity_tokens: 4096,
-        ..Default::default()
-    });
-    let handle = runtime::start(cfg).unwrap();
-    let snap = handle.snapshot();
-    let c = snap
-        .continuous
-        .as_ref()
-        .expect("a continuous snapshot at start");
-    assert_eq!(
-        c.kv_capacity_tokens,
-        2 * 4096,
-        "two replicas of 4,096 tokens"
-    );
-    assert_eq!(c.slots_total, 8);
-    handle.shutdown(Duration::from_secs(5));
-}
