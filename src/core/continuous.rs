@@ -197,7 +197,8 @@ struct Slot {
     fresh: bool,
     /// `generated` at which a decode step needs more than counting: `max_tokens` (at least
     /// 1). With prefix caching too: a decode token that starts a KV block is counted per
-    /// replica ([`Replica::cross`]), so a sequence is visited only when it ends.
+    /// replica ([`Replica::cross`]), so a sequence is visited only when it ends (and, in a
+    /// step short of blank blocks, when its token starts one).
     watch: u32,
     /// The replica's LoRA slot this request holds ([`NO_LORA_SLOT`]: base model).
     lora_slot: u8,
@@ -479,10 +480,17 @@ impl Replica {
                     reserved += context.div_ceil(bt) - self.slot_blocks[i].held;
                 }
             }
+            let mut weighted = 0u64;
             for (r, &n) in self.cross.iter().enumerate() {
                 cross[r % 64] = cross[r % 64].wrapping_sub(n);
+                weighted += r as u64 * u64::from(n);
             }
-            cross.iter().all(|&n| n == 0) && reserved == cache.reserved()
+            // Past 64 residues the bins fold: the residue-weighted sum tells them apart.
+            let recomputed: u64 = (0..self.slots.len())
+                .filter(|&i| self.slots[i].phase == SlotPhase::Generating)
+                .map(|i| self.residue(i) as u64)
+                .sum();
+            cross.iter().all(|&n| n == 0) && weighted == recomputed && reserved == cache.reserved()
         });
         live.count() == self.active
             && blocks_hold
@@ -1123,6 +1131,20 @@ impl Continuous {
                 rep.phase = 0;
             }
         }
+        // The residue of the decode entries whose token starts a new KV block (context 1
+        // modulo `block_tokens`): r + phase = 1 modulo block_tokens (0 for blocks of one
+        // token), without dividing.
+        let crossing_residue = if CACHING {
+            match u32::from(block_tokens > 1) + block_tokens - rep.phase {
+                r if r >= block_tokens => r - block_tokens,
+                r => r,
+            }
+        } else {
+            0
+        };
+        // Skipped slots that land on that residue: their context (1 modulo block_tokens)
+        // did not move, and its block was taken when it was made.
+        let mut skipped_crossing = 0u32;
         // Decode entries whose slot was freed while the step ran (their token is not
         // counted), and generating slots the budget left out of the step (their count
         // stays: one less offset, one later due).
@@ -1148,6 +1170,7 @@ impl Continuous {
                         sb.residue - 1
                     };
                     rep.cross[sb.residue as usize] += 1;
+                    skipped_crossing += u32::from(sb.residue == crossing_residue);
                 }
             }
         }
@@ -1158,13 +1181,8 @@ impl Continuous {
         // is there for the next one).
         let mut cross_one_by_one = false;
         if CACHING {
-            // r + phase = 1 modulo block_tokens (0 for blocks of one token), without
-            // dividing.
-            let r = match u32::from(block_tokens > 1) + block_tokens - rep.phase {
-                r if r >= block_tokens => r - block_tokens,
-                r => r,
-            } as usize;
-            let crossing = rep.cross[r];
+            let r = crossing_residue as usize;
+            let crossing = rep.cross[r] - skipped_crossing;
             if crossing > 0 {
                 let cache = rep.cache.as_mut().expect("caching");
                 if cache.blank_free() >= crossing {

@@ -15,9 +15,11 @@
 //! `block_tokens` output tokens it needs one more blank block, and all blank blocks are
 //! alike (nothing names or looks them up), so the cache only counts them
 //! ([`BlockCache::reserve`]): `reserved` blocks of the blank stack belong to sequences. A
-//! reservation evicts exactly when taking a block would (no unreserved blank block left),
-//! so the cached set, the hits and the evictions are those of taking blocks one by one; what
-//! it saves is a sequence touching its block chain every `block_tokens` tokens.
+//! reservation evicts exactly when taking a block would (no unreserved blank block left);
+//! with the caller reserving in the order it used to take blocks when that can evict
+//! (`Continuous::complete_entries`: one by one, in slot order with the step's frees), the
+//! cached set, the hits and the evictions are those of taking blocks one by one. What it
+//! saves is a sequence touching its block chain every `block_tokens` tokens.
 //!
 //! Invariants (checked by [`BlockCache::check`] in debug builds and tests):
 //! - Every block is on exactly one of: the blank stack (no name; linked by `chain_next`;
