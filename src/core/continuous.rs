@@ -195,15 +195,21 @@ struct Slot {
     /// Admission order on this replica (youngest = largest), for preemption.
     admitted_seq: u64,
     fresh: bool,
-    /// `generated` at which a decode step needs more than counting: `max_tokens` (at least
-    /// 1). With prefix caching too: a decode token that starts a KV block is counted per
-    /// replica ([`Replica::cross`]), so a sequence is visited only when it ends (and, in a
-    /// step short of blank blocks, when its token starts one).
-    watch: u32,
     /// The replica's LoRA slot this request holds ([`NO_LORA_SLOT`]: base model).
     lora_slot: u8,
     /// Its adapter was loaded for it: the next step it is in pays the load.
     lora_load: bool,
+}
+
+impl Slot {
+    /// `generated` at which a decode step needs more than counting: its last token
+    /// (`max_tokens`, at least 1 from admission). With prefix caching too: a decode token that starts a KV
+    /// block is counted per replica ([`Replica::cross`]), so a sequence is visited only when
+    /// it ends (and, in a step short of blank blocks, when its token starts one).
+    #[inline]
+    fn watch(&self) -> u32 {
+        self.max_tokens
+    }
 }
 
 /// Fewest buckets of a replica's finish wheel (more for many slots): a sequence whose
@@ -226,7 +232,6 @@ const IDLE_SLOT: Slot = Slot {
     max_tokens: 0,
     admitted_seq: 0,
     fresh: false,
-    watch: 0,
     lora_slot: NO_LORA_SLOT,
     lora_load: false,
 };
@@ -394,7 +399,7 @@ impl Replica {
     #[inline]
     fn wheel_file(&mut self, s: usize) {
         let slot = &mut self.slots[s];
-        slot.due = slot.watch.wrapping_sub(slot.gen_off);
+        slot.due = slot.watch().wrapping_sub(slot.gen_off);
         self.wheel_insert(s);
     }
 
@@ -513,10 +518,10 @@ impl Replica {
             let (mut s, mut prev) = (head, NIL);
             while s != NIL {
                 let slot = &self.slots[s as usize];
-                let ahead = slot.watch > generated_at(slot, self.clock);
+                let ahead = slot.watch() > generated_at(slot, self.clock);
                 if slot.phase != SlotPhase::Generating
                     || slot.due as usize & mask != b
-                    || slot.due != slot.watch.wrapping_sub(slot.gen_off)
+                    || slot.due != slot.watch().wrapping_sub(slot.gen_off)
                     || !ahead
                     || self.wheel_links[s as usize].0 != prev
                     || seen > self.slots.len()
@@ -1593,7 +1598,6 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
-                    watch: meta.max_tokens.max(1),
                     lora_slot,
                     lora_load,
                 };
@@ -1783,7 +1787,6 @@ impl Continuous {
                     max_tokens: meta.max_tokens.max(1),
                     admitted_seq: rep.admitted_seq,
                     fresh: true,
-                    watch: meta.max_tokens.max(1),
                     lora_slot,
                     lora_load,
                 };
