@@ -15,20 +15,13 @@ cargo build --release --bin abe >/dev/null
 here="$(pwd)/tools/bench"
 results="$(mktemp)"
 
-. tools/bench/wrk_lib.sh # cpu_ticks, hz, us_per, to_us, median
-
+. tools/bench/wrk_lib.sh # wrk_measure, wrk_warm, median
 
 run() { # name pid url conns round
   local name=$1 pid=$2 url=$3 conns=$4 round=$5
-  local before after out reqs rps p50 p99 cpu_us
-  before=$(cpu_ticks "$pid")
-  out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$here/post.lua" "$url")
-  after=$(cpu_ticks "$pid")
-  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-  p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
-  p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
-  cpu_us=$(us_per $((after - before)) "$reqs")
+  local m rps p50 p99 cpu_us
+  m=$(wrk_measure "$conns" "$secs" "$here/post.lua" "$url" "$pid")
+  read -r rps p50 p99 _ _ _ cpu_us <<<"$m"
   printf "round %s  %-6s c=%-3s %10.0f req/s  p50 %6.0f us  p99 %6.0f us  server CPU %5s us/req\n" \
     "$round" "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_us"
   echo "$name $conns $round $rps $p50 $p99 $cpu_us" >>"$results"
@@ -43,8 +36,8 @@ sleep 1
 ngx_worker=$(pgrep -P "$ngx" | head -1)
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD)"
 for c in 64 8; do # warm-up
-  wrk -t1 -c"$c" -d1s -s "$here/post.lua" http://127.0.0.1:18481/ >/dev/null
-  wrk -t1 -c"$c" -d1s -s "$here/post.lua" http://127.0.0.1:18480/v1/completions >/dev/null
+  wrk_warm "$c" "$here/post.lua" http://127.0.0.1:18481/
+  wrk_warm "$c" "$here/post.lua" http://127.0.0.1:18480/v1/completions
 done
 for r in $(seq 1 "$rounds"); do
   for c in 64 8; do

@@ -33,7 +33,7 @@ back_port=18486
 front_port=18487
 ngx_port=18488
 
-. tools/bench/wrk_lib.sh # cpu_ticks, hz, us_per, to_us, median
+. tools/bench/wrk_lib.sh # wrk_measure, wrk_warm, median
 
 {
   if [ -n "$front_max_batch" ]; then printf '[batching]\nmax_batch_size = %s\n' "$front_max_batch"; fi
@@ -97,25 +97,18 @@ done
 
 run() { # name front_pid url round
   local name=$1 pid=$2 url=$3 round=$4
-  local b_front b_back a_front a_back out reqs rps p50 p99 cpu_front cpu_back
-  b_front=$(cpu_ticks "$pid"); b_back=$(cpu_ticks "$back")
-  out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$here/post.lua" "$url")
-  a_front=$(cpu_ticks "$pid"); a_back=$(cpu_ticks "$back")
-  if grep -q "Non-2xx" <<<"$out"; then echo "$name: non-2xx answers: $out" >&2; exit 1; fi
-  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-  p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
-  p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
-  cpu_front=$(us_per $((a_front - b_front)) "$reqs")
-  cpu_back=$(us_per $((a_back - b_back)) "$reqs")
+  local m rps p50 p99 non2xx cpu_front cpu_back
+  m=$(wrk_measure "$conns" "$secs" "$here/post.lua" "$url" "$pid" "$back")
+  read -r rps p50 p99 non2xx _ _ cpu_front cpu_back <<<"$m"
+  if [ "$non2xx" != 0 ]; then echo "$name: $non2xx non-2xx answers" >&2; exit 1; fi
   printf "round %s  %-9s c=%-3s %9.0f req/s  p50 %6.0f us  p99 %6.0f us  CPU front %6s us/req, answering abe %6s us/req\n" \
     "$round" "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_front" "$cpu_back"
   echo "$name $round $rps $p50 $p99 $cpu_front $cpu_back" >>"$results"
 }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD); front abe: $workers upstream batches in flight, max_batch_size ${front_max_batch:-default}"
-wrk -t1 -c"$conns" -d1s -s "$here/post.lua" "http://127.0.0.1:$ngx_port/v1/completions" >/dev/null
-wrk -t1 -c"$conns" -d1s -s "$here/post.lua" "http://127.0.0.1:$front_port/v1/completions" >/dev/null
+wrk_warm "$conns" "$here/post.lua" "http://127.0.0.1:$ngx_port/v1/completions"
+wrk_warm "$conns" "$here/post.lua" "http://127.0.0.1:$front_port/v1/completions"
 for r in $(seq 1 "$rounds"); do
   run nginx "$ngx_worker" "http://127.0.0.1:$ngx_port/v1/completions" "$r"
   run abe-front "$front" "http://127.0.0.1:$front_port/v1/completions" "$r"

@@ -10,8 +10,7 @@ secs="${1:-10}"
 conns="${2:-64}"
 cargo build --release --bin abe >/dev/null
 here="$(pwd)/tools/bench"
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-hz=$(getconf CLK_TCK)
+. tools/bench/wrk_lib.sh # wrk_measure, wrk_warm
 cfg="$(mktemp --suffix=.toml)"
 cat >"$cfg" <<TOML
 [[backends]]
@@ -35,17 +34,12 @@ sleep 1
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u +%F)"
 run() { # name url
   local name=$1 url=$2
-  wrk -t1 -c"$conns" -d1s -s "$here/post.lua" "$url" >/dev/null # warm-up
-  local b_up b_front a_up a_front out reqs
-  b_up=$(cpu_ticks $up); b_front=$(cpu_ticks $front)
-  out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$here/post.lua" "$url")
-  a_up=$(cpu_ticks $up); a_front=$(cpu_ticks $front)
-  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+  wrk_warm "$conns" "$here/post.lua" "$url"
+  local m rps p50 p99 cpu_up cpu_front
+  m=$(wrk_measure "$conns" "$secs" "$here/post.lua" "$url" "$up" "$front")
+  read -r rps _ _ _ p50 p99 cpu_up cpu_front <<<"$m"
   printf "%-8s c=%-3s %10s req/s  p50 %8s  p99 %8s  CPU/req: upstream abe %6s us, front abe %6s us\n" \
-    "$name" "$conns" "$(awk '/Requests\/sec/ {print $2}' <<<"$out")" \
-    "$(awk '$1=="50%" {print $2}' <<<"$out")" "$(awk '$1=="99%" {print $2}' <<<"$out")" \
-    "$(awk -v t=$((a_up - b_up)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')" \
-    "$(awk -v t=$((a_front - b_front)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.2f", t / hz * 1e6 / n}')"
+    "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_up" "$cpu_front"
 }
 run direct http://127.0.0.1:18490/v1/completions
 run routed http://127.0.0.1:18491/v1/completions

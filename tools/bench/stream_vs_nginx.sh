@@ -35,7 +35,7 @@ abe_port=18484
 ngx_port=18485
 body="{\"prompt\":\"hi\",\"max_tokens\":$max_tokens,\"stream\":true}"
 
-. tools/bench/wrk_lib.sh # cpu_ticks, hz, us_per, to_us, median
+. tools/bench/wrk_lib.sh # wrk_measure, wrk_warm, median
 
 cat >"$work/post_stream.lua" <<LUA
 wrk.method = "POST"
@@ -96,26 +96,19 @@ fi
 
 run() { # name pid url round
   local name=$1 pid=$2 url=$3 round=$4
-  local before after out reqs rps p50 p99 cpu_us
-  before=$(cpu_ticks "$pid")
-  out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$work/post_stream.lua" "$url")
-  after=$(cpu_ticks "$pid")
-  reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
-  p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
-  p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
-  cpu_us=$(us_per $((after - before)) "$reqs")
-  local eps
+  local m rps p50 p99 non2xx cpu_us eps
+  m=$(wrk_measure "$conns" "$secs" "$work/post_stream.lua" "$url" "$pid")
+  read -r rps p50 p99 non2xx _ _ cpu_us <<<"$m"
   eps=$(awk -v r="$rps" -v e="$events" 'BEGIN {printf "%.0f", r * e}')
-  if grep -q "Non-2xx" <<<"$out"; then echo "$name: non-2xx answers" >&2; exit 1; fi
+  if [ "$non2xx" != 0 ]; then echo "$name: non-2xx answers" >&2; exit 1; fi
   printf "round %s  %-6s c=%-3s %9.0f streams/s %10.0f events/s  p50 %6.0f us  p99 %6.0f us  server CPU %6s us/stream\n" \
     "$round" "$name" "$conns" "$rps" "$eps" "$p50" "$p99" "$cpu_us"
   echo "$name $round $rps $eps $p50 $p99 $cpu_us" >>"$results"
 }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD); $events SSE events per stream (max_tokens $max_tokens)"
-wrk -t1 -c"$conns" -d1s -s "$work/post_stream.lua" "http://127.0.0.1:$ngx_port/v1/completions" >/dev/null
-wrk -t1 -c"$conns" -d1s -s "$work/post_stream.lua" "http://127.0.0.1:$abe_port/v1/completions" >/dev/null
+wrk_warm "$conns" "$work/post_stream.lua" "http://127.0.0.1:$ngx_port/v1/completions"
+wrk_warm "$conns" "$work/post_stream.lua" "http://127.0.0.1:$abe_port/v1/completions"
 for r in $(seq 1 "$rounds"); do
   run nginx "$ngx_worker" "http://127.0.0.1:$ngx_port/v1/completions" "$r"
   run abe "$abe" "http://127.0.0.1:$abe_port/v1/completions" "$r"
