@@ -448,7 +448,10 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                 responses::attach_store(&ctx.responses, routed)
             };
             match (routed, head.request_id.as_deref()) {
-                (Routed::Now(r), Some(id)) => Routed::Now(r.with_header(format!("X-Request-Id: {id}"))),
+                (Routed::Now(mut r), Some(id)) => {
+                    r.echo_request_id(id);
+                    Routed::Now(r)
+                }
                 (routed, _) => routed,
             }
         }

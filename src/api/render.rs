@@ -316,9 +316,7 @@ pub fn write_job(
             out.extend_from_slice(line);
         }
         if let Some(rid) = job.request_id() {
-            out.extend_from_slice(b"X-Request-Id: ");
-            out.extend_from_slice(rid.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            response::write_request_id(out, rid);
         }
     };
     let failed = outcomes.iter().find_map(|o| match o {
@@ -373,7 +371,7 @@ pub fn write_job(
         fallback.headers.push("Connection: keep-alive".into());
     }
     if let Some(rid) = job.request_id() {
-        fallback.headers.push(format!("X-Request-Id: {rid}"));
+        fallback.echo_request_id(rid);
     }
     fallback.write_to(out, close, head_only);
     fallback.status.code()

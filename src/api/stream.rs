@@ -15,6 +15,7 @@ use super::json_out;
 use super::structured::{self, Shape};
 use crate::exec::synth::token_pieces;
 use crate::exec::Output;
+use crate::http::response::write_request_id;
 
 /// Streaming options from the request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -522,9 +523,7 @@ impl StreamWriter {
     /// fault was injected (each line ending in CRLF).
     pub fn write_headers(&self, out: &mut Vec<u8>) {
         if let Some(rid) = &self.request_id {
-            out.extend_from_slice(b"X-Request-Id: ");
-            out.extend_from_slice(rid.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            write_request_id(out, rid);
         }
         if let Some(kind) = self.fault_name() {
             out.extend_from_slice(b"x-abe-fault: ");

@@ -1,4 +1,5 @@
-//! HTTP responses: status codes, the head we write, and OpenAI-shaped JSON errors.
+//! HTTP responses: status codes, the head we write, OpenAI-shaped JSON errors, and the one
+//! spelling of the `X-Request-Id` echo.
 //!
 //! Responses are rendered straight into a connection's write buffer. Every error body is
 //! `{"error":{"message","type","code"}}` with a message a person can act on.
@@ -141,6 +142,15 @@ impl Response {
         self
     }
 
+    /// Echoes the client's request id `id` in an `X-Request-Id` header line: the line
+    /// [`write_request_id`] writes in place.
+    pub fn echo_request_id(&mut self, id: &str) {
+        let mut line = String::with_capacity(REQUEST_ID_HEADER.len() + id.len());
+        line.push_str(REQUEST_ID_HEADER);
+        line.push_str(id);
+        self.headers.push(line);
+    }
+
     /// Writes head and body to `out`. `head_only` omits the body (HEAD requests).
     pub fn write_to(&self, out: &mut Vec<u8>, close: bool, head_only: bool) {
         out.extend_from_slice(b"HTTP/1.1 ");
@@ -164,6 +174,19 @@ impl Response {
             out.extend_from_slice(&self.body);
         }
     }
+}
+
+/// The header echoing a client's `X-Request-Id` (as vLLM does), up to its value: the one
+/// spelling of the echo, in a [`Response`] ([`Response::echo_request_id`]) and in a head
+/// written in place ([`write_request_id`]).
+const REQUEST_ID_HEADER: &str = "X-Request-Id: ";
+
+/// Appends the header line echoing the client's request id `id`, CRLF included, to a head
+/// being written in place (no allocation): the line [`Response::echo_request_id`] adds.
+pub fn write_request_id(out: &mut Vec<u8>, id: &str) {
+    out.extend_from_slice(REQUEST_ID_HEADER.as_bytes());
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Start of every `200 OK` JSON head, up to the Content-Length value.
@@ -251,6 +274,35 @@ mod tests {
         assert!(text.contains("Retry-After: 1\r\n"));
         assert!(text.contains("Connection: close\r\n"));
         assert!(text.ends_with(&String::from_utf8(r.body.clone()).unwrap()));
+    }
+
+    #[test]
+    fn a_request_id_is_echoed_alike_in_a_response_and_in_a_head_written_in_place() {
+        let mut r = Response::error(Status::BadRequest, "invalid_json", "bad");
+        r.echo_request_id("gw-7f3a");
+        let mut rendered = Vec::new();
+        r.write_to(&mut rendered, false, false);
+        let mut in_place = Vec::new();
+        write_json_ok::<()>(
+            &mut in_place,
+            false,
+            false,
+            false,
+            |o| write_request_id(o, "gw-7f3a"),
+            |o| {
+                o.extend_from_slice(b"{}");
+                Ok(())
+            },
+        )
+        .unwrap();
+        for head in [rendered, in_place] {
+            let head = String::from_utf8(head).unwrap();
+            assert_eq!(
+                head.matches("\r\nX-Request-Id: gw-7f3a\r\n").count(),
+                1,
+                "{head}"
+            );
+        }
     }
 
     #[test]

@@ -789,7 +789,7 @@ impl IoThread {
                         slot.stream = None;
                         let mut response = api::error_response(&e);
                         if let Some(rid) = slot.job.as_ref().and_then(|j| j.request_id()) {
-                            response.headers.push(format!("X-Request-Id: {rid}"));
+                            response.echo_request_id(rid);
                         }
                         slot.response = Some(response);
                     }
