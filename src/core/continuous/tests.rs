@@ -6,7 +6,7 @@ mod lora;
 mod prefix;
 
 use super::*;
-use crate::core::request::Kind;
+use crate::core::request::{Kind, RequestMeta, Ticket};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 

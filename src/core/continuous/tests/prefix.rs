@@ -3,7 +3,7 @@
 
 use crate::core::continuous::*;
 use crate::core::prefix::{chain, BlockHash, PromptBlocks, ROOT};
-use crate::core::request::Kind;
+use crate::core::request::{Kind, RequestMeta, Ticket};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
