@@ -199,7 +199,7 @@ impl Continuous {
     /// placed; it needs free blocks for what its prompt and output add past its cached prefix,
     /// plus the cached blocks it takes off the free queue.
     fn admit_into_slots_cached(&mut self, r: usize, g: usize, blocks: &impl PromptBlocks) {
-        let bt = self.cfg.block_tokens.max(1);
+        let bs = self.replicas[r].block_size;
         // Blocks promised to the requests admitted in this call, not allocated yet.
         let mut promised = 0u64;
         let mut from = 0;
@@ -218,9 +218,9 @@ impl Continuous {
                 let prompt = meta.tokens_estimated - meta.max_tokens;
                 let rep = &mut self.replicas[r];
                 let cache = rep.cache.as_mut().expect("prefix caching is on");
-                let named = blocks.block_count(ticket).min(prompt / bt);
+                let named = blocks.block_count(ticket).min(bs.whole(prompt));
                 // At least one prompt token is computed, so the step has logits to sample.
-                let hit_most = named.min(prompt.saturating_sub(1) / bt);
+                let hit_most = named.min(bs.whole(prompt.saturating_sub(1)));
                 let (mut hits, mut last, mut free_hits) = (0u32, NIL, 0u64);
                 while hits < hit_most {
                     let Some(b) = cache.lookup(blocks.block_hash(ticket, hits)) else {
@@ -230,8 +230,7 @@ impl Continuous {
                     last = b;
                     hits += 1;
                 }
-                let adds =
-                    u64::from(meta.tokens_estimated).div_ceil(u64::from(bt)) - u64::from(hits);
+                let adds = u64::from(bs.needed(meta.tokens_estimated) - hits);
                 if u64::from(cache.used()) + free_hits + promised + adds > u64::from(cache.blocks())
                 {
                     return; // FIFO: do not let a smaller request jump the head
@@ -249,7 +248,7 @@ impl Continuous {
                     b == NIL,
                     "a cached prefix's parent links end at its first block"
                 );
-                let cached = hits * bt;
+                let cached = hits * bs.tokens();
                 // A preempted request coming back finds its own blocks: not counted, as vLLM
                 // keeps such lookups out of `prefix_cache_queries` / `hits`.
                 if self.table.tag(index) != TAG_PREEMPTED {

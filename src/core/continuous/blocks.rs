@@ -254,6 +254,15 @@ impl BlockCache {
         self.free_len -= n;
     }
 
+    /// [`Self::reserve`] of `n` blocks the blank ones cover (`n <= blank_free()`): nothing
+    /// is evicted, so it is two counts.
+    #[inline(always)]
+    pub fn reserve_blank(&mut self, n: u32) {
+        debug_assert!(n <= self.blank_free());
+        self.reserved += n;
+        self.free_len -= n;
+    }
+
     /// Blank blocks held by count ([`Self::reserve`]).
     pub fn reserved(&self) -> u32 {
         self.reserved

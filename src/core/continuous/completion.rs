@@ -102,8 +102,9 @@ impl Continuous {
         results: Option<&[EntryResult]>,
         finished: &mut impl FnMut(Ticket, EntryResult),
     ) {
-        let block_tokens = self.cfg.block_tokens.max(1);
         let rep = &mut self.replicas[replica];
+        let bs = rep.block_size;
+        let block_tokens = bs.tokens();
         rep.clock = rep.clock.wrapping_add(1);
         if CACHING {
             // Every generating slot's context moved on with the clock: so does the phase.
@@ -167,7 +168,7 @@ impl Continuous {
             if crossing > 0 {
                 let cache = rep.cache.as_mut().expect("caching");
                 if cache.blank_free() >= crossing {
-                    cache.reserve(crossing);
+                    cache.reserve_blank(crossing);
                 } else {
                     cross_one_by_one = true;
                     for w in 0..rep.step_bits.len() {
@@ -271,7 +272,7 @@ impl Continuous {
             if CACHING {
                 if let Some(cache) = &mut rep.cache {
                     let sb = &mut rep.slot_blocks[i];
-                    grow_prefill(cache, slot, generated, sb, blocks, block_tokens);
+                    grow_prefill(cache, slot, generated, tokens, sb, blocks, bs);
                 }
             }
             if last {

@@ -17,6 +17,7 @@
 //! holds the scheduler's struct, [`Continuous::new`] and the tick that builds each step.
 
 mod admission;
+mod block_size;
 mod blocks;
 mod completion;
 mod config;
@@ -32,6 +33,7 @@ use super::lora::LoraSlots;
 use super::prefix::{PrefixStats, PromptBlocks};
 use super::request::Priority;
 use super::table::{Fifo, RequestTable, NIL};
+use block_size::BlockSize;
 use blocks::BlockCache;
 use config::kv_blocks;
 pub use config::{kv_capacity_tokens, ContinuousConfig, ContinuousReject};
@@ -162,7 +164,7 @@ impl Continuous {
                 cache: cfg
                     .prefix_caching
                     .then(|| BlockCache::new(blocks_per_replica)),
-                block_tokens: cfg.block_tokens.max(1),
+                block_size: BlockSize::new(cfg.block_tokens),
                 phase: 0,
                 cross: if cfg.prefix_caching {
                     vec![0; cfg.block_tokens.max(1) as usize]

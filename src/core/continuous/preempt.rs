@@ -93,9 +93,8 @@ impl Continuous {
         let needed: u64 = rep
             .slots
             .iter()
-            .zip(&rep.slot_blocks)
-            .filter(|(s, _)| s.phase != SlotPhase::Idle)
-            .map(|(s, b)| {
+            .filter(|s| s.phase != SlotPhase::Idle)
+            .map(|s| {
                 let grow = match s.phase {
                     SlotPhase::Generating => 1,
                     _ => {
@@ -103,13 +102,10 @@ impl Continuous {
                         rest.min(chunk) + u32::from(rest <= chunk)
                     }
                 };
-                // Room in its last block: a generating slot holds blocks for its context
-                // (by chain and by count), a prefilling one by chain.
+                // Room in its last block: a slot holds blocks for its context (by chain
+                // and by count).
                 let context = s.prefilled + generated_at(s, rep.clock);
-                let room = match s.phase {
-                    SlotPhase::Generating => (bt - context % bt) % bt,
-                    _ => b.held * bt - context,
-                };
+                let room = (bt - context % bt) % bt;
                 u64::from(grow.saturating_sub(room).div_ceil(bt))
             })
             .sum();

@@ -6,6 +6,7 @@
 //! checks them in debug builds), or an allocation after the replica is built: these run on
 //! the engine's step path.
 
+use super::block_size::BlockSize;
 use super::blocks::BlockCache;
 use super::step::{EntryResult, StepEntry};
 use crate::core::lora::LoraSlots;
@@ -84,9 +85,9 @@ pub(super) const IDLE_SLOT: Slot = Slot {
 /// [`Replica::cross`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct SlotBlocks {
-    /// KV blocks held by chain: the cached prefix's, then the ones its prefill allocated.
-    /// While it generates it also holds `ceil(context / block_tokens) - held` blank blocks
-    /// by count ([`BlockCache::reserve`]).
+    /// KV blocks held by chain: the cached prefix's, then the ones its prefill allocated to
+    /// name. It also holds `ceil(context / block_tokens) - held` blank blocks by count
+    /// ([`BlockCache::reserve`]): the rest of its prompt's and its output's.
     pub(super) held: u32,
     /// Leading blocks found cached at admission (shared, held by reference).
     pub(super) hit_blocks: u32,
@@ -176,7 +177,7 @@ pub(super) struct Replica {
     /// The KV blocks, with prefix caching (`None`: KV is counted in tokens only).
     pub(super) cache: Option<BlockCache>,
     /// Tokens a KV block holds (`block_tokens`, at least 1).
-    pub(super) block_tokens: u32,
+    pub(super) block_size: BlockSize,
     /// With prefix caching, the decode steps completed modulo `block_tokens` (the clock's
     /// residue, kept apart from it so `block_tokens` need not divide 2^32).
     pub(super) phase: u32,
@@ -203,10 +204,13 @@ impl Replica {
     /// modulo `block_tokens`.
     #[inline]
     pub(super) fn residue(&self, s: usize) -> usize {
-        let bt = self.block_tokens;
-        let slot = &self.slots[s];
-        let context = (slot.prefilled % bt + self.generated(s) % bt) % bt;
-        ((context + bt - self.phase) % bt) as usize
+        let bs = self.block_size;
+        let context = bs.offset(self.slots[s].prefilled + self.generated(s));
+        // Both below `block_tokens`: one subtraction instead of a remainder.
+        match context + bs.tokens() - self.phase {
+            r if r >= bs.tokens() => (r - bs.tokens()) as usize,
+            r => r as usize,
+        }
     }
 
     /// Puts generating slot `s` into the wheel bucket of its `due`.
@@ -266,15 +270,15 @@ impl Replica {
         let generating = self.slots[s].phase == SlotPhase::Generating;
         if let Some(cache) = &mut self.cache {
             let sb = &self.slot_blocks[s];
+            // The blocks its context takes past the ones it holds by chain: by count.
+            let blocks = self.block_size.needed(context as u32);
+            debug_assert!(blocks >= sb.held);
+            cache.unreserve(blocks - sb.held);
             if generating {
-                // The blocks its output took past the ones it holds by chain: by count.
-                let blocks = (context as u32).div_ceil(self.block_tokens);
-                debug_assert!(blocks >= sb.held);
-                cache.unreserve(blocks - sb.held);
                 self.cross[sb.residue as usize] -= 1;
             }
+            // An idle slot's blocks are never read: admission writes them whole.
             release_blocks(cache, &self.slot_blocks[s]);
-            self.slot_blocks[s] = NO_BLOCKS;
         }
         let slot = &mut self.slots[s];
         let ticket = slot.ticket;
@@ -314,7 +318,7 @@ impl Replica {
         // (Counted on the stack, residues folded into 64 bins: the engine's thread must
         // not allocate, debug checks included.)
         let blocks_hold = self.cache.as_ref().is_none_or(|cache| {
-            let bt = self.block_tokens;
+            let bt = self.block_size.tokens();
             let mut cross = [0u32; 64];
             let mut reserved = 0u32;
             for (i, s) in self.slots.iter().enumerate() {
@@ -324,6 +328,8 @@ impl Replica {
                         return false;
                     }
                     cross[r % 64] += 1;
+                }
+                if s.phase != SlotPhase::Idle {
                     let context = s.prefilled + generated_at(s, clock);
                     reserved += context.div_ceil(bt) - self.slot_blocks[i].held;
                 }
@@ -421,37 +427,50 @@ fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
     debug_assert!(b == NIL, "cached prefix longer than its hits");
 }
 
-/// After a prefill chunk (and the first output token when it ended the prompt): gives `s`
-/// the blocks its tokens now fill, then names the prompt blocks that are now full, in
-/// order, while each one's name is not indexed yet (another sequence that computed the same
-/// block first keeps the name; this one's copy stays blank, and so do its later blocks, so
-/// an indexed block's parent is always indexed).
+/// After a prefill chunk of `tokens` (and the first output token when it ended the prompt):
+/// gives `s` the blocks its tokens now take, and names the prompt blocks that are now full,
+/// in order, while each one's name is not indexed yet (another sequence that computed the
+/// same block first keeps the name; this one's copy stays blank, and so do its later
+/// blocks, so an indexed block's parent is always indexed).
+///
+/// Only blocks to be named are chained (the full prompt blocks up to `named`); the rest
+/// (a prompt without names, its last partial block, its first output token's) are held by
+/// count, as its output's are ([`BlockCache::reserve`]): nothing will name or look them up.
+/// A counted block that fills up and gets a name is given back and taken by chain, which
+/// takes the same blank block without evicting. Blocks taken and evicted are those
+/// chaining every block would take: the KV in use and every report are the same.
 #[inline(never)]
 pub(super) fn grow_prefill(
     cache: &mut BlockCache,
     slot: &mut Slot,
     generated: u32,
+    tokens: u32,
     s: &mut SlotBlocks,
     blocks: &impl PromptBlocks,
-    bt: u32,
+    bs: BlockSize,
 ) {
-    let need = (slot.prefilled + generated).saturating_sub(s.held * bt);
-    let n = need.div_ceil(bt);
-    if n > 0 {
+    let context = slot.prefilled + generated;
+    // Blocks this chunk takes, and the ones of them (or of the counted ones before it) to
+    // chain: the full prompt blocks with names not chained yet.
+    let taken = bs.needed(context) - bs.needed(slot.prefilled - tokens);
+    let full = bs.whole(slot.prefilled).min(s.named);
+    let chain = full.saturating_sub(s.held);
+    if chain < taken {
+        cache.reserve(taken - chain);
+    } else if chain > taken {
+        cache.unreserve(chain - taken);
+    }
+    if chain > 0 {
         let (first, last) = cache
-            .allocate_run(s.tail, n)
+            .allocate_run(s.tail, chain)
             .expect("the step's KV blocks were checked before it ran (ensure_kv)");
         if s.held == s.registered {
             s.reg_block = first;
         }
         s.tail = last;
-        s.held += n;
+        s.held += chain;
     }
-    debug_assert!({
-        let context = slot.prefilled + generated;
-        s.held * bt >= context && s.held * bt - context < bt
-    });
-    let full = (slot.prefilled / bt).min(s.named);
+    debug_assert!(s.held <= bs.needed(context));
     while s.registered < full && s.reg_block != NIL {
         let name = blocks.block_hash(slot.ticket, s.registered);
         if !cache.register(s.reg_block, name, s.reg_parent) {
