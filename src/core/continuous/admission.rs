@@ -145,7 +145,8 @@ impl Continuous {
     /// their prompt + max_tokens fit in the replica's free KV.
     pub(super) fn admit_into_slots(&mut self, r: usize, blocks: &impl PromptBlocks) {
         let g = self.replica_group[r];
-        if self.group_waiting[g] == 0 {
+        // Nothing waits, or no slot is free (most ticks of a busy replica).
+        if self.group_waiting[g] == 0 || self.replicas[r].active == self.cfg.max_slots {
             return;
         }
         if self.replicas[r].cache.is_some() {

@@ -47,7 +47,8 @@ impl BlockSize {
     #[inline(always)]
     pub(super) fn needed(self, n: u32) -> u32 {
         if self.shift != NOT_POW2 {
-            (n >> self.shift) + u32::from(n & (self.tokens - 1) != 0)
+            // In 64 bits: `n + tokens - 1` does not wrap.
+            ((u64::from(n) + u64::from(self.tokens - 1)) >> self.shift) as u32
         } else {
             n.div_ceil(self.tokens)
         }

@@ -103,24 +103,17 @@ impl Continuous {
         finished: &mut impl FnMut(Ticket, EntryResult),
     ) {
         let rep = &mut self.replicas[replica];
-        let bs = rep.block_size;
-        let block_tokens = bs.tokens();
+        let block_tokens = rep.block_size.tokens();
         rep.clock = rep.clock.wrapping_add(1);
-        if CACHING {
-            // Every generating slot's context moved on with the clock: so does the phase.
-            rep.phase += 1;
-            if rep.phase == block_tokens {
-                rep.phase = 0;
-            }
-        }
         // The residue of the decode entries whose token starts a new KV block (context 1
-        // modulo `block_tokens`): r + phase = 1 modulo block_tokens (0 for blocks of one
-        // token), without dividing.
+        // modulo `block_tokens`): every generating context moved on by one, so it moves
+        // back by one.
         let crossing_residue = if CACHING {
-            match u32::from(block_tokens > 1) + block_tokens - rep.phase {
-                r if r >= block_tokens => r - block_tokens,
-                r => r,
-            }
+            rep.crossing = match rep.crossing {
+                0 => block_tokens - 1,
+                r => r - 1,
+            };
+            rep.crossing
         } else {
             0
         };
@@ -178,7 +171,6 @@ impl Continuous {
                             bits &= bits - 1;
                             if rep.slot_blocks[i].residue as usize == r {
                                 rep.due_bits[w] |= 1u64 << (i % 64);
-                                rep.cross_bits[w] |= 1u64 << (i % 64);
                             }
                         }
                     }
@@ -219,11 +211,6 @@ impl Continuous {
         for w in 0..rep.due_bits.len() {
             let mut bits = std::mem::take(&mut rep.due_bits[w]);
             let ended = std::mem::take(&mut rep.ended_bits[w]);
-            let cross = if CACHING && cross_one_by_one {
-                std::mem::take(&mut rep.cross_bits[w])
-            } else {
-                0
-            };
             while bits != 0 {
                 let i = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
@@ -232,7 +219,10 @@ impl Continuous {
                 } else {
                     EntryResult::Continue
                 };
-                if CACHING && cross >> (i % 64) & 1 == 1 {
+                // Every slot here decoded in the step (a skipped one's due moved on with it):
+                // taken one by one, the ones on the crossing residue take their block.
+                debug_assert!((rep.step_bits[w] & rep.generating[w]) >> (i % 64) & 1 == 1);
+                if CACHING && cross_one_by_one && rep.slot_blocks[i].residue == crossing_residue {
                     rep.cache.as_mut().expect("caching").reserve(1);
                 }
                 let generated = rep.generated(i);
@@ -272,13 +262,15 @@ impl Continuous {
             if CACHING {
                 if let Some(cache) = &mut rep.cache {
                     let sb = &mut rep.slot_blocks[i];
+                    let bs = rep.block_size;
                     grow_prefill(cache, slot, generated, tokens, sb, blocks, bs);
                 }
             }
             if last {
                 rep.wheel_file(i);
                 if CACHING {
-                    let r = rep.residue(i);
+                    // Its context: the prompt and its first output token.
+                    let r = rep.residue_at(rep.slots[i].prefilled + 1);
                     rep.slot_blocks[i].residue = r as u32;
                     rep.cross[r] += 1;
                 }

@@ -152,7 +152,6 @@ impl Continuous {
                 wheel_links: vec![(NIL, NIL); cfg.max_slots],
                 due_bits: vec![0; cfg.max_slots.div_ceil(64)],
                 ended_bits: vec![0; cfg.max_slots.div_ceil(64)],
-                cross_bits: vec![0; cfg.max_slots.div_ceil(64)],
                 end_result: vec![EntryResult::Continue; cfg.max_slots],
                 admitted_seq: 0,
                 active: 0,
@@ -165,7 +164,7 @@ impl Continuous {
                     .prefix_caching
                     .then(|| BlockCache::new(blocks_per_replica)),
                 block_size: BlockSize::new(cfg.block_tokens),
-                phase: 0,
+                crossing: u32::from(cfg.block_tokens > 1),
                 cross: if cfg.prefix_caching {
                     vec![0; cfg.block_tokens.max(1) as usize]
                 } else {

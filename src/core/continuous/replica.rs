@@ -151,9 +151,6 @@ pub(super) struct Replica {
     /// `end_result` (per slot). Bits, so they are settled in slot order without a sort.
     pub(super) due_bits: Vec<u64>,
     pub(super) ended_bits: Vec<u64>,
-    /// With `due_bits`, when a step's new blocks are taken one by one: the slots whose token
-    /// starts a block.
-    pub(super) cross_bits: Vec<u64>,
     pub(super) end_result: Vec<EntryResult>,
     pub(super) admitted_seq: u64,
     /// Slots not idle. Invariant: the count of `slots` whose phase is not `Idle`.
@@ -178,14 +175,16 @@ pub(super) struct Replica {
     pub(super) cache: Option<BlockCache>,
     /// Tokens a KV block holds (`block_tokens`, at least 1).
     pub(super) block_size: BlockSize,
-    /// With prefix caching, the decode steps completed modulo `block_tokens` (the clock's
-    /// residue, kept apart from it so `block_tokens` need not divide 2^32).
-    pub(super) phase: u32,
+    /// With prefix caching, the residue in [`Replica::cross`] of the generating slots whose
+    /// last token started a KV block (context 1 modulo `block_tokens`). A decode step moves
+    /// every context on by one, so it moves back by one, modulo `block_tokens` (kept apart
+    /// from the clock so `block_tokens` need not divide 2^32).
+    pub(super) crossing: u32,
     /// With prefix caching (else empty), per residue `r` below `block_tokens`: the
-    /// generating slots whose context is `phase + r` modulo `block_tokens`. A decode step
-    /// moves every context and the phase on by one, so the sequences whose token starts a
-    /// new block (context 1 modulo `block_tokens`) are one count, read in O(1): a sequence
-    /// is not visited when it needs a block ([`BlockCache::reserve`]).
+    /// generating slots whose context is `r + 1 - crossing` modulo `block_tokens`. As
+    /// `crossing` moves with every context, the sequences whose token starts a new block
+    /// after a step are one count, read in O(1): a sequence is not visited when it needs a
+    /// block ([`BlockCache::reserve`]).
     pub(super) cross: Vec<u32>,
     /// Prefix-cache lookups on this replica (evictions are the cache's).
     pub(super) prefix: PrefixStats,
@@ -200,14 +199,21 @@ impl Replica {
         generated_at(&self.slots[s], self.clock)
     }
 
-    /// Generating slot `s`'s residue in [`Replica::cross`]: its context less the phase,
-    /// modulo `block_tokens`.
+    /// Generating slot `s`'s residue in [`Replica::cross`]: `context - 1 + crossing` modulo
+    /// `block_tokens` (a generating slot's context is at least its first output token).
     #[inline]
     pub(super) fn residue(&self, s: usize) -> usize {
+        self.residue_at(self.slots[s].prefilled + self.generated(s))
+    }
+
+    /// The residue in [`Replica::cross`] of a generating slot whose context is `context`
+    /// (at least 1).
+    #[inline]
+    pub(super) fn residue_at(&self, context: u32) -> usize {
         let bs = self.block_size;
-        let context = bs.offset(self.slots[s].prefilled + self.generated(s));
+        let last = bs.offset(context - 1);
         // Both below `block_tokens`: one subtraction instead of a remainder.
-        match context + bs.tokens() - self.phase {
+        match last + self.crossing {
             r if r >= bs.tokens() => (r - bs.tokens()) as usize,
             r => r as usize,
         }
@@ -277,8 +283,11 @@ impl Replica {
             if generating {
                 self.cross[sb.residue as usize] -= 1;
             }
-            // An idle slot's blocks are never read: admission writes them whole.
-            release_blocks(cache, &self.slot_blocks[s]);
+            // An idle slot's blocks are never read: admission writes them whole. None held
+            // by chain (a prompt without names or hits): nothing to give back one by one.
+            if sb.held > 0 {
+                release_blocks(cache, sb);
+            }
         }
         let slot = &mut self.slots[s];
         let ticket = slot.ticket;
