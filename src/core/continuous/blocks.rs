@@ -11,9 +11,10 @@
 //! stack in one splice along its chain: ending a sequence costs its named blocks, not all
 //! of them (a decode-heavy request's blocks are mostly blank).
 //!
-//! A decoding sequence's blocks past its prompt are *reserved*, not taken: every
-//! `block_tokens` output tokens it needs one more blank block, and all blank blocks are
-//! alike (nothing names or looks them up), so the cache only counts them
+//! A sequence's blocks that will never carry a name (its output's, and its prompt's past
+//! the full blocks it names) are *reserved*, not taken: every `block_tokens` tokens it
+//! needs one more blank block, and all blank blocks are alike (nothing names or looks them
+//! up), so the cache only counts them
 //! ([`BlockCache::reserve`]): `reserved` blocks of the blank stack belong to sequences. A
 //! reservation evicts exactly when taking a block would (no unreserved blank block left);
 //! with the caller reserving in the order it used to take blocks when that can evict
