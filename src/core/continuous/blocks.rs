@@ -87,8 +87,9 @@ pub(super) struct BlockCache {
     free_len: u32,
     /// Blocks on the blank stack.
     blank_len: u32,
-    /// Blank blocks held by count: decoding sequences' blocks past their prompt
-    /// ([`Self::reserve`]). Never more than `blank_len`.
+    /// Blank blocks held by count: sequences' blocks that will never carry a name (their
+    /// output's, their prompt's past the full blocks they name; [`Self::reserve`]). Never
+    /// more than `blank_len`.
     reserved: u32,
     /// Open-addressing index, linear probing: block ids (`NIL` empty); length a power of two
     /// at least twice the blocks, so probes stay short.
@@ -235,8 +236,8 @@ impl BlockCache {
         self.blank_len - self.reserved
     }
 
-    /// Holds `n` blank blocks by count for decoding sequences (their blocks past the
-    /// prompt), as `n` calls of [`Self::allocate`] would take them: an unreserved blank
+    /// Holds `n` blank blocks by count for sequences (blocks that will never carry a name),
+    /// as `n` calls of [`Self::allocate`] would take them: an unreserved blank
     /// block first, else the least recently freed cached block is evicted (unindexed and
     /// put on the blank stack). The caller checked that `n` blocks are free (`ensure_kv`).
     #[inline]
@@ -270,7 +271,8 @@ impl BlockCache {
     }
 
     /// Gives back `n` blocks held by count ([`Self::reserve`]): a sequence that ends or is
-    /// preempted.
+    /// preempted, or a counted prompt block that filled up and is taken by chain to be
+    /// named (the blank block it frees is the one the chain then takes).
     #[inline]
     pub fn unreserve(&mut self, n: u32) {
         debug_assert!(self.reserved >= n);

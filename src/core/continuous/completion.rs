@@ -157,11 +157,11 @@ impl Continuous {
         let mut cross_one_by_one = false;
         if CACHING {
             let r = crossing_residue as usize;
-            let crossing = rep.cross[r] - skipped_crossing;
-            if crossing > 0 {
+            let n_crossing = rep.cross[r] - skipped_crossing;
+            if n_crossing > 0 {
                 let cache = rep.cache.as_mut().expect("caching");
-                if cache.blank_free() >= crossing {
-                    cache.reserve_blank(crossing);
+                if cache.blank_free() >= n_crossing {
+                    cache.reserve_blank(n_crossing);
                 } else {
                     cross_one_by_one = true;
                     for w in 0..rep.step_bits.len() {

@@ -118,5 +118,6 @@ impl Continuous {
                 out(ticket);
             }
         }
+        debug_assert!(rep.counters_hold());
     }
 }

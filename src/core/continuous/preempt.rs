@@ -55,6 +55,7 @@ impl Continuous {
                 return;
             };
             let ticket = self.replicas[r].free(victim);
+            debug_assert!(self.replicas[r].counters_hold());
             let p = self.table.meta(ticket.index).priority.index();
             let g = self.replica_group[r];
             self.table.set_tag(ticket.index, TAG_PREEMPTED);

@@ -79,10 +79,11 @@ pub(super) const IDLE_SLOT: Slot = Slot {
     lora_load: false,
 };
 
-/// A slot's KV blocks with prefix caching (all zero / `NIL` without it). Kept apart from
-/// [`Slot`], which every step reads: these are touched only when a sequence prefills, names
-/// a block, or leaves (its blocks past the prompt are counted, not chained:
-/// [`Replica::cross`]).
+/// A slot's KV blocks with prefix caching (all zero / `NIL` without it; stale while the
+/// slot is idle: admission writes them whole and nothing reads an idle slot's). Kept apart
+/// from [`Slot`], which every step reads: these are touched only when a sequence prefills,
+/// names a block, or leaves (its blocks that will carry no name are counted, not chained:
+/// [`BlockCache::reserve`], [`Replica::cross`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct SlotBlocks {
     /// KV blocks held by chain: the cached prefix's, then the ones its prefill allocated to
@@ -210,6 +211,7 @@ impl Replica {
     /// (at least 1).
     #[inline]
     pub(super) fn residue_at(&self, context: u32) -> usize {
+        debug_assert!(context >= 1, "a generating slot has its first output token");
         let bs = self.block_size;
         let last = bs.offset(context - 1);
         // Both below `block_tokens`: one subtraction instead of a remainder.
@@ -322,8 +324,10 @@ impl Replica {
             (s.phase != SlotPhase::Idle) == bit(&self.live, i)
                 && (s.phase == SlotPhase::Generating) == bit(&self.generating, i)
         });
-        // With caching: each generating slot in the residue count of its context, and the
-        // blocks held by count those its output took past its chain.
+        // With caching: each generating slot in the residue count of its context; every
+        // active slot holds by chain at least the prompt blocks it named (all it chained,
+        // unless a name was taken first) and at most its context's blocks, and by count the
+        // rest of its context's blocks, which sum to the cache's reserved blocks.
         // (Counted on the stack, residues folded into 64 bins: the engine's thread must
         // not allocate, debug checks included.)
         let blocks_hold = self.cache.as_ref().is_none_or(|cache| {
@@ -340,7 +344,15 @@ impl Replica {
                 }
                 if s.phase != SlotPhase::Idle {
                     let context = s.prefilled + generated_at(s, clock);
-                    reserved += context.div_ceil(bt) - self.slot_blocks[i].held;
+                    let b = &self.slot_blocks[i];
+                    let full = (s.prefilled / bt).min(b.named);
+                    if b.held < full
+                        || b.held > context.div_ceil(bt)
+                        || (b.registered != b.held && b.named != b.registered)
+                    {
+                        return false;
+                    }
+                    reserved += context.div_ceil(bt) - b.held;
                 }
             }
             let mut weighted = 0u64;
@@ -410,10 +422,11 @@ pub(super) fn generated_at(slot: &Slot, clock: u32) -> u32 {
     }
 }
 
-/// Drops every block `slot` holds, newest first, so a sequence's later blocks are evicted
-/// before its earlier ones (a cached parent is never evicted before its child): its blank
-/// blocks in one splice (O(1)), then the ones it named back along its chain, then its cached
-/// prefix back along parent links.
+/// Drops every block `slot` holds by chain, newest first, so a sequence's later blocks are
+/// evicted before its earlier ones (a cached parent is never evicted before its child): its
+/// chained blank blocks (those after a name another sequence indexed first) in one splice
+/// (O(1)), then the ones it named back along its chain, then its cached prefix back along
+/// parent links. Its blocks held by count are the caller's to give back.
 fn release_blocks(cache: &mut BlockCache, slot: &SlotBlocks) {
     if slot.held > slot.registered {
         cache.release_blank_run(slot.reg_block, slot.tail, slot.held - slot.registered);
@@ -479,7 +492,7 @@ pub(super) fn grow_prefill(
         s.tail = last;
         s.held += chain;
     }
-    debug_assert!(s.held <= bs.needed(context));
+    debug_assert!(s.held >= full && s.held <= bs.needed(context));
     while s.registered < full && s.reg_block != NIL {
         let name = blocks.block_hash(slot.ticket, s.registered);
         if !cache.register(s.reg_block, name, s.reg_parent) {

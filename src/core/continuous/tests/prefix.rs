@@ -192,6 +192,48 @@ fn a_step_takes_its_new_decode_blocks_in_slot_order_with_its_finishes() {
     );
 }
 
+/// A prompt block is held by count while partly filled and taken by chain once it is full
+/// and named (it must carry the name): that swap takes no block and evicts nothing, so a
+/// prompt prefilled in small chunks evicts exactly when taking its blocks as it fills them
+/// would.
+#[test]
+fn a_prompt_block_named_once_full_evicts_nothing_more_than_taking_it() {
+    // 4 blocks of 4 tokens, prefill chunks of 2.
+    let mut c = Continuous::new(ContinuousConfig {
+        prefill_chunk: 2,
+        ..cfg(16)
+    });
+    let mut n = Names::default();
+    // [1, 2] cached (its first output token's block goes back blank): 2 blank blocks left.
+    admit(&mut c, &mut n, 8, 1, &[1, 2]);
+    run(&mut c, &n);
+    // 9 prompt tokens named [5, 6], prefilled 2 at a time, then its first output token:
+    // blocks 1, 1, 2, 2, 3. The third is the first past the blank ones and evicts [1, 2]'s
+    // second block (freed first, so least recently).
+    admit(&mut c, &mut n, 9, 1, &[5, 6]);
+    let mut seen = vec![];
+    while !c.is_idle() {
+        let mut entries = vec![];
+        c.tick_replicas(&n, &mut |_| true, &mut |a| {
+            if let StepAction::Step { entries: e, .. } = a {
+                entries = e.to_vec();
+            }
+        });
+        let results = vec![EntryResult::Continue; entries.len()];
+        c.complete_step_with(0, &n, &results, &mut |_, _| {});
+        seen.push((
+            c.prefix_stats().evicted_blocks,
+            c.cached_prefix_blocks(0, &names(&[1, 2])),
+        ));
+    }
+    assert_eq!(seen, [(0, 2), (0, 2), (0, 2), (0, 2), (1, 1)]);
+    assert_eq!(
+        c.cached_prefix_blocks(0, &names(&[5, 6])),
+        2,
+        "both full prompt blocks were named"
+    );
+}
+
 #[test]
 fn running_requests_share_blocks_and_count_them_once() {
     let mut c = Continuous::new(cfg(1000));
