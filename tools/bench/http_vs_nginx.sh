@@ -19,9 +19,11 @@ results="$(mktemp)"
 
 run() { # name pid url conns round
   local name=$1 pid=$2 url=$3 conns=$4 round=$5
-  local m rps p50 p99 cpu_us
+  local m rps p50 p99 non2xx cpu_us
   m=$(wrk_measure "$conns" "$secs" "$here/post.lua" "$url" "$pid")
-  read -r rps p50 p99 _ _ _ cpu_us <<<"$m"
+  read -r rps p50 p99 non2xx _ _ cpu_us <<<"$m"
+  # An error answered fast is not throughput.
+  if [ "$non2xx" != 0 ]; then echo "$url: $non2xx non-2xx answers" >&2; exit 1; fi
   printf "round %s  %-6s c=%-3s %10.0f req/s  p50 %6.0f us  p99 %6.0f us  server CPU %5s us/req\n" \
     "$round" "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_us"
   echo "$name $conns $round $rps $p50 $p99 $cpu_us" >>"$results"

@@ -3,7 +3,7 @@
 # directly (latency model `none`), and against a second abe that routes to it as an
 # `upstream` backend (one backend, 4 workers forwarding over keep-alive HTTP/1.1).
 # Prints req/s, latency p50/p99, and CPU per request of each abe process.
-# Needs: wrk (Debian package). Usage: tools/bench/router_proxy.sh [seconds] [connections]
+# Needs: wrk and curl (Debian packages). Usage: tools/bench/router_proxy.sh [seconds] [connections]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-10}"
@@ -35,9 +35,11 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 run() { # name url
   local name=$1 url=$2
   wrk_warm "$conns" "$here/post.lua" "$url"
-  local m rps p50 p99 cpu_up cpu_front
+  local m rps p50 p99 non2xx cpu_up cpu_front
   m=$(wrk_measure "$conns" "$secs" "$here/post.lua" "$url" "$up" "$front")
-  read -r rps _ _ _ p50 p99 cpu_up cpu_front <<<"$m"
+  read -r rps _ _ non2xx p50 p99 cpu_up cpu_front <<<"$m"
+  # An error answered fast is not throughput.
+  if [ "$non2xx" != 0 ]; then echo "$url: $non2xx non-2xx answers" >&2; exit 1; fi
   printf "%-8s c=%-3s %10s req/s  p50 %8s  p99 %8s  CPU/req: upstream abe %6s us, front abe %6s us\n" \
     "$name" "$conns" "$rps" "$p50" "$p99" "$cpu_up" "$cpu_front"
 }
