@@ -59,24 +59,30 @@ fn admit(c: &mut Continuous, n: &mut Names, prompt: u32, out: u32, parts: &[u64]
     t
 }
 
+/// Runs one step on replica 0 where every entry goes on (a sequence ends at its
+/// `max_tokens`); returns its entries, and hands `ended` each request that finished.
+fn step(c: &mut Continuous, n: &Names, ended: &mut impl FnMut(Ticket)) -> Vec<StepEntry> {
+    let mut entries = vec![];
+    c.tick_replicas(n, &mut |_| true, &mut |a| {
+        if let StepAction::Step { entries: e, .. } = a {
+            entries = e.to_vec();
+        }
+    });
+    let results = vec![EntryResult::Continue; entries.len()];
+    c.complete_step_with(0, n, &results, &mut |t, _| ended(t));
+    entries
+}
+
 /// Runs steps until idle; returns each request's first prefill offset (its cached tokens).
 fn run(c: &mut Continuous, n: &Names) -> HashMap<Ticket, u32> {
     let mut cached = HashMap::new();
     let mut guard = 0;
     while !c.is_idle() {
-        let mut entries = vec![];
-        c.tick_replicas(n, &mut |_| true, &mut |a| {
-            if let StepAction::Step { entries: e, .. } = a {
-                entries = e.to_vec();
-            }
-        });
-        for e in &entries {
+        for e in step(c, n, &mut |_| {}) {
             if let (true, StepWork::Prefill { offset, .. }) = (e.admitted, e.work) {
                 cached.insert(e.ticket, offset);
             }
         }
-        let results = vec![EntryResult::Continue; entries.len()];
-        c.complete_step_with(0, n, &results, &mut |_, _| {});
         guard += 1;
         assert!(guard < 10_000, "no progress");
     }
@@ -213,14 +219,7 @@ fn a_prompt_block_named_once_full_evicts_nothing_more_than_taking_it() {
     admit(&mut c, &mut n, 9, 1, &[5, 6]);
     let mut seen = vec![];
     while !c.is_idle() {
-        let mut entries = vec![];
-        c.tick_replicas(&n, &mut |_| true, &mut |a| {
-            if let StepAction::Step { entries: e, .. } = a {
-                entries = e.to_vec();
-            }
-        });
-        let results = vec![EntryResult::Continue; entries.len()];
-        c.complete_step_with(0, &n, &results, &mut |_, _| {});
+        step(&mut c, &n, &mut |_| {});
         seen.push((
             c.prefix_stats().evicted_blocks,
             c.cached_prefix_blocks(0, &names(&[1, 2])),
@@ -352,15 +351,8 @@ fn random_traffic_never_loses_a_request_or_leaks_a_block() {
         // Drain.
         let mut guard = 0;
         while !c.is_idle() {
-            let mut entries = vec![];
-            c.tick_replicas(&n, &mut |_| true, &mut |a| {
-                if let StepAction::Step { entries: e, .. } = a {
-                    entries = e.to_vec();
-                }
-            });
-            let results = vec![EntryResult::Continue; entries.len()];
             let mut gone = vec![];
-            c.complete_step_with(0, &n, &results, &mut |t, _| gone.push(t));
+            step(&mut c, &n, &mut |t| gone.push(t));
             for t in gone {
                 left += 1;
                 n.0.remove(&t.index);
