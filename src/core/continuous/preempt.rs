@@ -89,7 +89,7 @@ impl Continuous {
     #[cold]
     #[inline(never)]
     fn next_step_needs_at_most(&self, rep: &Replica, free: u64) -> bool {
-        let bt = self.cfg.block_tokens.max(1);
+        let bs = rep.block_size;
         let chunk = self.cfg.prefill_chunk.max(1);
         let needed: u64 = rep
             .slots
@@ -106,8 +106,8 @@ impl Continuous {
                 // Room in its last block: a slot holds blocks for its context (by chain
                 // and by count).
                 let context = s.prefilled + generated_at(s, rep.clock);
-                let room = (bt - context % bt) % bt;
-                u64::from(grow.saturating_sub(room).div_ceil(bt))
+                let room = bs.needed(context) * bs.tokens() - context;
+                u64::from(bs.needed(grow.saturating_sub(room)))
             })
             .sum();
         needed <= free
