@@ -6,9 +6,10 @@
 # the commit, the machine, the date and the load before and after each step.
 #
 # Groups (all by default; name some to run only those):
-#   core   criterion: core/request_cycle, the continuous tick with caching on and off, the
-#          prefix lookup per block                                            (~4 min)
-#   http   the instruction budget (abe and nginx), abe against nginx under wrk (~6 min)
+#   core   criterion: core/request_cycle, the continuous tick with caching on and off (and its
+#          instructions by callgrind), the prefix lookup per block            (~6 min)
+#   http   the instruction budget (abe and nginx), abe against nginx under wrk: plain
+#          requests, streams, and the proxy path (batched and one request at a time) (~12 min)
 #   sim    the continuous simulator against inference-lab at 20 and 300 requests/s, prefix
 #          caching on the Mooncake trace, cache-aware routing over 8 replicas (~8 min)
 #   live   auto against work-conserving in closed loops, simulated against live (roofline,
@@ -73,6 +74,7 @@ cargo build --release --bin abe >/dev/null 2>&1 || cargo build --release --bin a
 if wants core; then
   measure request_cycle 'time:' cargo bench --bench core -- 'core/request_cycle$'
   measure continuous_tick 'time:|instructions' cargo bench --bench continuous -- tick_16_slots
+  measure continuous_tick_instructions 'instructions|on / off' tools/bench/tick_instructions.sh
   measure prefix_lookup 'time:' cargo bench --bench continuous -- prefix
 fi
 
@@ -80,6 +82,10 @@ if wants http; then
   measure instruction_budget 'connection|per request|budget' tools/bench/instruction_budget.sh
   measure instruction_budget_nginx 'connection|per request' tools/bench/instruction_budget.sh --nginx
   measure http_vs_nginx 'medians|c=|abe/nginx' tools/bench/http_vs_nginx.sh 5 3
+  measure stream_vs_nginx 'medians|  (abe|nginx) |abe/nginx' tools/bench/stream_vs_nginx.sh 10 3 64
+  measure proxy_vs_nginx 'medians|  (abe|nginx)|abe/nginx' tools/bench/proxy_vs_nginx.sh 10 3 64
+  measure proxy_vs_nginx_alone 'medians|  (abe|nginx)|abe/nginx' \
+    env FRONT_MAX_BATCH=1 UPSTREAM_WORKERS=16 tools/bench/proxy_vs_nginx.sh 10 3 64
 fi
 
 if wants sim; then
