@@ -72,10 +72,10 @@ measure() {
 cargo build --release --bin abe >/dev/null 2>&1 || cargo build --release --bin abe
 
 if wants core; then
-  measure request_cycle 'time:' cargo bench --bench core -- 'core/request_cycle$'
-  measure continuous_tick 'time:|instructions' cargo bench --bench continuous -- tick_16_slots
+  measure request_cycle '^core/|time:' cargo bench --bench core -- 'core/request_cycle$'
+  measure continuous_tick '^continuous/|time:' cargo bench --bench continuous -- tick_16_slots
   measure continuous_tick_instructions 'instructions|on / off' tools/bench/tick_instructions.sh
-  measure prefix_lookup 'time:' cargo bench --bench continuous -- prefix
+  measure prefix_lookup '^continuous/|time:' cargo bench --bench continuous -- prefix
 fi
 
 if wants http; then

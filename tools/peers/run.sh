@@ -164,6 +164,6 @@ awk -F'\t' '$3 == "closed" { k = $1 ":" $2 " n=" $4; if (!(k in seen)) { seen[k]
 echo "== open loop, p50/p99 ms (a:b load x server)"
 awk -F'\t' '$3 == "open" { k = $1 ":" $2 " " $4; if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }
     v[k, $5] = $9 "/" $10; if (!($5 in sv)) { sv[$5] = 1; servers[++ns] = $5 } }
-  END { printf "%-14s", "a:b load"; for (j = 1; j <= ns; j++) printf "%16s", servers[j]; print "";
+  END { printf "%-14s", "a:b load"; for (j = 1; j <= ns; j++) printf " %18s", servers[j]; print "";
     for (i = 1; i <= nk; i++) { printf "%-14s", keys[i];
-      for (j = 1; j <= ns; j++) printf "%16s", v[keys[i], servers[j]]; print "" } }' "$tsv"
+      for (j = 1; j <= ns; j++) printf " %18s", v[keys[i], servers[j]]; print "" } }' "$tsv"
