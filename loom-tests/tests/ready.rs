@@ -4,17 +4,18 @@
 //!
 //! Two workers push (worker 0 twice, so a push may come after the engine already took and
 //! cleared its bit) and ring the engine's doorbell, as `WorkerThread::step` does; the engine
-//! takes the mask (Acquire swap), pops every ring of each group taken until empty, and
+//! takes the mask (Acquire swap) and pops every ring of each group taken until empty through
+//! `ready::pop_marked`, the walk `Engine::drain_replies` makes, and
 //! sleeps through `Doorbell::wait` with `ReadyMask::any` as its re-check, as
 //! `EngineIo::has_work` does; the engine is a thread of its own, as in abe. (Rings sharing
-//! a group, index `i` and `i + 64`, are a plain index walk, `group_rings`, unit-tested in
+//! a group, index `i` and `i + 64`, are a plain index walk, unit-tested in
 //! `runtime::ready`.) What must hold: no reply is lost (a push whose bit the engine missed
 //! while sleeping would strand it: a deadlock under loom), none is popped twice, and each
 //! ring keeps its order.
 #![cfg(feature = "loom")]
 
 use abe::runtime::doorbell::Doorbell;
-use abe::runtime::ready::{group_rings, MarkedProducer, ReadyMask};
+use abe::runtime::ready::{pop_marked, MarkedProducer, ReadyMask};
 use abe::runtime::ring::ring;
 use abe::runtime::sync::Arc;
 use loom::thread;
@@ -56,18 +57,14 @@ fn every_reply_is_popped_once_in_ring_order() {
             bell.bind_current();
             let mut popped = Vec::with_capacity(total);
             while popped.len() < total {
-                let mut groups = mask.take();
-                let mut any = false;
-                while groups != 0 {
-                    let group = groups.trailing_zeros();
-                    groups &= groups - 1;
-                    for w in group_rings(group, rings.len()) {
-                        while let Some(item) = rings[w].pop() {
-                            popped.push(item);
-                            any = true;
-                        }
+                let any = pop_marked(mask.take(), rings.len(), |w| {
+                    let mut any = false;
+                    while let Some(item) = rings[w].pop() {
+                        popped.push(item);
+                        any = true;
                     }
-                }
+                    any
+                });
                 if !any && popped.len() < total {
                     bell.wait(WAIT_TIMEOUT, || mask.any());
                 }

@@ -7,8 +7,8 @@
 //! producer per ring and all of them sharing one mask):
 //! - producer ([`MarkedProducer::push`]): push into its ring, then set its group's bit
 //!   (Release), then ring the consumer's doorbell (the caller's);
-//! - consumer ([`ReadyMask::take`]): swap the mask to 0 (Acquire), then pop every ring of
-//!   each group taken until it is empty. A push whose bit the swap missed set it after the
+//! - consumer ([`ReadyMask::take`], then [`pop_marked`]): swap the mask to 0 (Acquire), then
+//!   pop every ring of each group taken until it is empty. A push whose bit the swap missed set it after the
 //!   swap, so the next `take` sees it: nothing is stranded. A bit may name a ring already
 //!   emptied (its push was popped in the turn the bit came late): a look that finds nothing.
 //! - waiting: the consumer's doorbell re-check is [`ReadyMask::any`].
@@ -58,6 +58,25 @@ impl ReadyMask {
 #[inline]
 pub fn group_rings(group: u32, rings: usize) -> impl Iterator<Item = usize> {
     (group as usize..rings).step_by(GROUPS)
+}
+
+/// Consumer: calls `pop_all(i)` for every ring `i` (of `rings`) in `groups`, what
+/// [`ReadyMask::take`] just returned; `pop_all` pops ring `i` until it is empty and says
+/// whether it popped anything. Returns whether any call did. The engine's reply drain and
+/// its loom model (`loom-tests/tests/ready.rs`) both walk the groups through here, so the
+/// model checks this walk.
+#[inline]
+pub fn pop_marked(groups: u64, rings: usize, mut pop_all: impl FnMut(usize) -> bool) -> bool {
+    let mut popped = false;
+    let mut groups = groups;
+    while groups != 0 {
+        let group = groups.trailing_zeros();
+        groups &= groups - 1;
+        for i in group_rings(group, rings) {
+            popped |= pop_all(i);
+        }
+    }
+    popped
 }
 
 /// A ring's writing end that marks its group in the consumer's mask after every push.
@@ -118,5 +137,19 @@ mod tests {
         assert_eq!(p0.push(3), Err(3), "full ring gives the item back");
         assert!(!mask.any(), "a refused push marks nothing");
         assert_eq!((c0.pop(), c0.pop(), c0.pop()), (Some(1), Some(2), None));
+    }
+
+    #[test]
+    fn pop_marked_visits_every_ring_of_the_groups_taken_and_no_other() {
+        let mut visited = Vec::new();
+        // Groups 0 and 2 of 130 rings: rings 0, 64, 128 and 2, 66.
+        let popped = pop_marked(0b101, 130, |i| {
+            visited.push(i);
+            i == 66
+        });
+        assert_eq!(visited, vec![0, 64, 128, 2, 66]);
+        assert!(popped, "ring 66 popped something");
+        assert!(!pop_marked(0b1, 130, |_| false), "nothing popped");
+        assert!(!pop_marked(0, 130, |_| panic!("no group taken")));
     }
 }

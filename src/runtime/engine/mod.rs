@@ -345,19 +345,15 @@ impl<M: Mode> Engine<M> {
     /// reply looks at no ring).
     #[inline]
     fn drain_replies(&mut self, now: Nanos) -> bool {
-        let mut worked = false;
-        let mut groups = self.io.replies_ready.take();
-        while groups != 0 {
-            let group = groups.trailing_zeros();
-            groups &= groups - 1;
-            for w in ready::group_rings(group, self.io.workers.len()) {
-                while let Some(reply) = self.io.workers[w].replies.pop() {
-                    worked = true;
-                    self.mode.on_reply(&mut self.io, now, w, reply);
-                }
+        let groups = self.io.replies_ready.take();
+        ready::pop_marked(groups, self.io.workers.len(), |w| {
+            let mut popped = false;
+            while let Some(reply) = self.io.workers[w].replies.pop() {
+                popped = true;
+                self.mode.on_reply(&mut self.io, now, w, reply);
             }
-        }
-        worked
+            popped
+        })
     }
 
     /// Publishes a snapshot now (the turn does it every [`SNAPSHOT_INTERVAL_NS`]).
