@@ -40,9 +40,8 @@ step() {
 # The summary is printed however the suite ends, so a failed run still shows where time went.
 summary() {
   local rc=$?
-  # A suite that stops early does not leave the background builds running.
+  # A suite that stops early does not leave the background release build running.
   if [ -n "${release_pid:-}" ]; then kill -- "-$release_pid" 2>/dev/null || true; fi
-  if [ -n "${loom_pid:-}" ]; then kill -- "-$loom_pid" 2>/dev/null || true; fi
   step ""
   echo "== wall time per step (2 cores: the whole suite should stay under 15 minutes)"
   printf '%s\n' "${timings[@]}"
@@ -75,24 +74,11 @@ mkdir -p target
 # Its own process group (setsid), so a suite that stops early stops its rustc processes too.
 setsid nice -n 19 cargo build --release --bin abe >"$release_log" 2>&1 &
 release_pid=$!
-# The loom models' build (step 2) likewise: abe's crate compiled again with the `loom` feature,
-# about two minutes of a fresh machine's suite when it ran in its own step. It waits until the
-# test run below holds no build lock (cargo takes target/debug's lock only while it builds,
-# not while the tests run; step 1 left nothing to build), so the test run never waits on it.
-loom_log=target/loom-build.log
-setsid nice -n 19 bash -c 'sleep 10; cargo test -p loom-tests --features loom-tests/loom --no-run' >"$loom_log" 2>&1 &
-loom_pid=$!
 
 step "cargo test: run"
 cargo test --workspace --all-targets --features testing,embed
 
 step "loom models"
-if ! wait "$loom_pid"; then
-  cat "$loom_log" >&2
-  echo "the loom models' build (started after step 1) failed" >&2
-  exit 1
-fi
-loom_pid=""
 # The dev profile with loom's checker optimised (Cargo.toml): it reuses every dependency step 1
 # compiled, where a release build under RUSTFLAGS="--cfg loom" recompiled them all (a whole
 # cold build, minutes of a fresh machine's suite), and explores as fast.
