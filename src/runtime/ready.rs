@@ -8,9 +8,10 @@
 //! - producer ([`MarkedProducer::push`]): push into its ring, then set its group's bit
 //!   (Release), then ring the consumer's doorbell (the caller's);
 //! - consumer ([`ReadyMask::take`], then [`pop_marked`]): swap the mask to 0 (Acquire), then
-//!   pop every ring of each group taken until it is empty. A push whose bit the swap missed set it after the
-//!   swap, so the next `take` sees it: nothing is stranded. A bit may name a ring already
-//!   emptied (its push was popped in the turn the bit came late): a look that finds nothing.
+//!   pop every ring of each group taken until it is empty. A push whose bit the swap missed
+//!   set it after the swap, so the next `take` sees it: nothing is stranded. A bit may name a
+//!   ring already emptied (its push was popped in the turn the bit came late): a look that
+//!   finds nothing.
 //! - waiting: the consumer's doorbell re-check is [`ReadyMask::any`].
 //!
 //! Ring `i` belongs to group `i % 64`. Nothing here allocates after construction.

@@ -133,7 +133,7 @@ fn centred(len: u128, xy: u128, x: u128, y: u128) -> f64 {
 
 /// `x as f64`, the same value, one instruction where `x` fits in 64 bits (it does for any
 /// window of batches under a few hours each): a 128-bit conversion is a library call, and
-/// a fit makes nine of them per completed batch.
+/// a fit makes eight of them per completed batch.
 #[inline]
 fn wide_to_f64(x: i128) -> f64 {
     match i64::try_from(x) {
@@ -144,7 +144,7 @@ fn wide_to_f64(x: i128) -> f64 {
 
 /// The 128-bit conversion itself, out of line: written inline in [`wide_to_f64`]'s other arm,
 /// the optimiser saw both arms give the same value and kept only this one, so every fit
-/// called the library routine nine times (callgrind, 2,000 requests on one connection:
+/// called the library routine eight times (callgrind, 2,000 requests on one connection:
 /// 15,800 calls, about 250 instructions a request on the engine thread).
 #[cold]
 #[inline(never)]
