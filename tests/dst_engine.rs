@@ -378,9 +378,14 @@ impl Play for IterationLevel {
         end: &mut WorkerEnd<StepMsg>,
         rng: &mut SmallRng,
     ) {
-        let StepMsg { mut items } = job;
+        let StepMsg {
+            mut items,
+            dispatched,
+        } = job;
         let result = match answer {
-            Answer::Ok | Answer::ItemErrors | Answer::ClientError => exec.step(&mut items),
+            Answer::Ok | Answer::ItemErrors | Answer::ClientError => {
+                exec.step(&mut items, dispatched)
+            }
             Answer::BatchError => Err(backend_error(rng)),
         };
         assert!(

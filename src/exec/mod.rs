@@ -199,8 +199,14 @@ pub trait Executor: Send {
     ) -> Result<(), ExecError>;
 
     /// Runs one continuous-batching step (one forward pass over the items), filling each
-    /// item's `token`, `result` and, for finished requests, `output`.
-    fn step(&mut self, _items: &mut [StepItem]) -> Result<(), ExecError> {
+    /// item's `token`, `result` and, for finished requests, `output`. `dispatched` is when
+    /// the engine sent the step: an executor that emulates a step's duration ends it at
+    /// `dispatched` plus that duration, so the hand-off to its thread is not added on top.
+    fn step(
+        &mut self,
+        _items: &mut [StepItem],
+        _dispatched: std::time::Instant,
+    ) -> Result<(), ExecError> {
         Err(ExecError::Backend(
             "this executor does not run continuous batching".into(),
         ))

@@ -189,8 +189,9 @@ impl SimExecutor {
         }
     }
 
-    /// Sleeps `ms`, in slices, returning early when `stop` is set.
-    fn sleep_ms(&mut self, ms: f64) {
+    /// Sleeps until `ms` after `from`, in slices, returning early when `stop` is set (at
+    /// once if that time has passed).
+    fn sleep_ms(&mut self, from: Instant, ms: f64) {
         if ms <= 0.0 {
             return;
         }
@@ -199,7 +200,7 @@ impl SimExecutor {
             tighten_timer_slack();
             self.timer_slack_set = true;
         }
-        let until = Instant::now() + Duration::from_secs_f64(ms / 1000.0);
+        let until = from + Duration::from_secs_f64(ms / 1000.0);
         loop {
             let now = Instant::now();
             if now >= until || self.stop.load(Ordering::Relaxed) {
@@ -209,15 +210,15 @@ impl SimExecutor {
         }
     }
 
-    /// Spends `service_ms` plus the injected latency and hang, then draws the injected
-    /// error: what every batch and every step goes through.
-    fn serve(&mut self, service_ms: f64) -> Result<(), ExecError> {
+    /// Spends `service_ms` plus the injected latency and hang from `from`, then draws the
+    /// injected error: what every batch and every step goes through.
+    fn serve(&mut self, from: Instant, service_ms: f64) -> Result<(), ExecError> {
         let faults = self.faults.get();
         let mut ms = service_ms + faults.added_latency_ms;
         if faults.hang_rate > 0.0 && self.rng.gen_bool(faults.hang_rate.clamp(0.0, 1.0)) {
             ms += faults.hang_ms;
         }
-        self.sleep_ms(ms);
+        self.sleep_ms(from, ms);
         if faults.error_rate > 0.0 && self.rng.gen_bool(faults.error_rate.clamp(0.0, 1.0)) {
             return Err(ExecError::Injected("error_rate"));
         }
@@ -294,10 +295,12 @@ impl SimExecutor {
 }
 
 impl Executor for SimExecutor {
-    fn step(&mut self, items: &mut [StepItem]) -> Result<(), ExecError> {
+    fn step(&mut self, items: &mut [StepItem], dispatched: Instant) -> Result<(), ExecError> {
         let shape = StepShape::of(items.iter().map(|i| &i.entry));
         let lora_ms = f64::from(shape.lora_loads) * self.cfg.lora_load_ms;
-        self.serve(self.cfg.latency.step_ms(&shape) + lora_ms)?;
+        // From the engine's dispatch, as the simulator times a step: the worker's wake-up
+        // is inside the step, not on top of it.
+        self.serve(dispatched, self.cfg.latency.step_ms(&shape) + lora_ms)?;
         for item in items.iter_mut() {
             let slot = item.entry.slot as usize;
             if slot >= self.slots.len() {
@@ -395,7 +398,10 @@ impl Executor for SimExecutor {
             .latency
             .batch_ms(&shapes, &mut self.sort_scratch, &mut self.rng);
         let loads: u32 = items.iter().map(|i| i.lora_loads).sum();
-        self.serve(service_ms + f64::from(loads) * self.cfg.lora_load_ms)?;
+        self.serve(
+            Instant::now(),
+            service_ms + f64::from(loads) * self.cfg.lora_load_ms,
+        )?;
         for (item, &(p, o)) in items.iter_mut().zip(shapes.iter()) {
             let key = item.work.stream_key();
             item.output = Some(match item.work.kind {

@@ -223,6 +223,10 @@ pub enum BatchEvent {
 #[derive(Debug)]
 pub struct StepMsg {
     pub items: Vec<crate::exec::StepItem>,
+    /// When the engine sent it (its turn's clock reading): a simulated step's duration
+    /// counts from here, so the hand-off to the worker is inside the step, as the simulator
+    /// has it, and not on top of it.
+    pub dispatched: std::time::Instant,
 }
 
 /// Continuous batching: the step's items with their results filled, or the executor's error.

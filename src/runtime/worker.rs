@@ -197,8 +197,8 @@ impl Job for StepMsg {
     type Exec = dyn Executor;
 
     fn run(self, exec: &mut Self::Exec, _events: &mut Events<'_, StepResult>) -> StepResult {
-        let StepMsg { mut items } = self;
-        let result = guarded(exec, |exec| exec.step(&mut items));
+        let StepMsg { mut items, dispatched } = self;
+        let result = guarded(exec, |exec| exec.step(&mut items, dispatched));
         StepResult { items, result }
     }
 }

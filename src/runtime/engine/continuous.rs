@@ -648,7 +648,8 @@ impl Mode for IterationLevel {
                     busy_since[replica] = now;
                     started.push(replica);
                     let link = &mut io.workers[replica];
-                    if link.jobs.push(StepMsg { items }).is_err() {
+                    let dispatched = io.clock.instant(now);
+                    if link.jobs.push(StepMsg { items, dispatched }).is_err() {
                         unreachable!("one step out per replica fits its ring");
                     }
                     link.bell.ring();
