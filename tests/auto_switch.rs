@@ -2,7 +2,7 @@
 //! request is lost or answered twice, the server's counters reconcile, and /metrics shows
 //! what `auto` learned.
 
-mod common;
+use crate::common;
 
 use abe::core::strategy::StrategyKind;
 use abe::exec::latency::LatencyKind;

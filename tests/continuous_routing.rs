@@ -5,7 +5,7 @@
 //! load the router sees returns to zero. An upstream backend in continuous mode is refused
 //! at start with a message that says why.
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use abe::core::BatchingMode;

@@ -8,7 +8,7 @@
 //! first. `ABE_EMBED_MODEL_DIR` points the tests at another copy.
 #![cfg(feature = "embed")]
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use abe::router::{BackendConfig, BackendKindName, ModelConfig};

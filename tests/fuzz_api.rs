@@ -3,7 +3,7 @@
 //! be a success of the endpoint's shape or an OpenAI-shaped client error; never a 5xx, a
 //! hang, or a dead server. Seeds: `fuzz/corpus/api/`.
 
-mod common;
+use crate::common;
 
 use abe::fuzz::{seeds_from_dir, signature, Campaign};
 use common::Client;

@@ -3,7 +3,7 @@
 //! and split. Short bounded campaigns here; `FUZZ_ITERS` / `FUZZ_SEED` make long
 //! runs (RELIABILITY.md). Seeds: `fuzz/corpus/http/`.
 
-mod common;
+use crate::common;
 
 use abe::fuzz::{invariants, seeds_from_dir, signature, Campaign};
 use rand::rngs::SmallRng;

@@ -3,7 +3,7 @@
 //! each stream kind does to the stream what it says, after N events. Both batching modes;
 //! set through the `[workers] fault_*` keys and through `POST /admin/faults`.
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use abe::core::BatchingMode;

@@ -1,7 +1,7 @@
 //! The HTTP front end and OpenAI API over real TCP on 127.0.0.1: every endpoint, every
 //! error, pipelining, many connections, slow senders.
 
-mod common;
+use crate::common;
 
 use abe::core::BatchingMode;
 use abe::exec::latency::LatencyKind;

@@ -2,7 +2,7 @@
 //! answered once with 400 and the connection closes, so nothing smuggled after it is ever
 //! served. (Each rule is unit-tested in `http::parse`; this checks the connection end.)
 
-mod common;
+use crate::common;
 
 use common::{start, test_config, Client};
 

@@ -6,7 +6,7 @@
 //! the start's error; DNS discovery following `/etc/hosts` lines that point at `abe serve`
 //! instances on 127.0.0.2 and 127.0.0.3.
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use abe::core::BatchingMode;

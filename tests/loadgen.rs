@@ -7,7 +7,7 @@
 //! per-request timeout, and servers shut down at the end. Timing assertions are one-sided
 //! and far from their thresholds (a slow machine makes latencies larger, never smaller).
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use abe::loadgen::{self, LoadgenError, LoadgenOptions, Progress};

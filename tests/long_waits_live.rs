@@ -11,7 +11,7 @@
 //! than the data-rate grace and the read timeout is answered, not cut off with a 408.
 //! Timing only sets the situation up (idle gaps, a slow batch); nothing asserts a duration.
 
-mod common;
+use crate::common;
 
 use abe::config::Millis;
 use abe::loadgen::{self, LoadgenOptions};

@@ -4,7 +4,7 @@
 //! the adapter's name; vLLM's load/unload answers and errors; with `max_loras = 1` and two
 //! adapters, requests of both complete.
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use abe::core::BatchingMode;

@@ -1,7 +1,7 @@
 //! What an operator and vLLM-built tools see of a live abe, over real TCP on 127.0.0.1:
 //! vLLM's metric names on /metrics, the per-second history, the event stream, the dashboard.
 
-mod common;
+use crate::common;
 
 use abe::core::BatchingMode;
 use common::{start, test_config, Client};

@@ -5,7 +5,7 @@
 //! `request` events agree with the answers. With caching off, and in request-level
 //! batching, the field is absent and nothing hits.
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use abe::core::BatchingMode;

@@ -2,7 +2,7 @@
 //! the response object, its stream of named events (deltas adding up to the final text, no
 //! `[DONE]`), the store (and `store: false`), message-list input with instructions.
 
-mod common;
+use crate::common;
 
 use common::{start_in, Client, MODES};
 use serde_json::Value;

@@ -5,7 +5,7 @@
 //!
 //! Upstream backends (other abe processes, a failing mock) are in tests/upstream_routing.rs.
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use abe::exec::sim::FaultSettings;

@@ -3,7 +3,7 @@
 //! print the admin token or an upstream API key, whether they came from the file or from
 //! `ABE_*` variables.
 
-mod common;
+use crate::common;
 
 use common::Client;
 use std::io::{BufRead, BufReader, Read};

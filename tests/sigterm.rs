@@ -2,7 +2,7 @@
 //! scrape, and on SIGTERM with a few hundred requests in flight answers every one of them
 //! and exits 0.
 
-mod common;
+use crate::common;
 
 use common::{request_bytes, Client};
 use std::io::{BufRead, BufReader};

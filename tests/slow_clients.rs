@@ -4,7 +4,7 @@
 //! far below the file-descriptor limit `tools/test.sh` sets (client and server ends both
 //! live in this process).
 
-mod common;
+use crate::common;
 
 use abe::config::Millis;
 use common::{start, test_config, Client};

@@ -3,7 +3,7 @@
 //! crate (not abe's own generator), tool calls in whole answers and as stream deltas,
 //! determinism per seed, truncation by max_tokens, and the 400s.
 
-mod common;
+use crate::common;
 
 use common::{start, start_in, test_config, Client, MODES};
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! batching into array requests, splitting answers back per item, streaming relay, error
 //! mapping per item, probes, and health transitions.
 
-mod common;
+use crate::common;
 
 use abe::core::{Kind, Ticket};
 use abe::exec::health::{spawn_health_checker, HealthBoard};

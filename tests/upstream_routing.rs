@@ -4,7 +4,7 @@
 //! lost, and comes back; upstream failures reach the client as 502 / 504 / the backend's
 //! own 4xx.
 
-mod common;
+use crate::common;
 
 use abe::config::Config;
 use common::mock_upstream::{MockUpstream, Mode};

@@ -2,7 +2,7 @@
 //! `best_of`, `logprobs` / `top_logprobs` (whole and streamed), `echo` (whole and streamed), `ignore_eos`,
 //! `min_tokens`, `max_model_len`'s 400, `/tokenize` and `/detokenize`.
 
-mod common;
+use crate::common;
 
 use abe::core::BatchingMode;
 use common::{start, test_config, Client};

@@ -2,7 +2,7 @@
 //! (lower first), `stream_options.continuous_usage_stats`, `X-Request-Id` echoed and used
 //! as the response id, and `GET /version`. Both batching modes, over loopback.
 
-mod common;
+use crate::common;
 
 use common::mock_upstream::{MockUpstream, Mode};
 use common::{start, start_in, test_config, Client, MODES};
