@@ -197,7 +197,10 @@ impl Job for StepMsg {
     type Exec = dyn Executor;
 
     fn run(self, exec: &mut Self::Exec, _events: &mut Events<'_, StepResult>) -> StepResult {
-        let StepMsg { mut items, dispatched } = self;
+        let StepMsg {
+            mut items,
+            dispatched,
+        } = self;
         let result = guarded(exec, |exec| exec.step(&mut items, dispatched));
         StepResult { items, result }
     }
