@@ -127,28 +127,56 @@ impl Core {
         let max_len = max_len.min(tickets.capacity());
         let mut tokens = 0u64;
         let mut adapters = BatchAdapters::new(self.cfg.max_loras);
+        // The group's buckets as a mask over one priority's classes: only the occupied
+        // ones (`nonempty`) are looked at, so a batch of one does not scan every queue of
+        // every priority twice.
+        let group = ((1u32 << buckets.end) - 1) & !((1u32 << buckets.start) - 1);
         'fill: for p in Priority::HIGHEST_FIRST {
+            let first_class = request::class_index(p, 0);
             loop {
                 if tickets.len() >= max_len {
                     break 'fill;
                 }
                 // Oldest request among this priority's queues in the group whose LoRA
                 // adapter fits the batch (the head, unless its adapter does not).
-                let mut pick: Option<(usize, u32, Nanos)> = None;
-                for bucket in buckets.clone() {
-                    let class = request::class_index(p, bucket);
-                    if let Some(first) = self.first_fitting(self.queues[class].front(), &adapters) {
-                        let arrival = self.table.meta(first).arrival_ns;
-                        if pick.is_none_or(|(_, _, a)| arrival < a) {
-                            pick = Some((class, first, arrival));
+                let mut occupied = (self.nonempty >> first_class) & group;
+                debug_assert!(buckets.clone().all(|b| {
+                    let class = request::class_index(p, b);
+                    self.queues[class].is_empty() == (occupied & (1 << b) == 0)
+                }));
+                let pick = if occupied & occupied.wrapping_sub(1) == 0 {
+                    // One occupied queue (or none): its first fitting request, no comparing.
+                    let class = first_class + occupied.trailing_zeros() as usize;
+                    match occupied {
+                        0 => None,
+                        _ => self
+                            .first_fitting(self.queues[class].front(), &adapters)
+                            .map(|first| (class, first)),
+                    }
+                } else {
+                    let mut oldest: Option<(usize, u32, Nanos)> = None;
+                    while occupied != 0 {
+                        let class = first_class + occupied.trailing_zeros() as usize;
+                        occupied &= occupied - 1;
+                        let front = self.queues[class].front();
+                        if let Some(first) = self.first_fitting(front, &adapters) {
+                            let arrival = self.table.meta(first).arrival_ns;
+                            if oldest.is_none_or(|(_, _, a)| arrival < a) {
+                                oldest = Some((class, first, arrival));
+                            }
                         }
                     }
-                }
-                let Some((class, index, arrival)) = pick else {
+                    oldest.map(|(class, first, _)| (class, first))
+                };
+                let Some((class, index)) = pick else {
                     break;
                 };
                 let meta = self.table.meta(index);
-                let (t, adapter) = (u64::from(meta.tokens_estimated), meta.adapter);
+                let (t, adapter, arrival) = (
+                    u64::from(meta.tokens_estimated),
+                    meta.adapter,
+                    meta.arrival_ns,
+                );
                 if !tickets.is_empty() && !self.fits(limit, tokens, t) {
                     break 'fill;
                 }
