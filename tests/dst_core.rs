@@ -398,7 +398,7 @@ fn every_request_is_answered_exactly_once_under_faults_for_thousands_of_seeds() 
                     .cloned()
                     .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_default();
-                panic!("seed {seed} failed: {why}\n  replay: DST_SEED={seed} cargo test --test dst_core");
+                panic!("seed {seed} failed: {why}\n  replay: DST_SEED={seed} cargo test --test simulation dst_core::");
             }
         }
     }

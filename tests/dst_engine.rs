@@ -1202,7 +1202,7 @@ fn run_seeds<M: Play>(default_seeds: u64, steps: u64) -> (u64, Tally) {
                     .unwrap_or_default();
                 panic!(
                     "{} mode, seed {seed} failed: {why}\n  replay: DST_SEED={seed} DST_MODE={} \
-                     cargo test --features testing --test dst_engine",
+                     cargo test --features testing --test campaigns dst_engine::",
                     M::NAME,
                     M::NAME
                 );

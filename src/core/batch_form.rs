@@ -128,8 +128,8 @@ impl Core {
         let mut tokens = 0u64;
         let mut adapters = BatchAdapters::new(self.cfg.max_loras);
         // The group's buckets as a mask over one priority's classes: only the occupied
-        // ones (`nonempty`) are looked at, so a batch of one does not scan every queue of
-        // every priority twice.
+        // ones (`nonempty`) are looked at, and one occupied queue gives its first request
+        // without comparing arrivals.
         let group = ((1u32 << buckets.end) - 1) & !((1u32 << buckets.start) - 1);
         'fill: for p in Priority::HIGHEST_FIRST {
             let first_class = request::class_index(p, 0);

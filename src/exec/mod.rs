@@ -199,9 +199,10 @@ pub trait Executor: Send {
     ) -> Result<(), ExecError>;
 
     /// Runs one continuous-batching step (one forward pass over the items), filling each
-    /// item's `token`, `result` and, for finished requests, `output`. `dispatched` is when
-    /// the engine sent the step: an executor that emulates a step's duration ends it at
-    /// `dispatched` plus that duration, so the hand-off to its thread is not added on top.
+    /// item's `token`, `result` and, for finished requests, `output`. `dispatched` is the
+    /// clock reading of the engine turn that formed the step (at or before the send): an
+    /// executor that emulates a step's duration ends it at `dispatched` plus that duration,
+    /// so the turn's own work and the hand-off to its thread are not added on top.
     fn step(
         &mut self,
         _items: &mut [StepItem],
