@@ -298,8 +298,8 @@ impl Executor for SimExecutor {
     fn step(&mut self, items: &mut [StepItem], dispatched: Instant) -> Result<(), ExecError> {
         let shape = StepShape::of(items.iter().map(|i| &i.entry));
         let lora_ms = f64::from(shape.lora_loads) * self.cfg.lora_load_ms;
-        // From the engine's dispatch, as the simulator times a step: the worker's wake-up
-        // is inside the step, not on top of it.
+        // From the engine turn that formed the step, as the simulator times it: the
+        // worker's wake-up is inside the step, not on top of it.
         self.serve(dispatched, self.cfg.latency.step_ms(&shape) + lora_ms)?;
         for item in items.iter_mut() {
             let slot = item.entry.slot as usize;

@@ -223,9 +223,9 @@ pub enum BatchEvent {
 #[derive(Debug)]
 pub struct StepMsg {
     pub items: Vec<crate::exec::StepItem>,
-    /// When the engine sent it (its turn's clock reading): a simulated step's duration
-    /// counts from here, so the hand-off to the worker is inside the step, as the simulator
-    /// has it, and not on top of it.
+    /// The clock reading of the engine turn that formed it (at or before the send): a
+    /// simulated step's duration counts from here, so the hand-off to the worker is inside
+    /// the step, as the simulator has it, and not on top of it.
     pub dispatched: std::time::Instant,
 }
 
