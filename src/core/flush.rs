@@ -50,8 +50,13 @@ impl Core {
         if self.queued == 0 {
             return None;
         }
-        let timeout_ns = self.strategy_timeout_ns();
         let is_auto = self.strategy == StrategyKind::Auto;
+        // `auto` holds by its own rule, not a timeout: the timeout arm below is not reached.
+        let timeout_ns = if is_auto {
+            Nanos::MAX
+        } else {
+            self.strategy_timeout_ns()
+        };
         let free_workers = if is_auto { self.free_workers(now) } else { 0 };
         let idle_worker = !is_auto && self.cfg.dispatch_when_idle && self.any_idle_worker(now);
         let mut best: Option<(usize, FlushReason, u8, Nanos)> = None;

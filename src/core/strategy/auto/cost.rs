@@ -77,12 +77,18 @@ impl Cost {
     }
 }
 
+/// Largest value a sample's field keeps (requests, tokens, service ns); larger ones are
+/// clamped to it. 2^57 ns is four and a half years and 2^57 tokens no batch holds, so the
+/// clamp never bites, and it bounds a window's sum of one field below 2^63: the single sums
+/// are `u64` and convert to `f64` in one instruction.
+const SAMPLE_MAX: u64 = (1 << 57) - 1;
+
 /// Exact sums over the window: of `n`, `t`, `s` (service ns) and of their products.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Sums {
-    n: u128,
-    t: u128,
-    s: u128,
+    n: u64,
+    t: u64,
+    s: u64,
     nn: u128,
     tt: u128,
     nt: u128,
@@ -90,50 +96,51 @@ struct Sums {
     ts: u128,
 }
 
+/// `x * y` of two `u64`, exact: one widening multiply.
+#[inline]
+fn wide(x: u64, y: u64) -> u128 {
+    u128::from(x) * u128::from(y)
+}
+
 impl Sums {
     fn add(&mut self, x: &Sample) {
-        let (n, t, s) = (
-            u128::from(x.requests),
-            u128::from(x.tokens),
-            u128::from(x.service_ns),
-        );
+        let (n, t, s) = (x.requests, x.tokens, x.service_ns);
         self.n += n;
         self.t += t;
         self.s += s;
-        self.nn += n * n;
-        self.tt += t * t;
-        self.nt += n * t;
-        self.ns += n * s;
-        self.ts += t * s;
+        self.nn += wide(n, n);
+        self.tt += wide(t, t);
+        self.nt += wide(n, t);
+        self.ns += wide(n, s);
+        self.ts += wide(t, s);
     }
 
     fn remove(&mut self, x: &Sample) {
-        let (n, t, s) = (
-            u128::from(x.requests),
-            u128::from(x.tokens),
-            u128::from(x.service_ns),
-        );
+        let (n, t, s) = (x.requests, x.tokens, x.service_ns);
         self.n -= n;
         self.t -= t;
         self.s -= s;
-        self.nn -= n * n;
-        self.tt -= t * t;
-        self.nt -= n * t;
-        self.ns -= n * s;
-        self.ts -= t * s;
+        self.nn -= wide(n, n);
+        self.tt -= wide(t, t);
+        self.nt -= wide(n, t);
+        self.ns -= wide(n, s);
+        self.ts -= wide(t, s);
     }
 }
 
 /// `len` times the centred co-moment of two regressors, `len * sum(xy) - sum(x) sum(y)`,
-/// computed exactly, divided by `len` in floating point.
-fn centred(len: u128, xy: u128, x: u128, y: u128) -> f64 {
-    let scaled = len as i128 * xy as i128 - x as i128 * y as i128;
-    wide_to_f64(scaled) / wide_to_f64(len as i128)
+/// computed exactly, divided by `len` in floating point. The single sums are below 2^63
+/// ([`SAMPLE_MAX`]), a product's sum below 2^120 (64 products below 2^114) and `len` at most
+/// 2^6, so both terms are below 2^126, fit in `i128`, and the difference is exact.
+#[inline]
+fn centred(len: u64, xy: u128, x: u64, y: u64) -> f64 {
+    let scaled = (u128::from(len) * xy) as i128 - wide(x, y) as i128;
+    wide_to_f64(scaled) / len as f64
 }
 
 /// `x as f64`, the same value, one instruction where `x` fits in 64 bits (it does for any
 /// window of batches under a few hours each): a 128-bit conversion is a library call, and
-/// a fit makes eight of them per completed batch.
+/// a fit makes five of them per completed batch.
 #[inline]
 fn wide_to_f64(x: i128) -> f64 {
     match i64::try_from(x) {
@@ -188,9 +195,9 @@ impl CostModel {
             return;
         }
         let sample = Sample {
-            requests: requests as u64,
-            tokens,
-            service_ns,
+            requests: (requests as u64).min(SAMPLE_MAX),
+            tokens: tokens.min(SAMPLE_MAX),
+            service_ns: service_ns.min(SAMPLE_MAX),
         };
         if self.len >= OUTLIER_MIN_SAMPLES {
             let predicted = self.fitted.service_ns(requests as f64, tokens as f64);
@@ -246,11 +253,11 @@ impl CostModel {
                 ..Cost::default()
             };
         }
-        let len = self.len as u128;
+        let len = self.len as u64;
         let n = self.len as f64;
         let z = &self.sums;
-        // The sums are never negative, so their 128-bit signed form is exact.
-        let mean = |sum: u128| wide_to_f64(sum as i128) / n;
+        // Below 2^63 (`SAMPLE_MAX`), so the signed conversion is exact and one instruction.
+        let mean = |sum: u64| sum as i64 as f64 / n;
         let (mn, mt, ms) = (mean(z.n), mean(z.t), mean(z.s));
         // Centred second moments, exact up to the final division.
         let snn = centred(len, z.nn, z.n, z.n);
