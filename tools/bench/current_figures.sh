@@ -101,7 +101,7 @@ if wants live; then
     env MODE=continuous LATENCY_MODEL=roofline WORKERS=2 TOLERANCE=0.05 tools/sim_vs_live.sh
   measure sim_vs_live_mooncake 'hit|throughput|p50|TTFT|TPOT|PASS|FAIL|agree' \
     env TRACE=tests/fixtures/mooncake_fast25_synthetic_200.jsonl MODE=continuous \
-    LATENCY_MODEL=roofline WORKERS=1 REQUESTS=100 RATE_SCALE=0.25 tools/sim_vs_live.sh
+    LATENCY_MODEL=roofline WORKERS=1 REQUESTS=200 RATE_SCALE=0.25 tools/sim_vs_live.sh
   measure cluster_live 'hit|prefix_aware|round_robin|least_loaded' \
     env GPU=h200 TRACE_REPEAT=2 ROUNDS=1 tools/cluster.sh
 fi
