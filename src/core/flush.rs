@@ -181,6 +181,11 @@ impl Core {
             room,
             bucket: self.cfg.token_bucketing.then_some(g),
             latest,
+            other_free_in: if self.workers.len() > 1 {
+                self.next_completion_in(now)
+            } else {
+                None
+            },
         };
         match self.auto.decide(now, &group) {
             auto::Decision::Go => true,
@@ -189,6 +194,27 @@ impl Core {
                 false
             }
         }
+    }
+
+    /// When the first batch in flight is expected to end, ns from `now`, by `auto`'s fitted
+    /// cost (`None`: none in flight).
+    fn next_completion_in(&self, now: Nanos) -> Option<Nanos> {
+        let cost = self.auto.cost();
+        let mut next: Option<Nanos> = None;
+        for slot in &self.batches {
+            if slot.state != BatchState::InFlight {
+                continue;
+            }
+            let tokens: u64 = slot
+                .tickets
+                .iter()
+                .map(|t| u64::from(self.table.meta(t.index).tokens_estimated))
+                .sum();
+            let service = cost.service_ns(slot.tickets.len() as f64, tokens as f64) as Nanos;
+            let end = slot.dispatched_at_ns.saturating_add(service);
+            next = Some(next.map_or(end, |n| n.min(end)));
+        }
+        next.map(|t| t.saturating_sub(now))
     }
 
     /// Workers that can take a batch now, counted up to 2 (callers only ask for none, one,

@@ -51,6 +51,9 @@ pub const ECHO_ALPHA: f64 = 1.0 / 16.0;
 /// Weight of a new arrival in the bucket shares and gap averages.
 const SHARE_ALPHA: f64 = 1.0 / 32.0;
 const GAP_ALPHA: f64 = 1.0 / 64.0;
+/// A class silent for more than this many of its mean gaps has gone quiet: a Poisson
+/// stream leaves such a gap once in e^8 (~3,000) arrivals.
+const QUIET_GAPS: f64 = 8.0;
 /// Closed windows between recounts of `echo_total` from the bins.
 const ECHO_RECOUNT: u64 = 1024;
 
@@ -304,6 +307,24 @@ impl ArrivalModel {
     /// Arrivals per second over all classes (sum of the class rates).
     pub fn rate_per_s(&self) -> f64 {
         self.gaps.iter().map(GapStats::rate_per_s).sum()
+    }
+
+    /// Arrivals per ns expected from `now` on: each class's rate, `1 / mean gap`, while its
+    /// last arrival is within [`QUIET_GAPS`] mean gaps; past that, `QUIET_GAPS / silence`.
+    /// So a class that has gone quiet (its clients gone, a priority no longer sent) fades
+    /// instead of keeping the rate it had, which no arrival would correct.
+    pub fn rate_from(&self, now: Nanos) -> f64 {
+        let mut rate = 0.0;
+        for g in &self.gaps {
+            let Some(last) = g.last_arrival_ns else {
+                continue;
+            };
+            if g.mean_ns > 0.0 {
+                let silence = now.saturating_sub(last) as f64;
+                rate += 1.0 / g.mean_ns.max(silence / QUIET_GAPS);
+            }
+        }
+        rate
     }
 
     /// Squared coefficient of variation of the gaps, each class weighted by its rate (1: a

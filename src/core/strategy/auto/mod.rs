@@ -114,6 +114,10 @@
 //!
 //! Nothing here allocates, reads a clock or blocks; the core passes `now` in.
 
+/// The most bursty arrivals the pacing rule still takes for a steady stream: Poisson's
+/// squared coefficient of variation is 1, bursts of 3 give about 2.
+const PACING_BURSTINESS_MAX: f64 = 2.0;
+
 pub mod arrivals;
 pub mod bursts;
 pub mod cost;
@@ -165,6 +169,9 @@ pub enum HoldReason {
     Echo,
     /// The rest of a burst now arriving.
     Burst,
+    /// Several workers: another one frees before this batch would end, and the arrivals
+    /// until then would wait for it; some of them join this batch instead.
+    Pacing,
 }
 
 impl HoldReason {
@@ -173,6 +180,7 @@ impl HoldReason {
         match self {
             HoldReason::Echo => "echo",
             HoldReason::Burst => "burst",
+            HoldReason::Pacing => "pacing",
         }
     }
 }
@@ -205,6 +213,9 @@ pub struct Group {
     pub bucket: Option<usize>,
     /// The latest instant it may be held to (priority max wait, request deadline).
     pub latest: Nanos,
+    /// Several workers: when the first other worker is expected to free, ns from now
+    /// (`None` with one worker).
+    pub other_free_in: Option<Nanos>,
 }
 
 /// Counters and the last decision, for metrics.
@@ -289,14 +300,20 @@ impl Auto {
         if group.queued == 0 || group.room == 0 || cost.samples == 0 || cost.a_ns <= 0.0 {
             return Decision::Go;
         }
-        // Nothing to wait for: no echo of the last completion still due, no burst open.
-        let burst = self.bursts.followers(now);
-        if burst.is_none() && !self.arrivals.echo_pending() {
-            return Decision::Go;
-        }
         let q = group.queued as f64;
         let a = cost.a_ns;
         let b = cost.b_ns + cost.c_ns_per_token * group.tokens as f64 / q;
+        let pacing = group
+            .other_free_in
+            .and_then(|r| self.pacing_hold(now, group, a, b, r));
+        // Nothing to wait for: no echo of the last completion still due, no burst open.
+        let burst = self.bursts.followers(now);
+        if burst.is_none() && !self.arrivals.echo_pending() {
+            return match pacing {
+                Some((w, _, j, n)) => self.hold(now, group, w, j, n, HoldReason::Pacing),
+                None => Decision::Go,
+            };
+        }
         // The rule's domain: joiners that arrive while the batch dispatched now would run.
         // One arriving later finds the worker free whatever was decided (see the module docs).
         let horizon = (a + b * q) as Nanos;
@@ -364,20 +381,99 @@ impl Auto {
             }
         }
         consider(&candidates[..n], HoldReason::Burst);
-        match best {
-            Some((w, _, j, total, reason)) if w > 0 => {
-                self.last_expected_arrivals = j;
-                self.last_hold = Hold {
-                    wait_ns: w,
-                    expected_joiners: j,
-                    joiners_within_horizon: total,
-                    queued: u32::try_from(group.queued).unwrap_or(u32::MAX),
-                    reason,
-                };
-                Decision::HoldUntil(now + w)
+        if let Some((w, value, j, total)) = pacing {
+            if best.is_none_or(|(_, v, _, _, _)| value > v) {
+                best = Some((w, value, j, total, HoldReason::Pacing));
             }
+        }
+        match best {
+            Some((w, _, j, total, reason)) if w > 0 => self.hold(now, group, w, j, total, reason),
             _ => Decision::Go,
         }
+    }
+
+    fn hold(
+        &mut self,
+        now: Nanos,
+        group: &Group,
+        w: Nanos,
+        j: f64,
+        total: f64,
+        reason: HoldReason,
+    ) -> Decision {
+        self.last_expected_arrivals = j;
+        self.last_hold = Hold {
+            wait_ns: w,
+            expected_joiners: j,
+            joiners_within_horizon: total,
+            queued: u32::try_from(group.queued).unwrap_or(u32::MAX),
+            reason,
+        };
+        Decision::HoldUntil(now + w)
+    }
+
+    /// Several workers, another freeing in `r` ns, before a batch dispatched now would end:
+    /// every arrival until then waits for it, so holding this batch for `w` lets the `j`
+    /// arriving by then join it. Gain over dispatching now, summed over everyone (b the
+    /// cost per request, N the arrivals expected by `r`):
+    /// `j (r - w' + b (N - q - j)) + (N - j) b j - q (w' + b j)`, `w' = w + o`.
+    /// Returns the best positive hold: (wait, gain, joiners, N).
+    fn pacing_hold(
+        &self,
+        now: Nanos,
+        group: &Group,
+        a: f64,
+        b: f64,
+        r: Nanos,
+    ) -> Option<(Nanos, f64, f64, f64)> {
+        let q = group.queued as f64;
+        let r = r as f64;
+        if r >= a + b * q {
+            return None;
+        }
+        // A steady stream only: bursts come in clumps the burst rule waits for, not spread
+        // over the wait (a stream of bursts of k has a squared coefficient of variation of
+        // about k - 1; Poisson has 1).
+        if self.arrivals.burstiness() > PACING_BURSTINESS_MAX {
+            return None;
+        }
+        let share = group
+            .bucket
+            .map_or(1.0, |bucket| self.arrivals.bucket_share(bucket));
+        // Stream arrivals only: the echo share comes back just after completions (the
+        // echo rule's joiners), not spread over the wait.
+        let e = self.arrivals.echo_within(a as Nanos).clamp(0.0, ECHO_CAP);
+        let lambda = self.arrivals.rate_from(now) * share * (1.0 - e);
+        if lambda <= 0.0 {
+            return None;
+        }
+        let room = group.room as f64;
+        let n = (lambda * r).min(room);
+        let o = HOLD_OVERHEAD_NS;
+        let w_latest = group.latest.saturating_sub(now) as f64;
+        let gain = |w: f64| {
+            let j = (lambda * w).min(room);
+            let held = w + o;
+            j * (r - held + b * (n - q - j)) + (n - j) * b * j - q * (held + b * j)
+        };
+        let w_star = (r - o - q / lambda) / 2.0;
+        let mut best: Option<(Nanos, f64, f64, f64)> = None;
+        for w in [w_star, w_star * 0.5, w_star * 1.5] {
+            let w = w.min(r).min(w_latest);
+            if w <= 0.0 {
+                continue;
+            }
+            let g = gain(w);
+            if g > 0.0 && best.is_none_or(|(_, v, _, _)| g > v) {
+                best = Some((ceil_ns(w), g, (lambda * w).min(room), n));
+            }
+        }
+        best
+    }
+
+    /// The fitted batch cost.
+    pub fn cost(&self) -> Cost {
+        self.cost.cost()
     }
 
     /// The learned state, for metrics.

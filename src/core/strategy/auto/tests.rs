@@ -13,6 +13,7 @@ fn group(queued: usize, latest: Nanos) -> Group {
         room: 32 - queued,
         bucket: None,
         latest,
+        other_free_in: None,
     }
 }
 
@@ -255,6 +256,7 @@ fn closed_loop_throughput(clients: usize, a: Nanos, b: Nanos, rtt: Nanos, greedy
                         room: MAX_BATCH - q,
                         bucket: None,
                         latest: queue[0] + 100 * MS,
+                        other_free_in: None,
                     },
                 ) {
                     Decision::Go => true,
