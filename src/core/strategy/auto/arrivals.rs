@@ -53,7 +53,7 @@ const SHARE_ALPHA: f64 = 1.0 / 32.0;
 const GAP_ALPHA: f64 = 1.0 / 64.0;
 /// A class silent for more than this many of its mean gaps has gone quiet: a Poisson
 /// stream leaves such a gap once in e^8 (~3,000) arrivals.
-const QUIET_GAPS: f64 = 8.0;
+pub const QUIET_GAPS: f64 = 8.0;
 /// Closed windows between recounts of `echo_total` from the bins.
 const ECHO_RECOUNT: u64 = 1024;
 
