@@ -284,8 +284,11 @@ impl Core {
         );
         let b = slot as usize;
         let mut adapters = BatchAdapters::new(self.cfg.max_loras);
+        let mut tokens = 0u64;
         for t in &tickets {
-            adapters.add(self.table.meta(t.index).adapter);
+            let meta = self.table.meta(t.index);
+            adapters.add(meta.adapter);
+            tokens += u64::from(meta.tokens_estimated);
         }
         let lora_loads = self.lora[worker].load_batch(&adapters);
         self.stats.lora_loads += u64::from(lora_loads);
@@ -298,6 +301,7 @@ impl Core {
         slot_ref.tickets = tickets;
         slot_ref.worker = worker as u32;
         slot_ref.dispatched_at_ns = now;
+        slot_ref.tokens = tokens;
         slot_ref.state = BatchState::InFlight;
         out(Action::Dispatch {
             worker,

@@ -33,15 +33,10 @@ impl Core {
         let circuit = self.cfg.circuit;
         let service_ns = now.saturating_sub(self.batches[b].dispatched_at_ns);
         if self.strategy == StrategyKind::Auto {
-            let table = &self.table;
-            let tickets = &self.batches[b].tickets;
-            let tokens = tickets
-                .iter()
-                .map(|t| u64::from(table.meta(t.index).tokens_estimated))
-                .sum();
+            let slot = &self.batches[b];
             let sample = (outcome == BatchOutcome::Ok).then_some(service_ns);
             self.auto
-                .observe_completion(now, tickets.len(), tokens, sample);
+                .observe_completion(now, slot.tickets.len(), slot.tokens, sample);
         }
         if outcome == BatchOutcome::Ok {
             // Algorithm 7: statistics and SLA controller after every completed batch.

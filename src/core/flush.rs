@@ -181,7 +181,12 @@ impl Core {
             room,
             bucket: self.cfg.token_bucketing.then_some(g),
             latest,
-            other_free_in: if self.workers.len() > 1 {
+            // Only where the pacing rule can use it: several workers, a batch in flight, a
+            // fixed cost fitted (without one, `auto` dispatches before looking).
+            other_free_in: if self.workers.len() > 1
+                && self.in_flight_batches > 0
+                && self.auto.cost().a_ns > 0.0
+            {
                 self.next_completion_in(now)
             } else {
                 None
@@ -205,12 +210,7 @@ impl Core {
             if slot.state != BatchState::InFlight {
                 continue;
             }
-            let tokens: u64 = slot
-                .tickets
-                .iter()
-                .map(|t| u64::from(self.table.meta(t.index).tokens_estimated))
-                .sum();
-            let service = cost.service_ns(slot.tickets.len() as f64, tokens as f64) as Nanos;
+            let service = cost.service_ns(slot.tickets.len() as f64, slot.tokens as f64) as Nanos;
             let end = slot.dispatched_at_ns.saturating_add(service);
             next = Some(next.map_or(end, |n| n.min(end)));
         }

@@ -126,6 +126,9 @@ struct BatchSlot {
     tickets: Vec<Ticket>,
     worker: u32,
     dispatched_at_ns: Nanos,
+    /// Its requests' estimated tokens (set at dispatch: what `auto` learns the cost from,
+    /// and how the pacing rule predicts its end).
+    tokens: u64,
     state: BatchState,
     /// The `multi_bin` bin the batch came from (its statistics learn from the result).
     bin: Option<usize>,
@@ -185,6 +188,7 @@ impl Core {
                 tickets: Vec::with_capacity(batch_len),
                 worker: 0,
                 dispatched_at_ns: 0,
+                tokens: 0,
                 state: BatchState::Free,
                 bin: None,
             })

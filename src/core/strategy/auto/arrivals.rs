@@ -577,4 +577,19 @@ mod tests {
         assert!((m.bucket_share(2) - 0.25).abs() < 0.05);
         assert!((m.bucket_share(0) - 0.75).abs() < 0.05);
     }
+
+    #[test]
+    fn a_class_gone_quiet_fades_from_the_rate() {
+        let mut m = ArrivalModel::default();
+        for i in 0..200u64 {
+            m.observe_arrival(i * 1_000_000, 0, 0);
+        }
+        let last = 199 * 1_000_000;
+        // Within QUIET_GAPS mean gaps of the last arrival: the learned rate, 1 a ms.
+        let live = m.rate_from(last + 2_000_000);
+        assert!((live - 1e-6).abs() < 1e-8, "{live}");
+        // Silent for 100 mean gaps: QUIET_GAPS / silence.
+        let quiet = m.rate_from(last + 100_000_000);
+        assert!((quiet - QUIET_GAPS / 100e6).abs() < 1e-10, "{quiet}");
+    }
 }

@@ -40,7 +40,8 @@
 //! `e ~ 1 - a / T_c` (`T_c` the time between completions), so the weight is the cycles ahead
 //! `T_c / a - 1`; it is capped at 16 ([`ECHO_CAP`]), the completions the echo model
 //! remembers. In an open loop the arrivals do not answer completions, `e ~ 0` and `K ~ 0`:
-//! `auto` is work-conserving there.
+//! with one worker `auto` is work-conserving there (with several, the pacing rule below
+//! applies).
 //!
 //! ```text
 //!     benefit(w) = j (a - q b + b (K - j)) - (q + K) w'
@@ -60,8 +61,9 @@
 //! Consequences, each a test:
 //! - nothing expected (one client, whose only request is the one waiting; or no
 //!   completion seen yet), or a batch without a fixed cost (`a = 0`): dispatch at once,
-//!   work-conserving; when no echo is pending and no burst is open the decision stops
-//!   there, before any arithmetic;
+//!   work-conserving; when no echo is pending and no burst is open (and, with several
+//!   workers, the pacing rule finds no hold) the decision stops there, before the walk
+//!   over the bins;
 //! - never past the group's priority max wait or the request deadline (the caller's
 //!   `latest`), never past the last joiner the model expects;
 //! - another worker free after this dispatch: the caller dispatches.
@@ -88,8 +90,8 @@
 //! not: a work-conserving engine sends each worker that frees whatever is queued, the
 //! workers fall into step, a batch of one or two occupies a worker for a whole `a`, and the
 //! arrivals behind it wait for the next worker to free. A fixed window (often `a / 2` to
-//! `a`) beat it by 5-57 % (p50 or p99) in each drawn Poisson case with 2-4 workers
-//! (BENCHMARKS.md, issue 25).
+//! `a`) beat it, by up to 57 % (p50 or p99), in every drawn Poisson case with 2-4 workers
+//! of `tools/auto_props.sh 100 open` (BENCHMARKS.md, issue 25's fifth round).
 //!
 //! The rule for it compares the same completion times, with the other workers in: `q` wait,
 //! this worker is the last free one, and the core expects another to free in `r` (the
@@ -102,10 +104,13 @@
 //!     pacing(w) = j (r - w' + b (N - q - j)) + (N - j) b j - q (w' + b j),   w' = w + o
 //! ```
 //!
-//! with `j = lambda w` and `N = lambda r` for the stream's rate `lambda`; with `b = 0` it
-//! is `lambda w (r - w') - q w'`, best at `w = (r - o - q / lambda) / 2`, and positive only
-//! while more than `q` are expected before `r`. `auto` evaluates it there and at half and
-//! one and a half times that, and takes it when it beats the echo and burst holds.
+//! with `j = lambda w` (at most the room) and `N = lambda r` for the stream's rate
+//! `lambda`; with `b = 0` it is `lambda w (r - w') - q w'`, best at
+//! `w = (r - o - q / lambda) / 2`, and positive only while more than `q` are expected
+//! before `r`. `auto` evaluates it at its peak for `b` as fitted and at half and one and a
+//! half times that, and takes it when it beats the echo and burst holds. With more than one
+//! batch in flight per worker (`max_inflight_per_worker > 1`) the earliest end may be this
+//! worker's own, so "another worker" is approximate there.
 //! `lambda` counts the stream only: the class rates times `1 - e` (echoes come back in a
 //! clump after each completion, which the echo rule handles), each class fading once it has
 //! been silent for [`arrivals::QUIET_GAPS`] mean gaps (clients gone, a priority no longer
@@ -133,9 +138,11 @@
 //! properties (21 before the pacing rule). Poisson arrivals over several workers are paced
 //! (median ratio to the best window 1.04 over the 15 such cases of seeds 0-39, in the test
 //! run; 1.31 before), but 4 workers and bursts over several workers still miss by up to
-//! 27 % and 45 %: bursts are not paced, and the pacing looks one worker ahead. Live, the p99 at 50 % load was
-//! measured 1.09-1.20 of the best fixed window (issue 25): the engine's wake-ups and the
-//! clients' jitter are not in the virtual-time tests.
+//! 27 % and 45 %: bursts are seldom paced, and the pacing looks one worker ahead (a trial
+//! that also paced from the last dispatch, `S / W`, and asked with two workers free did
+//! no better at 4 workers). Live, the p99 at 50 % load was measured 1.09-1.20 of the best
+//! fixed window (issue 25): the engine's wake-ups and the clients' jitter are not in the
+//! virtual-time tests.
 //!
 //! This is a one-step look-ahead of the classic result for batch service queues: Deb and
 //! Serfozo (1973) show the optimal policy for a server with a setup cost dispatches when
@@ -147,10 +154,6 @@
 //! neither can see that a closed loop's clients are about to come back.
 //!
 //! Nothing here allocates, reads a clock or blocks; the core passes `now` in.
-
-/// The most bursty arrivals the pacing rule still takes for a steady stream: Poisson's
-/// squared coefficient of variation is 1, bursts of 3 give about 2.
-pub const PACING_BURSTINESS_MAX: f64 = 2.0;
 
 pub mod arrivals;
 pub mod bursts;
@@ -184,6 +187,13 @@ pub const HOLD_OVERHEAD_NS: f64 = 20_000.0;
 /// remembers, so the weight is capped at 16: `e <= 16 / 17`.
 pub const ECHO_CAP: f64 = 1.0 / (1.0 + arrivals::ECHO_ALPHA);
 const _: () = assert!(ECHO_CAP > 0.9 && ECHO_CAP < 0.95);
+
+/// The most bursty arrivals the pacing rule still takes for a steady stream, as a squared
+/// coefficient of variation of the gaps: Poisson's is 1, Poisson-started bursts of `k`
+/// give about `2k - 1` (3 for bursts of 2), so bursts are left to the burst rule. The
+/// estimate is a moving average and can dip below this during a run of bursts, so bursty
+/// arrivals are seldom paced rather than never.
+pub const PACING_BURSTINESS_MAX: f64 = 2.0;
 
 /// What `auto` decided for a group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,8 +257,8 @@ pub struct Group {
     pub bucket: Option<usize>,
     /// The latest instant it may be held to (priority max wait, request deadline).
     pub latest: Nanos,
-    /// Several workers: when the first other worker is expected to free, ns from now
-    /// (`None` with one worker).
+    /// Several workers: when the first batch in flight is expected to end, ns from now
+    /// (`None` with one worker, or nothing in flight, or no fixed cost fitted yet).
     pub other_free_in: Option<Nanos>,
 }
 
@@ -337,9 +347,13 @@ impl Auto {
         let q = group.queued as f64;
         let a = cost.a_ns;
         let b = cost.b_ns + cost.c_ns_per_token * group.tokens as f64 / q;
-        let pacing = group
-            .other_free_in
-            .and_then(|r| self.pacing_hold(now, group, a, b, r));
+        let pacing = match group.other_free_in {
+            Some(r) => {
+                let e = self.echo(a);
+                self.pacing_hold(now, group, a, b, r, e)
+            }
+            None => None,
+        };
         // Nothing to wait for: no echo of the last completion still due, no burst open.
         let burst = self.bursts.followers(now);
         if burst.is_none() && !self.arrivals.echo_pending() {
@@ -352,10 +366,7 @@ impl Auto {
         // One arriving later finds the worker free whatever was decided (see the module docs).
         let horizon = (a + b * q) as Nanos;
         let w_latest = group.latest.saturating_sub(now);
-        let arrivals = &self.arrivals;
-        let e = *self
-            .echo_cached
-            .get_or_insert_with(|| arrivals.echo_within(a as Nanos).clamp(0.0, ECHO_CAP));
+        let e = self.echo(a);
         let downstream = e / (1.0 - e);
         let share = group
             .bucket
@@ -426,6 +437,7 @@ impl Auto {
         }
     }
 
+    /// Records a hold of `w` for `j` expected joiners (of `total`), and returns it.
     fn hold(
         &mut self,
         now: Nanos,
@@ -446,10 +458,19 @@ impl Auto {
         Decision::HoldUntil(now + w)
     }
 
+    /// The echo fraction within `a` (see [`arrivals::ArrivalModel::echo_within`]), capped at
+    /// [`ECHO_CAP`]; computed once per completion.
+    fn echo(&mut self, a: f64) -> f64 {
+        let arrivals = &self.arrivals;
+        *self
+            .echo_cached
+            .get_or_insert_with(|| arrivals.echo_within(a as Nanos).clamp(0.0, ECHO_CAP))
+    }
+
     /// Several workers, another freeing in `r` ns, before a batch dispatched now would end:
     /// every arrival until then waits for it, so holding this batch for `w` lets the `j`
     /// arriving by then join it. Gain over dispatching now, summed over everyone (b the
-    /// cost per request, N the arrivals expected by `r`):
+    /// cost per request, N the arrivals expected by `r`, `e` the echo fraction):
     /// `j (r - w' + b (N - q - j)) + (N - j) b j - q (w' + b j)`, `w' = w + o`.
     /// Returns the best positive hold: (wait, gain, joiners, N).
     fn pacing_hold(
@@ -459,6 +480,7 @@ impl Auto {
         a: f64,
         b: f64,
         r: Nanos,
+        e: f64,
     ) -> Option<(Nanos, f64, f64, f64)> {
         let q = group.queued as f64;
         let r = r as f64;
@@ -466,8 +488,8 @@ impl Auto {
             return None;
         }
         // A steady stream only: bursts come in clumps the burst rule waits for, not spread
-        // over the wait (a stream of bursts of k has a squared coefficient of variation of
-        // about k - 1; Poisson has 1).
+        // over the wait (Poisson arrivals have a squared coefficient of variation of 1,
+        // Poisson-started bursts of k about 2k - 1: 3 for bursts of 2).
         if self.arrivals.burstiness() > PACING_BURSTINESS_MAX {
             return None;
         }
@@ -476,13 +498,12 @@ impl Auto {
             .map_or(1.0, |bucket| self.arrivals.bucket_share(bucket));
         // Stream arrivals only: the echo share comes back just after completions (the
         // echo rule's joiners), not spread over the wait.
-        let e = self.arrivals.echo_within(a as Nanos).clamp(0.0, ECHO_CAP);
         let lambda = self.arrivals.rate_from(now) * share * (1.0 - e);
         if lambda <= 0.0 {
             return None;
         }
         let room = group.room as f64;
-        let n = (lambda * r).min(room);
+        let n = lambda * r;
         let o = HOLD_OVERHEAD_NS;
         let w_latest = group.latest.saturating_sub(now) as f64;
         let gain = |w: f64| {
@@ -490,10 +511,13 @@ impl Auto {
             let held = w + o;
             j * (r - held + b * (n - q - j)) + (n - j) * b * j - q * (held + b * j)
         };
-        let w_star = (r - o - q / lambda) / 2.0;
+        // Where the gain peaks while the joiners fit (`j = lambda w`): its derivative is 0 at
+        // `(r - o - q / lambda + 2 b (N - q)) / (2 (1 + 2 b lambda))`. Half and one and a half
+        // times that are tried too, for where the room caps `j`.
+        let w_star = (r - o - q / lambda + 2.0 * b * (n - q)) / (2.0 * (1.0 + 2.0 * b * lambda));
         let mut best: Option<(Nanos, f64, f64, f64)> = None;
         for w in [w_star, w_star * 0.5, w_star * 1.5] {
-            let w = w.min(r).min(w_latest);
+            let w = w.min(w_latest);
             if w <= 0.0 {
                 continue;
             }

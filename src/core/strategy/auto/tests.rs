@@ -396,3 +396,63 @@ proptest! {
         prop_assert!(t - now <= size * gap + gap, "held {} ns for a burst of {} ns", t - now, size * gap);
     }
 }
+
+/// An `Auto` that has seen a steady open stream (one arrival a millisecond, not answering
+/// completions) and batches of 8-12 completing every 10 ms at a = 10 ms, b = 0.1 ms.
+/// Returns it and the time of the last arrival.
+fn trained_on_a_stream() -> (Auto, Nanos) {
+    let mut auto = Auto::default();
+    let mut now = 0;
+    for i in 0..400u64 {
+        now = i * MS;
+        auto.observe_arrival(now, 0, 0);
+        if i % 10 == 5 {
+            // Completions fall anywhere between two arrivals, as they do in an open loop.
+            let n = 8 + (i / 10 % 5) as usize;
+            let at = now + (i * 370_000) % MS;
+            auto.observe_completion(at, n, 100 * n as u64, Some(10 * MS + MS / 10 * n as u64));
+        }
+    }
+    (auto, now)
+}
+
+#[test]
+fn paces_a_steady_stream_when_another_worker_frees_first() {
+    let (mut auto, now) = trained_on_a_stream();
+    let mut g = group(1, now + 100 * MS);
+    // Another worker frees in 8 ms, before this batch would end (~10 ms): about 8 arrivals
+    // would wait for it; the gain peaks near (8 - 1) / 2 ms.
+    g.other_free_in = Some(8 * MS);
+    let d = auto.decide(now, &g);
+    let Decision::HoldUntil(t) = d else {
+        panic!("expected a pacing hold, got {d:?}")
+    };
+    assert!(t > now + 2 * MS && t < now + 6 * MS, "held {} ns", t - now);
+    assert_eq!(auto.holds().1.reason, HoldReason::Pacing);
+}
+
+#[test]
+fn does_not_pace_without_another_worker_or_with_enough_queued() {
+    let (mut auto, now) = trained_on_a_stream();
+    // One worker: no pacing (the echo rule alone decides).
+    let held_before = auto.holds().0;
+    if let Decision::HoldUntil(_) = auto.decide(now, &group(1, now + 100 * MS)) {
+        assert!(auto.holds().0 > held_before);
+        assert_ne!(auto.holds().1.reason, HoldReason::Pacing);
+    }
+    // More queued than would arrive before the other worker frees (10 against ~5).
+    let mut g = group(10, now + 100 * MS);
+    g.other_free_in = Some(5 * MS);
+    assert_eq!(auto.decide(now, &g), Decision::Go);
+    // The other worker frees after this batch would end: this worker is the next free one.
+    let mut g = group(1, now + 100 * MS);
+    g.other_free_in = Some(50 * MS);
+    assert_eq!(auto.decide(now, &g), Decision::Go);
+    // Never past the group's latest instant.
+    let mut g = group(1, now + MS);
+    g.other_free_in = Some(8 * MS);
+    match auto.decide(now, &g) {
+        Decision::Go => {}
+        Decision::HoldUntil(t) => assert!(t <= now + MS, "held past latest: {}", t - now),
+    }
+}
