@@ -31,7 +31,7 @@
 //!
 //! Beside the echo model, per-class inter-arrival gaps give each class's rate and
 //! burstiness (squared coefficient of variation of the gaps: 1 for Poisson, above 1 for
-//! bursts), for metrics.
+//! bursts), for metrics and for the pacing rule's stream rate ([`ArrivalModel::rate_from`]).
 //!
 //! Fixed-size arrays only; nothing here allocates or reads a clock.
 
@@ -148,7 +148,7 @@ pub struct ArrivalModel {
     window_seen: u32,
     window_counts: [u32; ECHO_BINS],
     /// Scratch for [`Self::close_window`]'s steps (a field, so a window's close does not
-    /// zero an array on the stack); holds nothing between calls.
+    /// zero an array on the stack); not read between calls.
     steps: [f64; ECHO_BINS],
     /// Bins `window_top..` of `window_counts` are 0 (so a new window clears only the bins
     /// the last one touched, not all of them).

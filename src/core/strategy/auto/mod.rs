@@ -122,10 +122,10 @@
 //!
 //! Closed loops: at least 95 % of the exact best possible throughput in 39 of the 40 drawn
 //! cases of the test run (`core::tests::auto_props`; the worst 0.935, several workers) and in
-//! 375 of 400 in the last long run (`tools/auto_props.sh`), which still took the clients'
-//! mean think time for the slowest's and so overstated the best; the six worst of those
-//! (0.66-0.89) are short against the corrected reference too, each listed there with its
-//! seed and a hand-set schedule that reaches the best. Two of the one-worker misses (151,
+//! 386 of 400 in the last long run (`tools/auto_props.sh 400`, 2026-11-28; 387 without the
+//! pacing rule); its six misses (0.66-0.89) are listed in BENCHMARKS.md (issue 25), each
+//! with its seed and, in an earlier round, a hand-set schedule that reaches the best. Two
+//! of the one-worker misses (151,
 //! 236) are the stream estimate below eating the echo: when the time between completions
 //! is not much longer than the clients' round trip, the arrivals per completion over the
 //! time between completions (what [`arrivals`] takes for the open stream's rate) are the
@@ -134,13 +134,12 @@
 //! worker (Poisson at 10-95 % of capacity, `core::tests::auto`): p50 and p99 within 3 % of
 //! the best in hindsight (work-conserving or the best of a sweep of fixed windows), in
 //! virtual time. Drawn open loops with 1-4 workers and bursts
-//! (`core::tests::auto_props::open_loop`, not in the test run): 36 of 100 meet both
+//! (`core::tests::auto_props::open_loop`, not in the test run): 43 of 100 meet both
 //! properties (21 before the pacing rule). Poisson arrivals over several workers are paced
-//! (median ratio to the best window 1.04 over the 15 such cases of seeds 0-39, in the test
-//! run; 1.31 before), but 4 workers and bursts over several workers still miss by up to
-//! 27 % and 45 %: bursts are seldom paced, and the pacing looks one worker ahead (a trial
-//! that also paced from the last dispatch, `S / W`, and asked with two workers free did
-//! no better at 4 workers). Live, the p99 at 50 % load was measured 1.09-1.20 of the best
+//! (median ratio to the best window 1.014 over the 15 such cases of seeds 0-39, in the test
+//! run; 1.305 before; the worst of all 33 such cases 1.192, at 4 workers), but bursts over
+//! several workers still miss by up to 45 %: they are seldom paced, and the burst rule
+//! looks at one worker. Live, the p99 at 50 % load was measured 1.09-1.20 of the best
 //! fixed window (issue 25): the engine's wake-ups and the clients' jitter are not in the
 //! virtual-time tests.
 //!

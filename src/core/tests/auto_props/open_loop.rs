@@ -232,11 +232,11 @@ fn seeds() -> Vec<u64> {
 /// The issue's open-loop goal over drawn cases. Prints one line per case (`--nocapture`)
 /// and every miss with the seed that replays it.
 ///
-/// Not in the default test run: `auto` misses it today (2026-11-28, 100 seeds: 64 misses,
+/// Not in the default test run: `auto` misses it today (2026-11-28, 100 seeds: 57 misses,
 /// 79 before the pacing rule; BENCHMARKS.md, issue 25's fifth round). Poisson streams over
 /// several workers are paced now ([`auto_paces_steady_streams_over_several_workers`] holds
-/// that in the test run); bursts over several workers, and 4 workers, still miss by up to
-/// 45 % and 27 %. Run it with `tools/auto_props.sh N open`.
+/// that in the test run); bursts over several workers still miss by up to 45 %. Run it
+/// with `tools/auto_props.sh N open`.
 #[test]
 #[ignore = "auto misses the open-loop goal today; tools/auto_props.sh N open runs it"]
 fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
@@ -297,7 +297,7 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
 /// Steady streams with several workers, where `auto` paces (issue 25): the drawn cases of
 /// seeds `0..40` with Poisson arrivals and 2-4 workers (15 cases). `auto` is never more than
 /// [`WC_SLACK`] above work-conserving dispatch, and its median ratio to the best window in
-/// hindsight is within 10 % (1.039 with the pacing rule; 1.305 without it, when `auto`
+/// hindsight is within 10 % (1.014 with the pacing rule; 1.305 without it, when `auto`
 /// stayed work-conserving there: BENCHMARKS.md, issue 25's fifth round).
 #[test]
 fn auto_paces_steady_streams_over_several_workers() {
