@@ -7,14 +7,11 @@
 # Usage: tools/bench/core_instructions.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-command -v valgrind >/dev/null || { echo "needs valgrind (tools/setup.sh installs it)" >&2; exit 2; }
+. "$root/tools/bench/bench_bin.sh"
 cd "$root"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-bin="$(cargo bench --bench core --no-run --message-format=json 2>"$out/build.txt" \
-  | jq -r 'select(.reason == "compiler-artifact" and .target.name == "core"
-           and .executable != null) | .executable' | tail -1)"
-[ -x "$bin" ] || { echo "no core bench binary; the build said:" >&2; cat "$out/build.txt" >&2; exit 2; }
+bin="$(bench_binary core "$out")"
 declare -A per
 for b in request_cycle request_cycle_auto; do
   valgrind --tool=callgrind --callgrind-out-file="$out/cg.$b" "$bin" --bench --profile-time 2 \

@@ -7,14 +7,11 @@
 # Usage: tools/bench/tick_instructions.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-command -v valgrind >/dev/null || { echo "needs valgrind (tools/setup.sh installs it)" >&2; exit 2; }
+. "$root/tools/bench/bench_bin.sh"
 cd "$root"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-bin="$(cargo bench --bench continuous --no-run --message-format=json 2>"$out/build.txt" \
-  | jq -r 'select(.reason == "compiler-artifact" and .target.name == "continuous"
-           and .executable != null) | .executable' | tail -1)"
-[ -x "$bin" ] || { echo "no continuous bench binary; the build said:" >&2; cat "$out/build.txt" >&2; exit 2; }
+bin="$(bench_binary continuous "$out")"
 count() { # caching ticks
   TICK_CACHING="$1" TICK_COUNT="$2" valgrind --tool=callgrind \
     --callgrind-out-file="$out/cg.$1.$2" "$bin" >/dev/null 2>"$out/vg.$1.$2"

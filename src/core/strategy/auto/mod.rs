@@ -346,20 +346,19 @@ impl Auto {
         let q = group.queued as f64;
         let a = cost.a_ns;
         let b = cost.b_ns + cost.c_ns_per_token * group.tokens as f64 / q;
-        let pacing = match group.other_free_in {
+        // Several workers: the pacing hold, which the echo and burst holds must beat.
+        let mut best: Option<(Nanos, f64, f64, f64, HoldReason)> = match group.other_free_in {
             Some(r) => {
                 let e = self.echo(a);
                 self.pacing_hold(now, group, a, b, r, e)
+                    .map(|(w, value, j, n)| (w, value, j, n, HoldReason::Pacing))
             }
             None => None,
         };
-        // Nothing to wait for: no echo of the last completion still due, no burst open.
+        // Nothing else to wait for: no echo of the last completion still due, no burst open.
         let burst = self.bursts.followers(now);
         if burst.is_none() && !self.arrivals.echo_pending() {
-            return match pacing {
-                Some((w, _, j, n)) => self.hold(now, group, w, j, n, HoldReason::Pacing),
-                None => Decision::Go,
-            };
+            return self.conclude(now, group, best);
         }
         // The rule's domain: joiners that arrive while the batch dispatched now would run.
         // One arriving later finds the worker free whatever was decided (see the module docs).
@@ -371,7 +370,6 @@ impl Auto {
             .bucket
             .map_or(1.0, |bucket| self.arrivals.bucket_share(bucket));
         let room = group.room as f64;
-        let mut best: Option<(Nanos, f64, f64, f64, HoldReason)> = None;
         let mut consider = |candidates: &[(Nanos, f64)], reason: HoldReason| {
             // `K`: every joiner expected within the horizon (echoes net of the stream can
             // fall again, so the most at any edge), whether or not the hold may last that long.
@@ -425,27 +423,20 @@ impl Auto {
             }
         }
         consider(&candidates[..n], HoldReason::Burst);
-        if let Some((w, value, j, total)) = pacing {
-            if best.is_none_or(|(_, v, _, _, _)| value > v) {
-                best = Some((w, value, j, total, HoldReason::Pacing));
-            }
-        }
-        match best {
-            Some((w, _, j, total, reason)) if w > 0 => self.hold(now, group, w, j, total, reason),
-            _ => Decision::Go,
-        }
+        self.conclude(now, group, best)
     }
 
-    /// Records a hold of `w` for `j` expected joiners (of `total`), and returns it.
-    fn hold(
+    /// The decision for the best hold found (wait, value, joiners expected by then, joiners
+    /// within the horizon, reason): record and return it, or go when there is none.
+    fn conclude(
         &mut self,
         now: Nanos,
         group: &Group,
-        w: Nanos,
-        j: f64,
-        total: f64,
-        reason: HoldReason,
+        best: Option<(Nanos, f64, f64, f64, HoldReason)>,
     ) -> Decision {
+        let Some((w, _, j, total, reason)) = best.filter(|&(w, ..)| w > 0) else {
+            return Decision::Go;
+        };
         self.last_expected_arrivals = j;
         self.last_hold = Hold {
             wait_ns: w,
