@@ -57,7 +57,11 @@ impl Core {
         } else {
             self.strategy_timeout_ns()
         };
-        let free_workers = if is_auto { self.free_workers(now) } else { 0 };
+        let free_workers = if is_auto {
+            self.free_workers(now, 2)
+        } else {
+            0
+        };
         let idle_worker = !is_auto && self.cfg.dispatch_when_idle && self.any_idle_worker(now);
         let mut best: Option<(usize, FlushReason, u8, Nanos)> = None;
         for (g, s) in self.summarize().iter().enumerate() {
@@ -162,9 +166,16 @@ impl Core {
         free: usize,
         latest: Nanos,
     ) -> bool {
-        if free > 1 {
-            return true;
-        }
+        // Several free: the requests it would wait for can have a worker of their own, unless
+        // a burst is arriving, which `auto` splits over the free workers.
+        let free_workers = if free > 1 {
+            if !self.auto.burst_open(now) {
+                return true;
+            }
+            self.free_workers(now, usize::MAX)
+        } else {
+            1
+        };
         // Room for joiners: in requests, and in tokens at the group's mean per request (a
         // joiner that cannot fit would not join this batch).
         let per_request = (s.tokens / s.len.max(1) as u64).max(1);
@@ -191,6 +202,7 @@ impl Core {
             } else {
                 None
             },
+            free_workers,
         };
         match self.auto.decide(now, &group) {
             auto::Decision::Go => true,
@@ -217,15 +229,15 @@ impl Core {
         next.map(|t| t.saturating_sub(now))
     }
 
-    /// Workers that can take a batch now, counted up to 2 (callers only ask for none, one,
-    /// or more than one), so a large pool is not walked at every poll.
-    fn free_workers(&mut self, now: Nanos) -> usize {
+    /// Workers that can take a batch now, counted up to `most` (most callers only ask for
+    /// none, one, or more than one, so a large pool is not walked at every poll).
+    fn free_workers(&mut self, now: Nanos, most: usize) -> usize {
         let circuit = self.cfg.circuit;
         let max = self.cfg.max_inflight_per_worker;
         let mut free = 0;
         for w in self.workers.iter_mut() {
             free += usize::from(w.can_take(now, max, &circuit));
-            if free == 2 {
+            if free == most {
                 break;
             }
         }

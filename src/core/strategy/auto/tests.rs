@@ -14,6 +14,7 @@ fn group(queued: usize, latest: Nanos) -> Group {
         bucket: None,
         latest,
         other_free_in: None,
+        free_workers: 1,
     }
 }
 
@@ -257,6 +258,7 @@ fn closed_loop_throughput(clients: usize, a: Nanos, b: Nanos, rtt: Nanos, greedy
                         bucket: None,
                         latest: queue[0] + 100 * MS,
                         other_free_in: None,
+                        free_workers: 1,
                     },
                 ) {
                     Decision::Go => true,
@@ -454,5 +456,56 @@ fn does_not_pace_without_another_worker_or_with_enough_queued() {
     match auto.decide(now, &g) {
         Decision::Go => {}
         Decision::HoldUntil(t) => assert!(t <= now + MS, "held past latest: {}", t - now),
+    }
+}
+
+/// An `Auto` that has seen bursts of 24 requests 100 us apart every 100 ms, answered in
+/// batches of 8 and 12 at a = 30 ms, b = 0.2 ms, and the first request of a new burst.
+/// Returns it and that request's arrival.
+fn trained_on_bursts() -> (Auto, Nanos) {
+    let mut auto = Auto::default();
+    for burst in 0..60u64 {
+        let start = burst * 100 * MS;
+        for i in 0..24 {
+            auto.observe_arrival(start + i * 100_000, 0, 0);
+        }
+        let n = if burst % 2 == 0 { 8 } else { 12 };
+        auto.observe_completion(
+            start + 50 * MS,
+            n,
+            100 * n as u64,
+            Some(30 * MS + n as u64 * MS / 5),
+        );
+    }
+    let now = 60 * 100 * MS;
+    auto.observe_arrival(now, 0, 0);
+    (auto, now)
+}
+
+#[test]
+fn splits_a_burst_over_the_free_workers() {
+    let (mut auto, start) = trained_on_bursts();
+    let now = start + 10_000;
+    let mut g = group(1, now + 100 * MS);
+    g.free_workers = 3;
+    // 23 more expected, 100 us apart, three workers free: the first batch waits for about
+    // a third of the burst.
+    let d = auto.decide(now, &g);
+    let Decision::HoldUntil(t) = d else {
+        panic!("expected a burst hold, got {d:?}")
+    };
+    let hold = auto.holds().1;
+    assert_eq!(hold.reason, HoldReason::Burst);
+    assert!((5.0..=9.0).contains(&hold.expected_joiners), "{hold:?}");
+    // With a third of it waiting already, the batch goes.
+    let mut g = group(12, now + 100 * MS);
+    g.free_workers = 3;
+    assert_eq!(auto.decide(now, &g), Decision::Go);
+    // Never past the group's latest instant.
+    let mut g = group(1, now + 200_000);
+    g.free_workers = 3;
+    match auto.decide(now, &g) {
+        Decision::Go => {}
+        Decision::HoldUntil(t) => assert!(t <= now + 200_000, "held past latest: {}", t - now),
     }
 }
