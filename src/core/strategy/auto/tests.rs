@@ -494,6 +494,7 @@ fn splits_a_burst_over_the_free_workers() {
     let Decision::HoldUntil(t) = d else {
         panic!("expected a burst hold, got {d:?}")
     };
+    assert!(t > now && t <= now + MS, "held {} ns", t - now);
     let hold = auto.holds().1;
     assert_eq!(hold.reason, HoldReason::Burst);
     assert!((5.0..=9.0).contains(&hold.expected_joiners), "{hold:?}");
