@@ -155,9 +155,12 @@ impl Core {
     }
 
     /// `auto`: should group `g` (summary `s`) go now, with `free` workers able to take a
-    /// batch, or be held (not past `latest`)? With more than one free, holding only delays
-    /// it (the requests it would wait for can have a worker of their own). Otherwise `auto`
-    /// decides; a hold is remembered in `auto_hold_until` for [`Core::next_deadline`].
+    /// batch (counted up to 2), or be held (not past `latest`)? With more than one free,
+    /// holding only delays it (the requests it would wait for can have a worker of their
+    /// own), unless a burst is arriving: then every free worker is counted and `auto`
+    /// splits the burst over them. Otherwise `auto` decides; a hold is remembered in
+    /// `auto_hold_until` for [`Core::next_deadline`]. Each group is asked on its own, so two
+    /// groups held in one poll can each plan on the same free workers.
     fn auto_goes(
         &mut self,
         now: Nanos,

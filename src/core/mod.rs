@@ -216,7 +216,7 @@ impl Core {
                 r.use_bins(cfg.strategy == StrategyKind::MultiBin);
                 r
             },
-            auto: Auto::for_workers(cfg.workers),
+            auto: Auto::for_concurrency(cfg.workers * max_inflight as usize),
             auto_hold_until: Nanos::MAX,
             auto_hold_started: Nanos::MAX,
             cfg: CoreConfig {

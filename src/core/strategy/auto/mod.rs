@@ -136,24 +136,25 @@
 //! # What is measured, and where it falls short
 //!
 //! Closed loops: at least 95 % of the exact best possible throughput in all 40 drawn
-//! cases of the test run (`core::tests::auto_props`; the worst 0.962) and in 392 of 400 in
+//! cases of the test run (`core::tests::auto_props`; the worst 0.962) and in 393 of 400 in
 //! the last long run (`tools/auto_props.sh 400`, 2026-11-28; 386 before the burst split,
 //! which also spreads a closed loop's returning clients over free workers, and 391 before
-//! the stream estimate's halves); its two misses (0.66, 0.82) have one worker, and are
-//! listed in BENCHMARKS.md (issue 25) with their seeds. One (151) is the stream estimate
-//! eating the echo: when the time between completions is not much longer than the clients'
-//! round trip, the arrivals per completion over the time between completions (what
-//! [`arrivals`] takes for the open stream's rate) are the echo itself, so "echo beyond the
-//! stream" is a fraction of a joiner where three come,
-//! and `auto` settles into two alternating partial batches (1 + 3, 3 + 5). With one worker
-//! the arrival model now tests the two halves of a window for that
-//! ([`arrivals::ArrivalModel`]'s stream rate), which mended seed 236 (0.736 -> 0.998); in
-//! 151 the echo spreads over both halves, and it stays. Open loops, one
-//! worker (Poisson at 10-95 % of capacity, `core::tests::auto`): p50 and p99 within 3 % of
+//! the stream estimate's quarters); the one miss (215, 0.655: one worker, a batch longer
+//! than a priority's max wait) is in BENCHMARKS.md (issue 25) with its seed. Two others
+//! (151, 236) were the stream estimate eating the echo: when the time between completions
+//! is not much longer than the clients' round trip, the arrivals per completion over the
+//! time between completions (what [`arrivals`] takes for the open stream's rate) are the
+//! echo itself, so "echo beyond the stream" was a fraction of a joiner where three come,
+//! and `auto` settled into two alternating partial batches (1 + 3 in 151, 3 + 5 in 236). With one worker
+//! the arrival model now tests the quarters of a window for that
+//! ([`arrivals::ArrivalModel`]'s stream rate): 0.823 -> 0.999 and 0.736 -> 0.998.
+//!
+//! Open loops, one worker (Poisson at 10-95 % of capacity, `core::tests::auto`): p50 and p99 within 3 % of
 //! the best in hindsight (work-conserving or the best of a sweep of fixed windows), in
 //! virtual time. Drawn open loops with 1-4 workers and bursts
-//! (`core::tests::auto_props::open_loop`, not in the test run): 47 of 100 meet both
-//! properties (21 before the pacing rule, 43 before the burst split). Poisson arrivals over
+//! (`core::tests::auto_props::open_loop`, not in the test run): 48 of 100 meet both
+//! properties (21 before the pacing rule, 43 before the burst split, 47 before the
+//! quarters). Poisson arrivals over
 //! several workers are paced (median ratio to the best window 1.014 over the 15 such cases
 //! of seeds 0-39, in the test run; 1.305 before; the worst of all 33 such cases 1.192, at 4
 //! workers), but bursts over several workers still miss by up to 45 % (median 1.139 over
@@ -319,17 +320,18 @@ pub struct Auto {
     last_expected_arrivals: f64,
     last_hold: Hold,
     /// The echo fraction `e` within the fitted `a` (capped at [`ECHO_CAP`]), as of the last
-    /// completion: both change only then, so a decision between two completions reads it
+    /// completion: both (and the stream rate it is net of) change only then, so a decision between two completions reads it
     /// instead of walking the bins (`None`: a completion came since; computed at the next
     /// decision that needs it).
     echo_cached: Option<f64>,
 }
 
 impl Auto {
-    /// `auto` for a lane of `workers` workers.
-    pub fn for_workers(workers: usize) -> Self {
+    /// `auto` for a lane that runs at most `batches` batches at once (workers times batches
+    /// in flight per worker).
+    pub fn for_concurrency(batches: usize) -> Self {
         Auto {
-            arrivals: ArrivalModel::for_workers(workers),
+            arrivals: ArrivalModel::for_concurrency(batches),
             ..Auto::default()
         }
     }
@@ -356,8 +358,9 @@ impl Auto {
         self.echo_cached = None;
     }
 
-    /// Dispatch `group` now, or hold it? Call only when a worker is free for it and
-    /// dispatching would leave no other worker free.
+    /// Dispatch `group` now, or hold it? Call only when a worker is free for it, and either
+    /// dispatching would leave no other worker free or a burst is open
+    /// ([`Self::burst_open`]; `group.free_workers` says how many are free then).
     pub fn decide(&mut self, now: Nanos, group: &Group) -> Decision {
         let decision = self.evaluate(now, group);
         match decision {
@@ -565,7 +568,8 @@ impl Auto {
         self.bursts.followers(now).is_some()
     }
 
-    /// `f > 1` workers free and a burst open, `K` more expected one gap `g` apart: the
+    /// `f > 1` workers free and a burst open, `K` more expected for this group one gap `g`
+    /// apart (the burst's gap over the group's share of arrivals): the
     /// burst is best split into consecutive batches, one a free worker, each dispatched when
     /// its last member arrives. A batch taking the `q` waiting and the next `j` completes
     /// at `w_j + a + b (q + j)` (`w_j` until the `j`-th arrives); the `K - j` after it go
@@ -589,6 +593,11 @@ impl Auto {
             .bucket
             .map_or(1.0, |bucket| self.arrivals.bucket_share(bucket));
         let k = followers * share;
+        if k <= 0.0 {
+            return None;
+        }
+        // This group's arrivals come `1 / share` burst arrivals apart.
+        let gap = gap / share;
         let q = group.queued as f64;
         let others = (group.free_workers - 1) as f64;
         let t0 = last - now as f64;
@@ -619,7 +628,7 @@ impl Auto {
             if w > 0.0 {
                 let gain = now_total - total(j, w + HOLD_OVERHEAD_NS);
                 if gain > 0.0 && best.is_none_or(|(_, v, _, _)| gain > v) {
-                    best = Some((ceil_ns(w), gain, j, k));
+                    best = Some((ceil_ns(w), gain, j, k.min(group.room as f64)));
                 }
             }
             j += 1.0;

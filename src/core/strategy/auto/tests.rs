@@ -192,7 +192,7 @@ fn closed_loop_throughput(clients: usize, a: Nanos, b: Nanos, rtt: Nanos, greedy
     use rand::{Rng, SeedableRng};
     const MAX_BATCH: usize = 32;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
-    let mut auto = Auto::default();
+    let mut auto = Auto::for_concurrency(1);
     let mut queue: Vec<Nanos> = Vec::new();
     // When each outstanding client request arrives.
     let mut returning: Vec<Nanos> = (0..clients as u64).map(|i| i * rtt / 4).collect();
@@ -488,17 +488,24 @@ fn splits_a_burst_over_the_free_workers() {
     let now = start + 10_000;
     let mut g = group(1, now + 100 * MS);
     g.free_workers = 3;
-    // 23 more expected, 100 us apart, three workers free: the first batch waits for about
-    // a third of the burst.
+    // About 19.5 more expected (the learned sizes still remember the first, smaller
+    // bursts), 100 us apart, three workers free: the first batch waits for about a third
+    // of the burst, 6 more, the 6th due 590 us from now.
     let d = auto.decide(now, &g);
-    let Decision::HoldUntil(t) = d else {
-        panic!("expected a burst hold, got {d:?}")
-    };
-    assert!(t > now && t <= now + MS, "held {} ns", t - now);
+    assert_eq!(d, Decision::HoldUntil(now + 590_000));
     let hold = auto.holds().1;
     assert_eq!(hold.reason, HoldReason::Burst);
-    assert!((5.0..=9.0).contains(&hold.expected_joiners), "{hold:?}");
-    // With a third of it waiting already, the batch goes.
+    assert_eq!(hold.expected_joiners, 6.0);
+    // Two free: the first batch takes about half, 9 more.
+    g.free_workers = 2;
+    let d = auto.decide(now, &g);
+    assert_eq!(
+        d,
+        Decision::HoldUntil(now + 890_000),
+        "{:?}",
+        auto.holds().1
+    );
+    // With half of it waiting already, the batch goes.
     let mut g = group(12, now + 100 * MS);
     g.free_workers = 3;
     assert_eq!(auto.decide(now, &g), Decision::Go);
