@@ -33,6 +33,10 @@ const GAP_ALPHA: f64 = 1.0 / 64.0;
 pub struct BurstModel {
     /// Category `s - 1`: share of bursts of size `s` (the last: `BURST_SIZE_MAX` or more).
     sizes: Shares<BURST_SIZE_MAX>,
+    /// The same moving average of `s - 1`: `E[B - 1]`, the followers a burst's first
+    /// arrival expects, kept in O(1) (a lone arrival is the common case: in a stream every
+    /// arrival opens a burst, and the core asks at each one while workers are free).
+    mean_followers_of_first: f64,
     /// Moving averages of every gap and of the gaps inside bursts, ns.
     mean_gap_ns: f64,
     intra_gap_ns: f64,
@@ -51,6 +55,7 @@ impl Default for BurstModel {
     fn default() -> Self {
         BurstModel {
             sizes: Shares::new(BURST_ALPHA),
+            mean_followers_of_first: 0.0,
             mean_gap_ns: 0.0,
             intra_gap_ns: 0.0,
             last_arrival_ns: None,
@@ -92,7 +97,13 @@ impl BurstModel {
         if self.open_size == 0 {
             return;
         }
-        self.sizes.observe(self.open_size.min(BURST_SIZE_MAX) - 1);
+        let k = self.open_size.min(BURST_SIZE_MAX) - 1;
+        self.sizes.observe(k);
+        if self.sizes.observed() == 1 {
+            self.mean_followers_of_first = k as f64;
+        } else {
+            self.mean_followers_of_first += BURST_ALPHA * (k as f64 - self.mean_followers_of_first);
+        }
     }
 
     /// When the last request arrived.
@@ -127,6 +138,11 @@ impl BurstModel {
     /// no burst so large was seen).
     fn expected_followers(&self) -> f64 {
         let seen = self.open_size.clamp(1, BURST_SIZE_MAX);
+        if seen == 1 {
+            // Every burst has at least one arrival: the condition holds, and the sum below
+            // is the mean of `B - 1`.
+            return self.mean_followers_of_first;
+        }
         let weights = self.sizes.weights();
         let mut remaining = 0.0;
         for (i, &weight) in weights.iter().enumerate().skip(seen) {
@@ -148,12 +164,24 @@ mod tests {
 
     /// Bursts of `size` requests `intra` ns apart, every `period` ns.
     fn bursty(m: &mut BurstModel, bursts: u64, size: u64, intra: Nanos, period: Nanos) -> Nanos {
+        bursty_from(m, 0, bursts, size, intra, period)
+    }
+
+    /// [`bursty`] from `start`.
+    fn bursty_from(
+        m: &mut BurstModel,
+        start: Nanos,
+        bursts: u64,
+        size: u64,
+        intra: Nanos,
+        period: Nanos,
+    ) -> Nanos {
         for b in 0..bursts {
             for i in 0..size {
-                m.observe_arrival(b * period + i * intra);
+                m.observe_arrival(start + b * period + i * intra);
             }
         }
-        (bursts + 1) * period
+        start + (bursts + 1) * period
     }
 
     #[test]
@@ -173,6 +201,26 @@ mod tests {
             "the burst is complete"
         );
         assert_eq!(m.followers(next + 100_000_000), None, "no burst is open");
+    }
+
+    #[test]
+    fn a_first_arrival_expects_the_mean_burst_less_one() {
+        let mut m = BurstModel::default();
+        let next = bursty(&mut m, 50, 4, 20_000, 200_000_000);
+        let next = bursty_from(&mut m, next, 50, 12, 20_000, 200_000_000);
+        m.observe_arrival(next);
+        let fast = m.expected_followers();
+        m.open_size = 1;
+        let weights = m.sizes.weights();
+        let total: f64 = weights.iter().sum();
+        let slow: f64 = weights
+            .iter()
+            .enumerate()
+            .map(|(i, w)| w * i as f64)
+            .sum::<f64>()
+            / total;
+        assert!((fast - slow).abs() < 1e-9, "{fast} {slow}");
+        assert!(fast > 3.0 && fast < 11.0, "{fast}");
     }
 
     #[test]

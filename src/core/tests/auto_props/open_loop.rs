@@ -296,6 +296,24 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
     assert!(misses.is_empty(), "{}", misses.join("\n"));
 }
 
+/// p50 and p99, ms.
+type P50P99 = (f64, f64);
+
+/// `case` under `auto`, work-conserving, and the best of the window grid in hindsight (p50
+/// and p99 each at their best).
+fn auto_wc_best_window(case: &OpenCase) -> (P50P99, P50P99, P50P99) {
+    let arrivals = case.arrivals();
+    let run =
+        |strategy, window| p50_p99(&latencies(case, &arrivals, config(case, strategy, window)));
+    let auto = run(StrategyKind::Auto, 0);
+    let wc = run(StrategyKind::Fixed, 0);
+    let best = windows(case).into_iter().fold(wc, |best, w| {
+        let r = run(StrategyKind::Fixed, w);
+        (best.0.min(r.0), best.1.min(r.1))
+    });
+    (auto, wc, best)
+}
+
 /// Steady streams with several workers, where `auto` paces (issue 25): the drawn cases of
 /// seeds `0..40` with Poisson arrivals and 2-4 workers (15 cases). `auto` is never more than
 /// [`WC_SLACK`] above work-conserving dispatch, and its median ratio to the best window in
@@ -309,16 +327,7 @@ fn auto_paces_steady_streams_over_several_workers() {
         if case.workers < 2 || case.burst > 1 {
             continue;
         }
-        let arrivals = case.arrivals();
-        let run = |strategy, window| {
-            p50_p99(&latencies(
-                &case,
-                &arrivals,
-                config(&case, strategy, window),
-            ))
-        };
-        let auto = run(StrategyKind::Auto, 0);
-        let wc = run(StrategyKind::Fixed, 0);
+        let (auto, wc, best) = auto_wc_best_window(&case);
         assert!(
             auto.0 <= wc.0 * WC_SLACK && auto.1 <= wc.1 * WC_SLACK,
             "open seed {seed}: auto p50 {:.3} p99 {:.3} ms, work-conserving {:.3} / {:.3}: {case:?}",
@@ -327,10 +336,6 @@ fn auto_paces_steady_streams_over_several_workers() {
             wc.0,
             wc.1
         );
-        let best = windows(&case).into_iter().fold(wc, |best, w| {
-            let r = run(StrategyKind::Fixed, w);
-            (best.0.min(r.0), best.1.min(r.1))
-        });
         ratios.push((auto.0 / best.0).max(auto.1 / best.1));
     }
     assert_eq!(ratios.len(), 15, "the drawn cases changed");
@@ -366,20 +371,7 @@ fn auto_splits_a_burst_over_the_free_workers() {
         burst: 24,
         gap: 100_000,
     };
-    let arrivals = case.arrivals();
-    let run = |strategy, window| {
-        p50_p99(&latencies(
-            &case,
-            &arrivals,
-            config(&case, strategy, window),
-        ))
-    };
-    let auto = run(StrategyKind::Auto, 0);
-    let wc = run(StrategyKind::Fixed, 0);
-    let best = windows(&case).into_iter().fold(wc, |best, w| {
-        let r = run(StrategyKind::Fixed, w);
-        (best.0.min(r.0), best.1.min(r.1))
-    });
+    let (auto, wc, best) = auto_wc_best_window(&case);
     let report = format!("auto {auto:?}, work-conserving {wc:?}, best window {best:?} (ms)");
     assert!(auto.0 <= best.0 * WINDOW_SLACK, "p50: {report}");
     assert!(
