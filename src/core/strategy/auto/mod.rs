@@ -408,9 +408,7 @@ impl Auto {
         let w_latest = group.latest.saturating_sub(now);
         let e = self.echo(a);
         let downstream = e / (1.0 - e);
-        let share = group
-            .bucket
-            .map_or(1.0, |bucket| self.arrivals.bucket_share(bucket));
+        let share = self.share_of(group);
         let room = group.room as f64;
         let mut consider = |candidates: &[(Nanos, f64)], reason: HoldReason| {
             // `K`: every joiner expected within the horizon (echoes net of the stream can
@@ -490,6 +488,14 @@ impl Auto {
         Decision::HoldUntil(now + w)
     }
 
+    /// The group's share of the arrivals: its token bucket's, or all of them when groups
+    /// span every bucket.
+    fn share_of(&self, group: &Group) -> f64 {
+        group
+            .bucket
+            .map_or(1.0, |bucket| self.arrivals.bucket_share(bucket))
+    }
+
     /// The echo fraction within `a` (see [`arrivals::ArrivalModel::echo_within`]), capped at
     /// [`ECHO_CAP`]; computed once per completion.
     fn echo(&mut self, a: f64) -> f64 {
@@ -523,9 +529,7 @@ impl Auto {
         // over the wait (Poisson arrivals have a squared coefficient of variation of 1,
         // Poisson-started bursts of k about 2k - 1: 3 for bursts of 2).
         let burstiness = self.arrivals.burstiness();
-        let share = group
-            .bucket
-            .map_or(1.0, |bucket| self.arrivals.bucket_share(bucket));
+        let share = self.share_of(group);
         // Stream arrivals only: the echo share comes back just after completions (the
         // echo rule's joiners), not spread over the wait.
         let lambda = self.arrivals.rate_from(now) * share * (1.0 - e);
@@ -589,9 +593,7 @@ impl Auto {
     ) -> Option<(Nanos, f64, f64, f64)> {
         let (followers, gap) = self.bursts.followers(now)?;
         let last = self.bursts.last_arrival_ns()? as f64;
-        let share = group
-            .bucket
-            .map_or(1.0, |bucket| self.arrivals.bucket_share(bucket));
+        let share = self.share_of(group);
         let k = followers * share;
         if k <= 0.0 {
             return None;
