@@ -18,9 +18,13 @@
 //! Outliers: a batch that took more than [`OUTLIER_FACTOR`] times what the fit predicts for
 //! its shape (a worker descheduled, a page fault storm, a GC pause upstream) is counted in
 //! [`Cost::outliers`] and kept out of the window: one 300 ms stall among 64 batches of 20 ms
-//! would otherwise move `a` by 4.4 ms. More than [`OUTLIER_RUN_MAX`] outliers in a run (one
-//! up per outlier, one down per normal batch) are not stalls but a slower executor: those
-//! batches enter the window, and the fit follows.
+//! would otherwise move `a` by 4.4 ms. More than [`OUTLIER_RUN_MAX`] outliers in a run are
+//! not stalls but a slower executor, or a fit that is wrong for some batch size: those
+//! batches enter the window, and the fit follows. A run is outliers fewer than
+//! [`OUTLIER_SPACING`] normal batches apart, so outliers that alternate with normal batches
+//! are a run too: a fit that mispredicts one size by 4x (a step cost whose line crossed
+//! zero at batch 1, seen in the property harness's seed 215) would otherwise keep every
+//! batch of that size out of the window and never be corrected.
 //!
 //! Fixed-size arrays only: nothing here allocates, reads a clock or depends on anything but
 //! the samples it was given.
@@ -40,9 +44,20 @@ const RIDGE: f64 = 1e-4;
 /// strays past 1.5x; a real slow-down of 4x is followed after [`OUTLIER_RUN_MAX`] batches.
 pub const OUTLIER_FACTOR: f64 = 4.0;
 
-/// Outliers in a row that are still taken for stalls; the next one enters the fit. Three
+/// Outliers in a run that are still taken for stalls; the next one enters the fit. Three
 /// batches are 5 % of the window: following a real change that much later costs little.
 pub const OUTLIER_RUN_MAX: u32 = 3;
+
+/// Normal batches that end a run of outliers. A stall is rare (one in the 64 batches of the
+/// window moves `a` by 7 %, which is why it is kept out); outliers that come every few
+/// batches are the executor's, or the fit's fault, and must reach the window. Eight is the
+/// window's eighth: two stalls closer than that are already a pattern, not bad luck.
+pub const OUTLIER_SPACING: u32 = 8;
+
+/// The most a run counts, in outliers. A long slow spell that ends leaves the run at this;
+/// after `(OUTLIER_RUN_CAP - OUTLIER_RUN_MAX) * OUTLIER_SPACING` normal batches (24) a stall
+/// is kept out again.
+const OUTLIER_RUN_CAP: u32 = 2 * OUTLIER_RUN_MAX;
 
 /// Batches in the window before outliers are judged (a fit on fewer is itself unsure).
 const OUTLIER_MIN_SAMPLES: usize = 8;
@@ -168,7 +183,9 @@ pub struct CostModel {
     len: usize,
     /// Sums over the `len` valid samples (kept equal to a recount: a debug check says so).
     sums: Sums,
-    /// Outliers so far, and the current run: +1 per outlier, -1 per normal batch.
+    /// Outliers so far, and the current run counted in [`OUTLIER_SPACING`]ths of an outlier:
+    /// `+OUTLIER_SPACING` per outlier, `-1` per normal batch, at most
+    /// [`OUTLIER_RUN_CAP`] outliers' worth.
     outliers: u64,
     outlier_run: u32,
     fitted: Cost,
@@ -202,8 +219,9 @@ impl CostModel {
         if self.len >= OUTLIER_MIN_SAMPLES {
             let predicted = self.fitted.service_ns(requests as f64, tokens as f64);
             if service_ns as f64 > OUTLIER_FACTOR * predicted {
-                self.outlier_run += 1;
-                if self.outlier_run <= OUTLIER_RUN_MAX {
+                self.outlier_run =
+                    (self.outlier_run + OUTLIER_SPACING).min(OUTLIER_RUN_CAP * OUTLIER_SPACING);
+                if self.outlier_run <= OUTLIER_RUN_MAX * OUTLIER_SPACING {
                     self.outliers += 1;
                     self.fitted.outliers = self.outliers;
                     return;
@@ -424,6 +442,62 @@ mod tests {
         assert_eq!(c.outliers, 1, "{c:?}");
         assert!(close(c.a_ns, 20e6, 0.001), "{c:?}");
         assert!(close(c.b_ns, 1e6, 0.001), "{c:?}");
+    }
+
+    #[test]
+    fn a_size_the_fit_mispredicts_reaches_the_window_even_between_normal_batches() {
+        // Seed 215 of the property harness: a step cost (a = 44.7 ms, 0.61 ms per 8
+        // requests started), first seen only at 32 and 33, where the step makes the line
+        // cross zero before batch 1; then batches of 1 and 32 alternate. Each batch of 1
+        // is 4x slower than the line says, each of 32 is normal: outliers between normal
+        // batches. Kept out for good, they would leave `a` near 0 and `auto` never holding.
+        let step = |n: u64| 44_660_000 + 609_000 * 8 * n.div_ceil(8);
+        let mut m = CostModel::default();
+        for i in 0..COST_WINDOW as u64 {
+            m.observe(32 + (i % 2) as usize, 0, step(32 + i % 2));
+        }
+        let wrong = m.cost();
+        assert!(
+            wrong.service_ns(1.0, 0.0) * OUTLIER_FACTOR < step(1) as f64,
+            "{wrong:?}"
+        );
+        for _ in 0..COST_WINDOW {
+            m.observe(1, 0, step(1));
+            m.observe(32, 0, step(32));
+        }
+        let c = m.cost();
+        assert_eq!(
+            c.outliers,
+            u64::from(OUTLIER_RUN_MAX),
+            "only a run's worth kept out: {c:?}"
+        );
+        assert!(close(c.service_ns(1.0, 0.0), step(1) as f64, 0.01), "{c:?}");
+        assert!(
+            close(c.service_ns(32.0, 0.0), step(32) as f64, 0.01),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn stalls_a_few_batches_apart_are_still_kept_out() {
+        // a = 20 ms, b = 1 ms; a 300 ms stall after every OUTLIER_SPACING normal batches.
+        let every = u64::from(OUTLIER_SPACING) + 1;
+        let mut m = CostModel::default();
+        let mut stalls = 0;
+        for i in 0..4 * COST_WINDOW as u64 {
+            let n = 1 + i % 4;
+            let stall = i >= COST_WINDOW as u64 && i % every == 0;
+            stalls += u64::from(stall);
+            let s = if stall {
+                300_000_000
+            } else {
+                20_000_000 + 1_000_000 * n
+            };
+            m.observe(n as usize, 0, s);
+        }
+        let c = m.cost();
+        assert_eq!(c.outliers, stalls, "every stall kept out: {c:?}");
+        assert!(close(c.a_ns, 20e6, 0.001), "{c:?}");
     }
 
     #[test]
