@@ -245,6 +245,8 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
     let mut misses = Vec::new();
     let (mut worst_window, mut worst_wc) = (0.0f64, 0.0f64);
     let mut cases = 0;
+    // Misses where one window comes within 1 % of both the least p50 and the least p99.
+    let mut reachable_misses = 0;
     for seed in seeds() {
         let case = OpenCase::from_seed(seed);
         let arrivals = case.arrivals();
@@ -259,6 +261,7 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
             config(&case, StrategyKind::Fixed, 0),
         ));
         let mut best = wc;
+        let mut runs = vec![wc];
         let mut table = format!("work-conserving {:.3} / {:.3} ms", wc.0, wc.1);
         for w in windows(&case) {
             let r = p50_p99(&latencies(
@@ -267,19 +270,28 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
                 config(&case, StrategyKind::Fixed, w),
             ));
             best = (best.0.min(r.0), best.1.min(r.1));
+            runs.push(r);
             table += &format!("; {:.3} ms: {:.3} / {:.3}", w as f64 / MS as f64, r.0, r.1);
         }
         let window_ratio = (auto.0 / best.0).max(auto.1 / best.1);
         let wc_ratio = (auto.0 / wc.0).max(auto.1 / wc.1);
+        // The least p50 and the least p99 may come from two windows: how close one window
+        // comes to both (the worse of its two ratios, at its best). Printed, not held: it
+        // says whether a miss is `auto`'s or the bound's.
+        let one_window = runs
+            .iter()
+            .map(|r| (r.0 / best.0).max(r.1 / best.1))
+            .fold(f64::INFINITY, f64::min);
         println!(
-            "open seed {seed}: auto p50 {:.3} p99 {:.3} ms; / best window {window_ratio:.3}, \
-             / work-conserving {wc_ratio:.3}: {case:?}",
+            "open seed {seed}: auto p50 {:.3} p99 {:.3} ms; / best window {window_ratio:.3} \
+             (one window at best {one_window:.3}), / work-conserving {wc_ratio:.3}: {case:?}",
             auto.0, auto.1
         );
         cases += 1;
         worst_window = worst_window.max(window_ratio);
         worst_wc = worst_wc.max(wc_ratio);
         if window_ratio > WINDOW_SLACK || wc_ratio > WC_SLACK {
+            reachable_misses += usize::from(one_window <= 1.01);
             misses.push(format!(
                 "open seed {seed} (replay: AUTO_PROPS_OPEN_SEED={seed}): auto p50 {:.3} p99 \
                  {:.3} ms, {window_ratio:.3} of the best window (bound {WINDOW_SLACK}), \
@@ -290,7 +302,8 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
     }
     println!(
         "{cases} open cases: worst against the best window {worst_window:.3}, against \
-         work-conserving {worst_wc:.3}; {} misses",
+         work-conserving {worst_wc:.3}; {} misses, {reachable_misses} of them where one \
+         window comes within 1 % of both the least p50 and the least p99",
         misses.len()
     );
     assert!(misses.is_empty(), "{}", misses.join("\n"));
