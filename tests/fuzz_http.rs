@@ -91,6 +91,64 @@ fn request_heads_parse_the_same_whatever_the_split() {
     eprintln!("{report}");
 }
 
+/// The head scanner (`abe::http::head_scan`) against httparse on mutated heads: whenever it
+/// reads a head, httparse reads the same one (method, target, version, every header name and
+/// value in order, length), and it never reads one httparse refuses or calls partial. No
+/// server: the two parsers side by side.
+#[test]
+fn the_head_scanner_reads_exactly_what_httparse_reads() {
+    const MAX_HEADERS: usize = abe::http::parse::HEADERS_MAX;
+    let mut seeds = seeds();
+    seeds.push(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 30\r\n\r\n{\"prompt\":\"hi\",\"max_tokens\":1}"
+            .to_vec(),
+    );
+    // Near misses of the scanner's subset, for the mutations to cross its edges both ways.
+    for near in [
+        &b"GET / HTTP/2.0\r\nHost: x\r\n\r\n"[..],
+        b"GET /?a=1 HTTP/1.0\nHost: x\n\n",
+        b"GET / HTTP/1.1\r\nX-A: \t a b \t\r\nX-B:\r\nX-C: \xc3\xa9\r\n\r\n",
+        b"\r\nDELETE /admin/backends/a HTTP/1.1\r\nHost : x\r\n\r\n",
+    ] {
+        seeds.push(near.to_vec());
+    }
+    let report = Campaign::new("head_scan", seeds, DICTIONARY, 2048, 100_000).run(|input| {
+        let mut scanned_headers = Vec::new();
+        let scanned = abe::http::head_scan::scan(input, MAX_HEADERS, |name, value| {
+            scanned_headers.push((name.to_string(), value.to_vec()));
+            true
+        });
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        let parsed = req.parse(input);
+        if let Some(line) = scanned {
+            let shown = String::from_utf8_lossy(input);
+            assert_eq!(
+                parsed,
+                Ok(httparse::Status::Complete(line.head_len)),
+                "scanned, httparse did not read the same length: {shown:?}"
+            );
+            assert_eq!(req.method, Some(line.method), "{shown:?}");
+            assert_eq!(req.path, Some(line.target), "{shown:?}");
+            assert_eq!(req.version, Some(u8::from(!line.http10)), "{shown:?}");
+            let theirs: Vec<(String, Vec<u8>)> = req
+                .headers
+                .iter()
+                .map(|h| (h.name.to_string(), h.value.to_vec()))
+                .collect();
+            assert_eq!(scanned_headers, theirs, "{shown:?}");
+        }
+        let httparse_outcome: u8 = match parsed {
+            Ok(httparse::Status::Complete(_)) => 0,
+            Ok(httparse::Status::Partial) => 1,
+            Err(_) => 2,
+        };
+        signature((scanned.is_some(), httparse_outcome))
+    });
+    eprintln!("{report}");
+}
+
 /// Statuses of every response in `bytes`: each `HTTP/1.1 NNN` (a body is not followed to
 /// its end, HEAD answers have none; a body quoting a status line would count, the same way
 /// whole and split).

@@ -6,6 +6,7 @@
 //! ([`crate::server`]) build on it. Nothing here imports from the rest of abe (no api, no
 //! runtime, no config), does I/O, or reads a clock; bytes in, values or bytes out.
 
+pub mod head_scan;
 pub mod number;
 pub mod parse;
 pub mod response;

@@ -166,6 +166,23 @@ pub fn parse_head(
     max_header_bytes: usize,
     max_body_bytes: usize,
 ) -> Result<Option<Head>, HeadError> {
+    // The common head in one pass (`head_scan`); anything else, and every error, httparse's.
+    let mut fields = Fields::new();
+    let scanned = super::head_scan::scan(buf, HEADERS_MAX, |name, value| {
+        fields.header(name, value).is_ok()
+    });
+    if let Some(line) = scanned {
+        return finish(
+            line.method,
+            line.target,
+            line.http10,
+            line.head_len,
+            fields,
+            max_header_bytes,
+            max_body_bytes,
+        )
+        .map(Some);
+    }
     // Header storage stays uninitialised: httparse writes only the entries it fills (saves
     // zeroing all HEADERS_MAX of them for every request).
     let mut headers = [std::mem::MaybeUninit::<httparse::Header>::uninit(); HEADERS_MAX];
@@ -206,58 +223,78 @@ pub fn parse_head(
         "head of {head_len} bytes"
     );
     debug_assert_eq!(buf[head_len - 1], b'\n', "a head ends with an empty line");
-    if head_len > max_header_bytes {
-        return Err(head_error(
-            Status::HeaderTooLarge,
-            format!("request head exceeds {max_header_bytes} bytes"),
-        ));
-    }
-    let method = match req.method.unwrap_or("") {
-        "GET" => Method::Get,
-        "POST" => Method::Post,
-        "HEAD" => Method::Head,
-        "DELETE" => Method::Delete,
-        _ => Method::Other,
-    };
-    let target = req.path.unwrap_or("/");
-    let (path, query) = match target.bytes().position(|b| b == b'?') {
-        Some(q) => (&target[..q], Some(target[q + 1..].to_string())),
-        None => (target, None),
-    };
-    let path = RequestPath::new(path);
+    // A head too large is refused before anything in it is read.
+    check_head_len(head_len, max_header_bytes)?;
     let http10 = req.version == Some(0);
-    let mut close = http10;
-    let mut content_length: Option<usize> = None;
-    let mut transfer_encoding = false;
-    let mut hosts = 0;
-    let mut expect_continue = false;
-    let mut priority = None;
-    let mut authorization = None;
-    let mut session_id = None;
-    let mut request_id = None;
+    let mut fields = Fields::new();
     for h in req.headers.iter() {
-        let name = h.name;
+        fields.header(h.name, h.value)?;
+    }
+    finish(
+        req.method.unwrap_or(""),
+        req.path.unwrap_or("/"),
+        http10,
+        head_len,
+        fields,
+        max_header_bytes,
+        max_body_bytes,
+    )
+    .map(Some)
+}
+
+/// What the headers of a head said, read one header at a time.
+struct Fields {
+    /// What the last `close` or `keep-alive` token of `Connection` said (`None`: the
+    /// version's default).
+    connection_close: Option<bool>,
+    content_length: Option<usize>,
+    transfer_encoding: bool,
+    hosts: u32,
+    expect_continue: bool,
+    priority: Option<String>,
+    authorization: Option<String>,
+    session_id: Option<String>,
+    request_id: Option<String>,
+}
+
+impl Fields {
+    fn new() -> Fields {
+        Fields {
+            connection_close: None,
+            content_length: None,
+            transfer_encoding: false,
+            hosts: 0,
+            expect_continue: false,
+            priority: None,
+            authorization: None,
+            session_id: None,
+            request_id: None,
+        }
+    }
+
+    /// Reads one header (in the order sent); an error refuses the head.
+    fn header(&mut self, name: &str, raw: &[u8]) -> Result<(), HeadError> {
         // Every header value must be UTF-8 (httparse lets obs-text through); ASCII, the
         // usual case, needs no further check. Only the headers used below are converted.
-        if !h.value.is_ascii() && std::str::from_utf8(h.value).is_err() {
+        if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
             return Err(head_error(
                 Status::BadRequest,
                 format!("header {name} is not valid UTF-8"),
             ));
         }
-        let value = || std::str::from_utf8(h.value).unwrap_or_default().trim();
+        let value = || std::str::from_utf8(raw).unwrap_or_default().trim();
         if name.eq_ignore_ascii_case("content-length") {
             // The usual value, one bare number, is read from its bytes: the UTF-8 check,
             // trim and split below would each hand it back unchanged.
-            if let Some(n) = decimal_bytes(h.value) {
-                if content_length.is_some_and(|c| c != n) {
+            if let Some(n) = decimal_bytes(raw) {
+                if self.content_length.is_some_and(|c| c != n) {
                     return Err(head_error(
                         Status::BadRequest,
                         "conflicting Content-Length values",
                     ));
                 }
-                content_length = Some(n);
-                continue;
+                self.content_length = Some(n);
+                return Ok(());
             }
             // RFC 9112 6.3 (5): a list is accepted only when every value is the same valid
             // length (`5, 5`); so are repeated headers. Anything else is no framing at all.
@@ -269,31 +306,31 @@ pub fn parse_head(
                         format!("invalid Content-Length '{value}': must be digits only"),
                     )
                 })?;
-                if content_length.is_some_and(|c| c != n) {
+                if self.content_length.is_some_and(|c| c != n) {
                     return Err(head_error(
                         Status::BadRequest,
                         "conflicting Content-Length values",
                     ));
                 }
-                content_length = Some(n);
+                self.content_length = Some(n);
             }
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            transfer_encoding = true;
+            self.transfer_encoding = true;
         } else if name.eq_ignore_ascii_case("host") {
-            hosts += 1;
+            self.hosts += 1;
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value().split(',') {
                 let t = token.trim();
                 if t.eq_ignore_ascii_case("close") {
-                    close = true;
+                    self.connection_close = Some(true);
                 } else if t.eq_ignore_ascii_case("keep-alive") {
-                    close = false;
+                    self.connection_close = Some(false);
                 }
             }
         } else if name.eq_ignore_ascii_case("expect") {
             let value = value();
             if value.eq_ignore_ascii_case("100-continue") {
-                expect_continue = true;
+                self.expect_continue = true;
             } else {
                 return Err(head_error(
                     Status::ExpectationFailed,
@@ -301,20 +338,57 @@ pub fn parse_head(
                 ));
             }
         } else if name.eq_ignore_ascii_case("x-priority") {
-            priority = Some(value().to_string());
+            self.priority = Some(value().to_string());
         } else if name.eq_ignore_ascii_case("authorization") {
-            authorization = Some(value().to_string());
+            self.authorization = Some(value().to_string());
         } else if name.eq_ignore_ascii_case("x-session-id") {
-            session_id = Some(value().to_string());
+            self.session_id = Some(value().to_string());
         } else if name.eq_ignore_ascii_case("x-request-id") {
-            request_id = Some(value().to_string());
+            self.request_id = Some(value().to_string());
         }
+        Ok(())
     }
-    if transfer_encoding {
+}
+
+/// A complete head longer than `max_header_bytes` is a 431.
+fn check_head_len(head_len: usize, max_header_bytes: usize) -> Result<(), HeadError> {
+    if head_len > max_header_bytes {
+        return Err(head_error(
+            Status::HeaderTooLarge,
+            format!("request head exceeds {max_header_bytes} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// The head from its request line and header fields: the checks that need every header.
+fn finish(
+    method: &str,
+    target: &str,
+    http10: bool,
+    head_len: usize,
+    fields: Fields,
+    max_header_bytes: usize,
+    max_body_bytes: usize,
+) -> Result<Head, HeadError> {
+    check_head_len(head_len, max_header_bytes)?;
+    let method = match method {
+        "GET" => Method::Get,
+        "POST" => Method::Post,
+        "HEAD" => Method::Head,
+        "DELETE" => Method::Delete,
+        _ => Method::Other,
+    };
+    let (path, query) = match target.bytes().position(|b| b == b'?') {
+        Some(q) => (&target[..q], Some(target[q + 1..].to_string())),
+        None => (target, None),
+    };
+    let path = RequestPath::new(path);
+    if fields.transfer_encoding {
         // RFC 9112 6.1: with Content-Length too, the two framings disagree (the shape of
         // request smuggling); in HTTP/1.0 Transfer-Encoding is faulty framing. Either way the
         // connection closes after the answer (every head error closes it).
-        if content_length.is_some() {
+        if fields.content_length.is_some() {
             return Err(head_error(
                 Status::BadRequest,
                 "both Content-Length and Transfer-Encoding: send only Content-Length",
@@ -332,12 +406,12 @@ pub fn parse_head(
             "chunked request bodies are not supported: send Content-Length",
         ));
     }
-    if hosts > 1 {
+    if fields.hosts > 1 {
         // RFC 9112 3.2: more than one Host is a 400.
         return Err(head_error(Status::BadRequest, "more than one Host header"));
     }
     // RFC 9112 6.3: no Content-Length and no Transfer-Encoding means an empty body.
-    let content_length = content_length.unwrap_or(0);
+    let content_length = fields.content_length.unwrap_or(0);
     if content_length > max_body_bytes {
         return Err(head_error(
             Status::PayloadTooLarge,
@@ -349,19 +423,19 @@ pub fn parse_head(
         path,
         head_len,
         content_length,
-        close,
+        close: fields.connection_close.unwrap_or(http10),
         http10,
-        expect_continue,
-        priority,
-        authorization,
-        session_id,
-        request_id,
+        expect_continue: fields.expect_continue,
+        priority: fields.priority,
+        authorization: fields.authorization,
+        session_id: fields.session_id,
+        request_id: fields.request_id,
         query,
     };
     // Guarantees: the head fits its limit, the body its own, the path has no query.
     debug_assert!(head.head_len <= max_header_bytes && head.content_length <= max_body_bytes);
     debug_assert!(!head.path.contains('?'), "the query is split off the path");
-    Ok(Some(head))
+    Ok(head)
 }
 
 /// The unparseable head in `buf` folds a header line: a line inside it starts with a space
