@@ -196,7 +196,10 @@ fn value_run(buf: &[u8], from: usize) -> usize {
 mod tests {
     use super::*;
 
-    fn headers_of(buf: &[u8]) -> Option<(RequestLine<'_>, Vec<(&str, &[u8])>)> {
+    /// A head's headers, name and value, in order.
+    type Headers<'a> = Vec<(&'a str, &'a [u8])>;
+
+    fn headers_of(buf: &[u8]) -> Option<(RequestLine<'_>, Headers<'_>)> {
         let mut seen = Vec::new();
         let line = scan(buf, 64, |n, v| {
             seen.push((n, v));
