@@ -164,10 +164,27 @@ pub struct ArrivalModel {
     /// The stream's rate, arrivals per ns, as of the last completion (it is read between
     /// completions, with the echo bins it goes with).
     stream_rate: f64,
+    /// The quarters of a window have not shown one stream ([`Self::answers_completions`]).
+    answers_completions: bool,
     /// Share of arrivals per token bucket (they sum to 1 once anything arrived).
     bucket_share: Shares<BUCKET_COUNT>,
     gaps: [GapStats; CLASS_COUNT],
     arrivals: u64,
+}
+
+/// What the quarters of a window after a completion show ([`ArrivalModel`]'s stream test).
+#[derive(Clone, Copy, Debug)]
+struct Quarters {
+    /// The emptiest quarter's mass (arrivals a window, moving average).
+    emptiest: f64,
+    /// A quarter's length, ns.
+    length_ns: f64,
+    /// One stream: the fullest and the emptiest within two standard deviations of the
+    /// difference of two such moving averages (the arrivals' burstiness taken into account).
+    one_stream: bool,
+    /// The test can tell: the mass is large enough that all of it in one quarter would fail
+    /// it.
+    telling: bool,
 }
 
 impl Default for ArrivalModel {
@@ -188,6 +205,7 @@ impl Default for ArrivalModel {
             arrivals_per_gap: 0.0,
             one_at_a_time: false,
             stream_rate: 0.0,
+            answers_completions: true,
             bucket_share: Shares::new(SHARE_ALPHA),
             gaps: [GapStats::default(); CLASS_COUNT],
             arrivals: 0,
@@ -294,7 +312,17 @@ impl ArrivalModel {
         if self.windows_closed % ECHO_RECOUNT == 0 {
             self.echo_total = self.echo.iter().sum();
         }
-        self.stream_rate = self.stream_density_now();
+        // One reading of the quarters a completion (four walks over the bins), for both.
+        let quarters = self.quarters();
+        self.stream_rate = self.stream_density_now(quarters);
+        self.answers_completions = !matches!(
+            quarters,
+            Some(Quarters {
+                one_stream: true,
+                telling: true,
+                ..
+            })
+        );
     }
 
     /// Whether the last completion may still bring an echo: over the whole horizon, more
@@ -376,17 +404,31 @@ impl ArrivalModel {
     /// at once (workers, or batches in flight per worker) each completion cuts the last
     /// one's window short of its echo, so the quarters say nothing and the mean rate
     /// stands. The burstiness is the one at the completion, so the rate changes only there.
-    fn stream_density_now(&self) -> f64 {
+    fn stream_density_now(&self, quarters: Option<Quarters>) -> f64 {
         if self.completion_gap_ns <= 0.0 {
             return 0.0;
         }
         let overall = self.arrivals_per_gap / self.completion_gap_ns;
-        // The bins a typical window covers whole: those below the one holding the mean gap.
+        if !self.one_at_a_time {
+            return overall;
+        }
+        match quarters {
+            Some(q) if !q.one_stream => overall.min(q.emptiest / q.length_ns),
+            _ => overall,
+        }
+    }
+
+    /// The four quarters of the bins a typical window covers whole (those below the one
+    /// holding the mean time between completions); `None` before two completions.
+    fn quarters(&self) -> Option<Quarters> {
+        if self.completion_gap_ns <= 0.0 {
+            return None;
+        }
         let covered =
             bin_of(self.completion_gap_ns as Nanos).map_or(1 << ECHO_TOP_OCTAVE, bin_lower_ns);
         let part = covered / 4;
-        if part == 0 || !self.one_at_a_time {
-            return overall;
+        if part == 0 {
+            return None;
         }
         let (mut lo, mut hi, mut before, mut sum) = (f64::MAX, 0.0f64, 0.0, 0.0);
         for k in 1..=4 {
@@ -399,11 +441,26 @@ impl ArrivalModel {
         }
         // Each quarter's count is a moving average over windows: for arrivals with squared
         // CV c2 its variance is about alpha / (2 - alpha) c2 times its mean.
-        let var = ECHO_ALPHA / (2.0 - ECHO_ALPHA) * self.burstiness().max(1.0) * sum / 4.0;
-        if hi - lo <= 2.0 * (2.0 * var).sqrt() {
-            return overall;
-        }
-        overall.min(lo / part as f64)
+        // `var = k sum / 4`: all of the mass in one quarter (`hi - lo = sum`) fails the test
+        // only when `sum > 2 k`; with less (a window shorter than the clients' round trip
+        // holds none of their echo) the quarters show nothing either way.
+        let k = ECHO_ALPHA / (2.0 - ECHO_ALPHA) * self.burstiness().max(1.0);
+        let var = k * sum / 4.0;
+        Some(Quarters {
+            emptiest: lo,
+            length_ns: part as f64,
+            one_stream: hi - lo <= 2.0 * (2.0 * var).sqrt(),
+            telling: sum > 2.0 * k,
+        })
+    }
+
+    /// Whether the arrivals may answer completions, as of the last completion: the
+    /// quarters of a window after a completion have not shown one stream (a closed loop's
+    /// clients come back in a clump a round trip after their answers), or the test cannot
+    /// tell (too few arrivals in a window to see a clump). An open loop's arrivals, bursts
+    /// included, spread evenly over the time since a completion (they do not depend on it).
+    pub fn answers_completions(&self) -> bool {
+        self.answers_completions
     }
 
     /// [`Self::stream_density_now`] as of the last completion.

@@ -106,6 +106,11 @@ impl BurstModel {
         }
     }
 
+    /// Mean burst size, `E[B]` (1 before any burst closed; about 1.13 for a Poisson stream).
+    pub fn mean_size(&self) -> f64 {
+        1.0 + self.mean_followers_of_first
+    }
+
     /// When the last request arrived.
     pub fn last_arrival_ns(&self) -> Option<Nanos> {
         self.last_arrival_ns
