@@ -164,8 +164,13 @@ pub struct ArrivalModel {
     /// The stream's rate, arrivals per ns, as of the last completion (it is read between
     /// completions, with the echo bins it goes with).
     stream_rate: f64,
-    /// The quarters of a window have not shown one stream ([`Self::answers_completions`]).
-    answers_completions: bool,
+    /// The quarters of a window have not shown one stream ([`Self::answers_completions`]), as
+    /// of the last completion; `None` until asked after it (the four walks over the bins are
+    /// paid only by a decision that needs them: with several workers, pacing bursty arrivals).
+    answers_completions: Option<bool>,
+    /// The arrivals' burstiness at the last completion: the quarters test reads it, so that
+    /// it changes only at completions, with the bins it tests.
+    burstiness_at_completion: f64,
     /// Share of arrivals per token bucket (they sum to 1 once anything arrived).
     bucket_share: Shares<BUCKET_COUNT>,
     gaps: [GapStats; CLASS_COUNT],
@@ -187,6 +192,21 @@ struct Quarters {
     telling: bool,
 }
 
+impl Quarters {
+    /// Whether arrivals whose quarters read `quarters` may answer completions: unless they
+    /// are one stream and the test could tell.
+    fn answer_completions(quarters: Option<Quarters>) -> bool {
+        !matches!(
+            quarters,
+            Some(Quarters {
+                one_stream: true,
+                telling: true,
+                ..
+            })
+        )
+    }
+}
+
 impl Default for ArrivalModel {
     fn default() -> Self {
         ArrivalModel {
@@ -205,7 +225,8 @@ impl Default for ArrivalModel {
             arrivals_per_gap: 0.0,
             one_at_a_time: false,
             stream_rate: 0.0,
-            answers_completions: true,
+            answers_completions: None,
+            burstiness_at_completion: 0.0,
             bucket_share: Shares::new(SHARE_ALPHA),
             gaps: [GapStats::default(); CLASS_COUNT],
             arrivals: 0,
@@ -312,17 +333,9 @@ impl ArrivalModel {
         if self.windows_closed % ECHO_RECOUNT == 0 {
             self.echo_total = self.echo.iter().sum();
         }
-        // One reading of the quarters a completion (four walks over the bins), for both.
-        let quarters = self.quarters();
-        self.stream_rate = self.stream_density_now(quarters);
-        self.answers_completions = !matches!(
-            quarters,
-            Some(Quarters {
-                one_stream: true,
-                telling: true,
-                ..
-            })
-        );
+        self.burstiness_at_completion = self.burstiness();
+        self.answers_completions = None;
+        self.stream_rate = self.stream_density_now();
     }
 
     /// Whether the last completion may still bring an echo: over the whole horizon, more
@@ -404,7 +417,7 @@ impl ArrivalModel {
     /// at once (workers, or batches in flight per worker) each completion cuts the last
     /// one's window short of its echo, so the quarters say nothing and the mean rate
     /// stands. The burstiness is the one at the completion, so the rate changes only there.
-    fn stream_density_now(&self, quarters: Option<Quarters>) -> f64 {
+    fn stream_density_now(&mut self) -> f64 {
         if self.completion_gap_ns <= 0.0 {
             return 0.0;
         }
@@ -412,6 +425,9 @@ impl ArrivalModel {
         if !self.one_at_a_time {
             return overall;
         }
+        // Read once a completion, for both uses.
+        let quarters = self.quarters();
+        self.answers_completions = Some(Quarters::answer_completions(quarters));
         match quarters {
             Some(q) if !q.one_stream => overall.min(q.emptiest / q.length_ns),
             _ => overall,
@@ -444,7 +460,7 @@ impl ArrivalModel {
         // `var = k sum / 4`: all of the mass in one quarter (`hi - lo = sum`) fails the test
         // only when `sum > 2 k`; with less (a window shorter than the clients' round trip
         // holds none of their echo) the quarters show nothing either way.
-        let k = ECHO_ALPHA / (2.0 - ECHO_ALPHA) * self.burstiness().max(1.0);
+        let k = ECHO_ALPHA / (2.0 - ECHO_ALPHA) * self.burstiness_at_completion.max(1.0);
         let var = k * sum / 4.0;
         Some(Quarters {
             emptiest: lo,
@@ -459,8 +475,13 @@ impl ArrivalModel {
     /// clients come back in a clump a round trip after their answers), or the test cannot
     /// tell (too few arrivals in a window to see a clump). An open loop's arrivals, bursts
     /// included, spread evenly over the time since a completion (they do not depend on it).
-    pub fn answers_completions(&self) -> bool {
-        self.answers_completions
+    pub fn answers_completions(&mut self) -> bool {
+        if let Some(known) = self.answers_completions {
+            return known;
+        }
+        let answer = Quarters::answer_completions(self.quarters());
+        self.answers_completions = Some(answer);
+        answer
     }
 
     /// [`Self::stream_density_now`] as of the last completion.

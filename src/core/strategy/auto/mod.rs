@@ -528,7 +528,7 @@ impl Auto {
     /// `j (r - w' + b (N - q - j)) + (N - j) b j - q (w' + b j)`, `w' = w + o`.
     /// Returns the best positive hold: (wait, gain, joiners, N).
     fn pacing_hold(
-        &self,
+        &mut self,
         now: Nanos,
         group: &Group,
         a: f64,
