@@ -415,8 +415,11 @@ impl ArrivalModel {
     /// (closed-loop seeds 151 and 236 of the property harness). Quarters, not halves: an
     /// echo spread over half the window (151's) falls in both halves. With several batches
     /// at once (workers, or batches in flight per worker) each completion cuts the last
-    /// one's window short of its echo, so the quarters say nothing and the mean rate
-    /// stands. The burstiness is the one at the completion, so the rate changes only there.
+    /// one's window short of its echo, so the quarters cannot split the echo from the
+    /// stream and the mean rate stands (they are still read there, only to tell whether
+    /// the arrivals answer completions at all: [`Self::answers_completions`], which counts
+    /// only where the test could tell). The burstiness is the one at the completion, so the
+    /// rate changes only there.
     fn stream_density_now(&mut self) -> f64 {
         if self.completion_gap_ns <= 0.0 {
             return 0.0;

@@ -20,11 +20,14 @@
 //! [`Cost::outliers`] and kept out of the window: one 300 ms stall among 64 batches of 20 ms
 //! would otherwise move `a` by 4.4 ms. More than [`OUTLIER_RUN_MAX`] outliers in a run are
 //! not stalls but a slower executor, or a fit that is wrong for some batch size: those
-//! batches enter the window, and the fit follows. A run is outliers fewer than
-//! [`OUTLIER_SPACING`] normal batches apart, so outliers that alternate with normal batches
-//! are a run too: a fit that mispredicts one size by 4x (a step cost whose line crossed
-//! zero at batch 1, seen in the property harness's seed 215) would otherwise keep every
-//! batch of that size out of the window and never be corrected.
+//! batches enter the window, and the fit follows. The run counts each outlier as
+//! [`OUTLIER_SPACING`] and takes one off per normal batch, so outliers fewer than
+//! `OUTLIER_SPACING` normal batches apart build a run too, more slowly the farther apart
+//! they are (the fourth enters when they come every batch or two, the tenth at six apart,
+//! the eighteenth at seven), and ones that far apart or farther never do. Without that, a
+//! fit that mispredicts one size by 4x (a step cost whose line crossed zero at batch 1,
+//! seen in the property harness's seed 215) kept every batch of that size out of the
+//! window, alternating as they did with normal batches, and was never corrected.
 //!
 //! Fixed-size arrays only: nothing here allocates, reads a clock or depends on anything but
 //! the samples it was given.
@@ -48,15 +51,16 @@ pub const OUTLIER_FACTOR: f64 = 4.0;
 /// batches are 5 % of the window: following a real change that much later costs little.
 pub const OUTLIER_RUN_MAX: u32 = 3;
 
-/// Normal batches that end a run of outliers. A stall is rare (one in the 64 batches of the
-/// window moves `a` by 7 %, which is why it is kept out); outliers that come every few
-/// batches are the executor's, or the fit's fault, and must reach the window. Eight is the
-/// window's eighth: two stalls closer than that are already a pattern, not bad luck.
+/// What an outlier adds to the run, in normal batches that take it off again. A stall is
+/// rare (the module doc's: one among 64 batches of 20 ms moves `a` by 4.4 ms, which is why
+/// it is kept out); outliers that come every few batches are the executor's, or the fit's
+/// fault, and must reach the window. Eight is the window's eighth: outliers closer than
+/// that are already a pattern, not bad luck.
 pub const OUTLIER_SPACING: u32 = 8;
 
 /// The most a run counts, in outliers. A long slow spell that ends leaves the run at this;
-/// after `(OUTLIER_RUN_CAP - OUTLIER_RUN_MAX) * OUTLIER_SPACING` normal batches (24) a stall
-/// is kept out again.
+/// after `(OUTLIER_RUN_CAP - OUTLIER_RUN_MAX + 1) * OUTLIER_SPACING` normal batches (32) a
+/// stall is kept out again.
 const OUTLIER_RUN_CAP: u32 = 2 * OUTLIER_RUN_MAX;
 
 /// Batches in the window before outliers are judged (a fit on fewer is itself unsure).
