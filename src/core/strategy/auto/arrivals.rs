@@ -439,7 +439,7 @@ impl ArrivalModel {
 
     /// The four quarters of the bins a typical window covers whole (those below the one
     /// holding the mean time between completions); `None` before two completions.
-    fn quarters(&self) -> Option<Quarters> {
+    fn quarters(&mut self) -> Option<Quarters> {
         if self.completion_gap_ns <= 0.0 {
             return None;
         }
@@ -449,9 +449,11 @@ impl ArrivalModel {
         if part == 0 {
             return None;
         }
+        self.refresh_prefix();
         let (mut lo, mut hi, mut before, mut sum) = (f64::MAX, 0.0f64, 0.0, 0.0);
         for k in 1..=4 {
-            let upto = self.mass_within(k * part);
+            let upto = self.mass_within_prefix(k * part);
+            debug_assert_eq!(upto.to_bits(), self.mass_within(k * part).to_bits());
             let m = upto - before;
             before = upto;
             lo = lo.min(m);
