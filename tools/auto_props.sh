@@ -6,7 +6,8 @@
 # Open loops (`open`): seeds 0..N of Poisson and bursty arrivals, each held to the best
 # fixed window in hindsight (p50 and p99 within 3 %) and to work-conserving dispatch
 # (within 1 %); replay one with AUTO_PROPS_OPEN_SEED=S. Not in the test run (auto misses
-# it today; see BENCHMARKS.md, issue 25).
+# it today; see BENCHMARKS.md, issue 25): the test run holds auto's measured envelope over
+# seeds 0..24 instead (`auto_stays_within_its_measured_open_loop_envelope`).
 # Usage: tools/auto_props.sh [N] [open]
 set -euo pipefail
 cd "$(dirname "$0")/.."

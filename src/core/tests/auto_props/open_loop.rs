@@ -36,6 +36,14 @@ const WARMUP: usize = 500;
 const WINDOW_SLACK: f64 = 1.03;
 const WC_SLACK: f64 = 1.01;
 
+/// What [`auto_stays_within_its_measured_open_loop_envelope`] holds over the test run's
+/// seeds: misses of the bounds above (10 of 24 measured), and the worst ratios (1.153 to
+/// the best window, 1.017 to work-conserving measured; the margins let a change move a
+/// case a little, not lose one).
+const ENVELOPE_MISSES: usize = 10;
+const ENVELOPE_WINDOW: f64 = 1.20;
+const ENVELOPE_WC: f64 = 1.03;
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Shape {
     Linear,
@@ -229,6 +237,78 @@ fn seeds() -> Vec<u64> {
     (0..n).collect()
 }
 
+/// One drawn case judged: `auto` against the best window in hindsight and against
+/// work-conserving dispatch.
+struct Judged {
+    /// The worse of `auto`'s p50 and p99 over the least of each among the schedules.
+    window_ratio: f64,
+    /// The worse of `auto`'s p50 and p99 over work-conserving dispatch's.
+    wc_ratio: f64,
+    /// How close one window comes to both the least p50 and the least p99 (the worse of
+    /// its two ratios, at its best): whether a miss is `auto`'s or the bound's.
+    one_window: f64,
+    /// The case's line (`open seed S: ...`), and every schedule's p50 / p99.
+    line: String,
+    table: String,
+}
+
+impl Judged {
+    fn of(seed: u64) -> Judged {
+        let case = OpenCase::from_seed(seed);
+        let arrivals = case.arrivals();
+        let run = |strategy, window| {
+            p50_p99(&latencies(
+                &case,
+                &arrivals,
+                config(&case, strategy, window),
+            ))
+        };
+        let auto = run(StrategyKind::Auto, 0);
+        let wc = run(StrategyKind::Fixed, 0);
+        let mut best = wc;
+        let mut runs = vec![wc];
+        let mut table = format!("work-conserving {:.3} / {:.3} ms", wc.0, wc.1);
+        for w in windows(&case) {
+            let r = run(StrategyKind::Fixed, w);
+            best = (best.0.min(r.0), best.1.min(r.1));
+            runs.push(r);
+            table += &format!("; {:.3} ms: {:.3} / {:.3}", w as f64 / MS as f64, r.0, r.1);
+        }
+        let window_ratio = (auto.0 / best.0).max(auto.1 / best.1);
+        let wc_ratio = (auto.0 / wc.0).max(auto.1 / wc.1);
+        // The least p50 and the least p99 may come from two windows.
+        let one_window = runs
+            .iter()
+            .map(|r| (r.0 / best.0).max(r.1 / best.1))
+            .fold(f64::INFINITY, f64::min);
+        let line = format!(
+            "open seed {seed}: auto p50 {:.3} p99 {:.3} ms; / best window {window_ratio:.3} \
+             (one window at best {one_window:.3}), / work-conserving {wc_ratio:.3}: {case:?}",
+            auto.0, auto.1
+        );
+        Judged {
+            window_ratio,
+            wc_ratio,
+            one_window,
+            line,
+            table,
+        }
+    }
+
+    /// Whether the case misses the issue's bounds.
+    fn misses(&self) -> bool {
+        self.window_ratio > WINDOW_SLACK || self.wc_ratio > WC_SLACK
+    }
+
+    /// The miss as a failure prints it: the line, the seed that replays it, the table.
+    fn report(&self, seed: u64) -> String {
+        format!(
+            "{} (bounds {WINDOW_SLACK} and {WC_SLACK}; replay: AUTO_PROPS_OPEN_SEED={seed})\n  {}",
+            self.line, self.table
+        )
+    }
+}
+
 /// The issue's open-loop goal over drawn cases. Prints one line per case (`--nocapture`)
 /// and every miss with the seed that replays it.
 ///
@@ -238,8 +318,9 @@ fn seeds() -> Vec<u64> {
 /// several workers are paced now ([`auto_paces_steady_streams_over_several_workers`] holds
 /// that in the test run), a burst over free workers is split
 /// ([`auto_splits_a_burst_over_the_free_workers`]), and bursty streams over busy workers
-/// are paced when they do not answer completions; those still miss by up to 26 %. Run it
-/// with `tools/auto_props.sh N open`.
+/// are paced when they do not answer completions; those still miss by up to 26 %. What
+/// the test run holds instead is [`auto_stays_within_its_measured_open_loop_envelope`].
+/// Run it with `tools/auto_props.sh N open`.
 #[test]
 #[ignore = "auto misses the open-loop goal today; tools/auto_props.sh N open runs it"]
 fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
@@ -249,56 +330,14 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
     // Misses where one window comes within 1 % of both the least p50 and the least p99.
     let mut reachable_misses = 0;
     for seed in seeds() {
-        let case = OpenCase::from_seed(seed);
-        let arrivals = case.arrivals();
-        let auto = p50_p99(&latencies(
-            &case,
-            &arrivals,
-            config(&case, StrategyKind::Auto, 0),
-        ));
-        let wc = p50_p99(&latencies(
-            &case,
-            &arrivals,
-            config(&case, StrategyKind::Fixed, 0),
-        ));
-        let mut best = wc;
-        let mut runs = vec![wc];
-        let mut table = format!("work-conserving {:.3} / {:.3} ms", wc.0, wc.1);
-        for w in windows(&case) {
-            let r = p50_p99(&latencies(
-                &case,
-                &arrivals,
-                config(&case, StrategyKind::Fixed, w),
-            ));
-            best = (best.0.min(r.0), best.1.min(r.1));
-            runs.push(r);
-            table += &format!("; {:.3} ms: {:.3} / {:.3}", w as f64 / MS as f64, r.0, r.1);
-        }
-        let window_ratio = (auto.0 / best.0).max(auto.1 / best.1);
-        let wc_ratio = (auto.0 / wc.0).max(auto.1 / wc.1);
-        // The least p50 and the least p99 may come from two windows: how close one window
-        // comes to both (the worse of its two ratios, at its best). Printed, not held: it
-        // says whether a miss is `auto`'s or the bound's.
-        let one_window = runs
-            .iter()
-            .map(|r| (r.0 / best.0).max(r.1 / best.1))
-            .fold(f64::INFINITY, f64::min);
-        println!(
-            "open seed {seed}: auto p50 {:.3} p99 {:.3} ms; / best window {window_ratio:.3} \
-             (one window at best {one_window:.3}), / work-conserving {wc_ratio:.3}: {case:?}",
-            auto.0, auto.1
-        );
+        let judged = Judged::of(seed);
+        println!("{}", judged.line);
         cases += 1;
-        worst_window = worst_window.max(window_ratio);
-        worst_wc = worst_wc.max(wc_ratio);
-        if window_ratio > WINDOW_SLACK || wc_ratio > WC_SLACK {
-            reachable_misses += usize::from(one_window <= 1.01);
-            misses.push(format!(
-                "open seed {seed} (replay: AUTO_PROPS_OPEN_SEED={seed}): auto p50 {:.3} p99 \
-                 {:.3} ms, {window_ratio:.3} of the best window (bound {WINDOW_SLACK}), \
-                 {wc_ratio:.3} of work-conserving (bound {WC_SLACK}): {case:?}\n  {table}",
-                auto.0, auto.1
-            ));
+        worst_window = worst_window.max(judged.window_ratio);
+        worst_wc = worst_wc.max(judged.wc_ratio);
+        if judged.misses() {
+            reachable_misses += usize::from(judged.one_window <= 1.01);
+            misses.push(judged.report(seed));
         }
     }
     println!(
@@ -308,6 +347,54 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
         misses.len()
     );
     assert!(misses.is_empty(), "{}", misses.join("\n"));
+}
+
+/// What `auto` does reach in open loops today, held in the test run so that it cannot
+/// slip unseen while the issue's goal ([`auto_matches_the_best_window_in_hindsight_over_drawn_open_loops`])
+/// is missed: over seeds `0..SEEDS_IN_TEST_RUN` (the simulation is in virtual time, so
+/// these are exact, not timings), measured 2026-11-28 at b6c7773:
+/// - at most [`ENVELOPE_MISSES`] of the 24 cases miss the issue's bounds (10 today);
+/// - none is more than [`ENVELOPE_WINDOW`] above the best window in hindsight (1.153
+///   today, seed 10) or [`ENVELOPE_WC`] above work-conserving dispatch (1.017, seed 14);
+/// - the median ratio to the best window is within [`WINDOW_SLACK`] (1.027 today).
+///
+/// A change that improves `auto` passes; one that loses a case, or loses ground anywhere
+/// by more than the margins, fails with every miss and the seed that replays it. Lower
+/// the constants when `auto` gains.
+#[test]
+fn auto_stays_within_its_measured_open_loop_envelope() {
+    let judged: Vec<(u64, Judged)> = (0..SEEDS_IN_TEST_RUN)
+        .map(|seed| (seed, Judged::of(seed)))
+        .collect();
+    let all = || {
+        judged
+            .iter()
+            .map(|(s, j)| j.report(*s))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let misses = judged.iter().filter(|(_, j)| j.misses()).count();
+    assert!(
+        misses <= ENVELOPE_MISSES,
+        "{misses} of {SEEDS_IN_TEST_RUN} open cases miss (at most {ENVELOPE_MISSES}):\n{}",
+        all()
+    );
+    for (seed, j) in &judged {
+        assert!(
+            j.window_ratio <= ENVELOPE_WINDOW && j.wc_ratio <= ENVELOPE_WC,
+            "outside the envelope ({ENVELOPE_WINDOW} of the best window, {ENVELOPE_WC} of \
+             work-conserving): {}",
+            j.report(*seed)
+        );
+    }
+    let mut ratios: Vec<f64> = judged.iter().map(|(_, j)| j.window_ratio).collect();
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    assert!(
+        median <= WINDOW_SLACK,
+        "median ratio to the best window {median:.3} (at most {WINDOW_SLACK}):\n{}",
+        all()
+    );
 }
 
 /// p50 and p99, ms.
