@@ -79,10 +79,12 @@ step "cargo test: run"
 cargo test --workspace --all-targets --features testing,embed
 
 step "loom models"
-# The dev profile with loom's checker optimised (Cargo.toml): it reuses every dependency step 1
-# compiled, where a release build under RUSTFLAGS="--cfg loom" recompiled them all (a whole
-# cold build, minutes of a fresh machine's suite), and explores as fast.
-LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --features loom-tests/loom
+# The dev profile with loom's checker optimised (Cargo.toml), where a release build under
+# RUSTFLAGS="--cfg loom" recompiled every dependency (a whole cold build), and explores as
+# fast. abe's `testing` and `embed` features are on too, and loom-tests has abe's
+# dev-dependencies: every shared dependency then has step 1's features, and this build
+# reuses step 1's instead of compiling some forty crates again (loom-tests/Cargo.toml).
+LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --features abe/testing,abe/embed,loom-tests/loom
 
 step "OpenAI Python SDK against abe serve"
 # The binary step 1 built for the integration tests (target/debug/abe): no second compile.

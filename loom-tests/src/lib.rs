@@ -6,6 +6,9 @@
 //! ```text
 //! LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --features loom-tests/loom
 //! ```
+//!
+//! (tools/test.sh adds `abe/testing,abe/embed` to the features, so that the build reuses the
+//! test build's dependencies: loom-tests/Cargo.toml.)
 
 /// Preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set. Unbounded exploration of
 /// even these small models takes far longer than CI allows; 2 finds the classic
