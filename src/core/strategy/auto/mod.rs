@@ -168,9 +168,10 @@
 //! Open loops, one worker (Poisson at 10-95 % of capacity, `core::tests::auto`): p50 and p99 within 3 % of
 //! the best in hindsight (work-conserving or the best of a sweep of fixed windows), in
 //! virtual time. Drawn open loops with 1-4 workers and bursts
-//! (`core::tests::auto_props::open_loop`, not in the test run): 54 of 100 meet both
-//! properties (21 before the pacing rule, 43 before the burst split, 47 before the
-//! quarters, 48 before bursty streams were paced). Poisson arrivals over
+//! (`core::tests::auto_props::open_loop`, the property not in the test run): 54 of 100 meet
+//! both properties (21 before the pacing rule, 43 before the burst split, 47 before the
+//! quarters, 48 before bursty streams were paced); the test run holds the envelope
+//! measured over seeds 0-23 (at most 10 misses, none past 1.20 of the best window). Poisson arrivals over
 //! several workers are paced (median ratio to the best window 1.014 over the 15 such cases
 //! of seeds 0-39, in the test run; 1.305 before; the worst of all 33 such cases 1.192, at 4
 //! workers). Bursts over several busy workers are paced too when the arrivals do not answer
