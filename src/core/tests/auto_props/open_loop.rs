@@ -255,30 +255,17 @@ struct Judged {
 impl Judged {
     fn of(seed: u64) -> Judged {
         let case = OpenCase::from_seed(seed);
-        let arrivals = case.arrivals();
-        let run = |strategy, window| {
-            p50_p99(&latencies(
-                &case,
-                &arrivals,
-                config(&case, strategy, window),
-            ))
-        };
-        let auto = run(StrategyKind::Auto, 0);
-        let wc = run(StrategyKind::Fixed, 0);
-        let mut best = wc;
-        let mut runs = vec![wc];
+        let schedules = Schedules::of(&case);
+        let (auto, wc, best) = (schedules.auto, schedules.wc, schedules.best());
         let mut table = format!("work-conserving {:.3} / {:.3} ms", wc.0, wc.1);
-        for w in windows(&case) {
-            let r = run(StrategyKind::Fixed, w);
-            best = (best.0.min(r.0), best.1.min(r.1));
-            runs.push(r);
+        for &(w, r) in &schedules.windows {
             table += &format!("; {:.3} ms: {:.3} / {:.3}", w as f64 / MS as f64, r.0, r.1);
         }
         let window_ratio = (auto.0 / best.0).max(auto.1 / best.1);
         let wc_ratio = (auto.0 / wc.0).max(auto.1 / wc.1);
         // The least p50 and the least p99 may come from two windows.
-        let one_window = runs
-            .iter()
+        let one_window = schedules
+            .fixed()
             .map(|r| (r.0 / best.0).max(r.1 / best.1))
             .fold(f64::INFINITY, f64::min);
         let line = format!(
@@ -400,19 +387,47 @@ fn auto_stays_within_its_measured_open_loop_envelope() {
 /// p50 and p99, ms.
 type P50P99 = (f64, f64);
 
+/// `case` under `auto`, work-conserving dispatch, and each window of the grid
+/// ([`windows`]), on the same arrivals.
+struct Schedules {
+    auto: P50P99,
+    wc: P50P99,
+    /// (window, its p50 and p99), in the grid's order.
+    windows: Vec<(Nanos, P50P99)>,
+}
+
+impl Schedules {
+    fn of(case: &OpenCase) -> Schedules {
+        let arrivals = case.arrivals();
+        let run =
+            |strategy, window| p50_p99(&latencies(case, &arrivals, config(case, strategy, window)));
+        Schedules {
+            auto: run(StrategyKind::Auto, 0),
+            wc: run(StrategyKind::Fixed, 0),
+            windows: windows(case)
+                .into_iter()
+                .map(|w| (w, run(StrategyKind::Fixed, w)))
+                .collect(),
+        }
+    }
+
+    /// Every fixed schedule: work-conserving, then each window.
+    fn fixed(&self) -> impl Iterator<Item = P50P99> + '_ {
+        std::iter::once(self.wc).chain(self.windows.iter().map(|&(_, r)| r))
+    }
+
+    /// The least p50 and the least p99 over the fixed schedules (perhaps of two windows).
+    fn best(&self) -> P50P99 {
+        self.fixed()
+            .fold(self.wc, |best, r| (best.0.min(r.0), best.1.min(r.1)))
+    }
+}
+
 /// `case` under `auto`, work-conserving, and the best of the window grid in hindsight (p50
 /// and p99 each at their best).
 fn auto_wc_best_window(case: &OpenCase) -> (P50P99, P50P99, P50P99) {
-    let arrivals = case.arrivals();
-    let run =
-        |strategy, window| p50_p99(&latencies(case, &arrivals, config(case, strategy, window)));
-    let auto = run(StrategyKind::Auto, 0);
-    let wc = run(StrategyKind::Fixed, 0);
-    let best = windows(case).into_iter().fold(wc, |best, w| {
-        let r = run(StrategyKind::Fixed, w);
-        (best.0.min(r.0), best.1.min(r.1))
-    });
-    (auto, wc, best)
+    let schedules = Schedules::of(case);
+    (schedules.auto, schedules.wc, schedules.best())
 }
 
 /// Steady streams with several workers, where `auto` paces (issue 25): the drawn cases of
