@@ -21,7 +21,7 @@ if [ -z "$abe_bin" ]; then
   abe_bin=./target/release/abe
 fi
 here="$(pwd)/tools/bench"
-hz=$(getconf CLK_TCK)
+. tools/bench/wrk_lib.sh # cpu_ticks, hz, wrk_warm
 calls="recvfrom,sendto,writev,epoll_wait,futex,sched_yield,write,read"
 perf_ok=false
 if command -v perf >/dev/null &&
@@ -35,7 +35,7 @@ snapshot() {
   for pid in "$@"; do
     for t in /proc/"$pid"/task/*; do
       printf '%s/%s %s %s %s\n' "$pid" "${t##*/}" "$(tr ' ' _ <"$t/comm")" \
-        "$(awk '{print $14 + $15}' "$t/stat")" \
+        "$(cpu_ticks "$pid/task/${t##*/}")" \
         "$(awk '/ctxt_switches/ {s += $2} END {print s}' "$t/status")"
     done
   done
@@ -64,9 +64,9 @@ measure() {
   before=$(snapshot "$@")
   wrk_run "$conns" "$url" "$out"
   sleep 0.2
-  wrk_before=$(awk '{print $14 + $15}' /proc/$wrk_pid/stat)
+  wrk_before=$(cpu_ticks "$wrk_pid")
   sleep "$(awk -v s="$secs" 'BEGIN {print s - 0.4}')"
-  wrk_after=$(awk '{print $14 + $15}' /proc/$wrk_pid/stat)
+  wrk_after=$(cpu_ticks "$wrk_pid")
   wait "$wrk_pid"
   after=$(snapshot "$@")
   [ "$name" = abe ] && batches_after=$(batches)
@@ -118,8 +118,8 @@ sleep 1
 ngx_workers=$(pgrep -P "$ngx" | paste -sd' ')
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD); syscalls counted: $perf_ok"
 for c in 64 8; do
-  wrk -t1 -c"$c" -d1s -s "$here/post.lua" http://127.0.0.1:18481/ >/dev/null
-  wrk -t1 -c"$c" -d1s -s "$here/post.lua" http://127.0.0.1:18480/v1/completions >/dev/null
+  wrk_warm "$c" "$here/post.lua" http://127.0.0.1:18481/
+  wrk_warm "$c" "$here/post.lua" http://127.0.0.1:18480/v1/completions
 done
 for r in $(seq 1 "$rounds"); do
   for c in 64 8; do

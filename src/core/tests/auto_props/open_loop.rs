@@ -419,7 +419,9 @@ impl Schedules {
     /// The least p50 and the least p99 over the fixed schedules (perhaps of two windows).
     fn best(&self) -> P50P99 {
         self.fixed()
-            .fold(self.wc, |best, r| (best.0.min(r.0), best.1.min(r.1)))
+            .fold((f64::INFINITY, f64::INFINITY), |best, r| {
+                (best.0.min(r.0), best.1.min(r.1))
+            })
     }
 }
 
