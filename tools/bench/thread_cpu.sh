@@ -7,7 +7,8 @@
 # The wrk client's own CPU is printed too: on a 2-core machine client and server share
 # the cores, so every microsecond the server's other threads take is one the client has not.
 # For abe also the mean batch (abe_batch_size_requests from /metrics): at -c8 every batch is
-# a hand-off to a worker and back, so requests per batch set the switches per request.
+# a hand-off to a worker and back, so requests per batch set the switches per request; and
+# how often `auto` held during the run, with the fixed cost a batch it has fitted.
 # THREAD_CPU_ABE=path runs another abe binary (an experiment's build) instead of this tree's.
 # Needs: wrk, nginx (Debian packages); perf optional (linux-perf).
 # Usage: tools/bench/thread_cpu.sh [seconds per run] [rounds]
@@ -47,10 +48,16 @@ wrk_run() {
   wrk_pid=$!
 }
 
-# batches: abe's batched requests and batches so far ("sum count", from /metrics).
+# batches: from abe's /metrics, "requests batches holds dispatches fixed_cost_s": batched
+# requests and batches so far, `auto`'s decisions so far (held, dispatched at once), and
+# its fitted fixed cost a batch now.
 batches() {
-  curl -s http://127.0.0.1:18480/metrics |
-    awk '/^abe_batch_size_requests_sum/ {s = $2} /^abe_batch_size_requests_count/ {c = $2} END {print s, c}'
+  curl -s http://127.0.0.1:18480/metrics | awk '
+    /^abe_batch_size_requests_sum/ {s = $2} /^abe_batch_size_requests_count/ {c = $2}
+    /^abe_auto_decisions_total.*decision="hold"/ {h += $2}
+    /^abe_auto_decisions_total.*decision="dispatch"/ {d += $2}
+    /^abe_auto_cost_fixed_seconds/ {a = $2}
+    END {print s, c, h + 0, d + 0, a + 0}'
 }
 
 # measure NAME URL CONNS PID...: one wrk run; prints the per-thread CPU and switches per
@@ -77,7 +84,8 @@ measure() {
       'BEGIN {print t / hz * 1e6 / (n * (s - 0.4) / s)}')" \
     "$(awk -v a="$batches_before" -v b="$batches_after" 'BEGIN {
       if (a == "") exit; split(a, x, " "); split(b, y, " ")
-      printf "; mean batch %.2f requests", (y[1] - x[1]) / (y[2] - x[2]) }')"
+      printf "; mean batch %.2f requests; auto held %d of %d decisions, fixed cost %.0f us",
+        (y[1] - x[1]) / (y[2] - x[2]), y[3] - x[3], (y[3] - x[3]) + (y[4] - x[4]), y[5] * 1e6 }')"
   join <(sort <<<"$before") <(sort <<<"$after") | awk -v hz="$hz" -v n="$reqs" '
     { cpu = ($6 - $3) / hz * 1e6 / n; sw = ($7 - $4) / n
       if (cpu > 0.05 || sw > 0.01) { printf "  %-16s %6.2f us/req  %5.2f switches/req\n", $2, cpu, sw }
