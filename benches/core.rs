@@ -12,6 +12,10 @@
 //!
 //! `core/closed_loop_fixed` / `core/closed_loop_auto`: the decision path with a batch cost
 //! that makes holds happen (see [`closed_loop`]).
+//!
+//! `core/window_replay`: one replay of `auto`'s window replay (see [`window_replay`]): the
+//! engine runs one every `REPLAY_EVERY` arrivals in a bursty open loop, so its time over
+//! that is the cost per arrival.
 
 use abe::core::strategy::StrategyKind;
 use abe::core::{Action, BatchId, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
@@ -206,5 +210,44 @@ impl Loop {
     }
 }
 
-criterion_group!(benches, request_cycle, closed_loop);
+/// `core/window_replay`: a full record (`REPLAY_ARRIVALS` arrivals: bursts of 16, 50 us
+/// apart, every 20 ms), four batches at once of up to 32, a fitted cost of 10 ms + 0.2 ms a
+/// request seen at every size; one iteration replays every window of the grid.
+fn window_replay(c: &mut Criterion) {
+    use abe::core::strategy::auto::cost::Cost;
+    use abe::core::strategy::auto::replay::{WindowReplay, REPLAY_ARRIVALS};
+    let mut replay = WindowReplay::new(4, 32);
+    let mut t = 0u64;
+    let mut recorded = 0;
+    while recorded < REPLAY_ARRIVALS {
+        for i in 0..16 {
+            replay.observe_arrival(t + i * 50_000);
+            recorded += 1;
+        }
+        t += 20_000_000;
+    }
+    let cost = Cost {
+        a_ns: 10e6,
+        b_ns: 0.2e6,
+        samples: 64,
+        ..Cost::default()
+    };
+    for n in 1..=32u64 {
+        replay.observe_completion(n as usize, 0, 10_000_000 + 200_000 * n, &cost);
+    }
+    let mut group = c.benchmark_group("core");
+    group.bench_function("window_replay", |b| {
+        b.iter(|| {
+            replay.replay(black_box(&cost), 20_000.0);
+            black_box(replay.window())
+        })
+    });
+    group.finish();
+    assert!(
+        replay.window().is_some_and(|w| w > 0),
+        "the bench must choose a window"
+    );
+}
+
+criterion_group!(benches, request_cycle, closed_loop, window_replay);
 criterion_main!(benches);

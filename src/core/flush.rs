@@ -172,7 +172,7 @@ impl Core {
         // Several free: the requests it would wait for can have a worker of their own, unless
         // a burst is arriving, which `auto` splits over the free workers.
         let free_workers = if free > 1 {
-            if !self.auto.burst_open(now) {
+            if !self.auto.holds_by_window() && !self.auto.burst_open(now) {
                 return true;
             }
             self.free_workers(now, usize::MAX)
@@ -195,6 +195,7 @@ impl Core {
             room,
             bucket: self.cfg.token_bucketing.then_some(g),
             latest,
+            oldest: s.oldest,
             // Only where the pacing rule can use it: several workers, a batch in flight, a
             // fixed cost fitted (without one, `auto` dispatches before looking).
             other_free_in: if self.workers.len() > 1

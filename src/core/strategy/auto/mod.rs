@@ -147,14 +147,35 @@
 //! next one, so a burst that comes within a batch time waits longer than if the first had
 //! gone to one worker (`auto_splits_a_burst_over_the_free_workers` measures both sides).
 //!
+//! ## Bursty open loops: the window replay
+//!
+//! The rules above sum completion times: right on average, and the property harness reads
+//! p50 and p99. For bursty arrivals that do not answer completions (a batch client, an
+//! agent fan-out) over busy workers, a hold for a burst is a lottery whose mean hides its
+//! tail, and they missed by up to 26 %. There the past is a fair sample of what comes (the
+//! arrivals do not depend on what `auto` decides), so `auto` asks it directly ([`replay`]):
+//! every 512 arrivals (at most every 50 ms) it replays the last 4,096 in virtual time
+//! against the learned cost
+//! (each batch size's own mean where it was seen, so a step or concave cost is not bent
+//! into a line), under work-conserving dispatch and fixed windows from `a / 64` to `2 a`,
+//! and holds each group until its oldest request has waited the window whose p50 and p99
+//! come closest to the least of each (a window scored with its neighbours on the grid, so
+//! a p99 won on a handful of requests does not decide). The window is in force only while
+//! the arrivals are bursty (squared coefficient of variation of the recorded gaps above
+//! [`PACING_BURSTINESS_MAX`]; a steady stream is paced as above, which beats any fixed
+//! window there) and do not answer completions (two readings in a row that they do stand
+//! it down: the reading is noisy for bursty open arrivals). With a window in force the
+//! caller asks `auto` with several workers free too, as a fixed window holds then.
+//!
 //! # What is measured, and where it falls short
 //!
 //! Closed loops: at least 95 % of the exact best possible throughput in all 40 drawn
-//! cases of the test run (`core::tests::auto_props`; the worst 0.962) and in 396 of 400 in
-//! the last long run (`tools/auto_props.sh 400`, 2026-11-28; 386 before the burst split,
+//! cases of the test run (`core::tests::auto_props`; the worst 0.962) and in 397 of 400 in
+//! the last long run (`tools/auto_props.sh 400`, 2026-11-28; 396 before the window replay,
+//! which moved 256 0.946 -> 0.964 and 58 0.953 -> 0.994; 386 before the burst split,
 //! which also spreads a closed loop's returning clients over free workers, 391 before
 //! the stream estimate's quarters, 393 before outliers between normal batches counted as a
-//! run in the cost fit, 394 before bursty open streams were paced); the four under 95 % all
+//! run in the cost fit, 394 before bursty open streams were paced); the three under 95 % all
 //! have several workers and at most a full batch of clients each (the lowest 0.928). Seed 215 (one worker, a step cost) was at
 //! 0.655 while its cost fit kept every batch of 1 out as a stall ([`cost`]). Two others
 //! (151, 236) were the stream estimate eating the echo: when the time between completions
@@ -168,17 +189,20 @@
 //! Open loops, one worker (Poisson at 10-95 % of capacity, `core::tests::auto`): p50 and p99 within 3 % of
 //! the best in hindsight (work-conserving or the best of a sweep of fixed windows), in
 //! virtual time. Drawn open loops with 1-4 workers and bursts
-//! (`core::tests::auto_props::open_loop`, the property not in the test run): 54 of 100 meet
+//! (`core::tests::auto_props::open_loop`, the property not in the test run): 60 of 100 meet
 //! both properties (21 before the pacing rule, 43 before the burst split, 47 before the
-//! quarters, 48 before bursty streams were paced); the test run holds the envelope
-//! measured over seeds 0-23 (at most 10 misses, none past 1.20 of the best window). Poisson arrivals over
+//! quarters, 48 before bursty streams were paced, 54 before the window replay: bursty cases
+//! over several workers 11 -> 17 of 44, where one fixed window in hindsight would meet it
+//! in 34); the test run holds the envelope measured over seeds 0-23 (at most 10 misses,
+//! none past 1.25 of the best window). Poisson arrivals over
 //! several workers are paced (median ratio to the best window 1.014 over the 15 such cases
 //! of seeds 0-39, in the test run; 1.305 before; the worst of all 33 such cases 1.192, at 4
 //! workers). Bursts over several busy workers are paced too when the arrivals do not answer
-//! completions (seed 17 1.445 -> 1.079 of the best window, 10 1.430 -> 1.153, 36 1.339 ->
-//! 1.006), but still miss by up to 26 %, now mostly at p99: the pacing gain sums completion
-//! times, right on average, while a hold for a burst is a lottery (usually a small loss,
-//! sometimes a large gain) and the property reads p50 and p99. Live, the p99 at 50 % load was measured 1.09-1.20 of the best
+//! completions, and held to a replayed window, but still miss by up to 26 %: the replay's
+//! p99 rests on a few bursts, so the window it picks from the past is not always the best
+//! for the requests that follow (seed 13: 1.202, where one window reaches 1.004), and
+//! the reading of whether arrivals answer completions is noisy for bursts at high load
+//! (seed 76 stood down for its first 1,024 arrivals). Live, the p99 at 50 % load was measured 1.09-1.20 of the best
 //! fixed window (issue 25): the engine's wake-ups and the clients' jitter are not in the
 //! virtual-time tests.
 //!
@@ -196,12 +220,14 @@
 pub mod arrivals;
 pub mod bursts;
 pub mod cost;
+pub mod replay;
 pub mod shares;
 
 use crate::core::request::Nanos;
 use arrivals::ArrivalModel;
 use bursts::BurstModel;
 use cost::{Cost, CostModel};
+use replay::WindowReplay;
 
 /// Most hold lengths evaluated per source (the arrival model has fewer bins; a burst is
 /// followed this many arrivals ahead at most).
@@ -254,6 +280,8 @@ pub enum HoldReason {
     /// Several workers: another one frees before this batch would end, and the arrivals
     /// until then would wait for it; some of them join this batch instead.
     Pacing,
+    /// An open loop: the window the replay of the recent arrivals chose ([`replay`]).
+    Window,
 }
 
 impl HoldReason {
@@ -263,6 +291,7 @@ impl HoldReason {
             HoldReason::Echo => "echo",
             HoldReason::Burst => "burst",
             HoldReason::Pacing => "pacing",
+            HoldReason::Window => "window",
         }
     }
 }
@@ -295,6 +324,8 @@ pub struct Group {
     pub bucket: Option<usize>,
     /// The latest instant it may be held to (priority max wait, request deadline).
     pub latest: Nanos,
+    /// When its oldest request arrived.
+    pub oldest: Nanos,
     /// Several workers: when the first batch in flight is expected to end, ns from now
     /// (`None` with one worker, or nothing in flight, or no fixed cost fitted yet).
     pub other_free_in: Option<Nanos>,
@@ -323,6 +354,9 @@ pub struct AutoSnapshot {
     pub last_wait_ns: Nanos,
     /// Arrivals it expected by the end of that wait.
     pub last_expected_arrivals: f64,
+    /// The window the replay of an open loop's arrivals holds groups to, ns (0: none in
+    /// force, or work-conserving).
+    pub window_ns: Nanos,
 }
 
 /// `auto`'s learned state (one per core: per backend lane).
@@ -331,6 +365,7 @@ pub struct Auto {
     cost: CostModel,
     arrivals: ArrivalModel,
     bursts: BurstModel,
+    replay: WindowReplay,
     dispatched_now: u64,
     held: u64,
     last_wait_ns: Nanos,
@@ -345,10 +380,11 @@ pub struct Auto {
 
 impl Auto {
     /// `auto` for a lane that runs at most `batches` batches at once (workers times batches
-    /// in flight per worker).
-    pub fn for_concurrency(batches: usize) -> Self {
+    /// in flight per worker) of at most `max_batch` requests.
+    pub fn for_concurrency(batches: usize, max_batch: usize) -> Self {
         Auto {
             arrivals: ArrivalModel::for_concurrency(batches),
+            replay: WindowReplay::new(batches, max_batch),
             ..Auto::default()
         }
     }
@@ -357,6 +393,26 @@ impl Auto {
     pub fn observe_arrival(&mut self, now: Nanos, class: usize, bucket: usize) {
         self.arrivals.observe_arrival(now, class, bucket);
         self.bursts.observe_arrival(now);
+        if self.replay.observe_arrival(now) {
+            self.replay_window();
+        }
+    }
+
+    /// Replays the recent arrivals for the window to hold in an open loop, or stands the
+    /// window down when the arrivals answer completions ([`replay`]).
+    fn replay_window(&mut self) {
+        let cost = self.cost.cost();
+        if self.arrivals.answers_completions() {
+            self.replay.answering();
+        } else {
+            self.replay.replay(&cost, HOLD_OVERHEAD_NS);
+        }
+    }
+
+    /// Whether an open loop's window is in force, one that holds even with several workers
+    /// free (the caller asks then too).
+    pub fn holds_by_window(&self) -> bool {
+        self.replay.window().is_some_and(|w| w > 0)
     }
 
     /// A batch was answered (its clients have their answers now). `service_ns` is `None`
@@ -370,6 +426,8 @@ impl Auto {
     ) {
         if let Some(s) = service_ns {
             self.cost.observe(requests, tokens, s);
+            self.replay
+                .observe_completion(requests, tokens, s, &self.cost.cost());
         }
         self.arrivals.observe_completion(now, requests);
         self.echo_cached = None;
@@ -394,6 +452,17 @@ impl Auto {
         let cost = self.cost.cost();
         if group.queued == 0 || group.room == 0 || cost.samples == 0 || cost.a_ns <= 0.0 {
             return Decision::Go;
+        }
+        // An open loop: the window the replay chose.
+        if let Some(w) = self.replay.window() {
+            let until = group.oldest.saturating_add(w).min(group.latest);
+            if until <= now {
+                return Decision::Go;
+            }
+            let wait = until - now;
+            let joiners = (self.arrivals.rate_from(now) * wait as f64).min(group.room as f64);
+            let best = Some((wait, 0.0, joiners, joiners, HoldReason::Window));
+            return self.conclude(now, group, best);
         }
         let q = group.queued as f64;
         let a = cost.a_ns;
@@ -683,6 +752,7 @@ impl Auto {
             held: self.held,
             last_wait_ns: self.last_wait_ns,
             last_expected_arrivals: self.last_expected_arrivals,
+            window_ns: self.replay.window().unwrap_or(0),
         }
     }
 

@@ -13,6 +13,7 @@ fn group(queued: usize, latest: Nanos) -> Group {
         room: 32 - queued,
         bucket: None,
         latest,
+        oldest: 0,
         other_free_in: None,
         free_workers: 1,
     }
@@ -192,7 +193,7 @@ fn closed_loop_throughput(clients: usize, a: Nanos, b: Nanos, rtt: Nanos, greedy
     use rand::{Rng, SeedableRng};
     const MAX_BATCH: usize = 32;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
-    let mut auto = Auto::for_concurrency(1);
+    let mut auto = Auto::for_concurrency(1, 32);
     let mut queue: Vec<Nanos> = Vec::new();
     // When each outstanding client request arrives.
     let mut returning: Vec<Nanos> = (0..clients as u64).map(|i| i * rtt / 4).collect();
@@ -257,6 +258,7 @@ fn closed_loop_throughput(clients: usize, a: Nanos, b: Nanos, rtt: Nanos, greedy
                         room: MAX_BATCH - q,
                         bucket: None,
                         latest: queue[0] + 100 * MS,
+                        oldest: queue[0],
                         other_free_in: None,
                         free_workers: 1,
                     },
