@@ -203,6 +203,7 @@ fn auto_json(a: &AutoSnapshot) -> Value {
         "decisions": {"dispatch": a.dispatched_now, "hold": a.held},
         "last_wait_ms": ns_to_ms(a.last_wait_ns),
         "expected_joiners": a.last_expected_arrivals,
+        "window_ms": ns_to_ms(a.window_ns),
     })
 }
 
@@ -441,6 +442,7 @@ mod tests {
             held: 4,
             last_wait_ns: 3_500_000,
             last_expected_arrivals: 2.5,
+            window_ns: 1_250_000,
         };
         let v = render(&snap, &HttpStats::new(), 0);
         let a = &v["backends"][1]["auto"];
@@ -454,7 +456,8 @@ mod tests {
         assert_eq!(a["decisions"], json!({"dispatch": 9, "hold": 4}));
         assert_eq!(a["last_wait_ms"], 3.5);
         assert_eq!(a["expected_joiners"], 2.5);
-        assert_eq!(a.as_object().unwrap().len(), 10);
+        assert_eq!(a["window_ms"], 1.25);
+        assert_eq!(a.as_object().unwrap().len(), 11);
         assert_eq!(v["backends"][0]["auto"]["cost_samples"], 0);
         // Continuous batching has no lanes: `auto` is null.
         snap.auto.clear();

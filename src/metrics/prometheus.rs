@@ -693,7 +693,7 @@ fn render_auto(snapshot: &Snapshot, out: &mut String) {
             .filter(|(_, b)| b.slot != crate::router::SlotState::Empty)
             .map(|(row, _)| row)
     };
-    let gauges: [AutoGauge; 9] = [
+    let gauges: [AutoGauge; 10] = [
         (
             "abe_auto_cost_fixed_seconds",
             "auto: fitted fixed cost a of a batch (service time = a + b x requests + c x tokens); 0 before the first batch.",
@@ -738,6 +738,11 @@ fn render_auto(snapshot: &Snapshot, out: &mut String) {
             "abe_auto_expected_joiners",
             "auto: requests its last hold expected to join by the end of the wait.",
             |a| a.last_expected_arrivals,
+        ),
+        (
+            "abe_auto_window_seconds",
+            "auto: the window it holds an open loop's bursty arrivals to, chosen by replaying the recent arrivals (0: none in force).",
+            |a| ns_to_seconds(a.window_ns),
         ),
     ];
     for (name, help, value) in gauges {
@@ -1257,6 +1262,7 @@ mod tests {
             held: 4,
             last_wait_ns: 3_500_000,
             last_expected_arrivals: 2.5,
+            window_ns: 1_250_000,
         };
         snap
     }
@@ -1274,6 +1280,7 @@ mod tests {
             "abe_auto_echo_fraction{backend=\"gpu-a\"} 0.75",
             "abe_auto_last_wait_seconds{backend=\"gpu-a\"} 0.0035",
             "abe_auto_expected_joiners{backend=\"gpu-a\"} 2.5",
+            "abe_auto_window_seconds{backend=\"gpu-a\"} 0.00125",
             "abe_auto_decisions_total{backend=\"gpu-a\",decision=\"dispatch\"} 9",
             "abe_auto_decisions_total{backend=\"gpu-a\",decision=\"hold\"} 4",
             // The second lane has learned nothing: zeros, not absent.
@@ -1288,7 +1295,7 @@ mod tests {
                 .filter(|l| l.starts_with("# TYPE abe_auto_"))
                 .count()
         };
-        assert_eq!(families(&out), 10);
+        assert_eq!(families(&out), 11);
         assert_eq!(
             out.lines()
                 .filter(|l| l.starts_with("abe_auto_decisions_total{"))
