@@ -111,17 +111,17 @@ function drawXY(canvas, line, points, opts) {
 // (null when none does: continuous batching, or another strategy). Holds per second come
 // from the change of the lane's hold count between polls.
 let autoLast = null;
-const autoSeen = []; // [{t, echo, holds}], newest last, at most WINDOW_S
+const autoSeen = []; // [{t, echo, holds, window}], newest last, at most WINDOW_S
 function noteAuto(m) {
   autoLast = (m.backends || []).map((b) => b.auto).find((a) => a && a.decisions) || null;
   if (!autoLast) return;
-  autoSeen.push({ t: Date.now() / 1000, echo: autoLast.echo_fraction, holds: autoLast.decisions.hold });
+  autoSeen.push({ t: Date.now() / 1000, echo: autoLast.echo_fraction, holds: autoLast.decisions.hold, window: autoLast.window_ms || 0 });
   while (autoSeen.length > WINDOW_S) autoSeen.shift();
 }
 
 // The two `auto` charts: the fitted cost a + b n + c tokens against each second's measured
 // busy time per batch, both at that second's mean batch size; and the echo fraction with
-// holds per second.
+// holds per second and the replayed window of a bursty open loop (ms).
 function renderAuto(S, last) {
   const show = !!autoLast && !last.continuous;
   for (const el of document.querySelectorAll(".auto")) el.classList.toggle("hidden", !show);
@@ -147,10 +147,12 @@ function renderAuto(S, last) {
     const dt = autoSeen[i].t - autoSeen[i - 1].t;
     if (dt > 0) holds.push([autoSeen[i].t, Math.max(0, autoSeen[i].holds - autoSeen[i - 1].holds) / dt]);
   }
-  // One axis: the echo fraction in percent (0-100) and holds per second.
+  // One axis: the echo fraction in percent (0-100), holds per second, and the window in
+  // force in ms (0 when none is).
   drawChart($("chart-auto-holds"), [
     { name: "echo %", color: COLORS[4], points: echo.map(([t, v]) => [t, v * 100]) },
     { name: "holds/s", color: COLORS[2], points: holds },
+    { name: "window ms", color: COLORS[1], points: autoSeen.map((p) => [p.t, p.window]) },
   ]);
 }
 
