@@ -14,8 +14,8 @@
 //! that makes holds happen (see [`closed_loop`]).
 //!
 //! `core/window_replay`: one replay of `auto`'s window replay (see [`window_replay`]): the
-//! engine runs one every `REPLAY_EVERY` arrivals in a bursty open loop, so its time over
-//! that is the cost per arrival.
+//! engine runs one every `REPLAY_EVERY` arrivals and at most every 50 ms in a bursty open
+//! loop, one window of it per arrival.
 
 use abe::core::strategy::StrategyKind;
 use abe::core::{Action, BatchId, BatchOutcome, Core, CoreConfig, Kind, Priority, RequestMeta};
@@ -212,7 +212,8 @@ impl Loop {
 
 /// `core/window_replay`: a full record (`REPLAY_ARRIVALS` arrivals: bursts of 16, 50 us
 /// apart, every 20 ms), four batches at once of up to 32, a fitted cost of 10 ms + 0.2 ms a
-/// request seen at every size; one iteration replays every window of the grid.
+/// request seen at every size; one iteration replays every window of the grid (the engine
+/// runs them one per arrival, so a sixteenth of this is its longest stall).
 fn window_replay(c: &mut Criterion) {
     use abe::core::strategy::auto::cost::Cost;
     use abe::core::strategy::auto::replay::{WindowReplay, REPLAY_ARRIVALS};

@@ -30,14 +30,15 @@
 //! recorded gaps at most [`super::PACING_BURSTINESS_MAX`]) get no window: the one-step
 //! pacing rule beats any fixed window there.
 //!
-//! Cost: one replay walks the arrivals once per window (`slots` compared per batch) and
-//! selects the percentiles in place, ~0.5 ms for a full record on this 2-vCPU machine
-//! (`core/window_replay`). It runs at [`REPLAY_FIRST`] arrivals, then at twice as many
-//! until [`REPLAY_EVERY`] apart, and never sooner than [`REPLAY_INTERVAL_MIN_NS`] after
-//! the last, so at most about 1 % of the engine's time at any arrival rate; not at all
-//! when the batch cost is under two holds' overhead (latency model `none`). Buffers are
-//! allocated once, with the model; nothing here allocates after that, reads a clock or
-//! blocks.
+//! Cost: a replay walks the arrivals once per window (`slots` compared per batch) and
+//! selects the percentiles in place: 577 us for a full record and grid on this 2-vCPU
+//! machine (`core/window_replay`, 2026-11-28), 36 us a window. It runs one window per
+//! arrival ([`WindowReplay::step`]), so the engine stalls for one window, not a replay;
+//! it starts at [`REPLAY_FIRST`] arrivals, then at twice as many until [`REPLAY_EVERY`]
+//! apart, and never sooner than [`REPLAY_INTERVAL_MIN_NS`] after the last, so at most
+//! about 1 % of the engine's time at any arrival rate; not at all when the batch cost is
+//! under two holds' overhead (latency model `none`). Buffers are allocated once, with the
+//! model; nothing here allocates after that, reads a clock or blocks.
 
 use super::cost::{Cost, OUTLIER_FACTOR};
 use crate::core::request::Nanos;
@@ -48,8 +49,9 @@ pub const REPLAY_ARRIVALS: usize = 4096;
 pub const REPLAY_FIRST: u64 = 128;
 /// Arrivals between two replays once the record is full.
 pub const REPLAY_EVERY: u64 = 512;
-/// Least time between two replays, ns: a replay takes ~0.5 ms of the engine's time
-/// (`core/window_replay` in `benches/core.rs`), so at most 1 % of it at any arrival rate.
+/// Least time between two replays, ns: a replay takes ~0.6 ms of the engine's time
+/// (`core/window_replay` in `benches/core.rs`), so at most about 1 % of it at any arrival
+/// rate.
 pub const REPLAY_INTERVAL_MIN_NS: Nanos = 50_000_000;
 /// Arrivals at the start of a replay that only fill its queue.
 pub const REPLAY_SETTLE: usize = 32;
@@ -88,6 +90,21 @@ pub struct WindowReplay {
     /// Arrivals recorded when the next replay is due, and when the last one was.
     next_due: u64,
     last_due_at: Nanos,
+    /// The replay under way, one window per arrival ([`Self::step`]).
+    job: Option<Job>,
+}
+
+/// A replay under way: the arrivals it replays, the grid, and the windows done so far.
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    /// The recorded arrivals replayed: `start..start + n` of everything recorded.
+    start: usize,
+    n: usize,
+    overhead: Nanos,
+    windows: [Nanos; GRID],
+    /// p50 and p99 of each window replayed so far, ns.
+    results: [(f64, f64); GRID],
+    done: usize,
 }
 
 impl WindowReplay {
@@ -106,6 +123,7 @@ impl WindowReplay {
             answering: 0,
             next_due: REPLAY_FIRST,
             last_due_at: 0,
+            job: None,
         }
     }
 
@@ -195,12 +213,6 @@ impl WindowReplay {
         self.replays
     }
 
-    /// A steady stream, which the one-step rules pace: no window is in force.
-    pub fn stand_down(&mut self) {
-        self.chosen = None;
-        self.answering = 0;
-    }
-
     /// The arrivals read as answering completions (a closed loop). The reading is noisy
     /// for bursty open arrivals, so a window in force stands down only at the second
     /// reading in a row.
@@ -212,9 +224,19 @@ impl WindowReplay {
     }
 
     /// Replays the recorded arrivals under each window of the grid at `cost` and keeps the
-    /// best (see the module docs). `overhead_ns` is what a hold costs beyond its length.
+    /// best (see the module docs), all at once. `overhead_ns` is what a hold costs beyond
+    /// its length.
     pub fn replay(&mut self, cost: &Cost, overhead_ns: f64) {
-        let n = (self.seen as usize).min(REPLAY_ARRIVALS);
+        self.begin(cost, overhead_ns);
+        while self.step() {}
+    }
+
+    /// Starts a replay at `cost` (or stands the window down: too few arrivals, a batch
+    /// cost under two holds' overhead, a steady stream); [`Self::step`] runs it, one window
+    /// a call, so the engine never stalls for a whole replay.
+    pub fn begin(&mut self, cost: &Cost, overhead_ns: f64) {
+        // Room for the arrivals recorded while the replay runs (one per step).
+        let n = (self.seen as usize).min(REPLAY_ARRIVALS - GRID);
         if n <= 2 * REPLAY_SETTLE || cost.samples == 0 {
             return;
         }
@@ -225,7 +247,8 @@ impl WindowReplay {
             return;
         }
         self.answering = 0;
-        if self.burstiness(n) <= super::PACING_BURSTINESS_MAX {
+        let start = self.seen as usize - n;
+        if self.burstiness(start, n) <= super::PACING_BURSTINESS_MAX {
             self.chosen = None;
             return;
         }
@@ -237,10 +260,36 @@ impl WindowReplay {
             *slot = w as Nanos;
             w *= std::f64::consts::SQRT_2;
         }
-        let mut results = [(0.0f64, 0.0f64); GRID];
-        for (k, &w) in windows.iter().enumerate() {
-            results[k] = self.replay_one(n, w, overhead_ns as Nanos);
+        self.job = Some(Job {
+            start,
+            n,
+            overhead: overhead_ns as Nanos,
+            windows,
+            results: [(0.0, 0.0); GRID],
+            done: 0,
+        });
+    }
+
+    /// Replays the next window of the replay under way; at the last, chooses. Returns
+    /// whether more remain.
+    pub fn step(&mut self) -> bool {
+        let Some(mut job) = self.job else {
+            return false;
+        };
+        job.results[job.done] =
+            self.replay_one(job.start, job.n, job.windows[job.done], job.overhead);
+        job.done += 1;
+        if job.done < GRID {
+            self.job = Some(job);
+            return true;
         }
+        self.job = None;
+        self.choose(&job.windows, &job.results);
+        false
+    }
+
+    /// Keeps the window of the grid whose replay came closest to the least p50 and p99.
+    fn choose(&mut self, windows: &[Nanos; GRID], results: &[(f64, f64); GRID]) {
         let least = results.iter().fold((f64::INFINITY, f64::INFINITY), |m, r| {
             (m.0.min(r.0), m.1.min(r.1))
         });
@@ -278,10 +327,10 @@ impl WindowReplay {
         self.chosen = Some(windows[best]);
     }
 
-    /// Squared coefficient of variation of the gaps between the last `n` arrivals (1 for
+    /// Squared coefficient of variation of the gaps between `n` recorded arrivals from
+    /// `start` (1 for
     /// Poisson arrivals; bursts of `k` give about `2k - 1`).
-    fn burstiness(&self, n: usize) -> f64 {
-        let start = (self.seen as usize).saturating_sub(n);
+    fn burstiness(&self, start: usize, n: usize) -> f64 {
         let at = |i: usize| self.arrivals[(start + i) % REPLAY_ARRIVALS] as f64;
         let gaps = (n - 1) as f64;
         let mean = (at(n - 1) - at(0)) / gaps;
@@ -296,10 +345,9 @@ impl WindowReplay {
         sum / gaps / (mean * mean)
     }
 
-    /// p50 and p99 (ns) of the recorded arrivals replayed under window `w` (0:
-    /// work-conserving).
-    fn replay_one(&mut self, n: usize, w: Nanos, overhead: Nanos) -> (f64, f64) {
-        let start = (self.seen as usize).saturating_sub(n);
+    /// p50 and p99 (ns) of `n` recorded arrivals from `start` replayed under window `w`
+    /// (0: work-conserving).
+    fn replay_one(&mut self, start: usize, n: usize, w: Nanos, overhead: Nanos) -> (f64, f64) {
         let at = |i: usize| self.arrivals[(start + i) % REPLAY_ARRIVALS];
         let first = at(0);
         self.free_at.fill(first);
