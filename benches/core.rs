@@ -234,7 +234,7 @@ fn window_replay(c: &mut Criterion) {
         ..Cost::default()
     };
     for n in 1..=32u64 {
-        replay.observe_completion(n as usize, 0, 10_000_000 + 200_000 * n, &cost);
+        replay.observe_completion(n as usize, 10_000_000 + 200_000 * n);
     }
     let mut group = c.benchmark_group("core");
     group.bench_function("window_replay", |b| {

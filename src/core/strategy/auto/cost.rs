@@ -210,10 +210,11 @@ impl Default for CostModel {
 }
 
 impl CostModel {
-    /// Adds a completed batch (unless it is an outlier) and refits.
-    pub fn observe(&mut self, requests: usize, tokens: u64, service_ns: u64) {
+    /// Adds a completed batch (unless it is an outlier) and refits. Returns whether the
+    /// batch was kept (not an outlier, not empty).
+    pub fn observe(&mut self, requests: usize, tokens: u64, service_ns: u64) -> bool {
         if requests == 0 {
-            return;
+            return false;
         }
         let sample = Sample {
             requests: (requests as u64).min(SAMPLE_MAX),
@@ -228,7 +229,7 @@ impl CostModel {
                 if self.outlier_run <= OUTLIER_RUN_MAX * OUTLIER_SPACING {
                     self.outliers += 1;
                     self.fitted.outliers = self.outliers;
-                    return;
+                    return false;
                 }
             } else {
                 // Decays rather than resets: an executor that became slower makes some
@@ -246,6 +247,7 @@ impl CostModel {
         self.len = (self.len + 1).min(COST_WINDOW);
         debug_assert!(self.sums_match_the_window());
         self.fitted = self.fit();
+        true
     }
 
     /// The current fit.

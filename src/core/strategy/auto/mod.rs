@@ -427,9 +427,10 @@ impl Auto {
         service_ns: Option<Nanos>,
     ) {
         if let Some(s) = service_ns {
-            self.cost.observe(requests, tokens, s);
-            self.replay
-                .observe_completion(requests, tokens, s, &self.cost.cost());
+            // The replay's per-size means keep out what the fit keeps out (stalls).
+            if self.cost.observe(requests, tokens, s) {
+                self.replay.observe_completion(requests, s);
+            }
         }
         self.arrivals.observe_completion(now, requests);
         self.echo_cached = None;

@@ -40,7 +40,7 @@
 //! under two holds' overhead (latency model `none`). Buffers are allocated once, with the
 //! model; nothing here allocates after that, reads a clock or blocks.
 
-use super::cost::{Cost, OUTLIER_FACTOR};
+use super::cost::Cost;
 use crate::core::request::Nanos;
 
 /// Arrivals kept for a replay.
@@ -149,24 +149,13 @@ impl WindowReplay {
         true
     }
 
-    /// A batch of `requests` holding `tokens` took `service_ns`; `cost` is the fit as of
-    /// it. A stall (more than [`OUTLIER_FACTOR`] times the fit's prediction, once the fit
-    /// rests on a few batches) is kept out, as the fit keeps it out.
-    pub fn observe_completion(
-        &mut self,
-        requests: usize,
-        tokens: u64,
-        service_ns: Nanos,
-        cost: &Cost,
-    ) {
+    /// A batch of `requests` took `service_ns` (the caller leaves out what the cost fit
+    /// keeps out as a stall).
+    pub fn observe_completion(&mut self, requests: usize, service_ns: Nanos) {
         let Some(slot) = self.by_size.get_mut(requests) else {
             return;
         };
         let s = service_ns as f64;
-        if cost.samples >= 8 && s > OUTLIER_FACTOR * cost.service_ns(requests as f64, tokens as f64)
-        {
-            return;
-        }
         if slot.1 == 0 {
             slot.0 = s;
         } else {
@@ -469,20 +458,25 @@ mod tests {
     }
 
     #[test]
-    fn a_stall_does_not_move_its_batch_size() {
+    fn sizes_not_seen_are_read_off_the_seen_ones() {
         let fit = cost(10.0, 1.0);
         let mut r = WindowReplay::new(1, 8);
         for _ in 0..4 {
-            r.observe_completion(4, 0, 14_000_000, &fit);
+            r.observe_completion(4, 14_000_000);
         }
-        r.observe_completion(4, 0, 300_000_000, &fit);
         r.fill_service(&fit);
-        assert_eq!(r.service[4], 14_000_000, "the stall is kept out");
-        // Sizes not seen: the line through the seen ones, the fitted slope past them.
-        r.observe_completion(8, 0, 22_000_000, &fit);
+        assert_eq!(r.service[4], 14_000_000);
+        assert_eq!(
+            r.service[6], 16_000_000,
+            "past the seen sizes: the fitted slope"
+        );
+        assert_eq!(r.service[2], 12_000_000, "below them: the fitted slope");
+        r.observe_completion(8, 22_000_000);
         r.fill_service(&fit);
-        assert_eq!(r.service[6], 18_000_000);
-        assert_eq!(r.service[2], 12_000_000);
+        assert_eq!(
+            r.service[6], 18_000_000,
+            "between two seen sizes: the line through them"
+        );
     }
 
     #[test]
