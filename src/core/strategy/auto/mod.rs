@@ -393,6 +393,11 @@ impl Auto {
     pub fn observe_arrival(&mut self, now: Nanos, class: usize, bucket: usize) {
         self.arrivals.observe_arrival(now, class, bucket);
         self.bursts.observe_arrival(now);
+        // The replay only matters where a window can pay for its wake-up; below that the
+        // arrivals are not recorded (the record's writes would only crowd the cache).
+        if self.cost.cost().a_ns < 2.0 * HOLD_OVERHEAD_NS {
+            return;
+        }
         if self.replay.observe_arrival(now) {
             self.replay_window();
         } else {
