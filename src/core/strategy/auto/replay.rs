@@ -37,7 +37,7 @@
 //! it starts at [`REPLAY_FIRST`] arrivals, then at twice as many until [`REPLAY_EVERY`]
 //! apart, and never sooner than [`REPLAY_INTERVAL_MIN_NS`] after the last, so at most
 //! about 1 % of the engine's time at any arrival rate; not at all when the batch cost is
-//! under two holds' overhead (latency model `none`). Buffers are allocated once, with the
+//! under [`REPLAY_COST_MIN_NS`] (1 ms; the latency model `none`). Buffers are allocated once, with the
 //! model; nothing here allocates after that, reads a clock or blocks.
 
 use super::cost::Cost;
@@ -53,6 +53,12 @@ pub const REPLAY_EVERY: u64 = 512;
 /// (`core/window_replay` in `benches/core.rs`), so at most about 1 % of it at any arrival
 /// rate.
 pub const REPLAY_INTERVAL_MIN_NS: Nanos = 50_000_000;
+/// Least fitted fixed cost of a batch, ns, for which the arrivals are recorded and
+/// replayed: a replay takes ~0.6 ms of the engine's time (`core/window_replay`), more than a
+/// batch below this, whose windows could win little. It also keeps the replay out of the
+/// request path measured by the instruction budget (latency model `none`, where callgrind
+/// slows a batch of ~5 us to a few hundred and would otherwise start replays).
+pub const REPLAY_COST_MIN_NS: f64 = 1_000_000.0;
 /// Arrivals at the start of a replay that only fill its queue.
 pub const REPLAY_SETTLE: usize = 32;
 /// The window in force stays unless another's score is lower by this factor.
@@ -80,7 +86,7 @@ pub struct WindowReplay {
     /// `S(n)` as the replay uses it (scratch, filled before each replay).
     service: Box<[Nanos]>,
     /// The window in force, ns (`Some(0)`: work-conserving), or `None`: no replay yet, a
-    /// steady stream, a batch cost under two holds' overhead, or arrivals that answer
+    /// steady stream, a batch cost under [`REPLAY_COST_MIN_NS`], or arrivals that answer
     /// completions.
     chosen: Option<Nanos>,
     /// Replays run, for metrics.
@@ -221,7 +227,7 @@ impl WindowReplay {
     }
 
     /// Starts a replay at `cost` (or stands the window down: too few arrivals, a batch
-    /// cost under two holds' overhead, a steady stream); [`Self::step`] runs it, one window
+    /// cost under [`REPLAY_COST_MIN_NS`], a steady stream); [`Self::step`] runs it, one window
     /// a call, so the engine never stalls for a whole replay.
     pub fn begin(&mut self, cost: &Cost, overhead_ns: f64) {
         // Room for the arrivals recorded while the replay runs (one per step).
@@ -229,9 +235,9 @@ impl WindowReplay {
         if n <= 2 * REPLAY_SETTLE || cost.samples == 0 {
             return;
         }
-        // A batch cost not above two holds' overhead: no window can pay for its wake-up
-        // (the latency model `none`), and the replay's own time is not spent.
-        if cost.a_ns < 2.0 * overhead_ns {
+        // A batch cost under REPLAY_COST_MIN_NS: the replay would cost more engine time
+        // than a batch (and no window pays for its wake-up at the latency model `none`).
+        if cost.a_ns < REPLAY_COST_MIN_NS {
             self.chosen = None;
             return;
         }
