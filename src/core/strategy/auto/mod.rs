@@ -398,6 +398,7 @@ impl Auto {
         // below that the arrivals are not recorded (the record's writes would only crowd
         // the cache).
         if self.cost.cost().a_ns < replay::REPLAY_COST_MIN_NS {
+            self.replay.pause();
             return;
         }
         if self.replay.observe_arrival(now) {

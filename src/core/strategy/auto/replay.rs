@@ -155,6 +155,20 @@ impl WindowReplay {
         true
     }
 
+    /// An arrival went unrecorded (the batch cost fell under [`REPLAY_COST_MIN_NS`]): the
+    /// record would have a hole that reads as a long gap, so it starts over, and no window
+    /// is in force until a replay of the new record chooses one.
+    pub fn pause(&mut self) {
+        if self.seen == 0 && self.chosen.is_none() {
+            return;
+        }
+        self.seen = 0;
+        self.next_due = REPLAY_FIRST;
+        self.chosen = None;
+        self.job = None;
+        self.answering = 0;
+    }
+
     /// A batch of `requests` took `service_ns` (the caller leaves out what the cost fit
     /// keeps out as a stall).
     pub fn observe_completion(&mut self, requests: usize, service_ns: Nanos) {
@@ -483,6 +497,18 @@ mod tests {
             r.service[6], 18_000_000,
             "between two seen sizes: the line through them"
         );
+    }
+
+    #[test]
+    fn a_hole_in_the_record_starts_it_over() {
+        let mut r = WindowReplay::new(1, 32);
+        record_bursts(&mut r, 8, 1_000_000, 100_000_000);
+        r.replay(&cost(20.0, 0.1), 20_000.0);
+        assert!(r.window().is_some());
+        r.pause();
+        assert_eq!(r.window(), None, "no window rests on a record with a hole");
+        assert_eq!(r.seen, 0);
+        assert!(!r.observe_arrival(1), "the schedule starts over too");
     }
 
     #[test]
