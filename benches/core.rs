@@ -213,7 +213,7 @@ impl Loop {
 /// `core/window_replay`: a full record (`REPLAY_ARRIVALS` arrivals: bursts of 16, 50 us
 /// apart, every 20 ms), four batches at once of up to 32, a fitted cost of 10 ms + 0.2 ms a
 /// request seen at every size; one iteration replays every window of the grid (the engine
-/// runs them one per arrival, so a sixteenth of this is its longest stall).
+/// runs at most one a turn, so a sixteenth of this is its longest stall at four slots).
 fn window_replay(c: &mut Criterion) {
     use abe::core::strategy::auto::cost::Cost;
     use abe::core::strategy::auto::replay::{WindowReplay, REPLAY_ARRIVALS};

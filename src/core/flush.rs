@@ -157,8 +157,9 @@ impl Core {
     /// `auto`: should group `g` (summary `s`) go now, with `free` workers able to take a
     /// batch (counted up to 2), or be held (not past `latest`)? With more than one free,
     /// holding only delays it (the requests it would wait for can have a worker of their
-    /// own), unless a burst is arriving: then every free worker is counted and `auto`
-    /// splits the burst over them. Otherwise `auto` decides; a hold is remembered in
+    /// own), unless a burst is arriving (then every free worker is counted and `auto`
+    /// splits the burst over them) or an open loop's replayed window is in force (which
+    /// holds as a fixed window does, free workers or not). Otherwise `auto` decides; a hold is remembered in
     /// `auto_hold_until` for [`Core::next_deadline`]. Each group is asked on its own, so two
     /// groups held in one poll can each plan on the same free workers.
     fn auto_goes(
@@ -170,7 +171,7 @@ impl Core {
         latest: Nanos,
     ) -> bool {
         // Several free: the requests it would wait for can have a worker of their own, unless
-        // a burst is arriving, which `auto` splits over the free workers.
+        // a burst is arriving, which `auto` splits over the free workers, or a window holds.
         let free_workers = if free > 1 {
             if !self.auto.holds_by_window() && !self.auto.burst_open(now) {
                 return true;

@@ -216,7 +216,7 @@ impl Core {
                 r.use_bins(cfg.strategy == StrategyKind::MultiBin);
                 r
             },
-            auto: Auto::for_concurrency(cfg.workers * max_inflight as usize, max_batch_len(&cfg)),
+            auto: Auto::for_concurrency(cfg.workers * max_inflight as usize, cfg.max_batch_size),
             auto_hold_until: Nanos::MAX,
             auto_hold_started: Nanos::MAX,
             cfg: CoreConfig {

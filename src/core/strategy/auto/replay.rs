@@ -32,8 +32,10 @@
 //!
 //! Cost: a replay walks the arrivals once per window (`slots` compared per batch) and
 //! selects the percentiles in place: 577 us for a full record and grid on this 2-vCPU
-//! machine (`core/window_replay`, 2026-11-28), 36 us a window. It runs one window per
-//! arrival ([`WindowReplay::step`]), so the engine stalls for one window, not a replay;
+//! machine (`core/window_replay`, 2026-11-28, four slots; a window's cost grows with the
+//! slots, which each replayed batch scans), 36 us a window. It runs one window per engine
+//! turn at most (an arrival at a new `now`: [`WindowReplay::step`]), so the engine stalls
+//! for one window, not a replay;
 //! it starts at [`REPLAY_FIRST`] arrivals, then at twice as many until [`REPLAY_EVERY`]
 //! apart, and never sooner than [`REPLAY_INTERVAL_MIN_NS`] after the last, so at most
 //! about 1 % of the engine's time at any arrival rate; not at all when the batch cost is
@@ -469,12 +471,20 @@ mod tests {
 
     #[test]
     fn stands_down_for_a_steady_stream() {
-        // One request every 5 ms: not bursty, so the one-step rules pace it, not a window.
+        // Bursts first, so a window is in force; then one request every 5 ms for a whole
+        // record: not bursty, so the one-step rules pace it, and the window stands down.
         let mut r = WindowReplay::new(2, 32);
-        record_bursts(&mut r, 1, 0, 5_000_000);
+        record_bursts(&mut r, 8, 1_000_000, 100_000_000);
+        r.replay(&cost(10.0, 0.0), 20_000.0);
+        assert!(r.window().is_some_and(|w| w > 0), "bursts get a window");
+        let replays = r.replays();
+        let t0 = 1_000_000_000_000;
+        for i in 0..REPLAY_ARRIVALS as u64 {
+            r.observe_arrival(t0 + i * 5_000_000);
+        }
         r.replay(&cost(10.0, 0.0), 20_000.0);
         assert_eq!(r.window(), None);
-        assert_eq!(r.replays(), 0);
+        assert_eq!(r.replays(), replays, "no replay of a steady stream");
     }
 
     #[test]
@@ -508,7 +518,32 @@ mod tests {
         r.pause();
         assert_eq!(r.window(), None, "no window rests on a record with a hole");
         assert_eq!(r.seen, 0);
-        assert!(!r.observe_arrival(1), "the schedule starts over too");
+        let due: Vec<u64> = (1..=128).filter(|&t| r.observe_arrival(t)).collect();
+        assert_eq!(due, [128], "the schedule starts over too");
+    }
+
+    #[test]
+    fn a_replay_one_window_a_step_chooses_what_a_whole_replay_does() {
+        // The engine runs a replay one window per turn while arrivals keep coming; the
+        // record keeps room for them, so the choice is the same as all at once.
+        let mut r = WindowReplay::new(1, 32);
+        record_bursts(&mut r, 8, 1_000_000, 100_000_000);
+        let mut whole = r.clone();
+        whole.replay(&cost(20.0, 0.1), 20_000.0);
+        r.begin(&cost(20.0, 0.1), 20_000.0);
+        let mut t = 1_000_000_000_000;
+        let mut steps = 0;
+        loop {
+            t += 1_000_000;
+            r.observe_arrival(t);
+            steps += 1;
+            if !r.step() {
+                break;
+            }
+        }
+        assert_eq!(steps, GRID);
+        assert!(whole.window().is_some_and(|w| w > 0));
+        assert_eq!(r.window(), whole.window());
     }
 
     #[test]
