@@ -113,6 +113,8 @@ struct Job {
     /// p50 and p99 of each window replayed so far, ns.
     results: [(f64, f64); GRID],
     done: usize,
+    /// Arrivals recorded when it began.
+    begun_at: u64,
 }
 
 impl WindowReplay {
@@ -143,6 +145,15 @@ impl WindowReplay {
         let i = (self.seen % REPLAY_ARRIVALS as u64) as usize;
         self.arrivals[i] = now;
         self.seen += 1;
+        // A replay under way keeps room for GRID arrivals (one a step); an engine turn
+        // that admits more overwrites its record, so it is dropped (the next due one
+        // starts afresh).
+        if self
+            .job
+            .is_some_and(|job| self.seen - job.begun_at > GRID as u64)
+        {
+            self.job = None;
+        }
         // At 128 and 256 arrivals, then every REPLAY_EVERY, and never sooner than
         // REPLAY_INTERVAL_MIN_NS after the last (a due replay waits for the first arrival
         // past it).
@@ -278,6 +289,7 @@ impl WindowReplay {
             windows,
             results: [(0.0, 0.0); GRID],
             done: 0,
+            begun_at: self.seen,
         });
     }
 
@@ -393,7 +405,7 @@ impl WindowReplay {
             self.free_at[slot] = done;
             for i in head..end {
                 if i >= REPLAY_SETTLE {
-                    self.latencies[counted] = done - at(i);
+                    self.latencies[counted] = done.saturating_sub(at(i));
                     counted += 1;
                 }
             }
@@ -544,6 +556,22 @@ mod tests {
         assert_eq!(steps, GRID);
         assert!(whole.window().is_some_and(|w| w > 0));
         assert_eq!(r.window(), whole.window());
+    }
+
+    #[test]
+    fn a_replay_is_dropped_when_a_turn_admits_more_than_it_has_room_for() {
+        // The live engine admits a whole burst in one turn and steps once: past GRID
+        // arrivals during a replay its record is overwritten, and the replay is dropped
+        // rather than read out of order (which underflowed a latency).
+        let mut r = WindowReplay::new(1, 32);
+        record_bursts(&mut r, 8, 1_000_000, 100_000_000);
+        r.begin(&cost(20.0, 0.1), 20_000.0);
+        assert!(r.step(), "under way");
+        for t in 0..=GRID as u64 {
+            r.observe_arrival(2_000_000_000_000 + t);
+        }
+        assert!(!r.step(), "dropped");
+        assert_eq!(r.window(), None);
     }
 
     #[test]
