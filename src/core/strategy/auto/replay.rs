@@ -240,7 +240,7 @@ impl WindowReplay {
     /// reading in a row.
     pub fn answering(&mut self) {
         self.answering += 1;
-        if self.answering >= 2 || self.chosen.is_none() {
+        if self.answering >= 2 {
             self.chosen = None;
         }
     }
