@@ -1,6 +1,6 @@
-//! Completion: a worker returned a batch. Frees its slot, feeds what `auto`, the research
-//! strategies, the circuit breaker and the latency window learn from it, and counts each
-//! request completed or failed.
+//! Completion: a worker returned a batch. Frees its slot, feeds what the strategy in force
+//! (`auto` or a research strategy), the circuit breaker and the latency window learn from
+//! it, and counts each request completed or failed.
 //!
 //! What must never happen here: a clock read (service time is `now` minus the dispatch
 //! instant), I/O, an allocation, or a request answered twice (a batch already abandoned
@@ -38,8 +38,10 @@ impl Core {
             self.auto
                 .observe_completion(now, slot.tickets.len(), slot.tokens, sample);
         }
-        if outcome == BatchOutcome::Ok {
-            // Algorithm 7: statistics and SLA controller after every completed batch.
+        if outcome == BatchOutcome::Ok && self.strategy.is_research() {
+            // Algorithm 7: statistics and SLA controller after every completed batch, while
+            // a research strategy is in force (nothing else reads them; as `auto`'s models,
+            // they resume from what they learned when one is switched to again).
             let table = &self.table;
             let requests = self.batches[b].tickets.iter().map(|t| {
                 let m = table.meta(t.index);

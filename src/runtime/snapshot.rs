@@ -83,7 +83,8 @@ pub struct Snapshot {
     /// engine's sample buffer was full (expected 0).
     pub samples_dropped: u64,
     pub draining: bool,
-    /// State of the `dynamic` / `multi_bin` controllers (kept current whatever the strategy).
+    /// State of the `dynamic` / `multi_bin` controllers (they learn only while one of them is
+    /// in force; under another strategy this is what they learned when one last ran).
     pub research: crate::core::strategy::research::ResearchSnapshot,
     /// Slots, KV and step counters when running continuous batching.
     pub continuous: Option<ContinuousSnapshot>,
@@ -93,7 +94,8 @@ pub struct Snapshot {
     pub backend_names: Vec<String>,
     /// `auto`'s learned cost, arrivals and decisions, one per backend lane in the router's
     /// backend order (request-level batching; empty in continuous batching, which has no
-    /// lanes). Kept current whatever the strategy: the model learns under every strategy.
+    /// lanes). `auto` learns only while it is in force; under another strategy this is what
+    /// it learned when it last ran.
     pub auto: Vec<AutoSnapshot>,
     /// Tokens, finish reasons, prefill and decode time of answered requests, since start.
     pub finished: FinishedStats,
