@@ -1,7 +1,7 @@
 //! Which queue a queued request sits in: the class queues (priority x token bucket, with
 //! the non-empty mask kept in step) or, under `multi_bin`, the bins; and `set_strategy`,
 //! which moves every queued request between the two when it switches into or out of
-//! `multi_bin`.
+//! `multi_bin`, and tells `auto` when it stops running (its models forget the time away).
 //!
 //! What must never happen here: a clock read, I/O, or an allocation (queues are intrusive
 //! lists through the request table); a request lost or reordered when it moves.
@@ -14,6 +14,9 @@ impl Core {
     /// Switches strategy. Nothing queued is lost: switching into or out of `multi_bin`
     /// moves every queued request between the class queues and the bins, in arrival order.
     pub fn set_strategy(&mut self, kind: StrategyKind) {
+        if self.strategy == StrategyKind::Auto && kind != StrategyKind::Auto {
+            self.auto.suspend();
+        }
         let was_bins = self.strategy == StrategyKind::MultiBin;
         let to_bins = kind == StrategyKind::MultiBin;
         if was_bins && !to_bins {

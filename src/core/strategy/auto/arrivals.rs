@@ -274,6 +274,21 @@ impl ArrivalModel {
         }
     }
 
+    /// Arrivals and completions stop reaching the model for a while (the core runs another
+    /// strategy): each class's next arrival starts its gaps over, and the open echo window
+    /// is dropped unfolded, so the time away is read neither as one long gap nor as a
+    /// window with no arrivals. What was learned (the bins, the gap averages) stays.
+    pub fn suspend(&mut self) {
+        for g in &mut self.gaps {
+            g.last_arrival_ns = None;
+        }
+        self.window_start_ns = None;
+        self.window_requests = 0;
+        self.window_seen = 0;
+        self.window_counts[..self.window_top].fill(0);
+        self.window_top = 0;
+    }
+
     /// A batch of `requests` completed (its answers are on their way to the clients).
     pub fn observe_completion(&mut self, now: Nanos, requests: usize) {
         let requests = u32::try_from(requests).unwrap_or(u32::MAX);

@@ -102,6 +102,16 @@ impl BurstModel {
         }
     }
 
+    /// Arrivals stop reaching the model for a while (the core runs another strategy): the
+    /// open burst is closed, and the next arrival opens one instead of reading the time away
+    /// as one long gap.
+    pub fn suspend(&mut self) {
+        self.close_burst();
+        self.open_size = 0;
+        self.last_arrival_ns = None;
+        self.followers_cached = None;
+    }
+
     fn close_burst(&mut self) {
         if self.open_size == 0 {
             return;

@@ -417,6 +417,17 @@ impl Auto {
         }
     }
 
+    /// The core switched to another strategy: nothing reaches `auto` until it is switched
+    /// back, so what its models would read across the gap is forgotten (one long
+    /// inter-arrival gap, an echo window spanning it, a replay record with a hole in it, the
+    /// window chosen from the record); what they learned stays.
+    pub fn suspend(&mut self) {
+        self.arrivals.suspend();
+        self.bursts.suspend();
+        self.replay.pause();
+        self.echo_cached = None;
+    }
+
     /// Replays the recent arrivals for the window to hold in an open loop, or stands the
     /// window down when the arrivals answer completions ([`replay`]).
     fn replay_window(&mut self) {
