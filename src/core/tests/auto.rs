@@ -186,12 +186,21 @@ fn bursty_open_loop(
     }
     arrivals.sort_unstable();
     let mut core = Core::new(cfg);
-    let mut latencies = Vec::with_capacity(count);
+    let (mut latencies, _) = serve(&mut core, &arrivals, a, b);
+    latencies.sort_unstable();
+    latencies
+}
+
+/// Admits `arrivals` (instants, ascending) into `core` and polls after each event, one
+/// worker whose batch of n takes `a + b n`, until every one is answered. Returns the
+/// latencies (arrival to answer, ns, in answer order) and the instant the last was answered.
+fn serve(core: &mut Core, arrivals: &[Nanos], a: Nanos, b: Nanos) -> (Vec<Nanos>, Nanos) {
+    let mut latencies = Vec::with_capacity(arrivals.len());
     let mut busy: Option<(Nanos, BatchId)> = None;
     let mut wake: Option<Nanos> = None;
     let mut next_arrival = 0;
-    let mut now = 0;
-    while latencies.len() < count {
+    let mut now = arrivals.first().copied().unwrap_or(0);
+    while latencies.len() < arrivals.len() {
         now = [
             busy.map(|(t, _)| t),
             arrivals.get(next_arrival).copied(),
@@ -223,8 +232,7 @@ fn bursty_open_loop(
             }
         });
     }
-    latencies.sort_unstable();
-    latencies
+    (latencies, now)
 }
 
 fn pct(sorted: &[Nanos], p: f64) -> f64 {
@@ -333,52 +341,19 @@ fn open_loop_auto_is_within_3_percent_of_the_best_in_hindsight() {
     }
 }
 
-/// Arrivals every `gap` ns from `from` until `to` through `core` (one worker whose batch of
-/// n takes 2 ms + 0.1 ms n), each admitted and polled, batches completed when due. Returns
-/// the instant it stopped, with nothing in flight or queued.
-fn steady_arrivals(core: &mut Core, from: Nanos, to: Nanos, gap: Nanos) -> Nanos {
-    let mut busy: Option<(Nanos, BatchId)> = None;
-    let mut wake: Option<Nanos> = None;
-    let mut next = from;
-    let mut now = from;
-    loop {
-        let arrival = (next < to).then_some(next);
-        let Some(t) = [busy.map(|(t, _)| t), arrival, wake]
-            .into_iter()
-            .flatten()
-            .min()
-        else {
-            return now;
-        };
-        now = t.max(now);
-        if let Some((_, batch)) = busy.filter(|&(t, _)| t <= now) {
-            busy = None;
-            core.complete(now, batch, BatchOutcome::Ok);
-        }
-        if arrival.is_some_and(|t| t <= now) {
-            let meta = RequestMeta::new(Priority::Normal, Kind::Completion, 20, 0, now);
-            core.admit(now, meta).expect("room");
-            next += gap;
-        }
-        wake = core.poll(now, &mut |action| {
-            if let Action::Dispatch { batch, tickets, .. } = action {
-                busy = Some((now + 2 * MS + MS / 10 * tickets.len() as u64, batch));
-            }
-        });
-        if busy.is_none() && arrival.is_none() && core.queued() == 0 {
-            return now;
-        }
-    }
-}
-
 /// Switched away from `auto` and back (the admin API), `auto` does not read the time away
 /// as one long gap between arrivals: steady arrivals stay steady (a squared coefficient of
 /// variation near 0, not the ~85 that one 10 s gap among 1 ms ones still makes 20
 /// arrivals later).
 #[test]
 fn auto_switched_away_and_back_does_not_read_the_time_away_as_a_gap() {
+    // Arrivals every 1 ms from `from` until `to`, batches of n taking 2 ms + 0.1 ms n.
+    let steady = |core: &mut Core, from: Nanos, to: Nanos| {
+        let arrivals: Vec<Nanos> = (from..to).step_by(MS as usize).collect();
+        serve(core, &arrivals, 2 * MS, MS / 10).1
+    };
     let mut core = Core::new(core_cfg(StrategyKind::Auto, false, 5.0));
-    let now = steady_arrivals(&mut core, 0, 2_000 * MS, MS);
+    let now = steady(&mut core, 0, 2_000 * MS);
     let before = core.auto_snapshot();
     assert!(
         before.cost.a_ns >= MS as f64,
@@ -387,9 +362,9 @@ fn auto_switched_away_and_back_does_not_read_the_time_away_as_a_gap() {
     );
     assert!(before.arrival_burstiness < 0.5, "{before:?}");
     core.set_strategy(StrategyKind::Fixed);
-    let now = steady_arrivals(&mut core, now + MS, now + 10_000 * MS, MS);
+    let now = steady(&mut core, now + MS, now + 10_000 * MS);
     core.set_strategy(StrategyKind::Auto);
-    steady_arrivals(&mut core, now + 10_000 * MS, now + 10_020 * MS, MS);
+    steady(&mut core, now + 10_000 * MS, now + 10_020 * MS);
     let after = core.auto_snapshot();
     assert!(
         after.arrival_burstiness < 0.5,
