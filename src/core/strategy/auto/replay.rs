@@ -91,7 +91,7 @@ pub struct WindowReplay {
     /// steady stream, a batch cost under [`REPLAY_COST_MIN_NS`], or arrivals that answer
     /// completions.
     chosen: Option<Nanos>,
-    /// Replays run, for metrics.
+    /// Replays run (read by the tests: a steady stream starts none).
     replays: u64,
     /// Readings in a row that the arrivals answer completions.
     answering: u32,
