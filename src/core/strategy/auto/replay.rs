@@ -27,8 +27,11 @@
 //! replayed p99 rests on a few bursts, and a narrow valley is usually noise); the window in
 //! force is kept unless another beats it by [`SWITCH_MARGIN`] (replays of overlapping
 //! samples differ by noise). Steady streams (squared coefficient of variation of the
-//! recorded gaps at most [`super::PACING_BURSTINESS_MAX`]) get no window: the one-step
-//! pacing rule beats any fixed window there.
+//! recorded gaps at most [`super::PACING_BURSTINESS_MAX`]) over several slots get no
+//! window: the one-step pacing rule beats any fixed window there. Over one slot there is
+//! nothing to pace against, and the echo rule reads noise in an open stream (holds it
+//! cannot justify, p50 or p99 up to 2.3 % over work-conserving dispatch in drawn Poisson
+//! cases), so the replay decides there too: most often window 0.
 //!
 //! Cost: a replay walks the arrivals once per window (`slots` compared per batch) and
 //! selects the percentiles in place: 577 us for a full record and grid on this 2-vCPU
@@ -270,7 +273,11 @@ impl WindowReplay {
         }
         self.answering = 0;
         let start = self.seen as usize - n;
-        if self.burstiness(start, n) <= super::PACING_BURSTINESS_MAX {
+        // A steady stream over several slots is paced by the one-step rule, which beats any
+        // fixed window there; over one slot no rule paces it (there is no other batch to
+        // pace against), and what the echo rule reads in an open stream is noise, so the
+        // replay decides there too (most often work-conserving dispatch, window 0).
+        if self.free_at.len() > 1 && self.burstiness(start, n) <= super::PACING_BURSTINESS_MAX {
             self.chosen = None;
             return;
         }
@@ -478,6 +485,20 @@ mod tests {
             r.observe_arrival(t as Nanos + 15_000_000);
         }
         r.replay(&cost(10.0, 0.0), 20_000.0);
+        assert_eq!(r.window(), Some(0));
+    }
+
+    #[test]
+    fn replays_a_steady_stream_over_one_slot() {
+        // One request every 5 ms for a whole record, one slot, a 10 ms batch: no rule paces
+        // a single slot, so the replay decides, and dispatching at once is what it replays
+        // best (a window only delays a stream that already fills each batch by itself).
+        let mut r = WindowReplay::new(1, 32);
+        for i in 0..REPLAY_ARRIVALS as u64 {
+            r.observe_arrival(1_000_000_000 + i * 5_000_000);
+        }
+        r.replay(&cost(10.0, 0.0), 20_000.0);
+        assert_eq!(r.replays(), 1, "a steady stream over one slot is replayed");
         assert_eq!(r.window(), Some(0));
     }
 
