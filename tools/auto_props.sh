@@ -5,17 +5,19 @@
 # replays it (AUTO_PROPS_SEED=S). The test run itself covers the first 40 seeds.
 # Open loops (`open`): seeds 0..N of Poisson and bursty arrivals, each held to the best
 # fixed window in hindsight (p50 and p99 within 3 %) and to work-conserving dispatch
-# (within 1 %); replay one with AUTO_PROPS_OPEN_SEED=S. Not in the test run (auto misses
+# (within 1 %); replay one with AUTO_PROPS_OPEN_SEED=S. REQUESTS (default 4000) draws that
+# many requests a case: a longer case leaves less to `auto`'s learning and rests its p99
+# on more requests (16000: ~2.5 min for 200 seeds). Not in the test run (auto misses
 # it today; see BENCHMARKS.md, issue 25): the test run holds auto's measured envelope over
 # seeds 0..24 instead (`auto_stays_within_its_measured_open_loop_envelope`).
-# Usage: tools/auto_props.sh [N] [open]
+# Usage: tools/auto_props.sh [N] [open [REQUESTS]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-1000}"
 if [ "${2:-}" = open ]; then
-    AUTO_PROPS_OPEN_SEEDS="$n" cargo test --features testing --lib \
+    AUTO_PROPS_OPEN_SEEDS="$n" AUTO_PROPS_OPEN_REQUESTS="${3:-4000}" cargo test --features testing --lib \
         core::tests::auto_props::open_loop -- --ignored --nocapture 2>&1 \
-        | grep -E '^open seed | open cases: |AUTO_PROPS_OPEN_SEED=|^  work-conserving' || true
+        | grep -E '^open seed | open cases |AUTO_PROPS_OPEN_SEED=|^  work-conserving' || true
     exit 0
 fi
 AUTO_PROPS_SEEDS="$n" cargo test --features testing --lib \

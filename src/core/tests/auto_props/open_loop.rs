@@ -14,7 +14,9 @@
 //! - `auto`'s p50 and p99 never more than [`WC_SLACK`] (1 %) above work-conserving dispatch
 //!   (window 0).
 //!
-//! `AUTO_PROPS_OPEN_SEEDS=N` runs seeds `0..N` (default [`SEEDS_IN_TEST_RUN`]);
+//! `AUTO_PROPS_OPEN_SEEDS=N` runs seeds `0..N` (default [`SEEDS_IN_TEST_RUN`]), and
+//! `AUTO_PROPS_OPEN_REQUESTS=R` draws `R` requests a case instead of [`REQUESTS`] (a long
+//! run: less of it is `auto` learning, and its p99 rests on more requests);
 //! `AUTO_PROPS_OPEN_SEED=S` replays one. A failure prints its seed, its case and every
 //! schedule's p50 and p99.
 
@@ -66,6 +68,8 @@ struct OpenCase {
     /// Requests per burst (1: Poisson) and the gap inside a burst, ns.
     burst: usize,
     gap: Nanos,
+    /// Requests in the case ([`REQUESTS`] unless a long run asks for more).
+    requests: usize,
 }
 
 impl OpenCase {
@@ -92,6 +96,7 @@ impl OpenCase {
             load,
             burst,
             gap,
+            requests: REQUESTS,
         }
     }
 
@@ -115,11 +120,11 @@ impl OpenCase {
     fn arrivals(&self) -> Vec<Nanos> {
         let mut rng = SmallRng::seed_from_u64(self.seed ^ 0xa441_7a15);
         let mean_gap_ns = 1e9 * self.burst as f64 / (self.load * self.capacity_per_s());
-        let mut out = Vec::with_capacity(REQUESTS);
+        let mut out = Vec::with_capacity(self.requests);
         let mut t = 0.0f64;
-        while out.len() < REQUESTS {
+        while out.len() < self.requests {
             t += -(1.0 - rng.gen::<f64>()).ln() * mean_gap_ns;
-            for i in 0..self.burst.min(REQUESTS - out.len()) {
+            for i in 0..self.burst.min(self.requests - out.len()) {
                 out.push(t as Nanos + i as Nanos * self.gap);
             }
         }
@@ -255,8 +260,12 @@ struct Judged {
 }
 
 impl Judged {
-    fn of(seed: u64) -> Judged {
-        let case = OpenCase::from_seed(seed);
+    /// Case `seed` with `requests` requests.
+    fn of(seed: u64, requests: usize) -> Judged {
+        let case = OpenCase {
+            requests,
+            ..OpenCase::from_seed(seed)
+        };
         let schedules = Schedules::of(&case);
         let (auto, wc, best) = (schedules.auto, schedules.wc, schedules.best());
         let mut table = format!("work-conserving {:.3} / {:.3} ms", wc.0, wc.1);
@@ -310,7 +319,7 @@ impl Judged {
 /// ([`auto_splits_a_burst_over_the_free_workers`]), and bursty streams over busy workers
 /// are paced when they do not answer completions; those still miss by up to 26 %. What
 /// the test run holds instead is [`auto_stays_within_its_measured_open_loop_envelope`].
-/// Run it with `tools/auto_props.sh N open`.
+/// Run it with `tools/auto_props.sh N open [REQUESTS]`.
 #[test]
 #[ignore = "auto misses the open-loop goal today; tools/auto_props.sh N open runs it"]
 fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
@@ -319,21 +328,35 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
     let mut cases = 0;
     // Misses where one window comes within 1 % of both the least p50 and the least p99.
     let mut reachable_misses = 0;
+    // Cases where one fixed schedule in hindsight comes within the bound of both.
+    let mut one_window_meets = 0;
+    let requests = std::env::var("AUTO_PROPS_OPEN_REQUESTS").map_or(REQUESTS, |s| {
+        s.parse()
+            .expect("AUTO_PROPS_OPEN_REQUESTS is a number of requests")
+    });
+    assert!(
+        requests > 2 * WARMUP,
+        "at least {} requests a case",
+        2 * WARMUP
+    );
     for seed in seeds() {
-        let judged = Judged::of(seed);
+        let judged = Judged::of(seed, requests);
         println!("{}", judged.line);
         cases += 1;
         worst_window = worst_window.max(judged.window_ratio);
         worst_wc = worst_wc.max(judged.wc_ratio);
+        one_window_meets += usize::from(judged.one_window <= WINDOW_SLACK);
         if judged.misses() {
             reachable_misses += usize::from(judged.one_window <= 1.01);
             misses.push(judged.report(seed));
         }
     }
     println!(
-        "{cases} open cases: worst against the best window {worst_window:.3}, against \
-         work-conserving {worst_wc:.3}; {} misses, {reachable_misses} of them where one \
-         window comes within 1 % of both the least p50 and the least p99",
+        "{cases} open cases of {requests} requests: worst against the best window \
+         {worst_window:.3}, against work-conserving {worst_wc:.3}; {} misses, \
+         {reachable_misses} of them where one window comes within 1 % of both the least p50 \
+         and the least p99; one fixed schedule in hindsight comes within {WINDOW_SLACK} of \
+         both in {one_window_meets}",
         misses.len()
     );
     assert!(misses.is_empty(), "{}", misses.join("\n"));
@@ -354,7 +377,7 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
 #[test]
 fn auto_stays_within_its_measured_open_loop_envelope() {
     let judged: Vec<(u64, Judged)> = (0..SEEDS_IN_TEST_RUN)
-        .map(|seed| (seed, Judged::of(seed)))
+        .map(|seed| (seed, Judged::of(seed, REQUESTS)))
         .collect();
     let all = || {
         judged
@@ -490,6 +513,7 @@ fn auto_splits_a_burst_over_the_free_workers() {
         load: 0.1,
         burst: 24,
         gap: 100_000,
+        requests: REQUESTS,
     };
     let (auto, wc, best) = auto_wc_best_window(&case);
     let report = format!("auto {auto:?}, work-conserving {wc:?}, best window {best:?} (ms)");
