@@ -14,7 +14,7 @@
 //! that makes holds happen (see [`closed_loop`]).
 //!
 //! `core/window_replay`: one replay of `auto`'s window replay (see [`window_replay`]): the
-//! engine runs one every `REPLAY_EVERY` arrivals and at most every 50 ms in a bursty open
+//! engine runs one every `REPLAY_EVERY` arrivals and at most every 100 ms in a bursty open
 //! loop, one window of it per arrival.
 
 use abe::core::strategy::StrategyKind;

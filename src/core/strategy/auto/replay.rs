@@ -34,11 +34,11 @@
 //! cases), so the replay decides there too: most often window 0.
 //!
 //! Cost: a replay walks the arrivals once per window (`slots` compared per batch) and
-//! selects the percentiles in place: 577 us for a full record and grid on this 2-vCPU
-//! machine (`core/window_replay`, 2026-11-28, four slots; a window's cost grows with the
-//! slots, which each replayed batch scans), 36 us a window. It runs one window per engine
-//! turn at most (an arrival at a new `now`: [`WindowReplay::step`]), so the engine stalls
-//! for one window, not a replay;
+//! selects the percentiles in place: 0.97-1.15 ms for a full record and grid on this 2-vCPU
+//! machine (`core/window_replay`, 2026-11-28, four slots; 0.41 ms with the record of 4,096
+//! it had before; a window's cost grows with the slots, which each replayed batch scans),
+//! 60-72 us a window. It runs one window per engine turn at most (an arrival at a new
+//! `now`: [`WindowReplay::step`]), so the engine stalls for one window, not a replay;
 //! it starts at [`REPLAY_FIRST`] arrivals, then at twice as many until [`REPLAY_EVERY`]
 //! apart, and never sooner than [`REPLAY_INTERVAL_MIN_NS`] after the last, so at most
 //! about 1 % of the engine's time at any arrival rate; not at all when the batch cost is
@@ -48,18 +48,22 @@
 use super::cost::Cost;
 use crate::core::request::Nanos;
 
-/// Arrivals kept for a replay.
-pub const REPLAY_ARRIVALS: usize = 4096;
+/// Arrivals kept for a replay. A replayed p99 of bursty arrivals rests on a few bursts, so
+/// the record is as long as the engine's time allows ([`REPLAY_INTERVAL_MIN_NS`]): 8,192
+/// met 157 of 200 drawn open loops of 16,000 requests where 4,096 met 149, and 128 of 200
+/// of 4,000 where it met 126 (BENCHMARKS.md, issue 25's thirteenth round). The price: a
+/// change in the arrivals takes twice as long to fill the record.
+pub const REPLAY_ARRIVALS: usize = 8192;
 /// Arrivals at the first replay (the next at twice as many, until [`REPLAY_EVERY`] apart).
 pub const REPLAY_FIRST: u64 = 128;
 /// Arrivals between two replays once the record is full.
 pub const REPLAY_EVERY: u64 = 512;
-/// Least time between two replays, ns: a replay takes ~0.6 ms of the engine's time
+/// Least time between two replays, ns: a replay takes ~1 ms of the engine's time
 /// (`core/window_replay` in `benches/core.rs`), so at most about 1 % of it at any arrival
 /// rate.
-pub const REPLAY_INTERVAL_MIN_NS: Nanos = 50_000_000;
+pub const REPLAY_INTERVAL_MIN_NS: Nanos = 100_000_000;
 /// Least fitted fixed cost of a batch, ns, for which the arrivals are recorded and
-/// replayed: a replay takes ~0.6 ms of the engine's time (`core/window_replay`), more than a
+/// replayed: a replay takes ~1 ms of the engine's time (`core/window_replay`), more than a
 /// batch below this, whose windows could win little. It also keeps the replay out of the
 /// request path measured by the instruction budget (latency model `none`, where callgrind
 /// slows a batch of ~5 us to a few hundred and would otherwise start replays).
