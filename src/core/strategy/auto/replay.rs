@@ -49,8 +49,8 @@ use super::cost::Cost;
 use crate::core::request::Nanos;
 
 /// Arrivals kept for a replay. A replayed p99 of bursty arrivals rests on a few bursts, so
-/// the record is as long as the engine's time allows ([`REPLAY_INTERVAL_MIN_NS`]): 8,192
-/// met 157 of 200 drawn open loops of 16,000 requests where 4,096 met 149, and 128 of 200
+/// the record is long, and [`REPLAY_INTERVAL_MIN_NS`] keeps its replays to about 1 % of the
+/// engine's time: 8,192 met 157 of 200 drawn open loops of 16,000 requests where 4,096 met 149, and 128 of 200
 /// of 4,000 where it met 126 (BENCHMARKS.md, issue 25's thirteenth round). The price: a
 /// change in the arrivals takes twice as long to fill the record.
 pub const REPLAY_ARRIVALS: usize = 8192;
