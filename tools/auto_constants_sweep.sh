@@ -7,7 +7,9 @@
 # Usage: tools/auto_constants_sweep.sh FILE NAME VALUE...
 #   e.g. tools/auto_constants_sweep.sh src/core/strategy/auto/bursts.rs BURST_GAP_FRACTION \
 #        "1.0 / 16.0" "1.0 / 8.0" "1.0 / 4.0"
-# About 2 minutes a value on 2 cores (the first builds the worktree's test target).
+# About 2 minutes a value on 2 cores (the first builds the worktree's test target). The
+# worktree (target/constants-sweep, or SWEEP_WORKTREE) stays for the next run, with its
+# build; `git worktree remove --force target/constants-sweep` drops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 3 ] || { sed -n 2,10p "$0"; exit 2; }
