@@ -12,7 +12,7 @@
 # build; `git worktree remove --force target/constants-sweep` drops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 3 ] || { sed -n 2,10p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,12p "$0"; exit 2; }
 file=$1 name=$2
 shift 2
 wt="${SWEEP_WORKTREE:-target/constants-sweep}"
