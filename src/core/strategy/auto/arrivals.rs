@@ -56,8 +56,9 @@ pub const ECHO_ALPHA: f64 = 1.0 / 16.0;
 /// bucket.
 const SHARE_ALPHA: f64 = 1.0 / 32.0;
 /// Weight of a new gap in a class's gap averages (rate and burstiness: 64 gaps hold at
-/// least two bursts of the largest size the harness draws, 32). Halved and doubled, the property harnesses (closed and open loops) move within their
-/// spread (BENCHMARKS.md, issue 25's thirteenth round).
+/// least two bursts of the largest size the harness draws, 32). Halved and doubled, the
+/// property harnesses (closed and open loops) move within their spread (BENCHMARKS.md,
+/// issue 25's thirteenth round).
 const GAP_ALPHA: f64 = 1.0 / 64.0;
 /// A class silent for more than this many of its mean gaps has gone quiet: a Poisson
 /// stream leaves such a gap once in e^8 (~3,000) arrivals.
@@ -292,6 +293,11 @@ impl ArrivalModel {
         }
         self.window_start_ns = None;
         self.window_requests = 0;
+        self.clear_window_counts();
+    }
+
+    /// Empties the open echo window's arrival counts (only the bins it reached are touched).
+    fn clear_window_counts(&mut self) {
         self.window_seen = 0;
         self.window_counts[..self.window_top].fill(0);
         self.window_top = 0;
@@ -308,9 +314,7 @@ impl ArrivalModel {
         self.close_window(now);
         self.window_start_ns = Some(now);
         self.window_requests = requests;
-        self.window_seen = 0;
-        self.window_counts[..self.window_top].fill(0);
-        self.window_top = 0;
+        self.clear_window_counts();
         debug_assert!(self.window_counts.iter().all(|&c| c == 0));
     }
 
