@@ -17,7 +17,7 @@ n="${1:-1000}"
 if [ "${2:-}" = open ]; then
     AUTO_PROPS_OPEN_SEEDS="$n" AUTO_PROPS_OPEN_REQUESTS="${3:-4000}" cargo test --features testing --lib \
         core::tests::auto_props::open_loop -- --ignored --nocapture 2>&1 \
-        | grep -E '^open seed | open cases |AUTO_PROPS_OPEN_SEED=|^  work-conserving' || true
+        | grep -E '^open seed | open cases |AUTO_PROPS_OPEN_SEED=|^  work-conserving|^  (Poisson|bursts), ' || true
     exit 0
 fi
 AUTO_PROPS_SEEDS="$n" cargo test --features testing --lib \

@@ -244,6 +244,14 @@ fn seeds() -> Vec<u64> {
     (0..n).collect()
 }
 
+/// The kinds of drawn case the summary counts apart (index: 2 x bursty + several workers).
+const KINDS: [&str; 4] = [
+    "Poisson, one worker",
+    "Poisson, several workers",
+    "bursts, one worker",
+    "bursts, several workers",
+];
+
 /// One drawn case judged: `auto` against the best window in hindsight and against
 /// work-conserving dispatch.
 struct Judged {
@@ -254,6 +262,8 @@ struct Judged {
     /// How close one window comes to both the least p50 and the least p99 (the worse of
     /// its two ratios, at its best): whether a miss is `auto`'s or the bound's.
     one_window: f64,
+    /// Its kind, for the summary's breakdown: [`KINDS`]'s index.
+    kind: usize,
     /// The case's line (`open seed S: ...`), and every schedule's p50 / p99.
     line: String,
     table: String,
@@ -288,6 +298,7 @@ impl Judged {
             window_ratio,
             wc_ratio,
             one_window,
+            kind: usize::from(case.burst > 1) * 2 + usize::from(case.workers > 1),
             line,
             table,
         }
@@ -330,6 +341,8 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
     let mut reachable_misses = 0;
     // Cases where one fixed schedule in hindsight comes within the bound of both.
     let mut one_window_meets = 0;
+    // Per kind of case: cases, met by `auto`, met by one fixed schedule in hindsight.
+    let mut by_kind = [(0usize, 0usize, 0usize); KINDS.len()];
     let requests = std::env::var("AUTO_PROPS_OPEN_REQUESTS").map_or(REQUESTS, |s| {
         s.parse()
             .expect("AUTO_PROPS_OPEN_REQUESTS is a number of requests")
@@ -346,6 +359,10 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
         worst_window = worst_window.max(judged.window_ratio);
         worst_wc = worst_wc.max(judged.wc_ratio);
         one_window_meets += usize::from(judged.one_window <= WINDOW_SLACK);
+        let kind = &mut by_kind[judged.kind];
+        kind.0 += 1;
+        kind.1 += usize::from(!judged.misses());
+        kind.2 += usize::from(judged.one_window <= WINDOW_SLACK);
         if judged.misses() {
             reachable_misses += usize::from(judged.one_window <= 1.01);
             misses.push(judged.report(seed));
@@ -359,6 +376,9 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
          both in {one_window_meets}",
         misses.len()
     );
+    for (name, (n, met, one)) in KINDS.iter().zip(by_kind) {
+        println!("  {name}: {n} cases, auto meets {met}, one fixed schedule in hindsight {one}");
+    }
     assert!(misses.is_empty(), "{}", misses.join("\n"));
 }
 
