@@ -302,7 +302,7 @@ def main():
     ap.add_argument("--abe", default=str(ROOT / "target" / "debug" / "abe"),
                     help="abe binary for `config check` (default: target/debug/abe)")
     ap.add_argument("--replay", action="store_true",
-                    help="run the Dockerfile's build stage here (a release build: minutes)")
+                    help="run the Dockerfile's build stage here (a `dist` profile build: minutes)")
     args = ap.parse_args()
     if not pathlib.Path(args.abe).exists():
         fail(f"no abe binary at {args.abe} (cargo build first, or pass --abe)")
