@@ -5,7 +5,8 @@
 # replays it (AUTO_PROPS_SEED=S). The test run itself covers the first 40 seeds.
 # Open loops (`open`): seeds 0..N of Poisson and bursty arrivals, each held to the best
 # fixed window in hindsight (p50 and p99 within 3 %) and to work-conserving dispatch
-# (within 1 %); replay one with AUTO_PROPS_OPEN_SEED=S. REQUESTS (default 4000) draws that
+# (within 1 %); replay one with AUTO_PROPS_OPEN_SEED=S. The summary counts the cases met by
+# kind (Poisson or bursts, one worker or several) beside what one fixed window would meet. REQUESTS (default 4000) draws that
 # many requests a case: a longer case leaves less to `auto`'s learning and rests its p99
 # on more requests (16000: ~2.5 min for 200 seeds). Not in the test run (auto misses
 # it today; see BENCHMARKS.md, issue 25): the test run holds auto's measured envelope over
