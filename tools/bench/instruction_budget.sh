@@ -75,17 +75,29 @@ all_ir() {
   echo "$total"
 }
 
+# Whether nothing listens on 127.0.0.1:PORT: a server already there (another run of this
+# script, or the test suite's budget step) would answer the probes and be counted instead.
+port_free() {
+  python3 -c 'import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
+}
+
 measure() { # requests conns -> Ir
   local reqs=$1 conns=$2 port ir
   rm -f "$out"/cg.*
+  if [ "$nginx" = 1 ]; then port=18481; else port=18502; fi
+  port_free $port || {
+    echo "port $port is in use (another run of this script, or the suite's budget step?): its count would be another server's" >&2
+    exit 1
+  }
   if [ "$nginx" = 1 ]; then
-    port=18481
     sed -e 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' \
       "$here/nginx.conf" >"$out/nginx.conf"
     valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
       nginx -c "$out/nginx.conf" 2>"$out/vg.log" &
   else
-    port=18502
     ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_IDLE=park ABE_ENGINE_PIN=false RUST_LOG=warn \
       valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
       "$bin" serve --port $port >/dev/null 2>"$out/vg.log" &
