@@ -75,8 +75,9 @@ all_ir() {
   echo "$total"
 }
 
-# Whether nothing listens on 127.0.0.1:PORT: a server already there (another run of this
-# script, or the test suite's budget step) would answer the probes and be counted instead.
+# Whether nothing listens on 127.0.0.1:PORT: nginx's port is fixed by its config, and a
+# server already there would answer the probes and be counted instead. abe takes a free
+# port (`--port 0`) and prints it, so two runs of this script never meet.
 port_free() {
   python3 -c 'import socket, sys
 s = socket.socket()
@@ -85,14 +86,14 @@ s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
 }
 
 measure() { # requests conns -> Ir
-  local reqs=$1 conns=$2 port ir
-  rm -f "$out"/cg.*
-  if [ "$nginx" = 1 ]; then port=18481; else port=18502; fi
-  port_free $port || {
-    echo "port $port is in use (another run of this script, or the suite's budget step?): its count would be another server's" >&2
-    exit 1
-  }
+  local reqs=$1 conns=$2 port="" ir
+  rm -f "$out"/cg.* "$out/serve.log"
   if [ "$nginx" = 1 ]; then
+    port=18481
+    port_free $port || {
+      echo "port $port is in use (another nginx run of this script?): its count would be another server's" >&2
+      exit 1
+    }
     sed -e 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' \
       "$here/nginx.conf" >"$out/nginx.conf"
     valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
@@ -100,13 +101,14 @@ measure() { # requests conns -> Ir
   else
     ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_IDLE=park ABE_ENGINE_PIN=false RUST_LOG=warn \
       valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
-      "$bin" serve --port $port >/dev/null 2>"$out/vg.log" &
+      "$bin" serve --port 0 >"$out/serve.log" 2>"$out/vg.log" &
   fi
   pid=$!
   local up=0
   for _ in $(seq 1 300); do
     kill -0 $pid 2>/dev/null || break
-    if python3 "$here/keepalive_posts.py" $port 0 2>/dev/null; then up=1; break; fi
+    [ -n "$port" ] || port=$(sed -n 's/^abe listening on http:\/\/.*:\([0-9]*\)$/\1/p' "$out/serve.log")
+    if [ -n "$port" ] && python3 "$here/keepalive_posts.py" $port 0 2>/dev/null; then up=1; break; fi
     sleep 0.1
   done
   [ "$up" = 1 ] || { echo "server under valgrind did not start: $(tail -3 "$out/vg.log")" >&2; exit 1; }
