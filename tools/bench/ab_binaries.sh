@@ -22,19 +22,25 @@ bin_a=$1 bin_b=$2 secs=${3:-5} rounds=${4:-5}
 here="$(pwd)/tools/bench"
 . tools/bench/wrk_lib.sh # wrk_measure, wrk_warm, median
 results="$(mktemp)"
+logs="$(mktemp -d)"
+# Free ports (`--port 0`), read from each server's "abe listening on" line.
 # shellcheck disable=SC2086 # ENV_A / ENV_B are lists of NAME=VALUE words
-env ABE_WORKERS_LATENCY_MODEL=none RUST_LOG=warn ${ENV_A:-} "$bin_a" serve --port 18490 >/dev/null &
+env ABE_WORKERS_LATENCY_MODEL=none RUST_LOG=warn ${ENV_A:-} "$bin_a" serve --port 0 >"$logs/a" &
 pid_a=$!
 # shellcheck disable=SC2086
-env ABE_WORKERS_LATENCY_MODEL=none RUST_LOG=warn ${ENV_B:-} "$bin_b" serve --port 18491 >/dev/null &
+env ABE_WORKERS_LATENCY_MODEL=none RUST_LOG=warn ${ENV_B:-} "$bin_b" serve --port 0 >"$logs/b" &
 pid_b=$!
-trap 'kill $pid_a $pid_b 2>/dev/null || true; rm -f "$results"' EXIT
-url_a=http://127.0.0.1:18490/v1/completions
-url_b=http://127.0.0.1:18491/v1/completions
+trap 'kill $pid_a $pid_b 2>/dev/null || true; rm -rf "$results" "$logs"' EXIT
+base_a="" base_b=""
 for _ in $(seq 1 100); do
-  curl -sf -o /dev/null http://127.0.0.1:18490/health && curl -sf -o /dev/null http://127.0.0.1:18491/health && break
+  base_a=$(sed -n 's/^abe listening on //p' "$logs/a")
+  base_b=$(sed -n 's/^abe listening on //p' "$logs/b")
+  [ -n "$base_a" ] && [ -n "$base_b" ] && break
   sleep 0.1
 done
+[ -n "$base_a" ] && [ -n "$base_b" ] || { echo "a server did not start" >&2; exit 1; }
+url_a=$base_a/v1/completions
+url_b=$base_b/v1/completions
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC"
 echo "A: $bin_a ${ENV_A:-}"
 echo "B: $bin_b ${ENV_B:-}"
