@@ -286,6 +286,7 @@ impl Play for RequestLevel {
             batch,
             mut items,
             dispatched_ns,
+            mut direct,
         } = job;
         let result = if answer == Answer::BatchError {
             Err(backend_error(rng))
@@ -312,11 +313,15 @@ impl Play for RequestLevel {
             }
             r
         };
+        // As a live worker does: answer what it can straight to the submitters, then
+        // return the batch.
+        abe::runtime::direct_reply::deliver(&mut direct, &mut items, &result);
         let reply = BatchEvent::Done(ResultMsg {
             batch,
             items,
             result,
             dispatched_ns,
+            direct,
         });
         assert!(
             end.replies.push(reply).is_ok(),
@@ -1359,6 +1364,11 @@ fn a_submitter_waiting_for_a_place_at_a_drain_is_answered() {
 /// A request-level engine over two backends, one worker each (one job at a time), with one
 /// submitter place of rings of 4.
 fn small_request_sim() -> Sim<RequestLevel> {
+    small_request_sim_timing_out_at(CoreConfig::default().batch_timeout_ns)
+}
+
+/// [`small_request_sim`] whose batches time out after `batch_timeout_ns`.
+fn small_request_sim_timing_out_at(batch_timeout_ns: Nanos) -> Sim<RequestLevel> {
     let mut rng = SmallRng::seed_from_u64(7);
     let (router, routes, backends) = router(&mut rng, 7, true);
     let cores = (0..backends)
@@ -1367,6 +1377,7 @@ fn small_request_sim() -> Sim<RequestLevel> {
                 workers: 1,
                 max_inflight_per_worker: 1,
                 max_batch_size: 1,
+                batch_timeout_ns,
                 ..CoreConfig::default()
             })
         })
@@ -1572,4 +1583,112 @@ fn a_continuous_engine_answers_a_request_holding_a_slot_when_the_circuit_opens()
         sim.workers[0].jobs.pop().is_none(),
         "nothing left for a probe step to run"
     );
+}
+
+/// Direct replies (`runtime::direct_reply`): a worker runs its batch and answers the
+/// request itself; the batch times out before the engine gets it back. The worker claimed
+/// the batch first, so its answer is the only one, and the counters say completed.
+#[test]
+fn a_batch_answered_by_its_worker_as_it_times_out_is_answered_once_with_the_output() {
+    let mut sim = small_request_sim_timing_out_at(5 * MS);
+    let mut a = sim.submitter().unwrap();
+    a.submit_at_ns(numbered(0), Reply::Tag(0), 0).unwrap();
+    sim.turn(0);
+    sim.turn(0);
+    let (w, job) = (0..sim.workers.len())
+        .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
+        .expect("dispatched");
+    let reply = run_to_the_claim(job);
+    // The engine times the batch out while the worker is between its answer and its reply.
+    sim.turn(6 * MS);
+    let mut answers = Vec::new();
+    a.drain_completions(|e| answers.push(e));
+    assert_eq!(answers.len(), 1, "answered once: {answers:?}");
+    assert!(
+        matches!(answers[0].outcome(), Some(Ok(_))),
+        "the worker's output, not the timeout: {answers:?}"
+    );
+    assert!(sim.workers[w].replies.push(reply).is_ok());
+    sim.turn(7 * MS);
+    a.drain_completions(|e| answers.push(e));
+    assert_eq!(
+        answers.len(),
+        1,
+        "the stale batch answers nothing: {answers:?}"
+    );
+    let s = sim.state();
+    assert_eq!((s.pending_live, s.taken_unanswered), (0, 0), "{s:?}");
+    sim.publish(7 * MS);
+    sim.with_snapshot(|snap| {
+        let st = &snap.stats;
+        assert_eq!(
+            (st.admitted, st.completed, st.failed, st.batch_timeouts),
+            (1, 1, 0, 0),
+            "{st:?}"
+        );
+    });
+}
+
+/// The other order: the engine times the batch out first, so the worker answers nothing
+/// and the client gets the timeout, once.
+#[test]
+fn a_batch_timed_out_before_its_worker_answers_is_answered_once_with_the_timeout() {
+    let mut sim = small_request_sim_timing_out_at(5 * MS);
+    let mut a = sim.submitter().unwrap();
+    a.submit_at_ns(numbered(0), Reply::Tag(0), 0).unwrap();
+    sim.turn(0);
+    sim.turn(0);
+    let (w, job) = (0..sim.workers.len())
+        .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
+        .expect("dispatched");
+    sim.turn(6 * MS);
+    let reply = run_to_the_claim(job);
+    assert!(sim.workers[w].replies.push(reply).is_ok());
+    sim.turn(7 * MS);
+    let mut answers = Vec::new();
+    a.drain_completions(|e| answers.push(e));
+    assert_eq!(answers.len(), 1, "answered once: {answers:?}");
+    assert!(
+        matches!(
+            answers[0].outcome(),
+            Some(Err(RequestError::Failed(
+                abe::core::FailReason::BatchTimeout
+            )))
+        ),
+        "{answers:?}"
+    );
+    let s = sim.state();
+    assert_eq!((s.pending_live, s.taken_unanswered), (0, 0), "{s:?}");
+}
+
+/// What a live worker does with `job` (`BatchMsg::run`): runs it, answers what it can
+/// straight to the submitters; the reply it would then push.
+fn run_to_the_claim(job: BatchMsg) -> BatchEvent {
+    struct NoTokens;
+    impl TokenSink for NoTokens {
+        fn token(&mut self, _item: usize, _offset: u32, _text: String) {}
+    }
+    let BatchMsg {
+        batch,
+        mut items,
+        dispatched_ns,
+        mut direct,
+    } = job;
+    let mut exec = SimExecutor::new(
+        SimConfig {
+            latency: LatencyModel::None,
+            ..SimConfig::default()
+        },
+        Faults::new(FaultSettings::default()),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let result = exec.execute(&mut items, &mut NoTokens);
+    abe::runtime::direct_reply::deliver(&mut direct, &mut items, &result);
+    BatchEvent::Done(ResultMsg {
+        batch,
+        items,
+        result,
+        dispatched_ns,
+        direct,
+    })
 }

@@ -100,8 +100,11 @@ fn drive_routed(
                     kind: Kind::Completion,
                     prompt: prompt.into(),
                     max_tokens: 4,
-                    // Streaming: in continuous mode the engine also sends token events.
-                    stream: true,
+                    // Half streaming: in continuous mode the engine also sends token
+                    // events; in request-level batching the other half are answered by
+                    // their workers directly (`runtime::direct_reply`), the engine keeping
+                    // the books.
+                    stream: sent % 2 == 0,
                     prompt_blocks: names.clone(),
                     ..Default::default()
                 },
@@ -237,7 +240,16 @@ fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
         drive_routed(&mut sub, 10_000, 256, "steady state", &[route]);
     }
     let after = COUNTED.load(Ordering::Relaxed);
-    let snap = handle.snapshot();
+    // The engine publishes every 50 ms, and a round can take less: wait for a snapshot that
+    // has seen the last slot change (its sequence number) rather than read an older one.
+    let mut snap = handle.snapshot();
+    for _ in 0..500 {
+        if snap.backends[1].slot_seq == seq {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        snap = handle.snapshot();
+    }
     let report = handle.shutdown(std::time::Duration::from_secs(10));
     assert!(report.clean);
     assert_eq!(

@@ -76,6 +76,10 @@ pub struct BatchItem {
     /// LoRA adapters loaded for the batch, counted on its first item (the `sim` executor
     /// adds `lora_load_ms` for each).
     pub lora_loads: u32,
+    /// Set by the worker when it sent the output straight to the request's submitter
+    /// (`runtime::direct_reply`): what the engine's books need of it. `output` is then
+    /// `None`.
+    pub answered: Option<OutputSummary>,
 }
 
 impl BatchItem {
@@ -86,6 +90,45 @@ impl BatchItem {
             output: None,
             error: None,
             lora_loads: 0,
+            answered: None,
+        }
+    }
+}
+
+/// The counts of an output that the engine records (metrics, `/events`), kept when the
+/// output itself went to the client without passing through the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputSummary {
+    pub prompt_tokens: u32,
+    /// 0 for an embedding.
+    pub completion_tokens: u32,
+    /// `None` for an embedding.
+    pub finish_reason: Option<FinishReason>,
+    pub cached_tokens: Option<u32>,
+}
+
+impl Output {
+    /// What the engine's books need of this output.
+    pub fn summary(&self) -> OutputSummary {
+        match self {
+            Output::Text {
+                prompt_tokens,
+                completion_tokens,
+                finish_reason,
+                cached_tokens,
+                ..
+            } => OutputSummary {
+                prompt_tokens: *prompt_tokens,
+                completion_tokens: *completion_tokens,
+                finish_reason: Some(*finish_reason),
+                cached_tokens: *cached_tokens,
+            },
+            Output::Embedding { prompt_tokens, .. } => OutputSummary {
+                prompt_tokens: *prompt_tokens,
+                completion_tokens: 0,
+                finish_reason: None,
+                cached_tokens: None,
+            },
         }
     }
 }

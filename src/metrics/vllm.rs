@@ -380,7 +380,7 @@ mod tests {
             };
             // Arrival at 1 ms, first token at 21 ms, answer at 51 ms.
             snap.finished
-                .record_output(&out, 16, 1_000_000, 21_000_000, 51_000_000);
+                .record_output(&out.summary(), 16, 1_000_000, 21_000_000, 51_000_000);
             snap.latency.record(50_000_000).unwrap();
             snap.tpot.record(10_000_000).unwrap();
         }

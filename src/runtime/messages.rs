@@ -4,6 +4,7 @@
 //! the engine moves them, it never copies them. Nothing here may hold a lock or a reference
 //! into another thread's state.
 
+use super::direct_reply::DirectBatch;
 use crate::core::{BatchId, FailReason, Priority, Reject, RequestMeta};
 use crate::exec::{BatchItem, ExecError, Output, Work};
 use crate::router::{Decision, NameId, Need, RouteError};
@@ -193,15 +194,21 @@ pub struct BatchMsg {
     pub items: Vec<BatchItem>,
     /// Engine clock at dispatch, handed back with the result (backend latency).
     pub dispatched_ns: u64,
+    /// Which of `items` the worker answers itself, and the batch's claim
+    /// (`runtime::direct_reply`). A recycled buffer, as `items`.
+    pub direct: DirectBatch,
 }
 
-/// A batch on its way back from a worker, outputs filled (or an error).
+/// A batch on its way back from a worker, outputs filled (or an error). Items the worker
+/// answered itself have `answered` set and no output.
 #[derive(Debug)]
 pub struct ResultMsg {
     pub batch: BatchId,
     pub items: Vec<BatchItem>,
     pub result: Result<(), ExecError>,
     pub dispatched_ns: u64,
+    /// The direct-reply buffer, emptied by the worker, on its way home.
+    pub direct: DirectBatch,
 }
 
 /// Request-level batching: what a worker sends back for a batch (see `worker::Job`).

@@ -15,6 +15,7 @@
 //! switch, so `loom-tests/` checks the real protocols.
 
 pub mod clock;
+pub mod direct_reply;
 pub mod doorbell;
 #[cfg(feature = "testing")]
 pub mod dst;
@@ -25,6 +26,7 @@ pub mod intake;
 pub mod messages;
 pub mod pin;
 pub mod ready;
+pub mod reply_lane;
 pub mod ring;
 pub mod seq_cell;
 pub mod snapshot;

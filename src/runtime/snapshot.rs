@@ -307,32 +307,28 @@ impl FinishedStats {
     #[inline]
     pub fn record_output(
         &mut self,
-        output: &crate::exec::Output,
+        output: &crate::exec::OutputSummary,
         max_tokens: u32,
         arrival_ns: Nanos,
         first_token_ns: Nanos,
         now: Nanos,
     ) {
-        use crate::exec::{FinishReason, Output};
-        let (prompt, reason) = match output {
-            Output::Text {
-                prompt_tokens,
-                completion_tokens,
-                finish_reason,
-                ..
-            } => {
+        use crate::exec::FinishReason;
+        let reason = match output.finish_reason {
+            Some(finish_reason) => {
                 self.generation_tokens
-                    .record(&TOKEN_COUNT_BOUNDS, u64::from(*completion_tokens));
+                    .record(&TOKEN_COUNT_BOUNDS, u64::from(output.completion_tokens));
                 self.max_tokens
                     .record(&TOKEN_COUNT_BOUNDS, u64::from(max_tokens));
-                let reason = match finish_reason {
+                match finish_reason {
                     FinishReason::Length => FinishedReason::Length,
                     FinishReason::Stop | FinishReason::ToolCalls => FinishedReason::Stop,
-                };
-                (*prompt_tokens, reason)
+                }
             }
-            Output::Embedding { prompt_tokens, .. } => (*prompt_tokens, FinishedReason::Stop),
+            // An embedding.
+            None => FinishedReason::Stop,
         };
+        let prompt = output.prompt_tokens;
         self.prompt_tokens
             .record(&TOKEN_COUNT_BOUNDS, u64::from(prompt));
         self.by_reason[reason.index()] += 1;

@@ -10,6 +10,7 @@ use super::clock::Clock;
 use super::engine::SubmitterLink;
 use super::intake::{self, IntakeTx, Refused};
 use super::messages::{Event, Reply, Request, RequestError, Submission, TaggedEvent};
+use super::reply_lane::ReplyLane;
 use super::ring::{self, Consumer, Producer};
 use super::sync::Ordering;
 use super::Shared;
@@ -34,6 +35,8 @@ pub struct Submitter {
     /// The arrival stamped on the last submission: arrivals from one submitter never go
     /// back in time, so its requests reach the core in the order of their stamps.
     last_arrival_ns: Nanos,
+    /// Final answers straight from workers (`runtime::direct_reply`), beside `completions`.
+    lane: Arc<ReplyLane>,
 }
 
 impl Submitter {
@@ -53,7 +56,10 @@ impl Submitter {
         let (ctx, crx) = ring::ring(shared.ring_capacity * 2);
         let max_in_flight = crx.capacity() / 2;
         let (cancel_tx, cancel_rx) = ring::ring(shared.ring_capacity);
+        // At most `max_in_flight` final answers are out, by either way back.
+        let lane = Arc::new(ReplyLane::new(max_in_flight, wake.clone()));
         let link = SubmitterLink {
+            lane: lane.clone(),
             cancels: cancel_rx,
             tag_slots: vec![u32::MAX; max_in_flight],
             intake: intake_rx,
@@ -75,6 +81,7 @@ impl Submitter {
             in_flight: 0,
             max_in_flight,
             last_arrival_ns: 0,
+            lane,
         })
     }
 
@@ -215,6 +222,12 @@ impl Submitter {
             }
             f(c);
         }
+        // Final answers only, each for a request whose tokens (if any) came through
+        // `completions`: a stream is never answered directly.
+        while let Some(c) = self.lane.pop() {
+            n += 1;
+            f(c);
+        }
         self.in_flight -= n;
         n
     }
@@ -233,9 +246,11 @@ impl Submitter {
         }
     }
 
-    /// True when completions are waiting to be drained.
+    /// True when completions are waiting to be drained, from the engine or straight from a
+    /// worker: the re-check before the submitter's thread sleeps, so it must cover both
+    /// ways back (`runtime::reply_lane`).
     pub fn has_completions(&self) -> bool {
-        !self.completions.is_empty()
+        !self.completions.is_empty() || !self.lane.is_empty()
     }
 
     /// Tagged submissions not yet answered.

@@ -11,6 +11,7 @@
 //! ring is empty (Acquire), so a job pushed before the flag is still run. `loom-tests/tests/shutdown.rs` runs
 //! [`WorkerThread::run`] itself under loom.
 
+use super::direct_reply;
 use super::doorbell::Doorbell;
 use super::idle::{IdlePolicy, Idler};
 use super::messages::{BatchEvent, BatchMsg, ResultMsg, StepMsg, StepResult};
@@ -166,7 +167,8 @@ impl TokenSink for RingTokens<'_, '_> {
     }
 }
 
-/// Request-level batching: run the batch, relaying streamed text as token events.
+/// Request-level batching: run the batch, relaying streamed text as token events, and
+/// answer what it can straight to the submitters (`runtime::direct_reply`).
 impl Job for BatchMsg {
     type Reply = BatchEvent;
     type Exec = dyn Executor;
@@ -176,17 +178,22 @@ impl Job for BatchMsg {
             batch,
             mut items,
             dispatched_ns,
+            mut direct,
         } = self;
         let mut sink = RingTokens {
             events,
             tickets: items.iter().map(|i| i.ticket).collect(),
         };
         let result = guarded(exec, |exec| exec.execute(&mut items, &mut sink));
+        // The answers go out before the batch goes back, so the engine, once it has the
+        // batch, knows each answered request's answer is on its way.
+        direct_reply::deliver(&mut direct, &mut items, &result);
         BatchEvent::Done(ResultMsg {
             batch,
             items,
             result,
             dispatched_ns,
+            direct,
         })
     }
 }

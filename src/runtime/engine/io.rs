@@ -9,13 +9,14 @@
 
 use super::routing::RouteState;
 use crate::core::{Nanos, Priority, Reject, RequestMeta, BUCKET_COUNT};
-use crate::exec::Work;
+use crate::exec::{OutputSummary, Work};
 use crate::router::Decision;
 use crate::runtime::clock::Clock;
 use crate::runtime::doorbell::Doorbell;
 use crate::runtime::intake::{self, IntakeRx};
 use crate::runtime::messages::{Event, Outcome, Reply, RequestError, Submission, TaggedEvent};
 use crate::runtime::ready::ReadyMask;
+use crate::runtime::reply_lane::ReplyLane;
 use crate::runtime::ring::{Consumer, Producer};
 use crate::runtime::snapshot::{FinishedStats, Snapshot};
 use crate::runtime::telemetry::{TelemetryEvent, TelemetryTx};
@@ -86,8 +87,11 @@ pub struct SubmitterLink {
     /// Engine-local: table slot of each live tagged request by tag, for tags below its
     /// length (io threads' tags are small slab indices); `u32::MAX` when none.
     pub tag_slots: Vec<u32>,
-    /// Engine-local: submissions taken from `intake` and not yet answered.
+    /// Engine-local: submissions taken from `intake` and not yet answered (by the engine or,
+    /// as far as the engine knows, by a worker).
     pub live: u32,
+    /// Where workers answer this submitter's requests directly (`runtime::direct_reply`).
+    pub lane: Arc<ReplyLane>,
 }
 
 impl SubmitterLink {
@@ -119,6 +123,10 @@ pub(super) struct PendingSlot {
     pub(super) meta: RequestMeta,
     /// Request-level batching: where the request went.
     pub(super) route: RouteState,
+    /// Request-level batching: the batch slot (`core::BatchId`) of the batch that took the
+    /// request out with a direct-reply target (the worker may answer it itself);
+    /// `u32::MAX` when none.
+    pub(super) direct_batch: u32,
 }
 
 /// The engine's end of one worker: jobs out, replies back, the worker's doorbell.
@@ -201,6 +209,7 @@ impl<J: Job> EngineIo<J> {
                         0,
                     ),
                     route: RouteState::NONE,
+                    direct_batch: u32::MAX,
                 })
                 .collect(),
             replies_ready: workers.first().map_or_else(
@@ -286,6 +295,7 @@ impl<J: Job> EngineIo<J> {
         slot.submitter = submitter;
         slot.meta = meta;
         slot.route = route;
+        slot.direct_batch = u32::MAX;
     }
 
     /// Takes the cancellations submitters sent, calling `cancel(io, table index)` for each
@@ -418,30 +428,58 @@ impl<J: Job> EngineIo<J> {
 
     /// Answers the request in table slot `index`.
     pub(super) fn finish(&mut self, now: Nanos, index: u32, outcome: Outcome) {
+        let summary = outcome.as_ref().ok().map(crate::exec::Output::summary);
+        let (submitter, reply, route) = self.release(index);
+        self.book(now, index, outcome.is_ok(), summary.as_ref());
+        self.send(submitter, reply, outcome, route);
+    }
+
+    /// Keeps the books of the request in table slot `index`, which a worker answered
+    /// itself with an output of `summary`'s counts (`runtime::direct_reply`): as
+    /// [`EngineIo::finish`], but nothing is sent.
+    pub(super) fn finish_answered(&mut self, now: Nanos, index: u32, summary: &OutputSummary) {
+        let (submitter, reply, _) = self.release(index);
+        self.book(now, index, true, Some(summary));
+        self.forget_reply(submitter, reply, index);
+    }
+
+    /// Frees the request in table slot `index` whose batch the engine abandoned after the
+    /// worker had claimed it: the worker answers it (`runtime::direct_reply`). Its counts
+    /// never reach the engine (the batch comes back stale), so nothing is recorded but the
+    /// telemetry event; the core counted it failed, which the caller corrects.
+    pub(super) fn finish_claimed_by_worker(&mut self, now: Nanos, index: u32) {
+        let (submitter, reply, _) = self.release(index);
+        self.book(now, index, true, None);
+        self.forget_reply(submitter, reply, index);
+    }
+
+    /// Takes the reply target (and submitter and route) out of table slot `index`, which
+    /// is free again after this; the slot's other fields stay readable until reused.
+    fn release(&mut self, index: u32) -> (u16, Reply, Option<Decision>) {
         let slot = &mut self.pending[index as usize];
         let reply = slot
             .reply
             .take()
             .expect("every live request has exactly one reply");
         slot.work = None;
-        let submitter = slot.submitter;
         let route = std::mem::replace(&mut slot.route, RouteState::NONE).decision;
+        (slot.submitter, reply, route)
+    }
+
+    /// The telemetry event, and for a success the token counts (when known) and the
+    /// latency sample, of the request just released from table slot `index`.
+    fn book(&mut self, now: Nanos, index: u32, ok: bool, output: Option<&OutputSummary>) {
+        let slot = &self.pending[index as usize];
         let (meta, first_token_ns, dispatched_ns) =
             (slot.meta, slot.first_token_ns, slot.dispatched_ns);
-        let (completion_tokens, cached_tokens) = match &outcome {
-            Ok(crate::exec::Output::Text {
-                completion_tokens,
-                cached_tokens,
-                ..
-            }) => (*completion_tokens, *cached_tokens),
-            _ => (0, None),
-        };
+        let (completion_tokens, cached_tokens) =
+            output.map_or((0, None), |o| (o.completion_tokens, o.cached_tokens));
         self.emit(
             now,
             TelemetryEvent::Request {
                 at_ns: now,
                 priority: meta.priority,
-                ok: outcome.is_ok(),
+                ok,
                 latency_ns: now.saturating_sub(meta.arrival_ns),
                 ttft_ns: if first_token_ns > 0 {
                     first_token_ns.saturating_sub(meta.arrival_ns)
@@ -457,22 +495,37 @@ impl<J: Job> EngineIo<J> {
                 cached_tokens,
             },
         );
-        match &outcome {
-            Ok(output) => {
-                self.finished.record_output(
-                    output,
-                    meta.max_tokens,
-                    meta.arrival_ns,
-                    first_token_ns,
-                    now,
-                );
-                let latency_ns = now.saturating_sub(meta.arrival_ns).max(1);
-                let sample = latency_sample(latency_ns, meta.priority);
-                self.record_sample(SampleKind::Latency, sample);
-            }
-            Err(_) => self.finished.record_abort(),
+        if !ok {
+            self.finished.record_abort();
+            return;
         }
-        self.send(submitter, reply, outcome, route);
+        if let Some(output) = output {
+            self.finished.record_output(
+                output,
+                meta.max_tokens,
+                meta.arrival_ns,
+                first_token_ns,
+                now,
+            );
+            let latency_ns = now.saturating_sub(meta.arrival_ns).max(1);
+            let sample = latency_sample(latency_ns, meta.priority);
+            self.record_sample(SampleKind::Latency, sample);
+        }
+    }
+
+    /// A request answered by a worker leaves the submitter's books: one fewer live, and its
+    /// tag's slot freed unless the submitter already reused the tag's key (it may, as soon as
+    /// it has the answer, before the engine gets here).
+    fn forget_reply(&mut self, submitter: u16, reply: Reply, index: u32) {
+        let link = &mut self.submitters[submitter as usize];
+        link.live -= 1;
+        if let Reply::Tag(tag) = reply {
+            if let Some(t) = link.tag_slots.get_mut(tag_key(tag)) {
+                if *t == index {
+                    *t = u32::MAX;
+                }
+            }
+        }
     }
 
     /// Sends a token of a streaming request (table slot `index`) to its submitter, if the

@@ -18,12 +18,14 @@ use crate::core::strategy::StrategyKind;
 use crate::core::{Action, BatchOutcome, Completion, Core, FailReason, Nanos, Reject, CLASS_COUNT};
 use crate::exec::{BatchItem, ExecError, Work};
 use crate::router::{Affinity, BackendId, Decision, Need, Via};
+use crate::runtime::direct_reply::{BatchClaims, DirectBatch, DirectReply};
 use crate::runtime::messages::{
-    BatchEvent, BatchMsg, RequestError, ResultMsg, RouteRequest, Submission,
+    BatchEvent, BatchMsg, Reply, RequestError, ResultMsg, RouteRequest, Submission,
 };
 use crate::runtime::snapshot::{Snapshot, WorkerSnapshot};
 use crate::runtime::sync::Ordering;
 use crate::runtime::telemetry::TelemetryEvent;
+use std::sync::Arc;
 
 /// One backend's scheduler and where its requests and workers sit in the engine's tables.
 /// The lanes' LoRA slots as the router's exact view of adapter residency (backend `b` is
@@ -58,6 +60,8 @@ pub(super) struct Lane {
     /// `auto`'s holds already emitted as events (the core counts them; a poll that moved
     /// the count emits the last one).
     pub holds_emitted: u64,
+    /// A claim cell per batch slot of `core` (`runtime::direct_reply`).
+    pub claims: Arc<BatchClaims>,
 }
 
 /// A lane's offsets, copied out so closures over the I/O can use them while the lane's core
@@ -100,6 +104,10 @@ struct StatsFix {
     moved_from_ok_batch: u64,
     moved_from_failed_batch: u64,
     failed_in_ok_batch: u64,
+    /// Requests of a batch the core abandoned (timeout, abort) that the worker had already
+    /// claimed and answered with an output (`runtime::direct_reply`).
+    answered_after_timeout: u64,
+    answered_after_abort: u64,
 }
 
 impl StatsFix {
@@ -110,8 +118,16 @@ impl StatsFix {
             .saturating_sub(self.moved_from_ok_batch + self.failed_in_ok_batch);
         s.failed = (s.failed + self.failed_in_ok_batch).saturating_sub(moved);
         s.worker_errors = (s.worker_errors + self.failed_in_ok_batch).saturating_sub(moved);
+        let (timeout, abort) = (self.answered_after_timeout, self.answered_after_abort);
+        s.completed += timeout + abort;
+        s.failed = s.failed.saturating_sub(timeout + abort);
+        s.batch_timeouts = s.batch_timeouts.saturating_sub(timeout);
+        s.aborted = s.aborted.saturating_sub(abort);
     }
 }
+
+/// A batch's items and its direct-reply targets.
+type BatchBufs = (Vec<BatchItem>, DirectBatch);
 
 /// Request-level batching: a core per backend, the router, and the batch buffers.
 pub struct RequestLevel {
@@ -119,9 +135,9 @@ pub struct RequestLevel {
     /// Lane of each engine worker.
     worker_lane: Vec<u16>,
     routing: Routing,
-    /// Batch buffers at home (one per batch slot; a dispatch takes one, its reply gives it
-    /// back).
-    free_bufs: Vec<Vec<BatchItem>>,
+    /// Batch buffers at home, with their direct-reply buffers (one pair per batch slot; a
+    /// dispatch takes one, its reply gives it back).
+    free_bufs: Vec<BatchBufs>,
     /// Pending-table slots over all lanes.
     table_capacity: usize,
     stats_fix: StatsFix,
@@ -149,6 +165,9 @@ impl RequestLevel {
                 pending_base: table as u32,
                 worker_base: worker_lane.len() as u32,
                 holds_emitted: 0,
+                claims: Arc::new(BatchClaims::new(
+                    workers_here * cfg.max_inflight_per_worker.max(1) as usize,
+                )),
                 core,
             });
             table += capacity;
@@ -159,7 +178,12 @@ impl RequestLevel {
             worker_lane,
             routing,
             free_bufs: (0..batch_slots)
-                .map(|_| Vec::with_capacity(batch_len))
+                .map(|_| {
+                    (
+                        Vec::with_capacity(batch_len),
+                        DirectBatch::with_capacity(batch_len),
+                    )
+                })
                 .collect(),
             table_capacity: table,
             stats_fix: StatsFix::default(),
@@ -177,6 +201,7 @@ impl RequestLevel {
             mut items,
             result,
             dispatched_ns,
+            mut direct,
         } = msg;
         let backend = BackendId::from_index(l);
         let backend_fault = match &result {
@@ -208,6 +233,11 @@ impl RequestLevel {
             Completion::Deliver => {
                 for item in items.drain(..) {
                     let index = base + item.ticket.index;
+                    if let Some(summary) = &item.answered {
+                        // The worker answered it (`runtime::direct_reply`): books only.
+                        io.finish_answered(now, index, summary);
+                        continue;
+                    }
                     let error = match &result {
                         Err(e) => Some(e.clone()),
                         Ok(()) => item.error,
@@ -226,7 +256,10 @@ impl RequestLevel {
             Completion::Stale => items.clear(),
         }
         self.routing.sync_circuit(backend, &self.lanes[l].core, now);
-        self.free_bufs.push(items);
+        // The worker leaves it empty; a batch not run by `BatchMsg::run` may not.
+        direct.targets.clear();
+        direct.claims = None;
+        self.free_bufs.push((items, direct));
     }
 
     /// A request failed on its backend: move it to another backend of the same model when
@@ -389,15 +422,29 @@ impl RequestLevel {
     }
 }
 
+/// What [`act`] needs besides the I/O: the batch buffers, the router, and for failures the
+/// lane's claims and the stats correction.
+struct Actor<'a> {
+    free_bufs: &'a mut Vec<BatchBufs>,
+    routing: &'a mut Routing,
+    claims: &'a Arc<BatchClaims>,
+    stats_fix: &'a mut StatsFix,
+}
+
 /// Carries out one action of lane `at`'s core.
 fn act(
     io: &mut EngineIo<BatchMsg>,
-    free_bufs: &mut Vec<Vec<BatchItem>>,
-    routing: &mut Routing,
+    actor: &mut Actor<'_>,
     now: Nanos,
     at: LaneAt,
     action: Action<'_>,
 ) {
+    let Actor {
+        free_bufs,
+        routing,
+        claims,
+        stats_fix,
+    } = actor;
     match action {
         Action::Dispatch {
             worker,
@@ -406,10 +453,10 @@ fn act(
             reason,
             lora_loads,
         } => {
-            let mut items = free_bufs
+            let (mut items, mut direct) = free_bufs
                 .pop()
                 .expect("one buffer per batch slot: a dispatch always finds one");
-            for t in tickets {
+            for (position, t) in tickets.iter().enumerate() {
                 let slot = &mut io.pending[(at.pending_base + t.index) as usize];
                 if slot.dispatched_ns == 0 {
                     // The first dispatch ends its queue wait (a retry elsewhere does not).
@@ -420,6 +467,22 @@ fn act(
                     .take()
                     .expect("a queued request still holds its work");
                 items.push(BatchItem::new(*t, work));
+                // A tagged request that does not stream: the worker may answer it itself.
+                if let (Some(Reply::Tag(tag)), false) = (&slot.reply, slot.stream) {
+                    let (tag, route, s) = (*tag, slot.route.decision, slot.submitter);
+                    slot.direct_batch = batch.0;
+                    direct.targets.push(DirectReply {
+                        item: position as u32,
+                        lane: io.submitters[s as usize].lane.clone(),
+                        tag,
+                        route,
+                    });
+                }
+            }
+            if !direct.targets.is_empty() {
+                claims.open(batch.0);
+                direct.claims = Some(Arc::clone(claims));
+                direct.index = batch.0;
             }
             if let Some(first) = items.first_mut() {
                 first.lora_loads = lora_loads;
@@ -452,6 +515,7 @@ fn act(
                     batch,
                     items,
                     dispatched_ns: now,
+                    direct,
                 })
                 .is_err()
             {
@@ -460,11 +524,19 @@ fn act(
             link.bell.ring();
         }
         Action::Fail { ticket, reason } => {
-            io.finish(
-                now,
-                at.pending_base + ticket.index,
-                Err(RequestError::Failed(reason)),
-            );
+            let index = at.pending_base + ticket.index;
+            let b = io.pending[index as usize].direct_batch;
+            // An abandoned batch's request the worker may answer itself: whoever claims
+            // the batch first answers (`runtime::direct_reply`).
+            if b != u32::MAX && !claims.claim_for_engine(b) {
+                match reason {
+                    FailReason::BatchTimeout => stats_fix.answered_after_timeout += 1,
+                    _ => stats_fix.answered_after_abort += 1,
+                }
+                io.finish_claimed_by_worker(now, index);
+                return;
+            }
+            io.finish(now, index, Err(RequestError::Failed(reason)));
         }
     }
 }
@@ -663,6 +735,7 @@ impl Mode for RequestLevel {
             lanes,
             routing,
             free_bufs,
+            stats_fix,
             ..
         } = self;
         let mut dispatched = false;
@@ -671,6 +744,12 @@ impl Mode for RequestLevel {
         for (l, lane) in lanes.iter_mut().enumerate() {
             let at = lane.at(l);
             let mut timed_out = false;
+            let mut actor = Actor {
+                free_bufs,
+                routing,
+                claims: &lane.claims,
+                stats_fix,
+            };
             let lane_next = lane.core.poll(now, &mut |a| {
                 dispatched = true;
                 timed_out |= matches!(
@@ -680,7 +759,7 @@ impl Mode for RequestLevel {
                         ..
                     }
                 );
-                act(io, free_bufs, routing, now, at, a)
+                act(io, &mut actor, now, at, a)
             });
             if timed_out {
                 // Batch timeouts count against the workers' breakers inside the core's poll:
@@ -722,12 +801,19 @@ impl Mode for RequestLevel {
             lanes,
             routing,
             free_bufs,
+            stats_fix,
             ..
         } = self;
         for (l, lane) in lanes.iter_mut().enumerate() {
             let at = lane.at(l);
+            let mut actor = Actor {
+                free_bufs,
+                routing,
+                claims: &lane.claims,
+                stats_fix,
+            };
             lane.core
-                .abort_all(now, &mut |a| act(io, free_bufs, routing, now, at, a));
+                .abort_all(now, &mut |a| act(io, &mut actor, now, at, a));
         }
     }
 
