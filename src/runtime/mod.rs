@@ -2,17 +2,19 @@
 //! pinned worker threads, behind an in-process handle.
 //!
 //! `start(config)` spawns everything and returns a [`Handle`]. Callers submit through a
-//! [`Submitter`] (one per thread: its own SPSC rings per class, its own completion ring) or
-//! through `Handle::submit`, which blocks-free returns a [`Pending`] to wait on. Nothing in
-//! this module may block the engine thread.
+//! [`Submitter`] (one per thread: its own SPSC rings per class, its own completion ring, and
+//! a reply lane where workers answer non-streaming requests directly) or through
+//! `Handle::submit`, which blocks-free returns a [`Pending`] to wait on. Nothing in this
+//! module may block the engine thread.
 //!
 //! Where things live: `engine/` (the engine thread: its turn, and what each batching mode
 //! does in it), `worker` (worker threads), `submitter`, `gate` and `intake` (the way in and
 //! the submit/drain handshake), `ring` and `doorbell` (SPSC rings, waking a parked thread),
-//! `messages` (what crosses threads), `idle`, `pin`, `clock`, `snapshot`, `seq_cell` (a value
-//! read without a lock); `dst` (feature `testing`) builds the engine without threads for the
-//! deterministic simulation. Every cross-thread atomic comes from `sync`, the std/loom
-//! switch, so `loom-tests/` checks the real protocols.
+//! `direct_reply` and `reply_lane` (a worker answering the submitter itself, and the claim
+//! that keeps that to one answer), `messages` (what crosses threads), `idle`, `pin`, `clock`,
+//! `snapshot`, `seq_cell` (a value read without a lock); `dst` (feature `testing`) builds
+//! the engine without threads for the deterministic simulation. Every cross-thread atomic
+//! comes from `sync`, the std/loom switch, so `loom-tests/` checks the real protocols.
 
 pub mod clock;
 pub mod direct_reply;

@@ -54,6 +54,10 @@ impl Queue {
     fn is_empty(&self) -> bool {
         self.items.lock().unwrap().is_empty()
     }
+
+    fn len(&self) -> usize {
+        self.items.lock().unwrap().len()
+    }
 }
 
 /// Wakes the submitter's thread (a mio `Waker` behind a `SleepFlag`, as the engine's own
@@ -104,6 +108,24 @@ impl ReplyLane {
     /// Consumer: the next answer, if any.
     pub fn pop(&self) -> Option<TaggedEvent> {
         self.queue.pop()
+    }
+
+    /// Consumer: hands every answer waiting to `f`; how many. Pops only what `len` counted
+    /// (the consumer is the only one popping, so they are there), never a failing pop: on
+    /// an empty lane that costs a fence, and the io thread drains once per loop turn.
+    pub fn drain(&self, mut f: impl FnMut(TaggedEvent)) -> usize {
+        // The common case, nothing there, in two loads (`len` takes three and a loop).
+        if self.queue.is_empty() {
+            return 0;
+        }
+        let n = self.queue.len();
+        for _ in 0..n {
+            match self.queue.pop() {
+                Some(c) => f(c),
+                None => unreachable!("a reply lane has one consumer: counted answers stay"),
+            }
+        }
+        n
     }
 
     /// Consumer: nothing waiting (the re-check before sleeping).

@@ -224,10 +224,7 @@ impl Submitter {
         }
         // Final answers only, each for a request whose tokens (if any) came through
         // `completions`: a stream is never answered directly.
-        while let Some(c) = self.lane.pop() {
-            n += 1;
-            f(c);
-        }
+        n += self.lane.drain(&mut f);
         self.in_flight -= n;
         n
     }

@@ -3,8 +3,8 @@
 //!
 //! Events are hints: every readable connection is read until WouldBlock (or a short read,
 //! which says the same on a stream socket), every response batch is written once. Nothing
-//! here may block: the engine's answers arrive on this thread's completion ring and a mio
-//! `Waker` says when to look.
+//! here may block: answers arrive on this thread's completion ring (from the engine) and its
+//! reply lane (from workers, `runtime::direct_reply`), and a mio `Waker` says when to look.
 
 use super::conn::{Conn, Outcomes, Partial, ReadResult, Slot, StreamSlot};
 use super::eviction::{self, DataRate, Standing};
