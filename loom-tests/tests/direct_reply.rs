@@ -14,9 +14,10 @@
 
 use abe::core::Ticket;
 use abe::exec::{BatchItem, FinishReason, Output, Work};
-use abe::runtime::direct_reply::{deliver, BatchClaims, DirectBatch, DirectReply};
+use abe::runtime::batch_claim::BatchClaims;
+use abe::runtime::direct_reply::deliver;
 use abe::runtime::doorbell::Doorbell;
-use abe::runtime::messages::{Event, TaggedEvent};
+use abe::runtime::messages::{DirectBatch, DirectReply, Event, TaggedEvent};
 use abe::runtime::reply_lane::ReplyLane;
 use abe::runtime::ring::ring;
 use loom::thread;
@@ -42,7 +43,7 @@ fn output() -> Output {
 /// cell 0 opened (as the engine's dispatch does).
 fn batch(
     claims: &Arc<BatchClaims>,
-    lane: &Arc<ReplyLane>,
+    lane: &Arc<ReplyLane<TaggedEvent>>,
     tags: &[u64],
 ) -> (Vec<BatchItem>, DirectBatch) {
     let mut items = Vec::new();

@@ -4,11 +4,12 @@
 //! the engine moves them, it never copies them. Nothing here may hold a lock or a reference
 //! into another thread's state.
 
-use super::direct_reply::DirectBatch;
+use super::batch_claim::BatchClaims;
+use super::reply_lane::ReplyLane;
 use crate::core::{BatchId, FailReason, Priority, Reject, RequestMeta};
 use crate::exec::{BatchItem, ExecError, Output, Work};
 use crate::router::{Decision, NameId, Need, RouteError};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// A request as a user of the in-process API builds it: how urgent it is, which model it
@@ -273,4 +274,37 @@ pub enum Control {
 pub enum ThreadRole {
     Engine,
     Worker(usize),
+}
+
+/// Where a worker sends one request's answer.
+#[derive(Debug)]
+pub struct DirectReply {
+    /// The request's position in the batch's items.
+    pub item: u32,
+    pub lane: Arc<ReplyLane<TaggedEvent>>,
+    pub tag: u64,
+    /// The routing decision the answer carries (as the engine's answer would).
+    pub route: Option<Decision>,
+}
+
+/// A batch's direct replies: its claim cell and its targets. A buffer that circulates with
+/// the batch (allocated once per batch slot); empty when no request of the batch is
+/// answered directly.
+#[derive(Debug)]
+pub struct DirectBatch {
+    pub claims: Option<Arc<BatchClaims>>,
+    /// The batch's slot (its claim cell).
+    pub index: u32,
+    pub targets: Vec<DirectReply>,
+}
+
+impl DirectBatch {
+    /// An empty buffer for up to `capacity` targets.
+    pub fn with_capacity(capacity: usize) -> DirectBatch {
+        DirectBatch {
+            claims: None,
+            index: 0,
+            targets: Vec::with_capacity(capacity),
+        }
+    }
 }

@@ -10,12 +10,13 @@
 //! Where things live: `engine/` (the engine thread: its turn, and what each batching mode
 //! does in it), `worker` (worker threads), `submitter`, `gate` and `intake` (the way in and
 //! the submit/drain handshake), `ring` and `doorbell` (SPSC rings, waking a parked thread),
-//! `direct_reply` and `reply_lane` (a worker answering the submitter itself, and the claim
-//! that keeps that to one answer), `messages` (what crosses threads), `idle`, `pin`, `clock`,
+//! `direct_reply`, `reply_lane` and `batch_claim` (a worker answering the submitter
+//! itself, and the claim that keeps that to one answer), `messages` (what crosses threads), `idle`, `pin`, `clock`,
 //! `snapshot`, `seq_cell` (a value read without a lock); `dst` (feature `testing`) builds
 //! the engine without threads for the deterministic simulation. Every cross-thread atomic
 //! comes from `sync`, the std/loom switch, so `loom-tests/` checks the real protocols.
 
+pub mod batch_claim;
 pub mod clock;
 pub mod direct_reply;
 pub mod doorbell;

@@ -15,30 +15,29 @@
 //! but invisible to loom; the model checks the protocol around the queue, not the queue.
 //! Nothing here may block in the live build or allocate after [`ReplyLane::new`].
 
-use super::messages::TaggedEvent;
 use std::sync::Arc;
 
 /// The queue behind a lane: lock-free in the live build.
 #[cfg(not(feature = "loom"))]
-type Queue = crossbeam_queue::ArrayQueue<TaggedEvent>;
+type Queue<T> = crossbeam_queue::ArrayQueue<T>;
 
 /// Loom stand-in for `ArrayQueue`: the same bounded, linearizable push/pop.
 #[cfg(feature = "loom")]
-struct Queue {
-    items: super::sync::Mutex<std::collections::VecDeque<TaggedEvent>>,
+struct Queue<T> {
+    items: super::sync::Mutex<std::collections::VecDeque<T>>,
     capacity: usize,
 }
 
 #[cfg(feature = "loom")]
-impl Queue {
-    fn new(capacity: usize) -> Queue {
+impl<T> Queue<T> {
+    fn new(capacity: usize) -> Queue<T> {
         Queue {
             items: super::sync::Mutex::new(std::collections::VecDeque::with_capacity(capacity)),
             capacity,
         }
     }
 
-    fn push(&self, event: TaggedEvent) -> Result<(), TaggedEvent> {
+    fn push(&self, event: T) -> Result<(), T> {
         let mut items = self.items.lock().unwrap();
         if items.len() == self.capacity {
             return Err(event);
@@ -47,7 +46,7 @@ impl Queue {
         Ok(())
     }
 
-    fn pop(&self) -> Option<TaggedEvent> {
+    fn pop(&self) -> Option<T> {
         self.items.lock().unwrap().pop_front()
     }
 
@@ -64,21 +63,21 @@ impl Queue {
 /// wake); `None` for a submitter that polls.
 pub type Wake = Option<Arc<dyn Fn() + Send + Sync>>;
 
-/// Final answers from workers to one submitter.
-pub struct ReplyLane {
-    queue: Queue,
+/// Final answers from workers to one submitter (`T`: `messages::TaggedEvent`).
+pub struct ReplyLane<T> {
+    queue: Queue<T>,
     wake: Wake,
 }
 
-impl std::fmt::Debug for ReplyLane {
+impl<T> std::fmt::Debug for ReplyLane<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplyLane").finish_non_exhaustive()
     }
 }
 
-impl ReplyLane {
+impl<T> ReplyLane<T> {
     /// A lane for a submitter with at most `capacity` tagged requests out.
-    pub fn new(capacity: usize, wake: Wake) -> ReplyLane {
+    pub fn new(capacity: usize, wake: Wake) -> ReplyLane<T> {
         ReplyLane {
             queue: Queue::new(capacity.max(1)),
             wake,
@@ -92,7 +91,7 @@ impl ReplyLane {
     ///
     /// When the lane is full: the submitter had more requests out than its limit, or a
     /// request was answered twice. Either breaks the runtime's invariants.
-    pub fn push(&self, event: TaggedEvent) {
+    pub fn push(&self, event: T) {
         if self.queue.push(event).is_err() {
             unreachable!("reply lane full: a submitter's request answered twice");
         }
@@ -106,14 +105,14 @@ impl ReplyLane {
     }
 
     /// Consumer: the next answer, if any.
-    pub fn pop(&self) -> Option<TaggedEvent> {
+    pub fn pop(&self) -> Option<T> {
         self.queue.pop()
     }
 
     /// Consumer: hands every answer waiting to `f`; how many. Pops only what `len` counted
     /// (the consumer is the only one popping, so they are there), never a failing pop: on
     /// an empty lane that costs a fence, and the io thread drains once per loop turn.
-    pub fn drain(&self, mut f: impl FnMut(TaggedEvent)) -> usize {
+    pub fn drain(&self, mut f: impl FnMut(T)) -> usize {
         // The common case, nothing there, in two loads (`len` takes three and a loop).
         if self.queue.is_empty() {
             return 0;

@@ -36,7 +36,7 @@ pub struct Submitter {
     /// back in time, so its requests reach the core in the order of their stamps.
     last_arrival_ns: Nanos,
     /// Final answers straight from workers (`runtime::direct_reply`), beside `completions`.
-    lane: Arc<ReplyLane>,
+    lane: Arc<ReplyLane<TaggedEvent>>,
 }
 
 impl Submitter {

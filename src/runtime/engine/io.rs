@@ -91,7 +91,7 @@ pub struct SubmitterLink {
     /// as far as the engine knows, by a worker).
     pub live: u32,
     /// Where workers answer this submitter's requests directly (`runtime::direct_reply`).
-    pub lane: Arc<ReplyLane>,
+    pub lane: Arc<ReplyLane<TaggedEvent>>,
 }
 
 impl SubmitterLink {

@@ -18,9 +18,10 @@ use crate::core::strategy::StrategyKind;
 use crate::core::{Action, BatchOutcome, Completion, Core, FailReason, Nanos, Reject, CLASS_COUNT};
 use crate::exec::{BatchItem, ExecError, Work};
 use crate::router::{Affinity, BackendId, Decision, Need, Via};
-use crate::runtime::direct_reply::{BatchClaims, DirectBatch, DirectReply};
+use crate::runtime::batch_claim::BatchClaims;
 use crate::runtime::messages::{
-    BatchEvent, BatchMsg, Reply, RequestError, ResultMsg, RouteRequest, Submission,
+    BatchEvent, BatchMsg, DirectBatch, DirectReply, Reply, RequestError, ResultMsg, RouteRequest,
+    Submission,
 };
 use crate::runtime::snapshot::{Snapshot, WorkerSnapshot};
 use crate::runtime::sync::Ordering;
