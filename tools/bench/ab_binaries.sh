@@ -14,13 +14,48 @@
 #   cargo build --profile dist --bin abe
 #   tools/bench/ab_binaries.sh /tmp/abe-release target/dist/abe 5 10
 # ENV_A / ENV_B: extra environment for one side (e.g. ENV_B="ABE_WORKERS_COUNT=1").
+# Prints, per concurrency, the median B/A ratio of req/s, and each side's median p50 and
+# server CPU a request with the number of rounds in which B's was lower.
+#   tools/bench/ab_binaries.sh --summary LOG   prints that summary again from a saved run.
 # Needs wrk (Debian package).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 2 ] || { sed -n '2,17p' "$0"; exit 2; }
-bin_a=$1 bin_b=$2 secs=${3:-5} rounds=${4:-5}
 here="$(pwd)/tools/bench"
 . tools/bench/wrk_lib.sh # wrk_measure, wrk_warm, median
+
+summarize() { # the "round ..." lines of a run on stdin -> the summary
+  awk '
+    $1 == "round" {
+      c = substr($3, 3); n[c]++
+      ratio[c] = ratio[c] " " $NF
+      pa[c] = pa[c] " " $8;  ca[c] = ca[c] " " $11
+      pb[c] = pb[c] " " $18; cb[c] = cb[c] " " $21
+      if ($18 < $8) pl[c]++
+      if ($21 < $11) cl[c]++
+    }
+    function med(list,   v, k, i, j, t) {
+      k = split(list, v, " ")
+      for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (v[j] + 0 < v[i] + 0) { t = v[i]; v[i] = v[j]; v[j] = t }
+      return k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
+    }
+    END {
+      for (i = 0; i < 2; i++) {
+        c = i == 0 ? "64" : "8"
+        if (!(c in n)) continue
+        printf "B/A req/s at c=%s: median %.3f (per round:%s)\n", c, med(ratio[c]), ratio[c]
+        printf "  p50 at c=%s: median A %.1f us, B %.1f us (B lower in %d of %d rounds)\n", c, med(pa[c]), med(pb[c]), pl[c], n[c]
+        printf "  server CPU a request at c=%s: median A %.2f us, B %.2f us (B lower in %d of %d rounds)\n", c, med(ca[c]), med(cb[c]), cl[c], n[c]
+      }
+    }'
+}
+
+if [ "${1:-}" = --summary ]; then
+  [ -f "${2:-}" ] || { echo "usage: $0 --summary LOG" >&2; exit 2; }
+  summarize <"$2"
+  exit 0
+fi
+[ $# -ge 2 ] || { sed -n '2,20p' "$0"; exit 2; }
+bin_a=$1 bin_b=$2 secs=${3:-5} rounds=${4:-5}
 results="$(mktemp)"
 logs="$(mktemp -d)"
 # Free ports (`--port 0`), read from each server's "abe listening on" line.
@@ -61,11 +96,7 @@ for r in $(seq 1 "$rounds"); do
     fi
     ratio=$(awk -v b="$rps_b" -v a="$rps_a" 'BEGIN {printf "%.3f", b / a}')
     printf "round %s c=%-3s A %8.0f req/s p50 %5.0f us CPU %5s us/req | B %8.0f req/s p50 %5.0f us CPU %5s us/req | B/A %s\n" \
-      "$r" "$c" "$rps_a" "$p50_a" "$cpu_a" "$rps_b" "$p50_b" "$cpu_b" "$ratio"
-    echo "$c $ratio" >>"$results"
+      "$r" "$c" "$rps_a" "$p50_a" "$cpu_a" "$rps_b" "$p50_b" "$cpu_b" "$ratio" | tee -a "$results"
   done
 done
-for c in 64 8; do
-  ratios=$(awk -v c="$c" '$1 == c {print $2}' "$results")
-  printf "B/A req/s at c=%s: median %.3f (per round: %s)\n" "$c" "$(median <<<"$ratios")" "$(paste -sd' ' <<<"$ratios")"
-done
+summarize <"$results"
