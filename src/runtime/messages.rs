@@ -2,7 +2,8 @@
 //!
 //! Payloads (prompt text, outputs) are owned by these messages and move through the rings;
 //! the engine moves them, it never copies them. Nothing here may hold a lock or a reference
-//! into another thread's state.
+//! into another thread's state; the shared endpoints a message carries (a waiter, a
+//! submitter's reply lane, a core's claim cells) are `Arc`s to state built for sharing.
 
 use super::batch_claim::BatchClaims;
 use super::reply_lane::ReplyLane;

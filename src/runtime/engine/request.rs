@@ -61,7 +61,7 @@ pub(super) struct Lane {
     /// `auto`'s holds already emitted as events (the core counts them; a poll that moved
     /// the count emits the last one).
     pub holds_emitted: u64,
-    /// A claim cell per batch slot of `core` (`runtime::direct_reply`).
+    /// A claim cell per batch slot of `core` (`runtime::batch_claim`).
     pub claims: Arc<BatchClaims>,
 }
 
