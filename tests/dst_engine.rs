@@ -162,14 +162,15 @@ enum Answer {
 
 /// What the simulated worker does with a job: the mode's half of the world.
 trait Play: abe::runtime::engine::Mode + Sized {
-    /// Answers `job` on `exec` as `answer` says, pushing the reply (and any token events,
-    /// never into the reserve) to `end`.
+    /// Answers `job` on `exec` as `answer` says at virtual time `now`, pushing the reply
+    /// (and any token events, never into the reserve) to `end`.
     fn answer(
         job: Self::Job,
         exec: &mut SimExecutor,
         answer: Answer,
         end: &mut WorkerEnd<Self::Job>,
         rng: &mut SmallRng,
+        now: Nanos,
     );
     /// Request ids (from the prompts) of the requests in `job`.
     fn ids(job: &Self::Job, out: &mut Vec<u64>);
@@ -281,6 +282,7 @@ impl Play for RequestLevel {
         answer: Answer,
         end: &mut WorkerEnd<BatchMsg>,
         rng: &mut SmallRng,
+        now: Nanos,
     ) {
         let BatchMsg {
             batch,
@@ -315,7 +317,7 @@ impl Play for RequestLevel {
         };
         // As a live worker does: answer what it can straight to the submitters, then
         // return the batch.
-        abe::runtime::direct_reply::deliver(&mut direct, &mut items, &result);
+        abe::runtime::direct_reply::deliver(&mut direct, &mut items, &result, || now);
         let reply = BatchEvent::Done(ResultMsg {
             batch,
             items,
@@ -382,6 +384,7 @@ impl Play for IterationLevel {
         answer: Answer,
         end: &mut WorkerEnd<StepMsg>,
         rng: &mut SmallRng,
+        _now: Nanos,
     ) {
         let StepMsg {
             mut items,
@@ -817,6 +820,7 @@ impl<M: Play> World<M> {
             answer,
             &mut self.sim.workers[w],
             &mut self.rng,
+            self.now,
         );
         self.poked = true;
         true
@@ -1340,7 +1344,7 @@ fn a_submitter_waiting_for_a_place_at_a_drain_is_answered() {
         Faults::new(FaultSettings::default()),
         Arc::new(AtomicBool::new(false)),
     );
-    RequestLevel::answer(job, &mut exec, Answer::Ok, &mut sim.workers[w], &mut rng);
+    RequestLevel::answer(job, &mut exec, Answer::Ok, &mut sim.workers[w], &mut rng, 2);
     let mut exited = false;
     for t in 2..100 {
         if sim.turn(t).exit {
@@ -1570,6 +1574,7 @@ fn a_continuous_engine_answers_a_request_holding_a_slot_when_the_circuit_opens()
         Answer::BatchError,
         &mut sim.workers[0],
         &mut rng,
+        MS,
     );
     sim.turn(MS);
     assert_eq!(
@@ -1598,7 +1603,7 @@ fn a_batch_answered_by_its_worker_as_it_times_out_is_answered_once_with_the_outp
     let (w, job) = (0..sim.workers.len())
         .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
         .expect("dispatched");
-    let reply = run_to_the_claim(job);
+    let reply = run_to_the_claim(job, 4 * MS);
     // The engine times the batch out while the worker is between its answer and its reply.
     sim.turn(6 * MS);
     let mut answers = Vec::new();
@@ -1642,7 +1647,7 @@ fn a_batch_timed_out_before_its_worker_answers_is_answered_once_with_the_timeout
         .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
         .expect("dispatched");
     sim.turn(6 * MS);
-    let reply = run_to_the_claim(job);
+    let reply = run_to_the_claim(job, 6 * MS);
     assert!(sim.workers[w].replies.push(reply).is_ok());
     sim.turn(7 * MS);
     let mut answers = Vec::new();
@@ -1661,9 +1666,9 @@ fn a_batch_timed_out_before_its_worker_answers_is_answered_once_with_the_timeout
     assert_eq!((s.pending_live, s.taken_unanswered), (0, 0), "{s:?}");
 }
 
-/// What a live worker does with `job` (`BatchMsg::run`): runs it, answers what it can
-/// straight to the submitters; the reply it would then push.
-fn run_to_the_claim(job: BatchMsg) -> BatchEvent {
+/// What a live worker does with `job` (`BatchMsg::run`): runs it at virtual time `now`,
+/// answers what it can straight to the submitters; the reply it would then push.
+fn run_to_the_claim(job: BatchMsg, now: Nanos) -> BatchEvent {
     struct NoTokens;
     impl TokenSink for NoTokens {
         fn token(&mut self, _item: usize, _offset: u32, _text: String) {}
@@ -1683,7 +1688,7 @@ fn run_to_the_claim(job: BatchMsg) -> BatchEvent {
         Arc::new(AtomicBool::new(false)),
     );
     let result = exec.execute(&mut items, &mut NoTokens);
-    abe::runtime::direct_reply::deliver(&mut direct, &mut items, &result);
+    abe::runtime::direct_reply::deliver(&mut direct, &mut items, &result, || now);
     BatchEvent::Done(ResultMsg {
         batch,
         items,
@@ -1691,4 +1696,34 @@ fn run_to_the_claim(job: BatchMsg) -> BatchEvent {
         dispatched_ns,
         direct,
     })
+}
+
+/// A request its worker answered is recorded with the instant the answer left the worker,
+/// not the later one at which the engine took the batch back.
+#[test]
+fn a_direct_answer_is_recorded_at_the_instant_the_worker_sent_it() {
+    let mut sim = small_request_sim();
+    let mut a = sim.submitter().unwrap();
+    a.submit_at_ns(numbered(0), Reply::Tag(0), 0).unwrap();
+    sim.turn(0);
+    sim.turn(0);
+    let (w, job) = (0..sim.workers.len())
+        .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
+        .expect("dispatched");
+    let reply = run_to_the_claim(job, 3 * MS);
+    assert!(sim.workers[w].replies.push(reply).is_ok());
+    // The engine takes the batch back 6 ms after the answer left.
+    sim.turn(9 * MS);
+    let mut answers = Vec::new();
+    a.drain_completions(|e| answers.push(e));
+    assert!(matches!(answers[..], [ref c] if matches!(c.outcome(), Some(Ok(_)))));
+    sim.publish(9 * MS);
+    sim.with_snapshot(|snap| {
+        assert_eq!(snap.latency.len(), 1);
+        assert!(
+            snap.latency.equivalent(snap.latency.max(), 3 * MS),
+            "recorded {} ns",
+            snap.latency.max()
+        );
+    });
 }

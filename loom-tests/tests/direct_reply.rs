@@ -109,7 +109,7 @@ fn an_abandoned_batch_is_answered_once_by_whoever_claims_it() {
             thread::spawn(move || {
                 let (mut items, mut direct) = (items, direct);
                 items[0].output = Some(output());
-                deliver(&mut direct, &mut items, &Ok(()));
+                deliver(&mut direct, &mut items, &Ok(()), || 1);
                 assert!(direct.targets.is_empty() && direct.claims.is_none());
                 assert!(result_tx.push(items).is_ok());
                 bell.ring();
@@ -175,7 +175,7 @@ fn a_batch_answered_by_its_worker_reaches_a_sleeping_submitter() {
                 item.output = Some(output());
             }
             // Two answers, one wake: the submitter must still see both.
-            deliver(&mut direct, &mut items, &Ok(()));
+            deliver(&mut direct, &mut items, &Ok(()), || 1);
             assert!(items.iter().all(|i| i.answered.is_some()));
         });
 

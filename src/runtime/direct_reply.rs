@@ -30,14 +30,22 @@
 
 use super::messages::{DirectBatch, Event, TaggedEvent};
 use super::reply_lane::ReplyLane;
+use crate::core::Nanos;
 use crate::exec::{BatchItem, ExecError};
 use std::sync::Arc;
 
 /// Worker, after running a batch: answers its targets straight to their submitters when it
-/// can claim the batch (see the module docs), marking each answered item; wakes each
+/// can claim the batch (see the module docs), marking each answered item and stamping
+/// `direct.answered_ns` with `now()` (the live worker reads the runtime's clock, a
+/// simulation passes its virtual time; called only when the worker answers); wakes each
 /// submitter it answered once. Leaves `direct` empty either way (its lane handles dropped
 /// here, on the worker), ready to go back to the engine.
-pub fn deliver(direct: &mut DirectBatch, items: &mut [BatchItem], result: &Result<(), ExecError>) {
+pub fn deliver(
+    direct: &mut DirectBatch,
+    items: &mut [BatchItem],
+    result: &Result<(), ExecError>,
+    now: impl FnOnce() -> Nanos,
+) {
     let Some(claims) = direct.claims.take() else {
         direct.targets.clear();
         return;
@@ -51,6 +59,9 @@ pub fn deliver(direct: &mut DirectBatch, items: &mut [BatchItem], result: &Resul
         direct.targets.clear();
         return;
     }
+    // What the engine records as each answer's instant (its latency, the phase times): the
+    // answers leave now, not when the engine gets the batch back.
+    direct.answered_ns = now().max(1);
     for t in &direct.targets {
         let item = &mut items[t.item as usize];
         let output = item.output.take().expect("checked above");

@@ -6,8 +6,9 @@
 //! submitter's reply lane, a core's claim cells) are `Arc`s to state built for sharing.
 
 use super::batch_claim::BatchClaims;
+use super::clock::Clock;
 use super::reply_lane::ReplyLane;
-use crate::core::{BatchId, FailReason, Priority, Reject, RequestMeta};
+use crate::core::{BatchId, FailReason, Nanos, Priority, Reject, RequestMeta};
 use crate::exec::{BatchItem, ExecError, Output, Work};
 use crate::router::{Decision, NameId, Need, RouteError};
 use std::sync::{Arc, Condvar, Mutex};
@@ -297,6 +298,11 @@ pub struct DirectBatch {
     /// The batch's slot (its claim cell).
     pub index: u32,
     pub targets: Vec<DirectReply>,
+    /// The runtime's clock (the engine's epoch), for the worker to stamp its answers.
+    pub clock: Option<Clock>,
+    /// Set by the worker when it answered: the clock reading just before its first push,
+    /// the instant the engine's books take as each answer's (0: none answered).
+    pub answered_ns: Nanos,
 }
 
 impl DirectBatch {
@@ -306,6 +312,8 @@ impl DirectBatch {
             claims: None,
             index: 0,
             targets: Vec::with_capacity(capacity),
+            clock: None,
+            answered_ns: 0,
         }
     }
 }

@@ -187,7 +187,10 @@ impl Job for BatchMsg {
         let result = guarded(exec, |exec| exec.execute(&mut items, &mut sink));
         // The answers go out before the batch goes back, so the engine, once it has the
         // batch, knows each answered request's answer is on its way.
-        direct_reply::deliver(&mut direct, &mut items, &result);
+        let clock = direct.clock;
+        direct_reply::deliver(&mut direct, &mut items, &result, || {
+            clock.map_or(0, |c| c.now())
+        });
         BatchEvent::Done(ResultMsg {
             batch,
             items,

@@ -235,8 +235,14 @@ impl RequestLevel {
                 for item in items.drain(..) {
                     let index = base + item.ticket.index;
                     if let Some(summary) = &item.answered {
-                        // The worker answered it (`runtime::direct_reply`): books only.
-                        io.finish_answered(now, index, summary);
+                        // The worker answered it (`runtime::direct_reply`): books only, at
+                        // the instant the answer left the worker.
+                        let at = if direct.answered_ns > 0 {
+                            direct.answered_ns.min(now)
+                        } else {
+                            now
+                        };
+                        io.finish_answered(at, index, summary);
                         continue;
                     }
                     let error = match &result {
@@ -484,6 +490,8 @@ fn act(
                 claims.open(batch.0);
                 direct.claims = Some(Arc::clone(claims));
                 direct.index = batch.0;
+                direct.clock = Some(io.clock);
+                direct.answered_ns = 0;
             }
             if let Some(first) = items.first_mut() {
                 first.lora_loads = lora_loads;
