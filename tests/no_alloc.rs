@@ -58,6 +58,13 @@ fn mark_engine(role: ThreadRole) {
 }
 
 /// `workers` sim workers, zero latency, unpinned, the engine thread counted.
+/// A wake as an io thread's submitter has one (a no-op here: the test polls), so workers
+/// answer its non-streaming requests directly (`runtime::direct_reply`) and the direct path
+/// is under the count too.
+fn io_thread_wake() -> Arc<dyn Fn() + Send + Sync> {
+    Arc::new(|| {})
+}
+
 fn engine_config(workers: usize) -> RuntimeConfig {
     let mut cfg = RuntimeConfig::default();
     cfg.core.workers = workers;
@@ -129,7 +136,7 @@ fn drive_routed(
 #[test]
 fn engine_thread_allocates_nothing_over_100k_requests_in_steady_state() {
     let handle = runtime::start(engine_config(2)).expect("runtime starts");
-    let mut sub = handle.submitter(None).expect("submitter");
+    let mut sub = handle.submitter(Some(io_thread_wake())).expect("submitter");
     drive(&mut sub, 20_000, 256, "warm up the engine");
     let before = COUNTED.load(Ordering::Relaxed);
     drive(&mut sub, 100_000, 256, "steady state");
@@ -172,7 +179,7 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
         .map(|l| runtime::sim_lane(&cfg, &cfg.sim.latency, 1, l << 32, &stop))
         .collect();
     let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
-    let mut sub = handle.submitter(None).expect("submitter");
+    let mut sub = handle.submitter(Some(io_thread_wake())).expect("submitter");
     drive_routed(&mut sub, 20_000, 256, "warm up the engine", &routes);
     let before = COUNTED.load(Ordering::Relaxed);
     drive_routed(&mut sub, 100_000, 256, "steady state", &routes);
@@ -219,7 +226,7 @@ fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
         .map(|l| runtime::sim_lane(&cfg, &cfg.sim.latency, 1, l << 32, &stop))
         .collect();
     let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
-    let mut sub = handle.submitter(None).expect("submitter");
+    let mut sub = handle.submitter(Some(io_thread_wake())).expect("submitter");
     let b = abe::router::BackendId::from_index(1);
     // Warm-up passes through every state once (first-touch growth is allowed there).
     let mut seq = 0;
@@ -291,7 +298,7 @@ fn engine_thread_allocates_nothing_while_tables_swap_in_new_backends_and_aliases
         .map(|l| runtime::sim_lane(&cfg, &cfg.sim.latency, 1, l << 32, &stop))
         .collect();
     let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
-    let mut sub = handle.submitter(None).expect("submitter");
+    let mut sub = handle.submitter(Some(io_thread_wake())).expect("submitter");
     // Swaps in tables for `slots` with alias x -> `target`; the name ids of m and x.
     let mut swap = |slots: &[BackendConfig], target: &str| {
         let aliases = BTreeMap::from([("x".to_string(), target.to_string())]);
@@ -378,7 +385,7 @@ fn affinity_routing_allocations(
         .map(|l| runtime::sim_lane(&cfg, &cfg.sim.latency, 1, l << 32, &stop))
         .collect();
     let handle = runtime::start_routed(cfg, routing, lanes, stop).expect("runtime starts");
-    let mut sub = handle.submitter(None).expect("submitter");
+    let mut sub = handle.submitter(Some(io_thread_wake())).expect("submitter");
     drive_routed(&mut sub, 20_000, 256, prompt, &routes);
     let before = COUNTED.load(Ordering::Relaxed);
     drive_routed(&mut sub, 50_000, 256, prompt, &routes);
@@ -433,7 +440,7 @@ fn engine_thread_allocates_nothing_in_continuous_mode() {
         ..Default::default()
     });
     let handle = runtime::start(cfg).expect("runtime starts");
-    let mut sub = handle.submitter(None).expect("submitter");
+    let mut sub = handle.submitter(Some(io_thread_wake())).expect("submitter");
     // A prompt of four full blocks and a bit: prefix caching looks up, holds and names
     // blocks on every admission.
     let prompt = "steady state ".repeat(21);

@@ -5,9 +5,13 @@
 //! count); it sends nothing for a request a worker answered. One hand-off and one wake-up
 //! fewer per request (BENCHMARKS.md, "Direct replies").
 //!
-//! Which requests: those the engine marked at dispatch (`DirectBatch::targets`, in `messages`): tagged,
-//! not streaming (a stream's tokens go through the engine and must come before its final
-//! answer). Everything else in the batch goes through the engine as before.
+//! Which requests: those the engine marked at dispatch (`DirectBatch::targets`, in
+//! `messages`): tagged, not streaming (a stream's tokens go through the engine and must come
+//! before its final answer), from a submitter that sleeps (one with a wake: an io thread).
+//! A submitter that polls has no wake-up to save, and for it the engine's send is cheaper
+//! than the worker's push: with direct replies `runtime/pipelined_256` (one polling
+//! submitter, one worker) was 17 % slower (BENCHMARKS.md, "Direct replies"). Everything else
+//! in the batch goes through the engine as before.
 //!
 //! The claim. The engine may answer a batch's requests while the worker still holds it
 //! (batch timeout, abort at the shutdown deadline). A claim cell per batch

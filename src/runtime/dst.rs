@@ -146,9 +146,11 @@ impl<M: Mode> Sim<M> {
     }
 
     /// A new submitter (registered with the engine at its next turn); submit through
-    /// [`Submitter::submit_at_ns`] to stamp virtual arrivals.
+    /// [`Submitter::submit_at_ns`] to stamp virtual arrivals. It has a wake, as an io
+    /// thread's does (a no-op: the simulation polls), so workers answer its non-streaming
+    /// requests directly (`runtime::direct_reply`), as they answer an io thread's.
     pub fn submitter(&self) -> Result<Submitter, RequestError> {
-        Submitter::register(self.shared.clone(), None)
+        Submitter::register(self.shared.clone(), Some(Arc::new(|| {})))
     }
 
     /// Asks for a strategy switch, as `Handle::set_strategy` does.

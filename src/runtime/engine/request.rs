@@ -474,8 +474,13 @@ fn act(
                     .take()
                     .expect("a queued request still holds its work");
                 items.push(BatchItem::new(*t, work));
-                // A tagged request that does not stream: the worker may answer it itself.
-                if let (Some(Reply::Tag(tag)), false) = (&slot.reply, slot.stream) {
+                // A tagged request that does not stream, from a submitter that sleeps: the
+                // worker may answer it itself (`runtime::direct_reply`).
+                if let (Some(Reply::Tag(tag)), false, true) = (
+                    &slot.reply,
+                    slot.stream,
+                    io.submitters[slot.submitter as usize].wake.is_some(),
+                ) {
                     let (tag, route, s) = (*tag, slot.route.decision, slot.submitter);
                     slot.direct_batch = batch.0;
                     direct.targets.push(DirectReply {
