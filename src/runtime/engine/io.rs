@@ -90,7 +90,8 @@ pub struct SubmitterLink {
     /// Engine-local: submissions taken from `intake` and not yet answered (by the engine or,
     /// as far as the engine knows, by a worker).
     pub live: u32,
-    /// Where workers answer this submitter's requests directly (`runtime::direct_reply`).
+    /// Where workers answer this submitter's requests directly, when it has a `wake`
+    /// (`runtime::direct_reply`).
     pub lane: Arc<ReplyLane<TaggedEvent>>,
 }
 
