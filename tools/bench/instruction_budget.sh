@@ -18,18 +18,22 @@
 # `cargo bench` leaves its own thin-LTO binary at that path, ~4 % fewer instructions.
 #        tools/bench/instruction_budget.sh --nginx                 (the same count for nginx)
 # With --check it exits 1 if a case is over its budget, printing the number and the budget
-# (BUDGET_FILE=PATH reads the budgets from another file).
+# (BUDGET_FILE=PATH reads the budgets from another file). With --threads it also prints the
+# figure split by thread kind (io threads, the engine, the workers; the same difference of
+# two runs over the requests between them).
 # Needs valgrind and python3 (nginx for --nginx).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here="$(pwd)/tools/bench"
 check=0
 nginx=0
+threads=0
 bin=""
 for a in "$@"; do
   case "$a" in
     --check) check=1 ;;
     --nginx) nginx=1 ;;
+    --threads) threads=1 ;;
     *) bin="$a" ;;
   esac
 done
@@ -48,25 +52,30 @@ trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
 # `run` is `#[inline(never)]` for this; `EngineIo::drain_submissions` (called by the engine
 # thread only) names it too, should `run` ever be inlined again (it was, once, and the engine
 # dropped out of the count silently). Each kind of thread must be found, or the count fails.
+# Prints the total and the io threads', the engine's and the workers' shares of it.
 abe_request_path_ir() {
-  local total=0 f io=0 engine=0 worker=0
+  local total=0 f ir io=0 engine=0 worker=0 io_ir=0 engine_ir=0 worker_ir=0
   for f in "$out"/cg.*; do
+    ir=$(awk '/^summary:/ {print $2}' "$f")
     if grep -qE 'IoThread::run' "$f"; then
       io=$((io + 1))
+      io_ir=$((io_ir + ir))
     elif grep -qE 'Engine<[^ ]*>::run|EngineIo<[^ ]*>::drain_submissions' "$f"; then
       engine=$((engine + 1))
+      engine_ir=$((engine_ir + ir))
     elif grep -qE 'WorkerThread<[^ ]*>::run' "$f"; then
       worker=$((worker + 1))
+      worker_ir=$((worker_ir + ir))
     else
       continue
     fi
-    total=$((total + $(awk '/^summary:/ {print $2}' "$f")))
+    total=$((total + ir))
   done
   if [ "$io" -lt 1 ] || [ "$engine" -ne 1 ] || [ "$worker" -lt 1 ]; then
     echo "request-path threads not all found ($io io, $engine engine, $worker worker): the count would be wrong" >&2
     exit 1
   fi
-  echo "$total"
+  echo "$total $io_ir $engine_ir $worker_ir"
 }
 
 all_ir() {
@@ -117,7 +126,7 @@ measure() { # requests conns -> Ir
   wait $pid || true
   pid=""
   if [ "$nginx" = 1 ]; then ir=$(all_ir); else ir=$(abe_request_path_ir); fi
-  [ "$ir" -gt 0 ] || { echo "no callgrind output" >&2; exit 1; }
+  [ "${ir%% *}" -gt 0 ] || { echo "no callgrind output" >&2; exit 1; }
   echo "$ir"
 }
 
@@ -127,8 +136,12 @@ budget_of() { # key -> budget from the toml
 
 over=0
 for conns in 1 8; do
-  a=$(measure "$low" "$conns")
-  b=$(measure "$high" "$conns")
+  # Assigned first: a failing measure stops the script here (set -e), where a
+  # `read <<<"$(measure ...)"` would read nothing and count 0.
+  m_low=$(measure "$low" "$conns")
+  m_high=$(measure "$high" "$conns")
+  read -r a a_io a_engine a_worker <<<"$m_low"
+  read -r b b_io b_engine b_worker <<<"$m_high"
   per=$(( (b - a) / (high - low) ))
   name=$([ "$nginx" = 1 ] && echo nginx || echo abe)
   if [ "$check" = 1 ]; then
@@ -141,6 +154,9 @@ for conns in 1 8; do
     fi
   else
     echo "$name, $conns connection(s): $per instructions per request (Ir $a with $low requests, $b with $high)"
+  fi
+  if [ "$threads" = 1 ] && [ "$nginx" = 0 ]; then
+    echo "  by thread: io $(( (b_io - a_io) / (high - low) )), engine $(( (b_engine - a_engine) / (high - low) )), workers $(( (b_worker - a_worker) / (high - low) ))"
   fi
 done
 exit $over
