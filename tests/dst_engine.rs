@@ -1596,13 +1596,7 @@ fn a_continuous_engine_answers_a_request_holding_a_slot_when_the_circuit_opens()
 #[test]
 fn a_batch_answered_by_its_worker_as_it_times_out_is_answered_once_with_the_output() {
     let mut sim = small_request_sim_timing_out_at(5 * MS);
-    let mut a = sim.submitter().unwrap();
-    a.submit_at_ns(numbered(0), Reply::Tag(0), 0).unwrap();
-    sim.turn(0);
-    sim.turn(0);
-    let (w, job) = (0..sim.workers.len())
-        .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
-        .expect("dispatched");
+    let (mut a, w, job) = one_request_at_a_worker(&mut sim);
     let reply = run_to_the_claim(job, 4 * MS);
     // The engine times the batch out while the worker is between its answer and its reply.
     sim.turn(6 * MS);
@@ -1639,13 +1633,7 @@ fn a_batch_answered_by_its_worker_as_it_times_out_is_answered_once_with_the_outp
 #[test]
 fn a_batch_timed_out_before_its_worker_answers_is_answered_once_with_the_timeout() {
     let mut sim = small_request_sim_timing_out_at(5 * MS);
-    let mut a = sim.submitter().unwrap();
-    a.submit_at_ns(numbered(0), Reply::Tag(0), 0).unwrap();
-    sim.turn(0);
-    sim.turn(0);
-    let (w, job) = (0..sim.workers.len())
-        .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
-        .expect("dispatched");
+    let (mut a, w, job) = one_request_at_a_worker(&mut sim);
     sim.turn(6 * MS);
     let reply = run_to_the_claim(job, 6 * MS);
     assert!(sim.workers[w].replies.push(reply).is_ok());
@@ -1664,6 +1652,19 @@ fn a_batch_timed_out_before_its_worker_answers_is_answered_once_with_the_timeout
     );
     let s = sim.state();
     assert_eq!((s.pending_live, s.taken_unanswered), (0, 0), "{s:?}");
+}
+
+/// A submitter with one tagged request (tag 0, arrived at 0) that the engine has dispatched,
+/// the worker it went to and the job, taken from that worker's ring.
+fn one_request_at_a_worker(sim: &mut Sim<RequestLevel>) -> (Submitter, usize, BatchMsg) {
+    let mut a = sim.submitter().unwrap();
+    a.submit_at_ns(numbered(0), Reply::Tag(0), 0).unwrap();
+    sim.turn(0);
+    sim.turn(0);
+    let (w, job) = (0..sim.workers.len())
+        .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
+        .expect("dispatched");
+    (a, w, job)
 }
 
 /// What a live worker does with `job` (`BatchMsg::run`): runs it at virtual time `now`,
@@ -1703,13 +1704,7 @@ fn run_to_the_claim(job: BatchMsg, now: Nanos) -> BatchEvent {
 #[test]
 fn a_direct_answer_is_recorded_at_the_instant_the_worker_sent_it() {
     let mut sim = small_request_sim();
-    let mut a = sim.submitter().unwrap();
-    a.submit_at_ns(numbered(0), Reply::Tag(0), 0).unwrap();
-    sim.turn(0);
-    sim.turn(0);
-    let (w, job) = (0..sim.workers.len())
-        .find_map(|w| sim.workers[w].jobs.pop().map(|j| (w, j)))
-        .expect("dispatched");
+    let (mut a, w, job) = one_request_at_a_worker(&mut sim);
     let reply = run_to_the_claim(job, 3 * MS);
     assert!(sim.workers[w].replies.push(reply).is_ok());
     // The engine takes the batch back 6 ms after the answer left.

@@ -92,9 +92,8 @@ fn an_abandoned_batch_is_answered_once_by_whoever_claims_it() {
                     while let Some(c) = completions_rx.pop() {
                         answers.push((c.tag, c.event));
                     }
-                    while let Some(c) = lane.pop() {
-                        answers.push((c.tag, c.event));
-                    }
+                    // As `Submitter::drain_completions` reads the lane.
+                    lane.drain(|c| answers.push((c.tag, c.event)));
                     if answers.is_empty() {
                         bell.wait(WAIT_TIMEOUT, || {
                             !completions_rx.is_empty() || !lane.is_empty()
@@ -182,9 +181,7 @@ fn a_batch_answered_by_its_worker_reaches_a_sleeping_submitter() {
         io_bell.bind_current();
         let mut tags = Vec::new();
         while tags.len() < 2 {
-            while let Some(c) = lane.pop() {
-                tags.push(c.tag);
-            }
+            lane.drain(|c| tags.push(c.tag));
             if tags.len() < 2 {
                 io_bell.wait(WAIT_TIMEOUT, || !lane.is_empty());
             }

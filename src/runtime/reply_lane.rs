@@ -104,11 +104,6 @@ impl<T> ReplyLane<T> {
         }
     }
 
-    /// Consumer: the next answer, if any.
-    pub fn pop(&self) -> Option<T> {
-        self.queue.pop()
-    }
-
     /// Consumer: hands every answer waiting to `f`; how many. Pops only what `len` counted
     /// (the consumer is the only one popping, so they are there), never a failing pop: on
     /// an empty lane that costs a fence, and the io thread drains once per loop turn.
