@@ -39,30 +39,72 @@ pub fn string(out: &mut Vec<u8>, s: &str) {
     out.reserve(bytes.len() + 2);
     out.push(b'"');
     let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let esc = ESCAPE[usize::from(b)];
-        if esc == 0 {
-            continue;
+    let mut i = 0;
+    let n = bytes.len();
+    loop {
+        // Eight bytes at a time while none needs escaping (most text has none) ...
+        while let Some(chunk) = bytes.get(i..i + 8) {
+            let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+            if needs_escape(word) {
+                break;
+            }
+            i += 8;
         }
-        // `i` is at an ASCII byte (every escaped byte is < 0x80), so the run before it ends
-        // on a character boundary.
-        out.extend_from_slice(&bytes[start..i]);
-        if esc == b'u' {
-            out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX_DIGITS[usize::from(b >> 4)],
-                HEX_DIGITS[usize::from(b & 0xf)],
-            ]);
-        } else {
-            out.extend_from_slice(&[b'\\', esc]);
+        // The last few bytes, as one word padded with spaces (names and short texts are
+        // only that) ...
+        if n - i < 8 {
+            let mut pad = [b' '; 8];
+            pad[..n - i].copy_from_slice(&bytes[i..]);
+            if !needs_escape(u64::from_le_bytes(pad)) {
+                break;
+            }
         }
-        start = i + 1;
+        // ... then byte by byte through the word that needs escaping, or the last bytes.
+        let end = (i + 8).min(n);
+        for (at, &b) in bytes.iter().enumerate().take(end).skip(i) {
+            let esc = ESCAPE[usize::from(b)];
+            if esc == 0 {
+                continue;
+            }
+            // `at` is at an ASCII byte (every escaped byte is < 0x80), so the run before it
+            // ends on a character boundary.
+            out.extend_from_slice(&bytes[start..at]);
+            if esc == b'u' {
+                out.extend_from_slice(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX_DIGITS[usize::from(b >> 4)],
+                    HEX_DIGITS[usize::from(b & 0xf)],
+                ]);
+            } else {
+                out.extend_from_slice(&[b'\\', esc]);
+            }
+            start = at + 1;
+        }
+        i = end;
+        if i >= n {
+            break;
+        }
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
+}
+
+/// Whether any of the eight bytes of `word` is one [`ESCAPE`] escapes: below 0x20, `"` or
+/// `\`. The classic "has less" and "has zero" tests: a borrow can flag a byte above a
+/// flagged one, never a chunk with none, so `false` means all eight are copied as they are
+/// (bytes of 0x80 and over never flag: their complement's top bit is clear).
+#[inline]
+fn needs_escape(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const TOPS: u64 = 0x8080_8080_8080_8080;
+    let zero_byte = |v: u64| v.wrapping_sub(ONES) & !v & TOPS;
+    let control = word.wrapping_sub(ONES * 0x20) & !word & TOPS;
+    let quote = zero_byte(word ^ (ONES * u64::from(b'"')));
+    let backslash = zero_byte(word ^ (ONES * u64::from(b'\\')));
+    control | quote | backslash != 0
 }
 
 /// `,"prompt_tokens_details":{"cached_tokens":N}` (OpenAI's usage field for prefix-cache hits).
@@ -102,6 +144,24 @@ mod tests {
             );
             let back: String = serde_json::from_slice(&out).unwrap();
             assert_eq!(&back, s);
+        }
+    }
+
+    #[test]
+    fn every_char_below_0x80_at_every_place_of_a_long_string_matches_serde_json() {
+        // The eight-byte scan: each character at each offset of a string longer than two
+        // words, among plain ASCII and among non-ASCII bytes.
+        for filler in ["abcdefghijklmnopqrstuvwx", "éééééééééééé"] {
+            for c in (0u8..0x80).map(char::from) {
+                for at in 0..=filler.chars().count() {
+                    let mut s: String = filler.chars().take(at).collect();
+                    s.push(c);
+                    s.extend(filler.chars().skip(at));
+                    let mut out = Vec::new();
+                    string(&mut out, &s);
+                    assert_eq!(out, serde_json::to_vec(&s).unwrap(), "{s:?}");
+                }
+            }
         }
     }
 

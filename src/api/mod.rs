@@ -753,11 +753,11 @@ fn completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Ro
         if echo {
             echoed.push(work.prompt.clone());
         }
-        for j in 0..text.n {
+        for work in payload::Text::choices(work, text.n) {
             requests.push(Request {
                 priority: text.priority,
                 route: Some(route),
-                work: payload::Text::choice(&work, j),
+                work,
             });
         }
     }
@@ -920,11 +920,11 @@ fn chat_completions(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Route
     }
     let mut work = text.work(prompt.into(), chat_body);
     name_prompt_blocks(ctx, &mut work, route.need.adapter);
-    let mut requests: Vec<Request> = (0..text.n)
-        .map(|j| Request {
+    let mut requests: Vec<Request> = payload::Text::choices(work, text.n)
+        .map(|work| Request {
             priority: text.priority,
             route: Some(route),
-            work: payload::Text::choice(&work, j),
+            work,
         })
         .collect();
     let structured = shape_parts(ctx, plan.as_ref(), &mut requests, explicit_max)?;

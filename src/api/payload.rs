@@ -36,16 +36,24 @@ impl Text {
         self.work.max_tokens
     }
 
-    /// The payload of choice `j` of a prompt, from the payload of its choice 0: the same
-    /// prompt (shared, not copied) with a seed of its own, so the `n` texts differ and are
-    /// each deterministic. Choice 0 is what `n = 1` gets.
-    pub fn choice(work: &Work, j: u32) -> Work {
-        let mut w = work.clone();
-        if j > 0 {
-            let base = w.sampling.seed.unwrap_or(0);
-            w.sampling.seed = Some(base ^ u64::from(j).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        }
-        w
+    /// The payloads of a prompt's `n` choices, from the payload of its choice 0: the same
+    /// prompt (shared, not copied), each with a seed of its own, so the `n` texts differ and
+    /// are each deterministic. Choice 0 is what `n = 1` gets. The last choice takes `work`
+    /// itself, so the usual `n = 1` clones nothing.
+    pub fn choices(work: Work, n: u32) -> impl Iterator<Item = Work> {
+        let mut work = Some(work);
+        (0..n).map(move |j| {
+            let mut w = if j + 1 == n {
+                work.take().expect("the last choice is taken once")
+            } else {
+                work.clone().expect("taken only by the last choice")
+            };
+            if j > 0 {
+                let base = w.sampling.seed.unwrap_or(0);
+                w.sampling.seed = Some(base ^ u64::from(j).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            }
+            w
+        })
     }
 
     /// The payload for one prompt (chat: the rendered conversation, and the client's body
@@ -55,10 +63,20 @@ impl Text {
         prompt: std::sync::Arc<str>,
         chat_body: Option<std::sync::Arc<str>>,
     ) -> Work {
+        // Field by field: `..self.work.clone()` would clone the template's prompt and chat
+        // body only to drop them.
+        let t = &self.work;
         Work {
+            kind: t.kind,
             prompt,
+            max_tokens: t.max_tokens,
+            dimensions: t.dimensions,
+            sampling: t.sampling.clone(),
+            stream: t.stream,
+            predicted_output_tokens: t.predicted_output_tokens,
+            model: t.model.clone(),
             chat_body,
-            ..self.work.clone()
+            prompt_blocks: t.prompt_blocks.clone(),
         }
     }
 }

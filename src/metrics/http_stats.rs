@@ -92,6 +92,13 @@ impl Endpoint {
     /// The endpoint a request path (query string allowed) is counted under. A convenience for
     /// the router; it decides nothing about routing itself.
     pub fn from_path(path: &str) -> Endpoint {
+        // The usual paths first, compared whole: most requests have no query to cut.
+        match path {
+            "/v1/completions" => return Endpoint::Completions,
+            "/v1/chat/completions" => return Endpoint::ChatCompletions,
+            "/v1/embeddings" => return Endpoint::Embeddings,
+            _ => {}
+        }
         let path = match path.bytes().position(|b| b == b'?') {
             Some(q) => &path[..q],
             None => path,
