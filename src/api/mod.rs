@@ -350,8 +350,24 @@ impl Job {
     }
 }
 
-/// Seconds since the Unix epoch.
+/// Seconds since the Unix epoch (the `created` of every answer).
+///
+/// On Linux, `CLOCK_REALTIME_COARSE`: the kernel's last tick, read without a syscall and
+/// without `SystemTime`'s checked subtraction (~84 instructions a request on the io thread
+/// before, callgrind). It lags the precise clock by at most a tick (1-4 ms), so a `created`
+/// is at most one second behind for a few milliseconds a second; it never runs ahead.
 pub fn unix_now() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; the clock exists since Linux 2.6.32.
+        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+            return u64::try_from(ts.tv_sec).unwrap_or(0);
+        }
+    }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -1006,4 +1022,25 @@ fn embeddings(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Routed, Rou
         Job::new(JobKind::Embedding { base64 }, model, requests)
             .with_request_id(head.request_id.as_deref()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_now_is_the_second_of_the_precise_clock_or_the_one_before() {
+        for _ in 0..1000 {
+            let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs();
+            let before = secs(SystemTime::now());
+            let now = unix_now();
+            let after = secs(SystemTime::now());
+            // The coarse clock lags by at most a tick: never ahead, at most a second behind.
+            assert!(now <= after, "{now} ahead of {after}");
+            assert!(
+                now + 1 >= before,
+                "{now} more than a second behind {before}"
+            );
+        }
+    }
 }

@@ -322,6 +322,10 @@ impl Router {
 
     /// The name a request's model resolves to, or the 400 (empty) / 404 (unknown) error.
     pub fn lookup(&self, model: &str) -> Result<NameId, RouteError> {
+        // The usual name first: a configured name is never blank, so it needs no trim.
+        if let Some(id) = self.resolver.lookup_first(model) {
+            return Ok(id);
+        }
         if model.trim().is_empty() {
             return Err(RouteError::EmptyModel);
         }
