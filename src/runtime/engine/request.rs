@@ -232,7 +232,9 @@ impl RequestLevel {
         let base = self.lanes[l].pending_base;
         match self.lanes[l].core.complete(now, batch, outcome) {
             Completion::Deliver => {
-                for item in items.drain(..) {
+                // Walked in place and cleared after: an item moved out of the vector is a
+                // copy of a few hundred bytes a request (callgrind: ~64 instructions each).
+                for item in items.iter_mut() {
                     let index = base + item.ticket.index;
                     if let Some(summary) = &item.answered {
                         // The worker answered it (`runtime::direct_reply`): books only, at
@@ -247,18 +249,23 @@ impl RequestLevel {
                     }
                     let error = match &result {
                         Err(e) => Some(e.clone()),
-                        Ok(()) => item.error,
+                        Ok(()) => item.error.take(),
                     };
-                    match (error, item.output) {
+                    match (error, item.output.take()) {
                         (None, Some(out)) => io.finish(now, index, Ok(out)),
                         (None, None) => io.finish(
                             now,
                             index,
                             Err(RequestError::Worker("executor gave no output".into())),
                         ),
-                        (Some(e), _) => self.retry_or_fail(io, now, index, item.work, e, batch_ok),
+                        (Some(e), _) => {
+                            // A retry takes the payload (its prompt is shared, not copied).
+                            let work = item.work.clone();
+                            self.retry_or_fail(io, now, index, work, e, batch_ok)
+                        }
                     }
                 }
+                items.clear();
             }
             Completion::Stale => items.clear(),
         }
