@@ -177,8 +177,9 @@ impl Resolver {
 
     /// The first name's id when `name` is it: one comparison, where the table's hash and
     /// probe cost ~150 instructions (callgrind, a request's model on the io thread). The
-    /// first name is the first backend's first model, the one a server with one model (the
-    /// usual case, and the one requests without `model` name) is asked for.
+    /// first name is the first backend's first model at start (a live change keeps earlier
+    /// names' ids, so it stays first): the one a server with one model, the usual case, is
+    /// asked for.
     #[inline]
     pub fn lookup_first(&self, name: &str) -> Option<NameId> {
         let first = self.names.first()?;
