@@ -460,8 +460,10 @@ pub fn route(ctx: &ApiContext, head: &Head, body: &[u8]) -> Routed {
                     "the server is shutting down and no longer accepts requests",
                 ))
             } else {
-                let routed = faults::inject(&ctx.faults, ctx.decoder().decode(head, body));
-                responses::attach_store(&ctx.responses, routed)
+                let mut routed = ctx.decoder().decode(head, body);
+                faults::inject(&ctx.faults, &mut routed);
+                responses::attach_store(&ctx.responses, &mut routed);
+                routed
             };
             match (routed, head.request_id.as_deref()) {
                 (Routed::Now(mut r), Some(id)) => {

@@ -283,8 +283,8 @@ pub(super) fn decode(ctx: &Decoder<'_>, head: &Head, body: &[u8]) -> Result<Rout
 }
 
 /// Gives a response job that asked for `store` the server's store.
-pub fn attach_store(store: &Arc<ResponseStore>, mut routed: Routed) -> Routed {
-    if let Routed::Submit(job) = &mut routed {
+pub fn attach_store(store: &Arc<ResponseStore>, routed: &mut Routed) {
+    if let Routed::Submit(job) = routed {
         let stored = matches!(job.kind, JobKind::Response { store: true });
         let meta = job.extras.as_mut().and_then(|x| x.response.as_mut());
         if let (true, Some(meta)) = (stored, meta) {
@@ -293,5 +293,4 @@ pub fn attach_store(store: &Arc<ResponseStore>, mut routed: Routed) -> Routed {
             }
         }
     }
-    routed
 }
