@@ -92,17 +92,16 @@ impl Endpoint {
     /// The endpoint a request path (query string allowed) is counted under. A convenience for
     /// the router; it decides nothing about routing itself.
     pub fn from_path(path: &str) -> Endpoint {
-        // The usual paths first, compared whole: most requests have no query to cut.
-        match path {
-            "/v1/completions" => return Endpoint::Completions,
-            "/v1/chat/completions" => return Endpoint::ChatCompletions,
-            "/v1/embeddings" => return Endpoint::Embeddings,
-            _ => {}
-        }
         let path = match path.bytes().position(|b| b == b'?') {
             Some(q) => &path[..q],
             None => path,
         };
+        Endpoint::of_path(path)
+    }
+
+    /// As [`from_path`](Self::from_path), for a path already without its query string (a
+    /// parsed head's `path`): no scan for the `?`.
+    pub fn of_path(path: &str) -> Endpoint {
         match path {
             "/v1/completions" => Endpoint::Completions,
             "/v1/chat/completions" => Endpoint::ChatCompletions,

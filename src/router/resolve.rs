@@ -171,15 +171,14 @@ impl Resolver {
     /// The id of a name requests may use; `None` means nothing by that name exists.
     #[inline]
     pub fn lookup(&self, name: &str) -> Option<NameId> {
-        self.lookup_first(name)
-            .or_else(|| self.ids.get(name).copied())
+        self.ids.get(name).copied()
     }
 
-    /// The first name's id when `name` is it: one comparison, where the table's hash and
-    /// probe cost ~150 instructions (callgrind, a request's model on the io thread). The
-    /// first name is the first backend's first model at start (a live change keeps earlier
-    /// names' ids, so it stays first): the one a server with one model, the usual case, is
-    /// asked for.
+    /// The first name's id when `name` is it: one comparison, where [`lookup`](Self::lookup)'s
+    /// hash and probe cost ~150 instructions (callgrind, a request's model on the io thread;
+    /// `Router::lookup` asks this first). The first name is the first backend's first model
+    /// at start (a live change keeps earlier names' ids, so it stays first): the one a server
+    /// with one model, the usual case, is asked for.
     #[inline]
     pub fn lookup_first(&self, name: &str) -> Option<NameId> {
         let first = self.names.first()?;

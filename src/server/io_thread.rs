@@ -502,7 +502,8 @@ impl IoThread {
             if close {
                 conn.read_done = true;
             }
-            let endpoint = Endpoint::from_path(&head.path);
+            // The head's path has no query string: the parser split it off.
+            let endpoint = Endpoint::of_path(&head.path);
             let head_only = head.method == Method::Head;
             let keep_alive_header = head.http10 && !close;
             match routed {
