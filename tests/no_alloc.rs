@@ -57,7 +57,6 @@ fn mark_engine(role: ThreadRole) {
     }
 }
 
-/// `workers` sim workers, zero latency, unpinned, the engine thread counted.
 /// A wake as an io thread's submitter has one (a no-op here: the test polls), so workers
 /// answer its non-streaming requests directly (`runtime::direct_reply`) and the direct path
 /// is under the count too.
@@ -65,6 +64,7 @@ fn io_thread_wake() -> Arc<dyn Fn() + Send + Sync> {
     Arc::new(|| {})
 }
 
+/// `workers` sim workers, zero latency, unpinned, the engine thread counted.
 fn engine_config(workers: usize) -> RuntimeConfig {
     let mut cfg = RuntimeConfig::default();
     cfg.core.workers = workers;

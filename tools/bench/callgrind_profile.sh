@@ -13,6 +13,7 @@
 # Needs valgrind and python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tools/bench/callgrind_lib.sh # callgrind_thread_kind
 n="${1:-2000}"
 conns="${2:-1}"
 out="${3:-target/callgrind_profile}"
@@ -40,11 +41,7 @@ kill -TERM "$pid"
 wait "$pid" || true
 trap - EXIT
 for f in "$out"/cg.*-*; do
-  kind=other
-  if grep -qE 'IoThread::run' "$f"; then kind=io
-  elif grep -qE 'Engine<[^ ]*>::run|EngineIo<[^ ]*>::drain_submissions' "$f"; then kind=engine
-  elif grep -qE 'WorkerThread<[^ ]*>::run' "$f"; then kind=worker
-  fi
+  kind=$(callgrind_thread_kind "$f")
   ir=$(awk '/^summary:/ {print $2}' "$f")
   [ -n "$ir" ] || continue
   printf '%-7s %12s Ir  %8d a request  %s\n' "$kind" "$ir" $((ir / n)) "$f"

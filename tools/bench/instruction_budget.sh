@@ -25,6 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here="$(pwd)/tools/bench"
+. tools/bench/callgrind_lib.sh # callgrind_thread_kind
 check=0
 nginx=0
 threads=0
@@ -48,27 +49,29 @@ out="$(mktemp -d)"
 pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
 
-# Request-path threads of one abe run: a thread's file names the loop it ran. The engine's
-# `run` is `#[inline(never)]` for this; `EngineIo::drain_submissions` (called by the engine
-# thread only) names it too, should `run` ever be inlined again (it was, once, and the engine
-# dropped out of the count silently). Each kind of thread must be found, or the count fails.
+# Request-path threads of one abe run: a thread's file names the loop it ran
+# (`callgrind_thread_kind`, tools/bench/callgrind_lib.sh). Each kind of thread must be
+# found, or the count fails.
 # Prints the total and the io threads', the engine's and the workers' shares of it.
 abe_request_path_ir() {
   local total=0 f ir io=0 engine=0 worker=0 io_ir=0 engine_ir=0 worker_ir=0
   for f in "$out"/cg.*; do
     ir=$(awk '/^summary:/ {print $2}' "$f")
-    if grep -qE 'IoThread::run' "$f"; then
-      io=$((io + 1))
-      io_ir=$((io_ir + ir))
-    elif grep -qE 'Engine<[^ ]*>::run|EngineIo<[^ ]*>::drain_submissions' "$f"; then
-      engine=$((engine + 1))
-      engine_ir=$((engine_ir + ir))
-    elif grep -qE 'WorkerThread<[^ ]*>::run' "$f"; then
-      worker=$((worker + 1))
-      worker_ir=$((worker_ir + ir))
-    else
-      continue
-    fi
+    case "$(callgrind_thread_kind "$f")" in
+      io)
+        io=$((io + 1))
+        io_ir=$((io_ir + ir))
+        ;;
+      engine)
+        engine=$((engine + 1))
+        engine_ir=$((engine_ir + ir))
+        ;;
+      worker)
+        worker=$((worker + 1))
+        worker_ir=$((worker_ir + ir))
+        ;;
+      *) continue ;;
+    esac
     total=$((total + ir))
   done
   if [ "$io" -lt 1 ] || [ "$engine" -ne 1 ] || [ "$worker" -lt 1 ]; then
