@@ -16,6 +16,7 @@
 //! TigerBeetle's habit): a parsed head lies within the buffer and the limits, ends its last
 //! line, and frames a body within its limit. Release builds check nothing more.
 
+use super::header_name::HeaderName;
 use super::response::Status;
 
 /// Most headers in one request head (more is 431).
@@ -283,68 +284,79 @@ impl Fields {
             ));
         }
         let value = || std::str::from_utf8(raw).unwrap_or_default().trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            // The usual value, one bare number, is read from its bytes: the UTF-8 check,
-            // trim and split below would each hand it back unchanged.
-            if let Some(n) = decimal_bytes(raw) {
-                if self.content_length.is_some_and(|c| c != n) {
+        match super::header_name::classify(name.as_bytes()) {
+            HeaderName::ContentLength => {
+                // The usual value, one bare number, is read from its bytes: the UTF-8 check,
+                // trim and split below would each hand it back unchanged.
+                if let Some(n) = decimal_bytes(raw) {
+                    if self.content_length.is_some_and(|c| c != n) {
+                        return Err(head_error(
+                            Status::BadRequest,
+                            "conflicting Content-Length values",
+                        ));
+                    }
+                    self.content_length = Some(n);
+                    return Ok(());
+                }
+                // RFC 9112 6.3 (5): a list is accepted only when every value is the same valid
+                // length (`5, 5`); so are repeated headers. Anything else is no framing at all.
+                for value in value().split(',') {
+                    let value = value.trim();
+                    let n = decimal_usize(value).ok_or_else(|| {
+                        head_error(
+                            Status::BadRequest,
+                            format!("invalid Content-Length '{value}': must be digits only"),
+                        )
+                    })?;
+                    if self.content_length.is_some_and(|c| c != n) {
+                        return Err(head_error(
+                            Status::BadRequest,
+                            "conflicting Content-Length values",
+                        ));
+                    }
+                    self.content_length = Some(n);
+                }
+            }
+            HeaderName::TransferEncoding => {
+                self.transfer_encoding = true;
+            }
+            HeaderName::Host => {
+                self.hosts += 1;
+            }
+            HeaderName::Connection => {
+                for token in value().split(',') {
+                    let t = token.trim();
+                    if t.eq_ignore_ascii_case("close") {
+                        self.connection_close = Some(true);
+                    } else if t.eq_ignore_ascii_case("keep-alive") {
+                        self.connection_close = Some(false);
+                    }
+                }
+            }
+            HeaderName::Expect => {
+                let value = value();
+                if value.eq_ignore_ascii_case("100-continue") {
+                    self.expect_continue = true;
+                } else {
                     return Err(head_error(
-                        Status::BadRequest,
-                        "conflicting Content-Length values",
+                        Status::ExpectationFailed,
+                        format!("unsupported Expect: {value}"),
                     ));
                 }
-                self.content_length = Some(n);
-                return Ok(());
             }
-            // RFC 9112 6.3 (5): a list is accepted only when every value is the same valid
-            // length (`5, 5`); so are repeated headers. Anything else is no framing at all.
-            for value in value().split(',') {
-                let value = value.trim();
-                let n = decimal_usize(value).ok_or_else(|| {
-                    head_error(
-                        Status::BadRequest,
-                        format!("invalid Content-Length '{value}': must be digits only"),
-                    )
-                })?;
-                if self.content_length.is_some_and(|c| c != n) {
-                    return Err(head_error(
-                        Status::BadRequest,
-                        "conflicting Content-Length values",
-                    ));
-                }
-                self.content_length = Some(n);
+            HeaderName::XPriority => {
+                self.priority = Some(value().to_string());
             }
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            self.transfer_encoding = true;
-        } else if name.eq_ignore_ascii_case("host") {
-            self.hosts += 1;
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in value().split(',') {
-                let t = token.trim();
-                if t.eq_ignore_ascii_case("close") {
-                    self.connection_close = Some(true);
-                } else if t.eq_ignore_ascii_case("keep-alive") {
-                    self.connection_close = Some(false);
-                }
+            HeaderName::Authorization => {
+                self.authorization = Some(value().to_string());
             }
-        } else if name.eq_ignore_ascii_case("expect") {
-            let value = value();
-            if value.eq_ignore_ascii_case("100-continue") {
-                self.expect_continue = true;
-            } else {
-                return Err(head_error(
-                    Status::ExpectationFailed,
-                    format!("unsupported Expect: {value}"),
-                ));
+            HeaderName::XSessionId => {
+                self.session_id = Some(value().to_string());
             }
-        } else if name.eq_ignore_ascii_case("x-priority") {
-            self.priority = Some(value().to_string());
-        } else if name.eq_ignore_ascii_case("authorization") {
-            self.authorization = Some(value().to_string());
-        } else if name.eq_ignore_ascii_case("x-session-id") {
-            self.session_id = Some(value().to_string());
-        } else if name.eq_ignore_ascii_case("x-request-id") {
-            self.request_id = Some(value().to_string());
+            HeaderName::XRequestId => {
+                self.request_id = Some(value().to_string());
+            }
+            HeaderName::Other => {}
         }
         Ok(())
     }
