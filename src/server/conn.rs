@@ -299,30 +299,33 @@ impl Conn {
             if front.response.is_none() && !finished_job {
                 break;
             }
-            let slot = self.slots.pop_front().expect("front exists");
-            let code = match (slot.response, &slot.job) {
-                (Some(mut response), _) => {
-                    if slot.keep_alive_header {
+            // Rendered where the slot lies; only then taken off the queue (moving a slot
+            // out to render it copied all of it).
+            let code = match (front.response.as_mut(), &front.job) {
+                (Some(response), _) => {
+                    if front.keep_alive_header {
                         response.headers.push("Connection: keep-alive".into());
                     }
-                    response.write_to(&mut self.write_buf, slot.close, slot.head_only);
+                    response.write_to(&mut self.write_buf, front.close, front.head_only);
                     response.status.code()
                 }
                 (None, Some(job)) => crate::api::render::write_job(
                     job,
-                    &slot.outcomes,
-                    slot.response_id,
+                    &front.outcomes,
+                    front.response_id,
                     &mut self.write_buf,
-                    slot.close,
-                    slot.keep_alive_header,
-                    slot.head_only,
-                    slot.route.as_ref().map(|d| routes.line(router, d)),
+                    front.close,
+                    front.keep_alive_header,
+                    front.head_only,
+                    front.route.as_ref().map(|d| routes.line(router, d)),
                 ),
                 (None, None) => unreachable!("checked above: a response or a finished job"),
             };
-            on_response(slot.endpoint, code);
+            let (endpoint, close) = (front.endpoint, front.close);
+            self.slots.pop_front();
+            on_response(endpoint, code);
             staged = true;
-            if slot.close {
+            if close {
                 self.close_after_staged();
                 break;
             }

@@ -489,10 +489,10 @@ impl IoThread {
                 }
                 return consumed;
             }
-            let Partial { head, .. } = partial;
+            let head = &partial.head;
             // The body is parsed where it lies in the read buffer (no copy); the request is
             // consumed once routing is done with it.
-            let routed = api::route(&self.ctx, &head, &conn.read_buf[head.head_len..need]);
+            let routed = api::route(&self.ctx, head, &conn.read_buf[head.head_len..need]);
             conn.read_buf.drain(..need);
             // When this request's first bytes were read (`None` for one that followed
             // another in the same read): its latencies count from then.
