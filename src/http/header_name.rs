@@ -11,8 +11,8 @@
 //! this check), and the known names are lower-case letters and `-`. Setting bit 5 maps a
 //! byte to a lower-case letter only from that letter or its capital, and to `-` (0x2d) only
 //! from `-` or CR (0x0d), which is not a token character. What must never happen here: a
-//! name taken for a known one it is not (the test compares with `eq_ignore_ascii_case` on
-//! every name of the known lengths from a mutated alphabet), or an allocation.
+//! name taken for a known one it is not (a test compares every one-byte change of every
+//! known name, over every token character, with `eq_ignore_ascii_case`), or an allocation.
 
 /// A request header abe reads; `Other` for every other name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
