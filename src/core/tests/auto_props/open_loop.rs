@@ -39,14 +39,41 @@ const WINDOW_SLACK: f64 = 1.03;
 const WC_SLACK: f64 = 1.01;
 
 /// What [`auto_stays_within_its_measured_open_loop_envelope`] holds over the test run's
-/// seeds: misses of the bounds above (8 of 24 measured), and the worst ratios (1.226 to
-/// the best window, seed 13, and 1.042 to work-conserving, seed 3, measured with the
-/// window replay at eb892fd plus its batch-cap fix; 10 misses, 1.153 and 1.017 before it,
-/// which gained 6 of 100 drawn cases and lost ground in seeds 3 and 13: the margins let a
-/// change move a case a little, not lose one).
-const ENVELOPE_MISSES: usize = 9;
-const ENVELOPE_WINDOW: f64 = 1.30;
-const ENVELOPE_WC: f64 = 1.06;
+/// seeds, on the harness's draw of their arrivals and on a second draw: misses of the
+/// bounds above, the worst ratios to the best window and to work-conserving dispatch, and
+/// the median ratio to the best window.
+///
+/// Draw 0 (8 misses of 24 measured; the worst ratios 1.226 to the best window, seed 13, and
+/// 1.042 to work-conserving, seed 3, measured with the window replay at eb892fd plus its
+/// batch-cap fix; 10 misses, 1.153 and 1.017 before it, which gained 6 of 100 drawn cases
+/// and lost ground in seeds 3 and 13; the median 1.020): the margins let a change move a
+/// case a little, not lose one.
+const ENVELOPE_DRAW_0: Envelope = Envelope {
+    misses: 9,
+    window: 1.30,
+    wc: 1.06,
+    median: WINDOW_SLACK,
+};
+
+/// Draw 1, the same cases with other random arrivals (2026-11-29: 13 misses of 24, the worst
+/// 1.266 to the best window, seed 17, and 1.066 to work-conserving, seed 3; the median
+/// 1.030). `auto`'s rules were tuned looking at draw 0, which flatters it by five cases
+/// (BENCHMARKS.md, issue 25's seventeenth round); held so that tuning on draw 0 alone
+/// shows when it costs elsewhere.
+const ENVELOPE_DRAW_1: Envelope = Envelope {
+    misses: 14,
+    window: 1.34,
+    wc: 1.09,
+    median: 1.04,
+};
+
+/// Bounds on what `auto` reaches over the test run's seeds on one draw.
+struct Envelope {
+    misses: usize,
+    window: f64,
+    wc: f64,
+    median: f64,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Shape {
@@ -278,8 +305,14 @@ struct Judged {
 impl Judged {
     /// Case `seed` with `requests` requests.
     fn of(seed: u64, requests: usize) -> Judged {
+        Judged::of_draw(seed, requests, 0)
+    }
+
+    /// Case `seed` with `requests` requests, on draw `draw` of its arrivals.
+    fn of_draw(seed: u64, requests: usize, draw: u64) -> Judged {
         let case = OpenCase {
             requests,
+            draw,
             ..OpenCase::from_seed(seed)
         };
         let schedules = Schedules::of(&case);
@@ -391,49 +424,56 @@ fn auto_matches_the_best_window_in_hindsight_over_drawn_open_loops() {
 /// What `auto` does reach in open loops today, held in the test run so that it cannot
 /// slip unseen while the issue's goal ([`auto_matches_the_best_window_in_hindsight_over_drawn_open_loops`])
 /// is missed: over seeds `0..SEEDS_IN_TEST_RUN` (the simulation is in virtual time, so
-/// these are exact, not timings), measured 2026-11-28 with the window replay:
-/// - at most [`ENVELOPE_MISSES`] of the 24 cases miss the issue's bounds (8 today);
-/// - none is more than [`ENVELOPE_WINDOW`] above the best window in hindsight (1.226
-///   today, seed 13) or [`ENVELOPE_WC`] above work-conserving dispatch (1.042, seed 3);
-/// - the median ratio to the best window is within [`WINDOW_SLACK`] (1.020 today).
+/// these are exact, not timings), on draw 0 ([`ENVELOPE_DRAW_0`]) and draw 1
+/// ([`ENVELOPE_DRAW_1`]) of their arrivals:
+/// - at most `misses` of the 24 cases miss the issue's bounds;
+/// - none is more than `window` above the best window in hindsight or `wc` above
+///   work-conserving dispatch;
+/// - the median ratio to the best window is within `median`.
 ///
 /// A change that improves `auto` passes; one that loses a case, or loses ground anywhere
 /// by more than the margins, fails with every miss and the seed that replays it. Lower
 /// the constants when `auto` gains.
 #[test]
 fn auto_stays_within_its_measured_open_loop_envelope() {
-    let judged: Vec<(u64, Judged)> = (0..SEEDS_IN_TEST_RUN)
-        .map(|seed| (seed, Judged::of(seed, REQUESTS)))
-        .collect();
-    let all = || {
-        judged
-            .iter()
-            .map(|(s, j)| j.report(*s))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let misses = judged.iter().filter(|(_, j)| j.misses()).count();
-    assert!(
-        misses <= ENVELOPE_MISSES,
-        "{misses} of {SEEDS_IN_TEST_RUN} open cases miss (at most {ENVELOPE_MISSES}):\n{}",
-        all()
-    );
-    for (seed, j) in &judged {
+    for (draw, envelope) in [(0, ENVELOPE_DRAW_0), (1, ENVELOPE_DRAW_1)] {
+        let judged: Vec<(u64, Judged)> = (0..SEEDS_IN_TEST_RUN)
+            .map(|seed| (seed, Judged::of_draw(seed, REQUESTS, draw)))
+            .collect();
+        let all = || {
+            judged
+                .iter()
+                .map(|(s, j)| j.report(*s))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let misses = judged.iter().filter(|(_, j)| j.misses()).count();
         assert!(
-            j.window_ratio <= ENVELOPE_WINDOW && j.wc_ratio <= ENVELOPE_WC,
-            "outside the envelope ({ENVELOPE_WINDOW} of the best window, {ENVELOPE_WC} of \
-             work-conserving): {}",
-            j.report(*seed)
+            misses <= envelope.misses,
+            "draw {draw}: {misses} of {SEEDS_IN_TEST_RUN} open cases miss (at most {}):\n{}",
+            envelope.misses,
+            all()
+        );
+        for (seed, j) in &judged {
+            assert!(
+                j.window_ratio <= envelope.window && j.wc_ratio <= envelope.wc,
+                "draw {draw}: outside the envelope ({} of the best window, {} of \
+                 work-conserving): {}",
+                envelope.window,
+                envelope.wc,
+                j.report(*seed)
+            );
+        }
+        let mut ratios: Vec<f64> = judged.iter().map(|(_, j)| j.window_ratio).collect();
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios[ratios.len() / 2];
+        assert!(
+            median <= envelope.median,
+            "draw {draw}: median ratio to the best window {median:.3} (at most {}):\n{}",
+            envelope.median,
+            all()
         );
     }
-    let mut ratios: Vec<f64> = judged.iter().map(|(_, j)| j.window_ratio).collect();
-    ratios.sort_by(f64::total_cmp);
-    let median = ratios[ratios.len() / 2];
-    assert!(
-        median <= WINDOW_SLACK,
-        "median ratio to the best window {median:.3} (at most {WINDOW_SLACK}):\n{}",
-        all()
-    );
 }
 
 /// Draws of each case's arrival process in [`a_window_chosen_on_other_draws_against_the_best_in_hindsight`]
