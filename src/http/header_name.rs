@@ -32,34 +32,23 @@ pub enum HeaderName {
 /// Bit 5 of every byte: set, it lower-cases an ASCII letter.
 const FOLD: u64 = 0x2020_2020_2020_2020;
 
-/// The little-endian word of `s[at..at + 8]` with bit 5 set in every byte (a `const`
-/// reading of a known name).
-const fn word(s: &[u8], at: usize) -> u64 {
+/// The little-endian word of `s[at..at + width]` (`width` at most 8) with bit 5 set in
+/// each of its bytes: a `const` reading of a known name.
+const fn folded(s: &[u8], at: usize, width: usize) -> u64 {
     let mut w = 0u64;
     let mut i = 0;
-    while i < 8 {
+    while i < width {
         w |= (s[at + i] as u64) << (8 * i);
         i += 1;
     }
-    w | FOLD
-}
-
-/// The little-endian 4-byte word of `s[at..at + 4]`, bit 5 set in every byte.
-const fn word4(s: &[u8], at: usize) -> u32 {
-    let mut w = 0u32;
-    let mut i = 0;
-    while i < 4 {
-        w |= (s[at + i] as u32) << (8 * i);
-        i += 1;
-    }
-    w | FOLD as u32
+    w | FOLD >> (64 - 8 * width)
 }
 
 /// A known name of 8 to 16 bytes as its first and last (overlapping) 8 bytes, folded (of
 /// a longer one, the bytes between are compared apart).
 const fn words(s: &str) -> (u64, u64) {
     let b = s.as_bytes();
-    (word(b, 0), word(b, b.len() - 8))
+    (folded(b, 0, 8), folded(b, b.len() - 8, 8))
 }
 
 const CONTENT_LENGTH: (u64, u64) = words("content-length");
@@ -69,9 +58,12 @@ const X_PRIORITY: (u64, u64) = words("x-priority");
 const AUTHORIZATION: (u64, u64) = words("authorization");
 const X_SESSION_ID: (u64, u64) = words("x-session-id");
 const X_REQUEST_ID: (u64, u64) = words("x-request-id");
-const HOST: u32 = word4(b"host", 0);
+const HOST: u32 = folded(b"host", 0, 4) as u32;
 /// `expect` as its first and last (overlapping) 4 bytes.
-const EXPECT: (u32, u32) = (word4(b"expect", 0), word4(b"expect", 2));
+const EXPECT: (u32, u32) = (
+    folded(b"expect", 0, 4) as u32,
+    folded(b"expect", 2, 4) as u32,
+);
 
 /// Which known header `name` is. `name` is a header name as the parsers hand it over:
 /// token characters only.
