@@ -357,16 +357,10 @@ impl Job {
 /// before, callgrind). It lags the precise clock by at most a tick (1-4 ms), so a `created`
 /// is at most one second behind for a few milliseconds a second; it never runs ahead.
 pub fn unix_now() -> u64 {
+    // The clock exists since Linux 2.6.32; if refused, the precise clock below.
     #[cfg(target_os = "linux")]
-    {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec; the clock exists since Linux 2.6.32.
-        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
-            return u64::try_from(ts.tv_sec).unwrap_or(0);
-        }
+    if let Some(ts) = crate::runtime::clock::clock_gettime(libc::CLOCK_REALTIME_COARSE) {
+        return u64::try_from(ts.tv_sec).unwrap_or(0);
     }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -22,6 +22,20 @@ impl Default for Clock {
     }
 }
 
+/// Reads `clock` with `clock_gettime` (Linux; through the vDSO, no syscall for the
+/// monotonic and realtime clocks), or `None` if the kernel refuses it. The one place abe
+/// calls it: the runtime's clock below and `api::unix_now`.
+#[cfg(target_os = "linux")]
+#[inline]
+pub fn clock_gettime(clock: libc::clockid_t) -> Option<libc::timespec> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec that outlives the call.
+    (unsafe { libc::clock_gettime(clock, &mut ts) } == 0).then_some(ts)
+}
+
 /// `CLOCK_MONOTONIC`, the clock `Instant` reads on Linux, in nanoseconds. Read directly,
 /// a reading is the vDSO call and one multiply-add; `Instant::elapsed` adds a checked
 /// subtraction of two timespecs and a `Duration` (~90 instructions a reading on the
@@ -29,12 +43,11 @@ impl Default for Clock {
 #[cfg(target_os = "linux")]
 #[inline]
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
+    // CLOCK_MONOTONIC always exists on Linux; a refusal would read as the epoch.
+    let ts = clock_gettime(libc::CLOCK_MONOTONIC).unwrap_or(libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    });
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
