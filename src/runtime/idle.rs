@@ -61,11 +61,20 @@ crate::core::names::serde_by_name!(IdlePolicy);
 /// Longest single park, so a thread re-checks its state (shutdown flags) at least this often.
 pub const MAX_PARK: Duration = Duration::from_millis(100);
 
+/// Longest single park of a worker thread ([`Idler::parking_at_most`]). A worker needs no
+/// re-check: its jobs ring its doorbell and its exit comes with an unpark. An idle worker
+/// woken every [`MAX_PARK`] cost ~0.1 % of a core each: 5.6 % for the 576 workers of a
+/// front with one `upstream` table and its spare slots, 64 workers each (BENCHMARKS.md,
+/// "Upstream defaults").
+pub const WORKER_MAX_PARK: Duration = Duration::from_secs(2);
+
 /// Per-thread idle state: how long we have been idle.
 pub struct Idler {
     policy: IdlePolicy,
     spin: Duration,
     idle_since: Option<Instant>,
+    /// Longest single park.
+    max_park: Duration,
 }
 
 impl Idler {
@@ -75,7 +84,13 @@ impl Idler {
             policy,
             spin,
             idle_since: None,
+            max_park: MAX_PARK,
         }
+    }
+
+    /// This idler, parking for at most `max_park` at a time instead of [`MAX_PARK`].
+    pub fn parking_at_most(self, max_park: Duration) -> Self {
+        Idler { max_park, ..self }
     }
 
     /// The last poll did work: reset the spin budget.
@@ -107,7 +122,8 @@ impl Idler {
     }
 
     /// The last poll did nothing. Spin, or park on `bell` until `deadline` (or at most
-    /// [`MAX_PARK`]), unless `has_work` says something arrived.
+    /// [`MAX_PARK`], or what [`Self::parking_at_most`] set), unless `has_work` says
+    /// something arrived.
     pub fn idle(
         &mut self,
         now: Instant,
@@ -120,8 +136,8 @@ impl Idler {
         }
         let timeout = deadline
             .map(|d| d.saturating_duration_since(now))
-            .unwrap_or(MAX_PARK)
-            .min(MAX_PARK);
+            .unwrap_or(self.max_park)
+            .min(self.max_park);
         if timeout.is_zero() {
             return;
         }

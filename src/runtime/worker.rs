@@ -13,7 +13,7 @@
 
 use super::direct_reply;
 use super::doorbell::Doorbell;
-use super::idle::{IdlePolicy, Idler};
+use super::idle::{IdlePolicy, Idler, WORKER_MAX_PARK};
 use super::messages::{BatchEvent, BatchMsg, ResultMsg, StepMsg, StepResult};
 use super::ready::MarkedProducer;
 use super::ring::Consumer;
@@ -95,7 +95,7 @@ impl<J: Job> WorkerThread<J> {
     #[inline(never)]
     pub fn run(mut self) {
         self.bell.bind_current();
-        let mut idler = Idler::new(self.idle, self.spin);
+        let mut idler = Idler::new(self.idle, self.spin).parking_at_most(WORKER_MAX_PARK);
         loop {
             if self.step() {
                 idler.busy();
