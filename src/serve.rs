@@ -134,22 +134,21 @@ impl Running {
                 clients.push((b, c.clone()));
             }
             cells.push(client.clone());
-            let kind = io_router
-                .registry()
-                .backend(BackendId::from_index(b))
-                .kind();
-            lanes.push(lane_workers(
+            let routed = io_router.registry().backend(BackendId::from_index(b));
+            let mut lane = lane_workers(
                 &runtime_cfg,
                 Lane {
                     index: b,
                     backend,
-                    kind,
+                    kind: routed.kind(),
                     sim_latency: &sim_latency[b],
                 },
                 client,
                 &stop,
                 &mut embed_stats,
-            )?);
+            )?;
+            lane.max_batch_size = routed.batch_limit();
+            lanes.push(lane);
         }
         let board = HealthBoard::new(backends.len());
         let health = if clients.is_empty() {
@@ -375,6 +374,7 @@ fn lane_workers(
                 })
                 .collect(),
             faults: faults(),
+            max_batch_size: None,
         });
     }
     match kind {
@@ -419,6 +419,7 @@ fn lane_workers(
             Ok(LaneWorkers {
                 executors,
                 faults: faults(),
+                max_batch_size: None,
             })
         }
         #[cfg(not(feature = "embed"))]

@@ -319,6 +319,103 @@ fn a_backend_killed_mid_run_is_routed_around_nothing_is_lost_and_it_comes_back()
     drop(two);
 }
 
+/// A front over `mock` from a user's file whose `upstream` table adds `extra` to its name,
+/// kind, address and model (read as a user's file is, so the per-kind defaults apply),
+/// answering once its health checker has seen the mock up.
+fn front_on_defaults(mock: &MockUpstream, extra: &str) -> (abe::serve::Running, Config) {
+    let file = Config::from_toml(&format!(
+        "[[backends]]\nname = \"server\"\nkind = \"upstream\"\nbase_url = \"{}\"\n{extra}\
+         [[backends.models]]\nname = \"m\"\ncontext_length = 4096\n",
+        mock.base_url()
+    ))
+    .expect("the file reads");
+    let mut cfg = test_config();
+    cfg.backends = file.backends.clone();
+    let abe = start(cfg);
+    let mut c = Client::connect(abe.local_addr());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while post_completion(&mut c, "m", "warm").status != 200 {
+        assert!(Instant::now() < deadline, "the front never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (abe, file)
+}
+
+/// `clients` clients at once through `abe`, each checked for its own answer.
+fn clients_at_once(abe: &abe::serve::Running, clients: usize) {
+    let addr = abe.local_addr();
+    let threads: Vec<_> = (0..clients)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let prompt = format!("client {i}");
+                let r = post_completion(&mut Client::connect(addr), "m", &prompt);
+                (prompt, r.status, r.json())
+            })
+        })
+        .collect();
+    for t in threads {
+        let (prompt, status, body) = t.join().expect("client thread");
+        assert_eq!(status, 200, "{body}");
+        let text = body["choices"][0]["text"].as_str().unwrap_or_default();
+        assert_eq!(text, format!("echo:{prompt}"), "{body}");
+    }
+}
+
+/// The front's batches so far, and those of one request.
+fn batches_and_singles(abe: &abe::serve::Running) -> (u64, u64) {
+    let metrics = Client::connect(abe.local_addr())
+        .request("GET", "/metrics", None)
+        .text();
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
+    };
+    (
+        value("abe_batch_size_requests_count"),
+        value("abe_batch_size_requests_bucket{le=\"1\"}"),
+    )
+}
+
+/// An `upstream` table that says only where the server is: abe forwards many requests at
+/// once (64, not 4), so a server that batches for itself is sent what the clients send
+/// (BENCHMARKS.md, "Upstream defaults").
+#[test]
+fn an_upstream_backend_on_defaults_forwards_many_requests_at_once() {
+    let mock = MockUpstream::start();
+    let (abe, file) = front_on_defaults(&mock, "");
+    assert_eq!(file.backends[0].max_concurrent_batches, 64);
+    // Twelve clients at once, each answer held a second by the server: on the old defaults
+    // four went at once and the other eight waited for them, as one batch.
+    mock.set_delay(Duration::from_secs(1));
+    clients_at_once(&abe, 12);
+    assert_eq!(mock.requests("/v1/completions"), 13, "one request each");
+    assert!(
+        mock.in_flight_max() >= 8,
+        "forwarded at once: {} at most",
+        mock.in_flight_max()
+    );
+    let (batches, singles) = batches_and_singles(&abe);
+    assert_eq!((batches, singles), (13, 13), "a batch a request");
+}
+
+/// Without prompt arrays each request goes alone even while every worker is busy: a batch
+/// of several would be sent as several requests anyway and answered when its slowest is
+/// back, holding the others' answers.
+#[test]
+fn an_upstream_backend_without_prompt_arrays_batches_one_request_even_with_a_queue() {
+    let mock = MockUpstream::start();
+    let (abe, _) = front_on_defaults(&mock, "max_concurrent_batches = 2\n");
+    mock.set_delay(Duration::from_millis(300));
+    // Six clients on two workers: four of them queue.
+    clients_at_once(&abe, 6);
+    assert!(mock.in_flight_max() <= 2, "{}", mock.in_flight_max());
+    let (batches, singles) = batches_and_singles(&abe);
+    assert_eq!((batches, singles), (7, 7), "a batch a request");
+}
+
 #[test]
 fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backends_4xx() {
     let flaky = MockUpstream::start();

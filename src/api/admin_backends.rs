@@ -103,8 +103,14 @@ fn list(live: &LiveBackends) -> Response {
     ok_json(&serde_json::json!({ "backends": live.list() }))
 }
 
+/// Whether the JSON object `body` (already read as a table) has `key` at its top level.
+fn names_key(body: &[u8], key: &str) -> bool {
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
+        .is_ok_and(|m| m.contains_key(key))
+}
+
 fn add(live: &LiveBackends, body: &[u8]) -> Response {
-    let config: BackendConfig = match serde_json::from_slice(body) {
+    let config = match serde_json::from_slice::<BackendConfig>(body) {
         Ok(c) => c,
         Err(e) => {
             return Response::error(
@@ -117,7 +123,13 @@ fn add(live: &LiveBackends, body: &[u8]) -> Response {
             )
         }
     };
-    match live.add(&config) {
+    // Left out, the workers are the slot's it goes to (its table's, or a spare's).
+    let added = if names_key(body, "max_concurrent_batches") {
+        live.add(&config)
+    } else {
+        live.add_with_the_slots_workers(&config)
+    };
+    match added {
         Ok(Added::Active) => {
             tracing::info!(backend = %config.name, "backend added via admin API");
             ok_json(&serde_json::json!({ "name": config.name, "requested": "active" }))

@@ -8,7 +8,10 @@
 //! less per input (the fitted cost is concave in the batch), and a pinned server on 2 cores
 //! puts every runtime thread, the embed worker with the threads it starts included, on one
 //! core. The `sim` and `upstream` executors wait (a latency model, a remote server), so
-//! several batches in flight and pinning cost them nothing.
+//! several batches in flight and pinning cost them nothing. The server behind an `upstream`
+//! backend batches for itself and serves more the more requests it is sent at once, so an
+//! `upstream` backend runs 64 at once (BENCHMARKS.md, "Upstream defaults": at 4, abe in
+//! front of a continuous-batching server served 0.39x what the server served directly).
 //!
 //! A key the file sets always wins, and so does an `ABE_*` variable (applied after this).
 //! What must never happen here: changing a key the file sets, or reading anything but the
@@ -34,11 +37,20 @@ impl KindDefaults {
     /// threads unpinned (measured best; see the module doc).
     pub fn of(kind: BackendKindName) -> KindDefaults {
         match kind {
-            BackendKindName::Sim | BackendKindName::Upstream => {
+            BackendKindName::Sim => {
                 let c = Config::default();
                 KindDefaults {
                     max_batch_size: c.batching.max_batch_size,
                     max_concurrent_batches: crate::router::registry::MAX_CONCURRENT_BATCHES_DEFAULT,
+                    pin: c.engine.pin,
+                }
+            }
+            BackendKindName::Upstream => {
+                let c = Config::default();
+                KindDefaults {
+                    max_batch_size: c.batching.max_batch_size,
+                    max_concurrent_batches:
+                        crate::router::registry::UPSTREAM_CONCURRENT_BATCHES_DEFAULT,
                     pin: c.engine.pin,
                 }
             }

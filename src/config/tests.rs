@@ -969,6 +969,30 @@ fn mixed_kinds_take_each_backends_own_concurrency_and_the_smallest_batch() {
     );
 }
 
+#[test]
+fn an_upstream_backend_runs_many_requests_at_once_unless_the_user_set_it() {
+    let upstream = "[[backends]]\nname = \"u\"\nkind = \"upstream\"\n\
+        base_url = \"http://127.0.0.1:8000\"\n[[backends.models]]\nname = \"x\"\n\
+        context_length = 2048\n";
+    let c = Config::from_toml(upstream).unwrap();
+    assert_eq!(c.backends[0].max_concurrent_batches, 64);
+    assert!(c.to_toml().contains("max_concurrent_batches = 64"));
+    let d = Config::default();
+    assert_eq!(
+        (c.batching.max_batch_size, c.engine.pin),
+        (d.batching.max_batch_size, d.engine.pin),
+        "the rest as built in"
+    );
+    let set = upstream.replace(
+        "kind = \"upstream\"\n",
+        "kind = \"upstream\"\nmax_concurrent_batches = 2\n",
+    );
+    assert_eq!(
+        Config::from_toml(&set).unwrap().backends[0].max_concurrent_batches,
+        2
+    );
+}
+
 /// `max_lora_adapters` counts distinct adapters: replicas of one model that each list the
 /// same adapters (the usual vLLM deployment) use one id per adapter, not one per listing.
 #[test]

@@ -309,6 +309,17 @@ impl LiveBackends {
     ///
     /// Refused changes change nothing (the client is pointed back, the tables kept).
     pub fn add(&self, config: &BackendConfig) -> Result<Added, LiveError> {
+        self.add_as(config, true)
+    }
+
+    /// [`Self::add`] of a table that leaves `max_concurrent_batches` out (the admin API's
+    /// JSON without the key): it takes the workers of the slot it goes to.
+    pub fn add_with_the_slots_workers(&self, config: &BackendConfig) -> Result<Added, LiveError> {
+        self.add_as(config, false)
+    }
+
+    /// [`Self::add`]; `workers_given`: false takes the slot's `max_concurrent_batches`.
+    fn add_as(&self, config: &BackendConfig, workers_given: bool) -> Result<Added, LiveError> {
         if config.spare {
             return Err(LiveError::Invalid(
                 "a spare slot's table cannot be added".into(),
@@ -318,8 +329,13 @@ impl LiveBackends {
             .map_err(|e| LiveError::Invalid(e.to_string()))?;
         let mut slots = lock(&self.slots);
         let Ok(b) = find(&slots, &config.name) else {
-            return self.fill_spare(&mut slots, config);
+            return self.fill_spare(&mut slots, config, workers_given);
         };
+        let mut config = config.clone();
+        if !workers_given {
+            config.max_concurrent_batches = slots[b].config.max_concurrent_batches;
+        }
+        let config = &config;
         if let Some(p) = slots[b].plan {
             return Err(LiveError::Discovered {
                 name: config.name.clone(),
@@ -331,7 +347,7 @@ impl LiveBackends {
         {
             // A backend added in a spare slot, removed and drained: the slot takes the
             // name's new table whole (other models, kind of the spare slots, priority).
-            return self.fill_slot(&mut slots, Some(b), config);
+            return self.fill_slot(&mut slots, Some(b), config, workers_given);
         }
         if !fixed.is_empty() {
             return Err(LiveError::Fixed {
@@ -391,21 +407,27 @@ impl LiveBackends {
     }
 
     /// `add` of a name no slot has: into a free spare slot, see [`LiveBackends::add`].
-    fn fill_spare(&self, slots: &mut [Slot], config: &BackendConfig) -> Result<Added, LiveError> {
+    fn fill_spare(
+        &self,
+        slots: &mut [Slot],
+        config: &BackendConfig,
+        workers_given: bool,
+    ) -> Result<Added, LiveError> {
         let snap = self.handle.snapshot();
         let free = (0..slots.len()).find(|&b| {
             slots[b].spare && slots[b].moving.is_none() && Self::drained(&snap, slots, b)
         });
-        self.fill_slot(slots, free, config)
+        self.fill_slot(slots, free, config, workers_given)
     }
 
-    /// Fills spare slot `b` (free: empty, its last drain over) with `config`'s backend;
-    /// `None`: no slot is free.
+    /// Fills spare slot `b` (free: empty, its last drain over) with `config`'s backend,
+    /// with the slot's workers unless `workers_given`; `None`: no slot is free.
     fn fill_slot(
         &self,
         slots: &mut [Slot],
         b: Option<usize>,
         config: &BackendConfig,
+        workers_given: bool,
     ) -> Result<Added, LiveError> {
         let Some(kind) = self.spare_kind else {
             return Err(LiveError::NoSlot(config.name.clone()));
@@ -428,6 +450,11 @@ impl LiveBackends {
             return Err(LiveError::NoSlot(config.name.clone()));
         };
         let workers = slots[b].config.max_concurrent_batches;
+        let mut config = config.clone();
+        if !workers_given {
+            config.max_concurrent_batches = workers;
+        }
+        let config = &config;
         if config.max_concurrent_batches != workers {
             return Err(LiveError::Invalid(format!(
                 "backend '{}': a spare slot runs max_concurrent_batches = {workers} (fixed at \

@@ -27,9 +27,19 @@ pub const LATENCY_EMA_ALPHA: f64 = 0.2;
 /// score distinguishes (0..=100).
 pub const PRIORITY_DEFAULT: u32 = 50;
 
-/// `max_concurrent_batches` of a `sim` or `upstream` backend whose table does not set it (an
-/// `embed` backend's is 1: `config::KindDefaults`).
+/// `max_concurrent_batches` of a `sim` backend whose table does not set it, and of a spare
+/// slot (an `embed` backend's is 1, an `upstream` backend's
+/// [`UPSTREAM_CONCURRENT_BATCHES_DEFAULT`]: `config::KindDefaults`).
 pub const MAX_CONCURRENT_BATCHES_DEFAULT: u32 = 4;
+
+/// `max_concurrent_batches` of an `upstream` backend whose table does not set it: requests
+/// in flight to it at once (one worker thread each; without prompt arrays a batch is one
+/// request, [`Backend::batch_limit`]). A server that batches for itself (vLLM, SGLang,
+/// llama.cpp with parallel slots) serves more at once the more it is sent: at 4, abe in
+/// front of a continuous-batching server served 0.39x of what the server served its clients
+/// directly (BENCHMARKS.md, "Upstream defaults"). 64 is also the connections each backend's
+/// pool keeps alive.
+pub const UPSTREAM_CONCURRENT_BATCHES_DEFAULT: u32 = 64;
 
 /// Dense index of a backend: `0..registry.len()`, in `[[backends]]` order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -268,6 +278,15 @@ impl Backend {
     /// One completions request may carry an array of prompts.
     pub fn accepts_prompt_array(&self) -> bool {
         self.accepts_prompt_array
+    }
+    /// The most requests one batch to this backend may hold, below `batching.max_batch_size`
+    /// (`None`: that one). An `upstream` backend without prompt arrays gets one request per
+    /// batch: its executor sends each item as a request of its own and answers the batch
+    /// when the last is back, so batching only holds each answer back for the slowest
+    /// (BENCHMARKS.md, "Upstream defaults"); the server behind it batches for itself.
+    pub fn batch_limit(&self) -> Option<usize> {
+        (matches!(self.kind, BackendKind::Upstream { .. }) && !self.accepts_prompt_array)
+            .then_some(1)
     }
     pub fn models(&self) -> &[ModelId] {
         &self.models

@@ -1694,3 +1694,30 @@ impl CacheView for AdapterTwoOnB {
         Some(backend.index() == 1 && adapter == 2)
     }
 }
+
+/// An `upstream` backend without prompt arrays runs batches of one (its executor sends each
+/// item as a request of its own and answers the batch when the last is back); with prompt
+/// arrays, and every other kind, batches are the engine's `max_batch_size`.
+#[test]
+fn an_upstream_backend_batches_only_what_it_can_send_as_one_request() {
+    let upstream = |name: &str, prompt_array: Option<bool>| BackendConfig {
+        kind: BackendKindName::Upstream,
+        base_url: Some("http://127.0.0.1:9".into()),
+        prompt_array,
+        ..backend(name, 0, &[("m", 4096, NONE)])
+    };
+    let r = router(
+        &[
+            upstream("plain", None),
+            upstream("no-arrays", Some(false)),
+            upstream("arrays", Some(true)),
+            backend("sim", 0, &[("m", 4096, NONE)]),
+        ],
+        &RoutingConfig::default(),
+    );
+    let limit = |name: &str| r.registry().backend(id(&r, name)).batch_limit();
+    assert_eq!(limit("plain"), Some(1));
+    assert_eq!(limit("no-arrays"), Some(1));
+    assert_eq!(limit("arrays"), None);
+    assert_eq!(limit("sim"), None);
+}

@@ -147,8 +147,9 @@ pub enum StartError {
 /// Starts the engine and worker threads with `sim` executors.
 pub fn start(cfg: RuntimeConfig) -> Result<Handle, StartError> {
     let stop = Arc::new(AtomicBool::new(false));
-    let LaneWorkers { executors, faults } =
-        sim_lane(&cfg, &cfg.sim.latency, cfg.core.workers, 0, &stop);
+    let LaneWorkers {
+        executors, faults, ..
+    } = sim_lane(&cfg, &cfg.sim.latency, cfg.core.workers, 0, &stop);
     start_with_executors(cfg, executors, faults, stop)
 }
 
@@ -180,7 +181,11 @@ pub fn sim_lane(
                 as Box<dyn crate::exec::Executor>
         })
         .collect();
-    LaneWorkers { executors, faults }
+    LaneWorkers {
+        executors,
+        faults,
+        max_batch_size: None,
+    }
 }
 
 /// The model the runtime serves when started without a router ([`start`],
@@ -214,13 +219,21 @@ pub fn start_with_executors(
         .lookup(DEFAULT_MODEL)
         .map_err(|e| StartError::Config(e.to_string()))?;
     let routing = engine::Routing::new(router, name, None);
-    start_routed(cfg, routing, vec![LaneWorkers { executors, faults }], stop)
+    let lane = LaneWorkers {
+        executors,
+        faults,
+        max_batch_size: None,
+    };
+    start_routed(cfg, routing, vec![lane], stop)
 }
 
 /// One backend's worker threads: an executor and a fault switch per worker.
 pub struct LaneWorkers {
     pub executors: Vec<Box<dyn crate::exec::Executor>>,
     pub faults: Vec<Arc<Faults>>,
+    /// The most requests in one of its batches, below the core's `max_batch_size`
+    /// (`Backend::batch_limit`; `None`: the core's).
+    pub max_batch_size: Option<usize>,
 }
 
 /// Starts the runtime over the backends of `routing`'s router: `lanes[b]` are backend `b`'s
@@ -254,6 +267,7 @@ pub fn start_routed(
         ));
     }
     let lane_workers: Vec<usize> = lanes.iter().map(|l| l.executors.len()).collect();
+    let lane_batches: Vec<Option<usize>> = lanes.iter().map(|l| l.max_batch_size).collect();
     let total_workers: usize = lane_workers.iter().sum();
     let mut executors = Vec::with_capacity(total_workers);
     let mut faults = Vec::with_capacity(total_workers);
@@ -321,9 +335,15 @@ pub fn start_routed(
                 .iter()
                 .enumerate()
                 .map(|(l, &workers)| {
+                    // A lane's own limit lowers the batch size, and the minimum with it.
+                    let max_batch_size = lane_batches[l].map_or(cfg.core.max_batch_size, |m| {
+                        m.clamp(1, cfg.core.max_batch_size)
+                    });
                     Core::new(CoreConfig {
                         workers,
                         seed: cfg.core.seed.wrapping_add(l as u64),
+                        max_batch_size,
+                        min_batch_size: cfg.core.min_batch_size.min(max_batch_size),
                         ..cfg.core.clone()
                     })
                 })
