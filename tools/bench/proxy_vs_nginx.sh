@@ -13,7 +13,9 @@
 #         UPSTREAM_WORKERS=N sets the front abe's max_concurrent_batches, default 4;
 #         FRONT_MAX_BATCH=N sets its batching.max_batch_size: by default the front batches
 #         requests and forwards a batch as one upstream request with a prompt array, which
-#         nginx cannot do; FRONT_MAX_BATCH=1 forwards every request alone, as nginx does)
+#         nginx cannot do; FRONT_MAX_BATCH=1 forwards every request alone, as nginx does;
+#         FRONT_DEFAULTS=1 writes only the backend's name, kind, address and model, so every
+#         other key is abe's default: 64 in flight, each request alone, no prompt arrays)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-10}"
@@ -42,8 +44,7 @@ ngx_port=18488
 name = "upstream-abe"
 kind = "upstream"
 base_url = "http://127.0.0.1:$back_port"
-prompt_array = true
-max_concurrent_batches = $workers
+$(if [ -z "${FRONT_DEFAULTS:-}" ]; then printf 'prompt_array = true\nmax_concurrent_batches = %s' "$workers"; fi)
 [[backends.models]]
 name = "abe-sim"
 context_length = 131072

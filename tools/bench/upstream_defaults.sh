@@ -9,7 +9,8 @@
 # column runs that build as the front (the same config file), for before/after.
 # Usage: tools/bench/upstream_defaults.sh [SECS] [ROUNDS] [CLIENTS...]
 #   (defaults 15 s, 3 rounds, 16 64 128 clients; BENCH_BIN=PATH uses that binary instead of
-#    building target/release/abe). Needs curl.
+#    building target/release/abe; TABLE_EXTRA='key = value' adds a line to the front's
+#    backend table, e.g. 'prompt_array = true'). Needs curl.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-15}"
@@ -34,6 +35,7 @@ cat >"$work/front.toml" <<TOML
 name = "batching-server"
 kind = "upstream"
 base_url = "http://127.0.0.1:$back_port"
+${TABLE_EXTRA:-}
 [[backends.models]]
 name = "abe-sim"
 context_length = 131072
