@@ -32,9 +32,10 @@ pub struct KindDefaults {
 }
 
 impl KindDefaults {
-    /// `sim` and `upstream`: the built-in defaults (`[batching]`, `[engine]`, the router's
-    /// `MAX_CONCURRENT_BATCHES_DEFAULT`). `embed`: one batch at a time, batches of up to 64,
-    /// threads unpinned (measured best; see the module doc).
+    /// `sim`: the built-in defaults (`[batching]`, `[engine]`, the router's
+    /// `MAX_CONCURRENT_BATCHES_DEFAULT`). `upstream`: the same, with
+    /// `UPSTREAM_CONCURRENT_BATCHES_DEFAULT` batches at once. `embed`: one batch at a time,
+    /// batches of up to 64, threads unpinned (measured best; see the module doc).
     pub fn of(kind: BackendKindName) -> KindDefaults {
         match kind {
             BackendKindName::Sim => {

@@ -725,3 +725,35 @@ fn abort_all_answers_every_request_queued_in_bins() {
     assert!(core.is_idle());
     assert_eq!(core.live_requests(), 0);
 }
+
+/// A lane capped at one request a batch (an `upstream` backend without prompt arrays,
+/// `CoreConfig::with_batch_cap`) sends every request alone under every strategy, the
+/// research ones (which size batches by their own `b_max`) and `auto` included.
+#[test]
+fn a_batch_cap_of_one_holds_under_every_strategy() {
+    for strategy in [
+        StrategyKind::Fixed,
+        StrategyKind::QueueDepth,
+        StrategyKind::Auto,
+        StrategyKind::Dynamic,
+        StrategyKind::MultiBin,
+    ] {
+        let mut c = if matches!(strategy, StrategyKind::Dynamic | StrategyKind::MultiBin) {
+            research_cfg(strategy)
+        } else {
+            CoreConfig {
+                strategy,
+                ..CoreConfig::default()
+            }
+        };
+        c.workers = 4;
+        c.min_batch_size = 4;
+        let mut core = Core::new(c.with_batch_cap(1));
+        for i in 0..10 {
+            core.admit(i, with_max_tokens(16, i)).unwrap();
+        }
+        let p = poll(&mut core, 10);
+        let sizes: Vec<usize> = p.dispatches.iter().map(|d| d.3.len()).collect();
+        assert_eq!(sizes, [1, 1, 1, 1], "{strategy:?}");
+    }
+}

@@ -281,9 +281,11 @@ impl Backend {
     }
     /// The most requests one batch to this backend may hold, below `batching.max_batch_size`
     /// (`None`: that one). An `upstream` backend without prompt arrays gets one request per
-    /// batch: its executor sends each item as a request of its own and answers the batch
-    /// when the last is back, so batching only holds each answer back for the slowest
-    /// (BENCHMARKS.md, "Upstream defaults"); the server behind it batches for itself.
+    /// batch: its executor sends each completion or chat item as a request of its own and
+    /// answers the batch when the last is back, so batching only holds each answer back for
+    /// the slowest (BENCHMARKS.md, "Upstream defaults"); the server behind it batches for
+    /// itself. Its embeddings, which would go as one input array a batch, go one input a
+    /// request then (docs/configuration.md says to set `prompt_array` for them).
     pub fn batch_limit(&self) -> Option<usize> {
         (matches!(self.kind, BackendKind::Upstream { .. }) && !self.accepts_prompt_array)
             .then_some(1)

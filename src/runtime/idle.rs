@@ -58,7 +58,8 @@ impl FromStr for IdlePolicy {
 
 crate::core::names::serde_by_name!(IdlePolicy);
 
-/// Longest single park, so a thread re-checks its state (shutdown flags) at least this often.
+/// Longest single park, so a thread re-checks its state (shutdown flags) at least this often
+/// (workers: [`WORKER_MAX_PARK`]).
 pub const MAX_PARK: Duration = Duration::from_millis(100);
 
 /// Longest single park of a worker thread ([`Idler::parking_at_most`]). A worker needs no

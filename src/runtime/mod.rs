@@ -335,16 +335,15 @@ pub fn start_routed(
                 .iter()
                 .enumerate()
                 .map(|(l, &workers)| {
-                    // A lane's own limit lowers the batch size, and the minimum with it.
-                    let max_batch_size = lane_batches[l].map_or(cfg.core.max_batch_size, |m| {
-                        m.clamp(1, cfg.core.max_batch_size)
-                    });
-                    Core::new(CoreConfig {
+                    let core = CoreConfig {
                         workers,
                         seed: cfg.core.seed.wrapping_add(l as u64),
-                        max_batch_size,
-                        min_batch_size: cfg.core.min_batch_size.min(max_batch_size),
                         ..cfg.core.clone()
+                    };
+                    // A lane's own limit lowers every strategy's batch size.
+                    Core::new(match lane_batches[l] {
+                        Some(cap) => core.with_batch_cap(cap),
+                        None => core,
                     })
                 })
                 .collect();

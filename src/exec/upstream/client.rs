@@ -20,8 +20,9 @@ pub(super) const RESPONSE_BYTES_MAX: u64 = 64 << 20;
 const ERROR_BODY_BYTES_MAX: u64 = 64 << 10;
 /// Longest snippet of a non-JSON error body quoted in a message.
 const ERROR_SNIPPET_CHARS_MAX: usize = 200;
-/// Idle keep-alive connections kept per backend: the executor's concurrency cap (16) times a
-/// few worker threads; more connections than this are closed after use, not refused.
+/// Idle keep-alive connections kept per backend: an `upstream` backend's default workers
+/// (`router::registry::UPSTREAM_CONCURRENT_BATCHES_DEFAULT`, each one request at a time
+/// without prompt arrays); more connections than this are closed after use, not refused.
 const IDLE_CONNECTIONS_MAX: usize = 64;
 
 /// Where a backend is and how to talk to it.
