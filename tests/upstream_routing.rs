@@ -399,6 +399,21 @@ fn an_upstream_backend_on_defaults_forwards_many_requests_at_once() {
     );
     let (batches, singles) = batches_and_singles(&abe);
     assert_eq!((batches, singles), (13, 13), "a batch a request");
+    // The spare slots' workers (64 each, waiting for a backend) are counted, not listed.
+    let metrics = Client::connect(abe.local_addr())
+        .request("GET", "/metrics", None)
+        .text();
+    let listed = metrics
+        .lines()
+        .filter(|l| l.starts_with("abe_worker_busy_seconds_total{"))
+        .count();
+    let threads: usize = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("abe_workers "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("abe_workers");
+    assert_eq!(listed, 64, "the table's workers");
+    assert!(threads > 64, "spare slots' workers counted: {threads}");
 }
 
 /// Without prompt arrays each request goes alone even while every worker is busy: a batch

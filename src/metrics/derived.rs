@@ -62,6 +62,24 @@ pub fn worker_id(index: usize) -> String {
     format!("worker-{index}")
 }
 
+/// The workers both renderers list, with their ids: those of every backend slot that is not
+/// empty (an empty slot's workers wait for a backend to fill it).
+pub fn shown_workers(
+    snapshot: &Snapshot,
+) -> impl Iterator<Item = (String, &crate::runtime::snapshot::WorkerSnapshot)> {
+    snapshot
+        .workers
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| {
+            snapshot
+                .backends
+                .get(usize::from(w.backend))
+                .is_none_or(|b| b.slot != crate::router::SlotState::Empty)
+        })
+        .map(|(i, w)| (worker_id(i), w))
+}
+
 /// Every worker status, in metric order.
 pub const WORKER_STATUSES: [WorkerStatus; 3] = [
     WorkerStatus::Idle,

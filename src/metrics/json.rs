@@ -6,8 +6,8 @@
 //! with the Prometheus page come from `derived`, so both pages agree.
 
 use super::derived::{
-    ns_to_ms, ns_to_seconds, quantile_ms, rejected_total, request_outcomes, throughput_rps,
-    utilization_ratio, worker_id, NANOS_PER_MS_F64,
+    ns_to_ms, ns_to_seconds, quantile_ms, rejected_total, request_outcomes, shown_workers,
+    throughput_rps, utilization_ratio, NANOS_PER_MS_F64,
 };
 use super::http_stats::{Endpoint, HttpStats, STATUS_SLOTS, STATUS_SLOT_LABELS};
 use super::timestamp::rfc3339_utc_from_unix_ms;
@@ -146,11 +146,11 @@ fn flush_reasons(snapshot: &Snapshot) -> Value {
     Value::Object(map)
 }
 
-/// One object per worker, in worker order.
+/// One object per worker of a slot that is not empty, in worker order.
 fn workers(snapshot: &Snapshot) -> Value {
-    let list = snapshot.workers.iter().enumerate().map(|(i, w)| {
+    let list = shown_workers(snapshot).map(|(id, w)| {
         json!({
-            "id": worker_id(i),
+            "id": id,
             "status": w.status.as_str(),
             "utilization": utilization_ratio(w.busy_ns, snapshot.at_ns),
             "busy_seconds": ns_to_seconds(w.busy_ns),

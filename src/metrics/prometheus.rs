@@ -7,7 +7,7 @@
 //! are in seconds, and every label set is fixed (no label value comes from a client).
 
 use super::derived::{
-    approx_sum, ns_to_seconds, request_outcomes, utilization_ratio, worker_id, CIRCUIT_STATES,
+    approx_sum, ns_to_seconds, request_outcomes, shown_workers, utilization_ratio, CIRCUIT_STATES,
     NANOS_PER_SECOND_F64, WORKER_STATUSES,
 };
 use super::exposition::{family, histogram, sample, single, MetricType};
@@ -460,9 +460,12 @@ pub(super) fn cumulative_counts(h: &Histogram<u64>, bounds: &[u64]) -> Vec<u64> 
     counts
 }
 
-/// Per-worker status, circuit, utilisation, busy time, pending and finished batches.
+/// Per-worker status, circuit, utilisation, busy time, pending and finished batches, for the
+/// workers of every backend slot that is not empty (an empty slot's workers wait for a
+/// backend to fill it: series of theirs would only be noise, 11 a worker, and an upstream
+/// slot has 64). `abe_workers` counts every worker thread.
 fn render_workers(snapshot: &Snapshot, out: &mut String) {
-    let ids: Vec<String> = (0..snapshot.workers.len()).map(worker_id).collect();
+    let shown: Vec<_> = shown_workers(snapshot).collect();
     single(
         out,
         "abe_workers",
@@ -477,7 +480,7 @@ fn render_workers(snapshot: &Snapshot, out: &mut String) {
         MetricType::Gauge,
         "Worker status: 1 for the current one, 0 for the others.",
     );
-    for (id, w) in ids.iter().zip(&snapshot.workers) {
+    for (id, w) in &shown {
         for status in WORKER_STATUSES {
             sample(
                 out,
@@ -490,7 +493,7 @@ fn render_workers(snapshot: &Snapshot, out: &mut String) {
     let name = "abe_worker_circuit_state";
     let help = "Worker circuit breaker state: 1 for the current one, 0 for the others.";
     family(out, name, MetricType::Gauge, help);
-    for (id, w) in ids.iter().zip(&snapshot.workers) {
+    for (id, w) in &shown {
         for state in CIRCUIT_STATES {
             sample(
                 out,
@@ -503,7 +506,7 @@ fn render_workers(snapshot: &Snapshot, out: &mut String) {
     let name = "abe_worker_utilization_ratio";
     let help = "Fraction of the time since start a worker had at least one batch pending.";
     family(out, name, MetricType::Gauge, help);
-    for (id, w) in ids.iter().zip(&snapshot.workers) {
+    for (id, w) in &shown {
         sample(
             out,
             name,
@@ -514,7 +517,7 @@ fn render_workers(snapshot: &Snapshot, out: &mut String) {
     let name = "abe_worker_busy_seconds_total";
     let help = "Time a worker had at least one batch pending (rate() gives recent utilisation).";
     family(out, name, MetricType::Counter, help);
-    for (id, w) in ids.iter().zip(&snapshot.workers) {
+    for (id, w) in &shown {
         sample(out, name, &[("worker", id)], ns_to_seconds(w.busy_ns));
     }
     let name = "abe_worker_pending_batches";
@@ -524,7 +527,7 @@ fn render_workers(snapshot: &Snapshot, out: &mut String) {
         MetricType::Gauge,
         "Batches handed to a worker and not yet returned.",
     );
-    for (id, w) in ids.iter().zip(&snapshot.workers) {
+    for (id, w) in &shown {
         sample(out, name, &[("worker", id)], w.pending);
     }
     let name = "abe_worker_batches_total";
@@ -534,7 +537,7 @@ fn render_workers(snapshot: &Snapshot, out: &mut String) {
         MetricType::Counter,
         "Batches a worker finished, by result (ok, failed).",
     );
-    for (id, w) in ids.iter().zip(&snapshot.workers) {
+    for (id, w) in &shown {
         sample(out, name, &[("worker", id), ("result", "ok")], w.batches_ok);
         sample(
             out,

@@ -19,6 +19,8 @@ use crate::latency_histogram::latency_histogram;
 /// One worker as published.
 #[derive(Clone, Copy, Debug)]
 pub struct WorkerSnapshot {
+    /// The backend whose worker it is (its index in the router's backend order).
+    pub backend: u16,
     pub status: WorkerStatus,
     pub circuit: crate::core::circuit::CircuitState,
     pub pending: u32,
@@ -28,9 +30,10 @@ pub struct WorkerSnapshot {
 }
 
 impl WorkerSnapshot {
-    /// From the core's view at `now`.
-    pub fn from_view(w: &WorkerView, now: Nanos) -> Self {
+    /// From the core's view at `now`, of a worker of backend `backend`.
+    pub fn from_view(w: &WorkerView, backend: u16, now: Nanos) -> Self {
         WorkerSnapshot {
+            backend,
             status: w.status(),
             circuit: w.circuit.last_state(),
             pending: w.pending,
@@ -163,6 +166,7 @@ impl Snapshot {
     /// An empty snapshot for `workers` workers (allocates once).
     pub fn new(workers: usize, strategy: StrategyKind) -> Self {
         let idle = WorkerSnapshot {
+            backend: 0,
             status: WorkerStatus::Idle,
             circuit: crate::core::circuit::CircuitState::Closed,
             pending: 0,

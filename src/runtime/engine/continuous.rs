@@ -739,6 +739,7 @@ impl Mode for IterationLevel {
         for (r, w) in snap.workers.iter_mut().enumerate() {
             let busy = self.sched.is_busy(r);
             *w = WorkerSnapshot {
+                backend: self.sched.group_of(r) as u16,
                 status: if busy {
                     WorkerStatus::Busy
                 } else {

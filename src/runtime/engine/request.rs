@@ -860,7 +860,7 @@ impl Mode for RequestLevel {
         let lora = &mut snap.lora;
         lora.running.clear();
         lora.waiting.clear();
-        for lane in &self.lanes {
+        for (l, lane) in self.lanes.iter().enumerate() {
             let core = &lane.core;
             core.lora_adapters(&mut lora.running, &mut lora.waiting);
             stats.merge(core.stats());
@@ -872,7 +872,7 @@ impl Mode for RequestLevel {
             p99 = p99.max(core.observed_p99_ns());
             for view in core.workers() {
                 if let Some(dst) = snap.workers.get_mut(w) {
-                    *dst = WorkerSnapshot::from_view(view, now);
+                    *dst = WorkerSnapshot::from_view(view, l as u16, now);
                 }
                 w += 1;
             }
