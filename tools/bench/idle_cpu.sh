@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What an idle `abe serve` costs: starts it (with CONFIG, or on embedded defaults when CONFIG
 # is `-`), waits WARM seconds, then prints its threads, resident memory and the CPU it used
-# over SECS seconds with no request sent (utime + stime from /proc, % of one core). For the
-# idle cost of many worker threads (an `upstream` backend's, its spare slots').
+# over SECS seconds with no request sent (utime + stime from /proc, % of one core), and the
+# size of one /metrics scrape (bytes, samples, per-worker samples). For the idle cost of many
+# worker threads (an `upstream` backend's, its spare slots'). Needs curl.
 # Usage: tools/bench/idle_cpu.sh [CONFIG|-] [SECS] [BINARY]   (defaults -, 10 s,
 #        target/release/abe, built when not given). Linux only (/proc).
 set -euo pipefail
@@ -28,6 +29,11 @@ a=$(ticks)
 sleep "$secs"
 b=$(ticks)
 threads=$(ls "/proc/$pid/task" | wc -l)
+scrape=$(curl -s "http://127.0.0.1:${PORT:-18520}/metrics")
+scrape_bytes=$(printf '%s' "$scrape" | wc -c)
+samples=$(printf '%s\n' "$scrape" | grep -c '^[a-z]' || true)
+worker_samples=$(printf '%s\n' "$scrape" | grep -c '^abe_worker_' || true)
 rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status")
 awk -v t="$threads" -v r="$rss" -v d=$((b - a)) -v hz="$hz" -v s="$secs" -v c="$config" -v bin="$bin" \
-  'BEGIN { printf "%s, config %s: %d threads, %.1f MiB resident, idle CPU %.2f %% of a core over %d s\n", bin, c, t, r / 1024, 100 * d / hz / s, s }'
+  -v mb="$scrape_bytes" -v ms="$samples" -v mw="$worker_samples" \
+  'BEGIN { printf "%s, config %s: %d threads, %.1f MiB resident, idle CPU %.2f %% of a core over %d s; /metrics %d bytes, %d samples (%d per worker)\n", bin, c, t, r / 1024, 100 * d / hz / s, s, mb, ms, mw }'
