@@ -147,7 +147,7 @@ impl Running {
                 &stop,
                 &mut embed_stats,
             )?;
-            lane.max_batch_size = routed.batch_limit();
+            lane.completions_alone = routed.completions_alone();
             lanes.push(lane);
         }
         let board = HealthBoard::new(backends.len());
@@ -374,7 +374,7 @@ fn lane_workers(
                 })
                 .collect(),
             faults: faults(),
-            max_batch_size: None,
+            completions_alone: false,
         });
     }
     match kind {
@@ -419,7 +419,7 @@ fn lane_workers(
             Ok(LaneWorkers {
                 executors,
                 faults: faults(),
-                max_batch_size: None,
+                completions_alone: false,
             })
         }
         #[cfg(not(feature = "embed"))]

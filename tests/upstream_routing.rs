@@ -416,11 +416,12 @@ fn an_upstream_backend_on_defaults_forwards_many_requests_at_once() {
     assert!(threads > 64, "spare slots' workers counted: {threads}");
 }
 
-/// Without prompt arrays each request goes alone even while every worker is busy: a batch
-/// of several would be sent as several requests anyway and answered when its slowest is
-/// back, holding the others' answers.
+/// Without prompt arrays each completion goes alone even while every worker is busy: a
+/// batch of several would be sent as several requests anyway and answered when its slowest
+/// is back, holding the others' answers. Embeddings still batch: a batch of them is one
+/// request with an input array.
 #[test]
-fn an_upstream_backend_without_prompt_arrays_batches_one_request_even_with_a_queue() {
+fn an_upstream_backend_without_prompt_arrays_sends_completions_alone_and_batches_embeddings() {
     let mock = MockUpstream::start();
     let (abe, _) = front_on_defaults(&mock, "max_concurrent_batches = 2\n");
     mock.set_delay(Duration::from_millis(300));
@@ -428,7 +429,18 @@ fn an_upstream_backend_without_prompt_arrays_batches_one_request_even_with_a_que
     clients_at_once(&abe, 6);
     assert!(mock.in_flight_max() <= 2, "{}", mock.in_flight_max());
     let (batches, singles) = batches_and_singles(&abe);
-    assert_eq!((batches, singles), (7, 7), "a batch a request");
+    assert_eq!((batches, singles), (7, 7), "a batch a completion");
+    // Eight inputs in one request: batched into input arrays, not eight requests.
+    let inputs: Vec<String> = (0..8).map(|i| format!("input {i}")).collect();
+    let body = serde_json::json!({ "model": "m", "input": inputs }).to_string();
+    let r = Client::connect(abe.local_addr()).request("POST", "/v1/embeddings", Some(&body));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["data"].as_array().map(Vec::len), Some(8));
+    let sent = mock.requests("/v1/embeddings");
+    assert!(
+        (1..8).contains(&sent),
+        "{sent} upstream requests for 8 inputs"
+    );
 }
 
 #[test]

@@ -481,6 +481,8 @@ impl Config {
                 .dynamic
                 .research_config("batching.dynamic", self.server.max_tokens_limit)?,
             max_loras: self.check_lora()?,
+            // Per backend lane, set where the lanes are built (`router::Backend`).
+            completions_alone: false,
         };
         Ok(RuntimeConfig {
             core,

@@ -9,7 +9,7 @@
 
 use super::lora::BatchAdapters;
 use super::pool::WorkerView;
-use super::request::{self, Nanos, Priority, Ticket, BUCKET_COUNT};
+use super::request::{self, Kind, Nanos, Priority, Ticket, BUCKET_COUNT};
 use super::stats::FlushReason;
 use super::strategy::StrategyKind;
 use super::table::NIL;
@@ -127,6 +127,8 @@ impl Core {
         let max_len = max_len.min(tickets.capacity());
         let mut tokens = 0u64;
         let mut adapters = BatchAdapters::new(self.cfg.max_loras);
+        // A completion that goes alone closes the batch (`CoreConfig::completions_alone`).
+        let mut closed = false;
         // The group's buckets as a mask over one priority's classes: only the occupied
         // ones (`nonempty`) are looked at, and one occupied queue gives its first request
         // without comparing arrivals.
@@ -177,7 +179,8 @@ impl Core {
                     meta.adapter,
                     meta.arrival_ns,
                 );
-                if !tickets.is_empty() && !self.fits(limit, tokens, t) {
+                let alone = self.cfg.completions_alone && meta.kind == Kind::Completion;
+                if !tickets.is_empty() && (alone || closed || !self.fits(limit, tokens, t)) {
                     break 'fill;
                 }
                 self.queues[class].unlink(&mut self.table, index);
@@ -185,6 +188,7 @@ impl Core {
                 self.take_queued(now, index, arrival, &mut tickets);
                 adapters.add(adapter);
                 tokens += t;
+                closed = alone;
             }
         }
         (slot, tickets)
@@ -223,6 +227,8 @@ impl Core {
         let max_len = max_len.min(tickets.capacity());
         let mut tokens = 0u64;
         let mut adapters = BatchAdapters::new(self.cfg.max_loras);
+        // A completion that goes alone closes the batch (`CoreConfig::completions_alone`).
+        let mut closed = false;
         while tickets.len() < max_len {
             let Some(index) = self.first_fitting(self.research.bins[bin].front(), &adapters) else {
                 break;
@@ -233,7 +239,9 @@ impl Core {
                 meta.arrival_ns,
                 meta.adapter,
             );
-            if !tickets.is_empty() && !self.fits(BatchLimit::Memory, tokens, t) {
+            let alone = self.cfg.completions_alone && meta.kind == Kind::Completion;
+            if !tickets.is_empty() && (alone || closed || !self.fits(BatchLimit::Memory, tokens, t))
+            {
                 break;
             }
             self.research.bins[bin].unlink(&mut self.table, index);
@@ -241,6 +249,7 @@ impl Core {
             self.take_queued(now, index, arrival, &mut tickets);
             adapters.add(adapter);
             tokens += t;
+            closed = alone;
         }
         (slot, tickets)
     }

@@ -7,7 +7,7 @@
 //! allocation (group summaries are fixed arrays on the stack); a deadline the driver is not
 //! told about.
 
-use super::request::{self, Nanos, Priority, BUCKET_COUNT};
+use super::request::{self, Kind, Nanos, Priority, BUCKET_COUNT};
 use super::stats::FlushReason;
 use super::strategy::{self, auto, StrategyKind};
 use super::{Action, BatchState, Core};
@@ -74,6 +74,7 @@ impl Core {
                 FlushReason::Critical
             } else if s.len >= self.cfg.max_batch_size
                 || s.tokens >= u64::from(self.cfg.max_batch_tokens)
+                || s.alone
             {
                 FlushReason::Full
             } else if is_auto {
@@ -129,9 +130,11 @@ impl Core {
             } else {
                 0
             };
-            let arrival = self.table.meta(head).arrival_ns;
+            let meta = self.table.meta(head);
+            let (arrival, kind) = (meta.arrival_ns, meta.kind);
             let max_wait = request::ms_to_nanos(self.cfg.priority_max_wait_ms[priority.index()]);
             let s = &mut groups[g];
+            s.alone |= self.cfg.completions_alone && kind == Kind::Completion;
             s.len += q.len();
             s.tokens += q.tokens();
             s.oldest = s.oldest.min(arrival);
@@ -332,6 +335,11 @@ struct GroupSummary {
     max_wait_at: Nanos,
     /// Shortest max wait among the priorities queued in the group.
     max_wait_min_ns: Nanos,
+    /// A queued head is a completion that goes alone ([`CoreConfig::completions_alone`]):
+    /// the group is as full as it gets.
+    ///
+    /// [`CoreConfig::completions_alone`]: super::CoreConfig::completions_alone
+    alone: bool,
 }
 
 impl GroupSummary {
@@ -342,6 +350,7 @@ impl GroupSummary {
         critical: false,
         max_wait_at: Nanos::MAX,
         max_wait_min_ns: Nanos::MAX,
+        alone: false,
     };
 }
 

@@ -103,6 +103,12 @@ pub struct CoreConfig {
     /// Distinct LoRA adapters one batch may hold, and adapter slots per worker
     /// (`[lora] max_loras`, `1..=core::lora::MAX_LORAS_MOST`).
     pub max_loras: usize,
+    /// Every completion (chat included) goes in a batch of its own, under every strategy;
+    /// embeddings batch as usual. For a lane whose executor sends each completion as a
+    /// request of its own and answers the batch when the last is back (an `upstream`
+    /// backend without prompt arrays, `router::Backend::completions_alone`): a batch of
+    /// several would only hold each answer for the slowest.
+    pub completions_alone: bool,
 }
 
 impl Default for CoreConfig {
@@ -129,26 +135,7 @@ impl Default for CoreConfig {
             seed: 0x00ab_e5eed,
             research: super::strategy::research::ResearchConfig::default(),
             max_loras: 1,
+            completions_alone: false,
         }
-    }
-}
-
-impl CoreConfig {
-    /// This config with batches of at most `cap` requests under every strategy: the
-    /// `max_batch_size` the timeout strategies and `auto` fill to, the `b_max` that `dynamic`
-    /// and `multi_bin` size batches up to, and the minimums below them (a lane's own limit,
-    /// `router::Backend::batch_limit`). A cap above the config's changes nothing.
-    pub fn with_batch_cap(mut self, cap: usize) -> CoreConfig {
-        let cap = cap.max(1);
-        self.max_batch_size = self.max_batch_size.min(cap);
-        self.min_batch_size = self.min_batch_size.min(self.max_batch_size);
-        let cap32 = u32::try_from(cap).unwrap_or(u32::MAX);
-        let memory = &mut self.research.memory;
-        memory.b_max = memory.b_max.min(cap32);
-        memory.b_min = memory.b_min.min(memory.b_max);
-        let sla = &mut self.research.sla;
-        sla.b_max = sla.b_max.min(cap32);
-        sla.b_min = sla.b_min.min(sla.b_max);
-        self
     }
 }

@@ -726,11 +726,12 @@ fn abort_all_answers_every_request_queued_in_bins() {
     assert_eq!(core.live_requests(), 0);
 }
 
-/// A lane capped at one request a batch (an `upstream` backend without prompt arrays,
-/// `CoreConfig::with_batch_cap`) sends every request alone under every strategy, the
-/// research ones (which size batches by their own `b_max`) and `auto` included.
+/// A lane whose completions go alone (`completions_alone`: an `upstream` backend without
+/// prompt arrays) sends every completion in a batch of its own under every strategy, the
+/// research ones (which size batches by their own `b_max`) and `auto` included, at once
+/// (nothing to wait for), while its embeddings still batch.
 #[test]
-fn a_batch_cap_of_one_holds_under_every_strategy() {
+fn completions_that_go_alone_do_so_under_every_strategy_and_embeddings_still_batch() {
     for strategy in [
         StrategyKind::Fixed,
         StrategyKind::QueueDepth,
@@ -748,12 +749,32 @@ fn a_batch_cap_of_one_holds_under_every_strategy() {
         };
         c.workers = 4;
         c.min_batch_size = 4;
-        let mut core = Core::new(c.with_batch_cap(1));
-        for i in 0..10 {
+        c.completions_alone = true;
+        let mut core = Core::new(c);
+        // Three completions, then eight embeddings (one token bucket: a short input each).
+        for i in 0..3 {
             core.admit(i, with_max_tokens(16, i)).unwrap();
         }
-        let p = poll(&mut core, 10);
-        let sizes: Vec<usize> = p.dispatches.iter().map(|d| d.3.len()).collect();
-        assert_eq!(sizes, [1, 1, 1, 1], "{strategy:?}");
+        for i in 3..11 {
+            let mut m = RequestMeta::new(Priority::Normal, Kind::Embedding, 40, 0, i);
+            m.tokens_estimated = 10;
+            core.admit(i, m).unwrap();
+        }
+        let p = poll(&mut core, 11);
+        let kinds: Vec<(usize, Kind)> = p
+            .dispatches
+            .iter()
+            .map(|d| (d.3.len(), core.meta(d.3[0]).expect("queued").kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (1, Kind::Completion),
+                (1, Kind::Completion),
+                (1, Kind::Completion),
+                (8, Kind::Embedding)
+            ],
+            "{strategy:?}"
+        );
     }
 }

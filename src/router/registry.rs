@@ -34,7 +34,7 @@ pub const MAX_CONCURRENT_BATCHES_DEFAULT: u32 = 4;
 
 /// `max_concurrent_batches` of an `upstream` backend whose table does not set it: requests
 /// in flight to it at once (one worker thread each; without prompt arrays a batch is one
-/// request, [`Backend::batch_limit`]). A server that batches for itself (vLLM, SGLang,
+/// request, [`Backend::completions_alone`]). A server that batches for itself (vLLM, SGLang,
 /// llama.cpp with parallel slots) serves more at once the more it is sent: at 4, abe in
 /// front of a continuous-batching server served 0.39x of what the server served its clients
 /// directly (BENCHMARKS.md, "Upstream defaults"). 64 is also the connections each backend's
@@ -279,16 +279,14 @@ impl Backend {
     pub fn accepts_prompt_array(&self) -> bool {
         self.accepts_prompt_array
     }
-    /// The most requests one batch to this backend may hold, below `batching.max_batch_size`
-    /// (`None`: that one). An `upstream` backend without prompt arrays gets one request per
-    /// batch: its executor sends each completion or chat item as a request of its own and
-    /// answers the batch when the last is back, so batching only holds each answer back for
-    /// the slowest (BENCHMARKS.md, "Upstream defaults"); the server behind it batches for
-    /// itself. Its embeddings, which would go as one input array a batch, go one input a
-    /// request then (docs/configuration.md says to set `prompt_array` for them).
-    pub fn batch_limit(&self) -> Option<usize> {
-        (matches!(self.kind, BackendKind::Upstream { .. }) && !self.accepts_prompt_array)
-            .then_some(1)
+    /// Whether its completions (chat included) go one a batch
+    /// (`core::CoreConfig::completions_alone`): an `upstream` backend without prompt arrays.
+    /// Its executor sends each completion as a request of its own and answers the batch when
+    /// the last is back, so a batch of several only holds each answer for the slowest
+    /// (BENCHMARKS.md, "Upstream defaults"); the server behind it batches for itself. Its
+    /// embeddings still batch: a batch of them goes as one request, an input array.
+    pub fn completions_alone(&self) -> bool {
+        matches!(self.kind, BackendKind::Upstream { .. }) && !self.accepts_prompt_array
     }
     pub fn models(&self) -> &[ModelId] {
         &self.models

@@ -49,7 +49,7 @@ pub const SPARE_PLACEHOLDER_URL: &str = "http://127.0.0.1:0";
 /// slot): empty slots, named `spare-<i>` (a name a table already has is skipped), serving
 /// nothing, with the workers of a table of their kind that does not set
 /// `max_concurrent_batches` ([`UPSTREAM_CONCURRENT_BATCHES_DEFAULT`] for `upstream`,
-/// [`MAX_CONCURRENT_BATCHES_DEFAULT`] for `sim`), and for `upstream` batches of one request
+/// [`MAX_CONCURRENT_BATCHES_DEFAULT`] for `sim`), and for `upstream` each completion alone
 /// (no prompt arrays: the slot's lane is built before the backend that fills it is known).
 /// `POST /admin/backends`
 /// or a reload fills one with a backend the config did not have. Returns their indexes.

@@ -1695,11 +1695,11 @@ impl CacheView for AdapterTwoOnB {
     }
 }
 
-/// An `upstream` backend without prompt arrays runs batches of one (its executor sends each
-/// item as a request of its own and answers the batch when the last is back); with prompt
-/// arrays, and every other kind, batches are the engine's `max_batch_size`.
+/// An `upstream` backend without prompt arrays sends each completion alone (its executor
+/// sends each as a request of its own and answers the batch when the last is back); with
+/// prompt arrays, and every other kind, completions batch.
 #[test]
-fn an_upstream_backend_batches_only_what_it_can_send_as_one_request() {
+fn an_upstream_backend_sends_completions_alone_unless_it_takes_prompt_arrays() {
     let upstream = |name: &str, prompt_array: Option<bool>| BackendConfig {
         kind: BackendKindName::Upstream,
         base_url: Some("http://127.0.0.1:9".into()),
@@ -1715,9 +1715,9 @@ fn an_upstream_backend_batches_only_what_it_can_send_as_one_request() {
         ],
         &RoutingConfig::default(),
     );
-    let limit = |name: &str| r.registry().backend(id(&r, name)).batch_limit();
-    assert_eq!(limit("plain"), Some(1));
-    assert_eq!(limit("no-arrays"), Some(1));
-    assert_eq!(limit("arrays"), None);
-    assert_eq!(limit("sim"), None);
+    let alone = |name: &str| r.registry().backend(id(&r, name)).completions_alone();
+    assert!(alone("plain"));
+    assert!(alone("no-arrays"));
+    assert!(!alone("arrays"));
+    assert!(!alone("sim"));
 }

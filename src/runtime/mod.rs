@@ -184,7 +184,7 @@ pub fn sim_lane(
     LaneWorkers {
         executors,
         faults,
-        max_batch_size: None,
+        completions_alone: false,
     }
 }
 
@@ -222,7 +222,7 @@ pub fn start_with_executors(
     let lane = LaneWorkers {
         executors,
         faults,
-        max_batch_size: None,
+        completions_alone: false,
     };
     start_routed(cfg, routing, vec![lane], stop)
 }
@@ -231,9 +231,9 @@ pub fn start_with_executors(
 pub struct LaneWorkers {
     pub executors: Vec<Box<dyn crate::exec::Executor>>,
     pub faults: Vec<Arc<Faults>>,
-    /// The most requests in one of its batches, below the core's `max_batch_size`
-    /// (`Backend::batch_limit`; `None`: the core's).
-    pub max_batch_size: Option<usize>,
+    /// Its completions go one a batch (`Backend::completions_alone`,
+    /// `CoreConfig::completions_alone`).
+    pub completions_alone: bool,
 }
 
 /// Starts the runtime over the backends of `routing`'s router: `lanes[b]` are backend `b`'s
@@ -267,7 +267,7 @@ pub fn start_routed(
         ));
     }
     let lane_workers: Vec<usize> = lanes.iter().map(|l| l.executors.len()).collect();
-    let lane_batches: Vec<Option<usize>> = lanes.iter().map(|l| l.max_batch_size).collect();
+    let lane_alone: Vec<bool> = lanes.iter().map(|l| l.completions_alone).collect();
     let total_workers: usize = lane_workers.iter().sum();
     let mut executors = Vec::with_capacity(total_workers);
     let mut faults = Vec::with_capacity(total_workers);
@@ -335,15 +335,11 @@ pub fn start_routed(
                 .iter()
                 .enumerate()
                 .map(|(l, &workers)| {
-                    let core = CoreConfig {
+                    Core::new(CoreConfig {
                         workers,
                         seed: cfg.core.seed.wrapping_add(l as u64),
+                        completions_alone: lane_alone[l],
                         ..cfg.core.clone()
-                    };
-                    // A lane's own limit lowers every strategy's batch size.
-                    Core::new(match lane_batches[l] {
-                        Some(cap) => core.with_batch_cap(cap),
-                        None => core,
                     })
                 })
                 .collect();
