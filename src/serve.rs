@@ -147,7 +147,7 @@ impl Running {
                 &stop,
                 &mut embed_stats,
             )?;
-            lane.completions_alone = routed.completions_alone();
+            lane.alone = routed.alone();
             lanes.push(lane);
         }
         let board = HealthBoard::new(backends.len());
@@ -374,7 +374,7 @@ fn lane_workers(
                 })
                 .collect(),
             faults: faults(),
-            completions_alone: false,
+            alone: crate::core::Alone::Never,
         });
     }
     match kind {
@@ -419,7 +419,7 @@ fn lane_workers(
             Ok(LaneWorkers {
                 executors,
                 faults: faults(),
-                completions_alone: false,
+                alone: crate::core::Alone::Never,
             })
         }
         #[cfg(not(feature = "embed"))]

@@ -443,6 +443,42 @@ fn an_upstream_backend_without_prompt_arrays_sends_completions_alone_and_batches
     );
 }
 
+/// With prompt arrays, chats still go alone: each is a request of its own upstream, and a
+/// batch of several would hold each answer for the slowest. Plain completions batch.
+#[test]
+fn an_upstream_backend_with_prompt_arrays_sends_chats_alone() {
+    let mock = MockUpstream::start();
+    let (abe, _) = front_on_defaults(&mock, "prompt_array = true\nmax_concurrent_batches = 2\n");
+    mock.set_delay(Duration::from_millis(300));
+    // Six chat clients on two workers: four of them queue.
+    let addr = abe.local_addr();
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = serde_json::json!({
+                    "model": "m",
+                    "messages": [{ "role": "user", "content": format!("chat {i}") }],
+                    "max_tokens": 4
+                })
+                .to_string();
+                let r = Client::connect(addr).request("POST", "/v1/chat/completions", Some(&body));
+                (r.status, r.text())
+            })
+        })
+        .collect();
+    for t in threads {
+        let (status, text) = t.join().expect("client thread");
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(mock.requests("/v1/chat/completions"), 6);
+    let (batches, singles) = batches_and_singles(&abe);
+    assert_eq!(
+        (batches, singles),
+        (7, 7),
+        "a batch a chat (and the warm-up)"
+    );
+}
+
 #[test]
 fn upstream_failures_are_retried_elsewhere_or_answered_502_504_or_as_the_backends_4xx() {
     let flaky = MockUpstream::start();

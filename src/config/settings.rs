@@ -481,8 +481,8 @@ impl Config {
                 .dynamic
                 .research_config("batching.dynamic", self.server.max_tokens_limit)?,
             max_loras: self.check_lora()?,
-            // Per backend lane, set where the lanes are built (`router::Backend`).
-            completions_alone: false,
+            // Per backend lane, set where the lanes are built (`router::Backend::alone`).
+            alone: crate::core::Alone::Never,
         };
         Ok(RuntimeConfig {
             core,

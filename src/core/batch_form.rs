@@ -9,7 +9,7 @@
 
 use super::lora::BatchAdapters;
 use super::pool::WorkerView;
-use super::request::{self, Kind, Nanos, Priority, Ticket, BUCKET_COUNT};
+use super::request::{self, Nanos, Priority, Ticket, BUCKET_COUNT};
 use super::stats::FlushReason;
 use super::strategy::StrategyKind;
 use super::table::NIL;
@@ -127,7 +127,7 @@ impl Core {
         let max_len = max_len.min(tickets.capacity());
         let mut tokens = 0u64;
         let mut adapters = BatchAdapters::new(self.cfg.max_loras);
-        // A completion that goes alone closes the batch (`CoreConfig::completions_alone`).
+        // A request that goes alone closes the batch (`CoreConfig::alone`).
         let mut closed = false;
         // The group's buckets as a mask over one priority's classes: only the occupied
         // ones (`nonempty`) are looked at, and one occupied queue gives its first request
@@ -179,7 +179,7 @@ impl Core {
                     meta.adapter,
                     meta.arrival_ns,
                 );
-                let alone = self.cfg.completions_alone && meta.kind == Kind::Completion;
+                let alone = self.cfg.alone.of(meta);
                 if !tickets.is_empty() && (alone || closed || !self.fits(limit, tokens, t)) {
                     break 'fill;
                 }
@@ -227,7 +227,7 @@ impl Core {
         let max_len = max_len.min(tickets.capacity());
         let mut tokens = 0u64;
         let mut adapters = BatchAdapters::new(self.cfg.max_loras);
-        // A completion that goes alone closes the batch (`CoreConfig::completions_alone`).
+        // A request that goes alone closes the batch (`CoreConfig::alone`).
         let mut closed = false;
         while tickets.len() < max_len {
             let Some(index) = self.first_fitting(self.research.bins[bin].front(), &adapters) else {
@@ -239,7 +239,7 @@ impl Core {
                 meta.arrival_ns,
                 meta.adapter,
             );
-            let alone = self.cfg.completions_alone && meta.kind == Kind::Completion;
+            let alone = self.cfg.alone.of(meta);
             if !tickets.is_empty() && (alone || closed || !self.fits(BatchLimit::Memory, tokens, t))
             {
                 break;

@@ -7,7 +7,7 @@
 //! allocation (group summaries are fixed arrays on the stack); a deadline the driver is not
 //! told about.
 
-use super::request::{self, Kind, Nanos, Priority, BUCKET_COUNT};
+use super::request::{self, Nanos, Priority, BUCKET_COUNT};
 use super::stats::FlushReason;
 use super::strategy::{self, auto, StrategyKind};
 use super::{Action, BatchState, Core};
@@ -131,10 +131,10 @@ impl Core {
                 0
             };
             let meta = self.table.meta(head);
-            let (arrival, kind) = (meta.arrival_ns, meta.kind);
+            let (arrival, alone) = (meta.arrival_ns, self.cfg.alone.of(meta));
             let max_wait = request::ms_to_nanos(self.cfg.priority_max_wait_ms[priority.index()]);
             let s = &mut groups[g];
-            s.alone |= self.cfg.completions_alone && kind == Kind::Completion;
+            s.alone |= alone;
             s.len += q.len();
             s.tokens += q.tokens();
             s.oldest = s.oldest.min(arrival);
@@ -335,10 +335,10 @@ struct GroupSummary {
     max_wait_at: Nanos,
     /// Shortest max wait among the priorities queued in the group.
     max_wait_min_ns: Nanos,
-    /// A queued head is a completion that goes alone ([`CoreConfig::completions_alone`]):
-    /// the group is as full as it gets.
+    /// A queued head goes in a batch of its own ([`CoreConfig::alone`]): the group is as full
+    /// as it gets.
     ///
-    /// [`CoreConfig::completions_alone`]: super::CoreConfig::completions_alone
+    /// [`CoreConfig::alone`]: super::CoreConfig::alone
     alone: bool,
 }
 

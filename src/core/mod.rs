@@ -41,7 +41,7 @@ use pool::WorkerView;
 pub use request::{
     Kind, Nanos, Priority, RequestMeta, Ticket, BUCKET_COUNT, BUCKET_LABELS, CLASS_COUNT,
 };
-pub use settings::{BatchingMode, CoreConfig};
+pub use settings::{Alone, BatchingMode, CoreConfig};
 use stats::LatencyWindow;
 pub use stats::{CoreStats, FlushReason};
 use strategy::auto::Auto;

@@ -163,6 +163,9 @@ pub struct RequestMeta {
     pub predicted_output_tokens: u32,
     /// The LoRA adapter it runs with ([`super::lora::BASE_MODEL`]: none).
     pub adapter: super::lora::AdapterId,
+    /// A chat or a stream: an `upstream` backend sends it as a request of its own even when
+    /// it takes prompt arrays ([`super::Alone::OwnRequests`]).
+    pub own_request: bool,
 }
 
 impl RequestMeta {
@@ -182,6 +185,7 @@ impl RequestMeta {
             arrival_ns,
             predicted_output_tokens: 0,
             adapter: super::lora::BASE_MODEL,
+            own_request: false,
         }
     }
 

@@ -103,12 +103,38 @@ pub struct CoreConfig {
     /// Distinct LoRA adapters one batch may hold, and adapter slots per worker
     /// (`[lora] max_loras`, `1..=core::lora::MAX_LORAS_MOST`).
     pub max_loras: usize,
-    /// Every completion (chat included) goes in a batch of its own, under every strategy;
-    /// embeddings batch as usual. For a lane whose executor sends each completion as a
-    /// request of its own and answers the batch when the last is back (an `upstream`
-    /// backend without prompt arrays, `router::Backend::completions_alone`): a batch of
-    /// several would only hold each answer for the slowest.
-    pub completions_alone: bool,
+    /// Which requests go in a batch of their own, under every strategy (`router::Backend::alone`).
+    pub alone: Alone,
+}
+
+/// Which requests go in a batch of their own: those a lane's executor sends as requests of
+/// their own and answers only when the batch's last is back (an `upstream` backend), where
+/// a batch of several would only hold each answer for the slowest. The others batch as
+/// usual.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Alone {
+    /// None (the `sim` and `embed` executors run a batch as one).
+    #[default]
+    Never,
+    /// Chats and streams (`RequestMeta::own_request`): an `upstream` backend that takes
+    /// prompt arrays sends a batch's plain completions as one request, its embeddings as
+    /// one input array, and each chat and stream alone.
+    OwnRequests,
+    /// Every completion, chats and streams included: an `upstream` backend without prompt
+    /// arrays. Its embeddings still go as one input array a batch.
+    Completions,
+}
+
+impl Alone {
+    /// Whether `meta`'s request goes in a batch of its own.
+    #[inline]
+    pub fn of(self, meta: &super::request::RequestMeta) -> bool {
+        match self {
+            Alone::Never => false,
+            Alone::OwnRequests => meta.own_request,
+            Alone::Completions => meta.kind == super::request::Kind::Completion,
+        }
+    }
 }
 
 impl Default for CoreConfig {
@@ -135,7 +161,7 @@ impl Default for CoreConfig {
             seed: 0x00ab_e5eed,
             research: super::strategy::research::ResearchConfig::default(),
             max_loras: 1,
-            completions_alone: false,
+            alone: Alone::Never,
         }
     }
 }

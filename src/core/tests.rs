@@ -726,55 +726,84 @@ fn abort_all_answers_every_request_queued_in_bins() {
     assert_eq!(core.live_requests(), 0);
 }
 
-/// A lane whose completions go alone (`completions_alone`: an `upstream` backend without
-/// prompt arrays) sends every completion in a batch of its own under every strategy, the
-/// research ones (which size batches by their own `b_max`) and `auto` included, at once
-/// (nothing to wait for), while its embeddings still batch.
+/// What goes alone (`CoreConfig::alone`: an `upstream` lane) goes in a batch of its own
+/// under every strategy, the research ones (which size batches by their own `b_max`) and
+/// `auto` included, at once (nothing to wait for); the rest still batches. Without prompt
+/// arrays every completion goes alone; with them, only chats and streams
+/// (`RequestMeta::own_request`).
 #[test]
-fn completions_that_go_alone_do_so_under_every_strategy_and_embeddings_still_batch() {
-    for strategy in [
-        StrategyKind::Fixed,
-        StrategyKind::QueueDepth,
-        StrategyKind::Auto,
-        StrategyKind::Dynamic,
-        StrategyKind::MultiBin,
-    ] {
-        let mut c = if matches!(strategy, StrategyKind::Dynamic | StrategyKind::MultiBin) {
-            research_cfg(strategy)
-        } else {
-            CoreConfig {
-                strategy,
-                ..CoreConfig::default()
-            }
-        };
-        c.workers = 4;
-        c.min_batch_size = 4;
-        c.completions_alone = true;
-        let mut core = Core::new(c);
-        // Three completions, then eight embeddings (one token bucket: a short input each).
-        for i in 0..3 {
-            core.admit(i, with_max_tokens(16, i)).unwrap();
-        }
-        for i in 3..11 {
-            let mut m = RequestMeta::new(Priority::Normal, Kind::Embedding, 40, 0, i);
-            m.tokens_estimated = 10;
-            core.admit(i, m).unwrap();
-        }
-        let p = poll(&mut core, 11);
-        let kinds: Vec<(usize, Kind)> = p
-            .dispatches
-            .iter()
-            .map(|d| (d.3.len(), core.meta(d.3[0]).expect("queued").kind))
-            .collect();
-        assert_eq!(
-            kinds,
-            [
+fn what_goes_alone_does_so_under_every_strategy_and_the_rest_still_batches() {
+    for (alone, expected) in [
+        (
+            Alone::Completions,
+            vec![
                 (1, Kind::Completion),
                 (1, Kind::Completion),
                 (1, Kind::Completion),
-                (8, Kind::Embedding)
+                (1, Kind::Completion),
+                (8, Kind::Embedding),
             ],
-            "{strategy:?}"
-        );
+        ),
+        (
+            Alone::OwnRequests,
+            vec![
+                (1, Kind::Completion),
+                (1, Kind::Completion),
+                (10, Kind::Completion),
+            ],
+        ),
+        (Alone::Never, vec![(12, Kind::Completion)]),
+    ] {
+        for strategy in [
+            StrategyKind::Fixed,
+            StrategyKind::QueueDepth,
+            StrategyKind::Auto,
+            StrategyKind::Dynamic,
+            StrategyKind::MultiBin,
+        ] {
+            let mut c = if matches!(strategy, StrategyKind::Dynamic | StrategyKind::MultiBin) {
+                research_cfg(strategy)
+            } else {
+                CoreConfig {
+                    strategy,
+                    ..CoreConfig::default()
+                }
+            };
+            c.workers = 5;
+            c.min_batch_size = 2;
+            c.alone = alone;
+            let mut core = Core::new(c);
+            // Two chats or streams, then two plain completions, then eight embeddings, all in
+            // one token bucket: what does not go alone batches together.
+            for i in 0..4 {
+                let mut m = with_max_tokens(16, i);
+                m.own_request = i < 2;
+                core.admit(i, m).unwrap();
+            }
+            for i in 4..12 {
+                let mut m = RequestMeta::new(Priority::Normal, Kind::Embedding, 40, 0, i);
+                m.tokens_estimated = 10;
+                core.admit(i, m).unwrap();
+            }
+            let p = poll(&mut core, 12);
+            let batches: Vec<(usize, Kind)> = p
+                .dispatches
+                .iter()
+                .map(|d| (d.3.len(), core.meta(d.3[0]).expect("in flight").kind))
+                .collect();
+            // Every request went, and none that goes alone shared a batch.
+            let sent: usize = batches.iter().map(|b| b.0).sum();
+            assert_eq!(sent, 12, "{alone:?} under {strategy:?}: {batches:?}");
+            for d in &p.dispatches {
+                let metas = d.3.iter().map(|&t| *core.meta(t).expect("in flight"));
+                let shares = d.3.len() > 1 && metas.clone().any(|m| alone.of(&m));
+                assert!(!shares, "{alone:?} under {strategy:?}: {batches:?}");
+            }
+            // `multi_bin` sizes each batch by its bin's own target, which may cut the rest in
+            // two; the others batch everything that does not go alone.
+            if strategy != StrategyKind::MultiBin {
+                assert_eq!(batches, expected, "{alone:?} under {strategy:?}");
+            }
+        }
     }
 }

@@ -34,7 +34,7 @@ pub const MAX_CONCURRENT_BATCHES_DEFAULT: u32 = 4;
 
 /// `max_concurrent_batches` of an `upstream` backend whose table does not set it: requests
 /// in flight to it at once (one worker thread each; without prompt arrays a batch is one
-/// request, [`Backend::completions_alone`]). A server that batches for itself (vLLM, SGLang,
+/// request, [`Backend::alone`]). A server that batches for itself (vLLM, SGLang,
 /// llama.cpp with parallel slots) serves more at once the more it is sent: at 4, abe in
 /// front of a continuous-batching server served 0.39x of what the server served its clients
 /// directly (BENCHMARKS.md, "Upstream defaults"). 64 is also the connections each backend's
@@ -279,14 +279,18 @@ impl Backend {
     pub fn accepts_prompt_array(&self) -> bool {
         self.accepts_prompt_array
     }
-    /// Whether its completions (chat included) go one a batch
-    /// (`core::CoreConfig::completions_alone`): an `upstream` backend without prompt arrays.
-    /// Its executor sends each completion as a request of its own and answers the batch when
-    /// the last is back, so a batch of several only holds each answer for the slowest
-    /// (BENCHMARKS.md, "Upstream defaults"); the server behind it batches for itself. Its
-    /// embeddings still batch: a batch of them goes as one request, an input array.
-    pub fn completions_alone(&self) -> bool {
-        matches!(self.kind, BackendKind::Upstream { .. }) && !self.accepts_prompt_array
+    /// Which of its requests go in a batch of their own (`core::CoreConfig::alone`). An
+    /// `upstream` backend's executor sends a chat or a stream as a request of its own, and a
+    /// plain completion too without prompt arrays, and answers the batch when the last is
+    /// back, so a batch of several only holds each answer for the slowest (BENCHMARKS.md,
+    /// "Upstream defaults"); the server behind it batches for itself. Its embeddings always
+    /// batch: a batch of them goes as one input array. The other kinds run a batch as one.
+    pub fn alone(&self) -> crate::core::Alone {
+        match (&self.kind, self.accepts_prompt_array) {
+            (BackendKind::Upstream { .. }, false) => crate::core::Alone::Completions,
+            (BackendKind::Upstream { .. }, true) => crate::core::Alone::OwnRequests,
+            _ => crate::core::Alone::Never,
+        }
     }
     pub fn models(&self) -> &[ModelId] {
         &self.models

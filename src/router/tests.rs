@@ -1695,11 +1695,11 @@ impl CacheView for AdapterTwoOnB {
     }
 }
 
-/// An `upstream` backend without prompt arrays sends each completion alone (its executor
-/// sends each as a request of its own and answers the batch when the last is back); with
-/// prompt arrays, and every other kind, completions batch.
+/// An `upstream` backend sends alone what its executor sends as a request of its own and
+/// answers with the batch: every completion without prompt arrays, chats and streams with
+/// them; the other kinds run a batch as one.
 #[test]
-fn an_upstream_backend_sends_completions_alone_unless_it_takes_prompt_arrays() {
+fn an_upstream_backend_sends_alone_what_goes_as_a_request_of_its_own() {
     let upstream = |name: &str, prompt_array: Option<bool>| BackendConfig {
         kind: BackendKindName::Upstream,
         base_url: Some("http://127.0.0.1:9".into()),
@@ -1715,9 +1715,10 @@ fn an_upstream_backend_sends_completions_alone_unless_it_takes_prompt_arrays() {
         ],
         &RoutingConfig::default(),
     );
-    let alone = |name: &str| r.registry().backend(id(&r, name)).completions_alone();
-    assert!(alone("plain"));
-    assert!(alone("no-arrays"));
-    assert!(!alone("arrays"));
-    assert!(!alone("sim"));
+    let alone = |name: &str| r.registry().backend(id(&r, name)).alone();
+    use crate::core::Alone;
+    assert_eq!(alone("plain"), Alone::Completions);
+    assert_eq!(alone("no-arrays"), Alone::Completions);
+    assert_eq!(alone("arrays"), Alone::OwnRequests);
+    assert_eq!(alone("sim"), Alone::Never);
 }

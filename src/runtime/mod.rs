@@ -184,7 +184,7 @@ pub fn sim_lane(
     LaneWorkers {
         executors,
         faults,
-        completions_alone: false,
+        alone: crate::core::Alone::Never,
     }
 }
 
@@ -222,7 +222,7 @@ pub fn start_with_executors(
     let lane = LaneWorkers {
         executors,
         faults,
-        completions_alone: false,
+        alone: crate::core::Alone::Never,
     };
     start_routed(cfg, routing, vec![lane], stop)
 }
@@ -231,9 +231,9 @@ pub fn start_with_executors(
 pub struct LaneWorkers {
     pub executors: Vec<Box<dyn crate::exec::Executor>>,
     pub faults: Vec<Arc<Faults>>,
-    /// Its completions go one a batch (`Backend::completions_alone`,
-    /// `CoreConfig::completions_alone`).
-    pub completions_alone: bool,
+    /// Which of its requests go in a batch of their own (`Backend::alone`,
+    /// `CoreConfig::alone`).
+    pub alone: crate::core::Alone,
 }
 
 /// Starts the runtime over the backends of `routing`'s router: `lanes[b]` are backend `b`'s
@@ -267,7 +267,7 @@ pub fn start_routed(
         ));
     }
     let lane_workers: Vec<usize> = lanes.iter().map(|l| l.executors.len()).collect();
-    let lane_alone: Vec<bool> = lanes.iter().map(|l| l.completions_alone).collect();
+    let lane_alone: Vec<crate::core::Alone> = lanes.iter().map(|l| l.alone).collect();
     let total_workers: usize = lane_workers.iter().sum();
     let mut executors = Vec::with_capacity(total_workers);
     let mut faults = Vec::with_capacity(total_workers);
@@ -338,7 +338,7 @@ pub fn start_routed(
                     Core::new(CoreConfig {
                         workers,
                         seed: cfg.core.seed.wrapping_add(l as u64),
-                        completions_alone: lane_alone[l],
+                        alone: lane_alone[l],
                         ..cfg.core.clone()
                     })
                 })

@@ -203,6 +203,7 @@ impl Submitter {
         );
         meta.predicted_output_tokens = work.predicted_output_tokens;
         meta.adapter = route.map_or(crate::core::lora::BASE_MODEL, |r| r.need.adapter);
+        meta.own_request = work.chat_body.is_some() || work.stream;
         let class = request::class_index(priority, meta.bucket());
         let sub = Submission {
             meta,
