@@ -32,32 +32,24 @@ pub struct KindDefaults {
 }
 
 impl KindDefaults {
-    /// `sim`: the built-in defaults (`[batching]`, `[engine]`, the router's
-    /// `MAX_CONCURRENT_BATCHES_DEFAULT`). `upstream`: the same, with
-    /// `UPSTREAM_CONCURRENT_BATCHES_DEFAULT` batches at once. `embed`: one batch at a time,
-    /// batches of up to 64, threads unpinned (measured best; see the module doc).
+    /// `sim` and `upstream`: the built-in defaults (`[batching]`, `[engine]`), with the
+    /// router's workers of their kind (`router::registry::concurrent_batches_default`: 4 and
+    /// 64). `embed`: one batch at a time, batches of up to 64, threads unpinned (measured
+    /// best; see the module doc).
     pub fn of(kind: BackendKindName) -> KindDefaults {
+        let max_concurrent_batches = crate::router::registry::concurrent_batches_default(kind);
         match kind {
-            BackendKindName::Sim => {
+            BackendKindName::Sim | BackendKindName::Upstream => {
                 let c = Config::default();
                 KindDefaults {
                     max_batch_size: c.batching.max_batch_size,
-                    max_concurrent_batches: crate::router::registry::MAX_CONCURRENT_BATCHES_DEFAULT,
-                    pin: c.engine.pin,
-                }
-            }
-            BackendKindName::Upstream => {
-                let c = Config::default();
-                KindDefaults {
-                    max_batch_size: c.batching.max_batch_size,
-                    max_concurrent_batches:
-                        crate::router::registry::UPSTREAM_CONCURRENT_BATCHES_DEFAULT,
+                    max_concurrent_batches,
                     pin: c.engine.pin,
                 }
             }
             BackendKindName::Embed => KindDefaults {
                 max_batch_size: 64,
-                max_concurrent_batches: 1,
+                max_concurrent_batches,
                 pin: false,
             },
         }

@@ -41,6 +41,18 @@ pub const MAX_CONCURRENT_BATCHES_DEFAULT: u32 = 4;
 /// pool keeps alive.
 pub const UPSTREAM_CONCURRENT_BATCHES_DEFAULT: u32 = 64;
 
+/// `max_concurrent_batches` of a backend of `kind` whose table does not set it (and of a
+/// spare slot of that kind): [`MAX_CONCURRENT_BATCHES_DEFAULT`] for `sim`,
+/// [`UPSTREAM_CONCURRENT_BATCHES_DEFAULT`] for `upstream`, 1 for `embed` (one forward pass
+/// already uses every core; `config::KindDefaults` says why).
+pub const fn concurrent_batches_default(kind: BackendKindName) -> u32 {
+    match kind {
+        BackendKindName::Sim => MAX_CONCURRENT_BATCHES_DEFAULT,
+        BackendKindName::Upstream => UPSTREAM_CONCURRENT_BATCHES_DEFAULT,
+        BackendKindName::Embed => 1,
+    }
+}
+
 /// Dense index of a backend: `0..registry.len()`, in `[[backends]]` order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BackendId(pub(crate) u32);

@@ -19,10 +19,7 @@
 
 use super::discovery::{Discovery, DISCOVERY_MAX_ADDRESSES_MAX};
 use super::error::RouterConfigError;
-use super::registry::{
-    BackendConfig, BackendKindName, MAX_CONCURRENT_BATCHES_DEFAULT,
-    UPSTREAM_CONCURRENT_BATCHES_DEFAULT,
-};
+use super::registry::{concurrent_batches_default, BackendConfig, BackendKindName};
 #[cfg(doc)]
 use super::slot::SlotState;
 
@@ -48,8 +45,8 @@ pub const SPARE_PLACEHOLDER_URL: &str = "http://127.0.0.1:0";
 /// Appends `n` spare slots of `kind` to `backends` (after every table and discovery
 /// slot): empty slots, named `spare-<i>` (a name a table already has is skipped), serving
 /// nothing, with the workers of a table of their kind that does not set
-/// `max_concurrent_batches` ([`UPSTREAM_CONCURRENT_BATCHES_DEFAULT`] for `upstream`,
-/// [`MAX_CONCURRENT_BATCHES_DEFAULT`] for `sim`), and for `upstream` each completion alone
+/// `max_concurrent_batches` ([`concurrent_batches_default`]), and for `upstream` each
+/// completion alone
 /// (no prompt arrays: the slot's lane is built before the backend that fills it is known).
 /// `POST /admin/backends`
 /// or a reload fills one with a backend the config did not have. Returns their indexes.
@@ -93,10 +90,7 @@ pub fn spare_placeholder(name: String, kind: BackendKindName) -> BackendConfig {
         model_dir: None,
         truncate: None,
         priority: super::registry::PRIORITY_DEFAULT,
-        max_concurrent_batches: match kind {
-            BackendKindName::Upstream => UPSTREAM_CONCURRENT_BATCHES_DEFAULT,
-            _ => MAX_CONCURRENT_BATCHES_DEFAULT,
-        },
+        max_concurrent_batches: concurrent_batches_default(kind),
         prompt_array: None,
         models: Vec::new(),
         discovery: None,
