@@ -5,12 +5,14 @@
 //! What must never happen here: interpreting OpenAI payloads (that is `wire`), reading a
 //! response body without a size limit, or turning a failure into a panic.
 
+use super::resolve::KeptResolver;
 use crate::exec::ExecError;
 use std::fmt;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 use ureq::http::Response;
+use ureq::unversioned::transport::DefaultConnector;
 use ureq::Body;
 
 /// Largest JSON response body read from a backend (a batch of large embeddings is the
@@ -111,7 +113,13 @@ impl UpstreamClient {
         UpstreamClient {
             inner: Arc::new(Inner {
                 target,
-                agent: ureq::Agent::new_with_config(config),
+                // Not `new_with_config`: its resolver starts a thread per request (see
+                // `resolve`).
+                agent: ureq::Agent::with_parts(
+                    config,
+                    DefaultConnector::default(),
+                    KeptResolver::default(),
+                ),
                 authorization,
                 timeouts,
             }),

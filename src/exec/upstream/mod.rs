@@ -3,7 +3,7 @@
 //!
 //! `client` owns the connection pool and error mapping, `wire` the OpenAI request and
 //! response shapes, `sse` the stream reader, `executor` the batch-to-requests plan, `slot` the cell a backend slot's client lives in
-//! (its address changes when the slot is filled again). Nothing
+//! (its address changes when the slot is filled again), `resolve` the pool's name lookups. Nothing
 //! here runs on the engine thread: only workers and the health checker call into it.
 
 mod client;
@@ -12,6 +12,7 @@ mod executor;
 mod fuzz;
 #[cfg(any(test, feature = "testing"))]
 pub mod fuzzing;
+mod resolve;
 mod slot;
 mod sse;
 mod wire;
