@@ -4,12 +4,13 @@
 
 use crate::api::ApiContext;
 use crate::config::{Config, ConfigError, Settings};
+use crate::exec::concurrent::LoopShare;
 use crate::exec::embed::EmbedStats;
 use crate::exec::health::{spawn_health_checker, HealthBoard};
 use crate::exec::latency::LatencyModel;
 use crate::exec::sim::Faults;
 use crate::exec::upstream::{
-    UpstreamClient, UpstreamExecutor, UpstreamSlot, UpstreamTarget, UpstreamTimeouts,
+    Mux, UpstreamClient, UpstreamExecutor, UpstreamSlot, UpstreamTarget, UpstreamTimeouts,
 };
 use crate::exec::Executor;
 use crate::live::discovery::{DiscoveryThreads, Resolve, SystemResolver};
@@ -366,11 +367,21 @@ fn lane_workers(
     let n = backend.max_concurrent_batches.max(1) as usize;
     let faults = || (0..n).map(|_| Faults::new(cfg.faults)).collect();
     if let Some(client) = client {
+        // All of the backend's workers are seats of one event loop (`runtime::event_loop`).
+        let mux = Mux::new(client.clone(), n, stop.clone()).map_err(|e| {
+            StartError::Config(format!(
+                "backend '{}': cannot start its event loop: {e}",
+                backend.name
+            ))
+        })?;
+        let share = LoopShare::new(Box::new(mux));
         return Ok(LaneWorkers {
             executors: (0..n)
                 .map(|_| {
-                    Box::new(UpstreamExecutor::in_slot(client.clone(), stop.clone()))
-                        as Box<dyn Executor>
+                    Box::new(
+                        UpstreamExecutor::in_slot(client.clone(), stop.clone())
+                            .on_loop(share.clone()),
+                    ) as Box<dyn Executor>
                 })
                 .collect(),
             faults: faults(),

@@ -458,6 +458,26 @@ fn a_closed_connection_is_a_connect_or_protocol_error() {
 }
 
 #[test]
+fn a_kept_alive_connection_the_backend_closed_is_retried_on_a_new_one() {
+    let mock = MockUpstream::start();
+    mock.set_mode(Mode::OneThenClose);
+    let mut exec = executor(&mock, true);
+    for round in 0..3 {
+        let mut items = batch(vec![completion(&format!("r{round}"), 2)]);
+        exec.execute(&mut items, &mut NoTokens).unwrap();
+        let (text, ..) = text_of(&items[0]);
+        assert_eq!(text, mock_text(&format!("r{round}"), 2), "round {round}");
+    }
+    // Each batch after the first tried the closed connection, then a new one.
+    assert_eq!(mock.connections(), 3);
+    assert_eq!(
+        mock.requests("/v1/completions"),
+        3,
+        "a retry sent nothing twice"
+    );
+}
+
+#[test]
 fn a_hanging_backend_times_out() {
     let mock = MockUpstream::start();
     mock.set_mode(Mode::Hang);

@@ -114,3 +114,44 @@ fn two_producers_one_doorbell_no_lost_wake_up() {
         assert_eq!(from_b, B_ITEMS.collect::<Vec<_>>());
     });
 }
+
+/// An event loop's doorbell (`runtime::event_loop`): the consumer sleeps in something other
+/// than `park` (a poll, modelled by a park the wake ends) and is woken through
+/// `bind_wake`; two seats' producers ring the one doorbell. Neither wake-up is lost.
+#[test]
+fn a_consumer_woken_by_its_wake_misses_no_ring() {
+    model(|| {
+        let bell = Arc::new(Doorbell::new());
+        let (tx_a, mut rx_a) = ring::<u32>(CAPACITY);
+        let (tx_b, mut rx_b) = ring::<u32>(CAPACITY);
+
+        let consumer_bell = bell.clone();
+        let consumer = thread::spawn(move || {
+            let me = thread::current();
+            consumer_bell.bind_wake(std::sync::Arc::new(move || me.unpark()));
+            let mut received = Vec::new();
+            while received.len() < 2 {
+                let before = received.len();
+                received.extend(rx_a.pop());
+                received.extend(rx_b.pop());
+                if received.len() == before {
+                    consumer_bell.sleep_with(|| {
+                        // The re-check after announcing the sleep, as `EventLoop::run` does.
+                        if rx_a.is_empty() && rx_b.is_empty() {
+                            thread::park();
+                        }
+                    });
+                }
+            }
+            received.sort_unstable();
+            received
+        });
+
+        let bell_b = bell.clone();
+        let producer_b = thread::spawn(move || produce(tx_b, &bell_b, 100..101));
+        produce(tx_a, &bell, 0..1);
+        producer_b.join().unwrap();
+
+        assert_eq!(consumer.join().unwrap(), vec![0, 100], "lost or duplicated");
+    });
+}

@@ -5,6 +5,7 @@
 //! sentence-transformers model on the CPU, feature `embed`). Executors run on
 //! worker threads: they may allocate and block, the engine never waits for them.
 
+pub mod concurrent;
 pub mod embed;
 pub mod health;
 pub mod latency;
@@ -240,6 +241,13 @@ pub trait Executor: Send {
         items: &mut [BatchItem],
         tokens: &mut dyn TokenSink,
     ) -> Result<(), ExecError>;
+
+    /// The event loop this executor's worker runs on, if it runs on one
+    /// (`exec::concurrent`): workers whose executors return the same share run as seats of
+    /// one thread in request-level batching. `None`: a thread of its own.
+    fn event_loop(&self) -> Option<&std::sync::Arc<concurrent::LoopShare>> {
+        None
+    }
 
     /// Runs one continuous-batching step (one forward pass over the items), filling each
     /// item's `token`, `result` and, for finished requests, `output`. `dispatched` is the

@@ -13,6 +13,18 @@
 use super::sync::{fence, park_timeout, unpark_in, AtomicBool, OnceSlot, Ordering, Thread};
 use std::time::Duration;
 
+/// The value in `slot`, cloned, if one was stored.
+#[cfg(not(feature = "loom"))]
+fn once_cloned<T: Clone>(slot: &OnceSlot<T>) -> Option<T> {
+    slot.get().cloned()
+}
+
+/// The value in `slot`, cloned, if one was stored.
+#[cfg(feature = "loom")]
+fn once_cloned<T: Clone>(slot: &OnceSlot<T>) -> Option<T> {
+    slot.get_cloned()
+}
+
 /// The sleeping half of the doorbell protocol, for consumers that sleep in something other
 /// than `park` (an io thread sleeping in `epoll_wait`, woken by a mio `Waker`).
 ///
@@ -60,12 +72,17 @@ impl SleepFlag {
     }
 }
 
+/// How a sleeping consumer that does not park is woken (an event loop's poll waker).
+pub type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 /// One consumer's doorbell, shared by all its producers.
 pub struct Doorbell {
     /// Set while the consumer is (about to be) parked.
     sleeping: SleepFlag,
     /// The consumer thread, bound once by the consumer before its first wait.
     consumer: OnceSlot<Thread>,
+    /// Set instead of `consumer` by a consumer that sleeps in a poll ([`Doorbell::bind_wake`]).
+    wake: OnceSlot<Wake>,
 }
 
 impl Default for Doorbell {
@@ -80,6 +97,7 @@ impl Doorbell {
         Doorbell {
             sleeping: SleepFlag::new(),
             consumer: OnceSlot::new(),
+            wake: OnceSlot::new(),
         }
     }
 
@@ -92,8 +110,25 @@ impl Doorbell {
     #[inline]
     pub fn ring(&self) {
         if self.sleeping.take_sleeper() {
-            unpark_in(&self.consumer);
+            match once_cloned(&self.wake) {
+                Some(wake) => wake(),
+                None => unpark_in(&self.consumer),
+            }
         }
+    }
+
+    /// Binds `wake` as the way to wake the consumer, which sleeps in something other than
+    /// `park` (see [`Doorbell::sleep_with`]). Call once, from the consumer, before it sleeps.
+    pub fn bind_wake(&self, wake: Wake) {
+        let _ = self.wake.set(wake);
+    }
+
+    /// Consumer side, for a consumer bound with [`Doorbell::bind_wake`]: `sleep` must
+    /// re-check every source of work, and sleep (until the wake or a timeout) only if none.
+    pub fn sleep_with(&self, sleep: impl FnOnce()) {
+        self.sleeping.before_sleep();
+        sleep();
+        self.sleeping.after_sleep();
     }
 
     /// Consumer side: park for at most `timeout` unless `has_work()` says there is work.

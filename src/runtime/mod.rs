@@ -23,6 +23,7 @@ pub mod doorbell;
 #[cfg(feature = "testing")]
 pub mod dst;
 pub mod engine;
+pub mod event_loop;
 pub mod gate;
 pub mod idle;
 pub mod intake;
@@ -330,7 +331,7 @@ pub fn start_routed(
     let idler = Idler::new(cfg.idle, spin);
     let (body, worker_handles): (Box<dyn FnOnce() + Send>, _) = match cfg.continuous.clone() {
         None => {
-            let (links, handles) = workers.spawn::<BatchMsg>(executors)?;
+            let (links, handles) = workers.spawn_batches(executors)?;
             let cores = lane_workers
                 .iter()
                 .enumerate()
@@ -400,8 +401,7 @@ pub fn start_routed(
             body();
             worker::signal_exit(&engine_stop, &exit);
             for h in worker_handles {
-                h.thread().unpark();
-                let _ = h.join();
+                h.wake_and_join();
             }
         })
         .map_err(|source| StartError::Spawn {
@@ -419,7 +419,7 @@ pub fn start_routed(
 }
 
 /// The engine's links to the workers spawned, and their threads.
-type Spawned<J> = (Vec<WorkerLink<J>>, Vec<JoinHandle<()>>);
+type Spawned<J> = (Vec<WorkerLink<J>>, Vec<WorkerHandle>);
 
 /// What every worker thread of one start shares.
 struct Workers<'a> {
@@ -441,53 +441,181 @@ impl Workers<'_> {
     where
         J: worker::Job<Exec = dyn crate::exec::Executor>,
     {
-        let per_worker = self.cfg.core.max_inflight_per_worker.max(1) as usize;
-        let spin = Duration::from_micros(self.cfg.spin_us);
         let mut links = Vec::with_capacity(executors.len());
         let mut handles = Vec::with_capacity(executors.len());
         // One mask for every worker's reply ring: the engine pops only the marked ones.
         let replies_ready = sync::Arc::new(ready::ReadyMask::new());
         for (id, executor) in executors.into_iter().enumerate() {
+            let (link, handle) = self.spawn_worker::<J>(id, executor, &replies_ready)?;
+            links.push(link);
+            handles.push(handle);
+        }
+        Ok((links, handles))
+    }
+
+    /// As [`Workers::spawn`] for request-level batching, except that a run of executors
+    /// sharing one event loop (`Executor::event_loop`) becomes the seats of one thread
+    /// (`runtime::event_loop`).
+    fn spawn_batches(
+        &self,
+        executors: Vec<Box<dyn crate::exec::Executor>>,
+    ) -> Result<Spawned<BatchMsg>, StartError> {
+        let mut links = Vec::with_capacity(executors.len());
+        let mut handles = Vec::with_capacity(executors.len());
+        let replies_ready = sync::Arc::new(ready::ReadyMask::new());
+        let mut executors = executors.into_iter().enumerate().peekable();
+        while let Some((id, executor)) = executors.next() {
+            let Some(share) = executor.event_loop().cloned() else {
+                let (link, handle) = self.spawn_worker::<BatchMsg>(id, executor, &replies_ready)?;
+                links.push(link);
+                handles.push(handle);
+                continue;
+            };
+            let mut seats = 1;
+            while executors
+                .next_if(|(_, e)| e.event_loop().is_some_and(|s| Arc::ptr_eq(s, &share)))
+                .is_some()
+            {
+                seats += 1;
+            }
+            let exec = share.take().ok_or_else(|| {
+                StartError::Config(format!("worker {id}: its event loop was taken by another"))
+            })?;
+            let (seat_links, handle) = self.spawn_loop(id, seats, exec, &replies_ready)?;
+            links.extend(seat_links);
+            handles.push(handle);
+        }
+        Ok((links, handles))
+    }
+
+    /// One worker thread `id` running `executor`.
+    fn spawn_worker<J>(
+        &self,
+        id: usize,
+        executor: Box<dyn crate::exec::Executor>,
+        replies_ready: &sync::Arc<ready::ReadyMask>,
+    ) -> Result<(WorkerLink<J>, WorkerHandle), StartError>
+    where
+        J: worker::Job<Exec = dyn crate::exec::Executor>,
+    {
+        let per_worker = self.cfg.core.max_inflight_per_worker.max(1) as usize;
+        let spin = Duration::from_micros(self.cfg.spin_us);
+        let (job_tx, job_rx) = ring::ring(per_worker);
+        let (reply_tx, reply_rx) = ring::ring(per_worker + worker::TOKEN_ROOM);
+        let bell = sync::Arc::new(Doorbell::new());
+        let link = WorkerLink {
+            jobs: job_tx,
+            replies: reply_rx,
+            replies_ready: replies_ready.clone(),
+            bell: bell.clone(),
+        };
+        let thread = WorkerThread::<J> {
+            id,
+            jobs: job_rx,
+            results: ready::MarkedProducer::new(reply_tx, replies_ready.clone(), id),
+            executor,
+            bell,
+            engine_bell: self.engine_bell.clone(),
+            exit: self.exit.clone(),
+            idle: self.cfg.idle,
+            spin,
+            reserve: per_worker,
+        };
+        let name = format!("abe-worker-{id}");
+        let core_id = self.cores[id];
+        let hook = self.cfg.on_thread_start;
+        let handle = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                if let Some(h) = hook {
+                    h(ThreadRole::Worker(id));
+                }
+                pin::pin_current(&name, core_id);
+                thread.run();
+            })
+            .map_err(|source| StartError::Spawn {
+                name: format!("abe-worker-{id}"),
+                source,
+            })?;
+        Ok((link, WorkerHandle { handle, bell: None }))
+    }
+
+    /// One event-loop thread running workers `first..first + seats` on `exec`.
+    fn spawn_loop(
+        &self,
+        first: usize,
+        seats: usize,
+        exec: Box<dyn crate::exec::concurrent::ConcurrentExecutor>,
+        replies_ready: &sync::Arc<ready::ReadyMask>,
+    ) -> Result<(Vec<WorkerLink<BatchMsg>>, WorkerHandle), StartError> {
+        let per_worker = self.cfg.core.max_inflight_per_worker.max(1) as usize;
+        let bell = sync::Arc::new(Doorbell::new());
+        let mut links = Vec::with_capacity(seats);
+        let mut loop_seats = Vec::with_capacity(seats);
+        for id in first..first + seats {
             let (job_tx, job_rx) = ring::ring(per_worker);
             let (reply_tx, reply_rx) = ring::ring(per_worker + worker::TOKEN_ROOM);
-            let bell = sync::Arc::new(Doorbell::new());
             links.push(WorkerLink {
                 jobs: job_tx,
                 replies: reply_rx,
                 replies_ready: replies_ready.clone(),
                 bell: bell.clone(),
             });
-            let thread = WorkerThread::<J> {
-                id,
-                jobs: job_rx,
-                results: ready::MarkedProducer::new(reply_tx, replies_ready.clone(), id),
-                executor,
-                bell,
-                engine_bell: self.engine_bell.clone(),
-                exit: self.exit.clone(),
-                idle: self.cfg.idle,
-                spin,
-                reserve: per_worker,
-            };
-            let name = format!("abe-worker-{id}");
-            let core_id = self.cores[id];
-            let hook = self.cfg.on_thread_start;
-            let handle = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || {
-                    if let Some(h) = hook {
-                        h(ThreadRole::Worker(id));
-                    }
-                    pin::pin_current(&name, core_id);
-                    thread.run();
-                })
-                .map_err(|source| StartError::Spawn {
-                    name: format!("abe-worker-{id}"),
-                    source,
-                })?;
-            handles.push(handle);
+            loop_seats.push(event_loop::Seat::new(
+                job_rx,
+                ready::MarkedProducer::new(reply_tx, replies_ready.clone(), id),
+            ));
         }
-        Ok((links, handles))
+        let event_loop = event_loop::EventLoop {
+            seats: loop_seats,
+            exec,
+            bell: bell.clone(),
+            engine_bell: self.engine_bell.clone(),
+            exit: self.exit.clone(),
+            reserve: per_worker,
+            done: Vec::with_capacity(seats),
+        };
+        let name = format!("abe-loop-{first}");
+        let core_id = self.cores[first];
+        let hook = self.cfg.on_thread_start;
+        let handle = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                if let Some(h) = hook {
+                    h(ThreadRole::Worker(first));
+                }
+                pin::pin_current(&name, core_id);
+                event_loop.run();
+            })
+            .map_err(|source| StartError::Spawn {
+                name: format!("abe-loop-{first}"),
+                source,
+            })?;
+        Ok((
+            links,
+            WorkerHandle {
+                handle,
+                bell: Some(bell),
+            },
+        ))
+    }
+}
+
+/// A worker thread or an event-loop thread, as the engine thread wakes and joins it at exit.
+struct WorkerHandle {
+    handle: JoinHandle<()>,
+    /// An event loop's doorbell (it sleeps in a poll, which an unpark does not end).
+    bell: Option<sync::Arc<Doorbell>>,
+}
+
+impl WorkerHandle {
+    /// Wakes the thread to see `exit`, and waits for it to return.
+    fn wake_and_join(self) {
+        match &self.bell {
+            Some(bell) => bell.ring(),
+            None => self.handle.thread().unpark(),
+        }
+        let _ = self.handle.join();
     }
 }
 

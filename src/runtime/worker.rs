@@ -14,12 +14,12 @@
 use super::direct_reply;
 use super::doorbell::Doorbell;
 use super::idle::{IdlePolicy, Idler, WORKER_MAX_PARK};
-use super::messages::{BatchEvent, BatchMsg, ResultMsg, StepMsg, StepResult};
+use super::messages::{BatchEvent, BatchMsg, DirectBatch, ResultMsg, StepMsg, StepResult};
 use super::ready::MarkedProducer;
 use super::ring::Consumer;
 use super::sync::{Arc, AtomicBool, Ordering};
-use crate::core::Ticket;
-use crate::exec::{ExecError, Executor, TokenSink};
+use crate::core::{BatchId, Ticket};
+use crate::exec::{BatchItem, ExecError, Executor, TokenSink};
 use std::time::{Duration, Instant};
 
 /// What a worker runs: one message from the engine, answered by one reply.
@@ -43,7 +43,20 @@ pub struct Events<'a, R> {
     reserve: usize,
 }
 
-impl<R> Events<'_, R> {
+impl<'a, R> Events<'a, R> {
+    /// Events into `results`, ringing `engine_bell`, keeping `reserve` slots for replies.
+    pub(super) fn new(
+        results: &'a mut MarkedProducer<R>,
+        engine_bell: &'a Doorbell,
+        reserve: usize,
+    ) -> Self {
+        Events {
+            results,
+            engine_bell,
+            reserve,
+        }
+    }
+
     /// Sends `event` and rings the engine if the ring has room beyond the reserve; false
     /// if the event was dropped.
     pub fn send(&mut self, event: R) -> bool {
@@ -178,27 +191,38 @@ impl Job for BatchMsg {
             batch,
             mut items,
             dispatched_ns,
-            mut direct,
+            direct,
         } = self;
         let mut sink = RingTokens {
             events,
             tickets: items.iter().map(|i| i.ticket).collect(),
         };
         let result = guarded(exec, |exec| exec.execute(&mut items, &mut sink));
-        // The answers go out before the batch goes back, so the engine, once it has the
-        // batch, knows each answered request's answer is on its way.
-        let clock = direct.clock;
-        direct_reply::deliver(&mut direct, &mut items, &result, || {
-            clock.map_or(0, |c| c.now())
-        });
-        BatchEvent::Done(ResultMsg {
-            batch,
-            items,
-            result,
-            dispatched_ns,
-            direct,
-        })
+        batch_done(batch, items, result, dispatched_ns, direct)
     }
+}
+
+/// A batch's reply once its executor is done with it: what it can answer goes straight to
+/// the submitters first, so the engine, once it has the batch, knows each answered
+/// request's answer is on its way.
+pub(super) fn batch_done(
+    batch: BatchId,
+    mut items: Vec<BatchItem>,
+    result: Result<(), ExecError>,
+    dispatched_ns: u64,
+    mut direct: DirectBatch,
+) -> BatchEvent {
+    let clock = direct.clock;
+    direct_reply::deliver(&mut direct, &mut items, &result, || {
+        clock.map_or(0, |c| c.now())
+    });
+    BatchEvent::Done(ResultMsg {
+        batch,
+        items,
+        result,
+        dispatched_ns,
+        direct,
+    })
 }
 
 /// Continuous batching: one forward pass over the step's items.

@@ -43,6 +43,9 @@ pub enum Mode {
     Hang,
     /// The connection is closed as soon as a request has been read, without an answer.
     Close,
+    /// Normal answers, each connection closed after its first one without saying so (as a
+    /// backend's keep-alive timeout closes an idle connection).
+    OneThenClose,
 }
 
 /// The deterministic completion for `prompt`: "echo:" + the prompt, cut to `max_tokens`
@@ -358,13 +361,21 @@ fn serve(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
                 let body = error_body(status, &format!("mock upstream answers {status}"));
                 write_json(&mut stream, status, &body, req.close)?;
             }
-            Mode::Ok => {
+            Mode::Ok | Mode::OneThenClose => {
                 let delay = *lock(&shared.delay);
                 if !delay.is_zero() && !shared.sleep(delay) {
                     return Ok(());
                 }
                 answer(&mut stream, &req, shared)?;
             }
+        }
+        if mode == Mode::OneThenClose {
+            *lock(&shared.seen)
+                .answered
+                .entry(req.path.clone())
+                .or_default() += 1;
+            let _ = stream.shutdown(Shutdown::Both);
+            return Ok(());
         }
         *lock(&shared.seen)
             .answered

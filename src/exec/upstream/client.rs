@@ -154,6 +154,16 @@ impl UpstreamClient {
         UpstreamClient::new(target, self.inner.timeouts)
     }
 
+    /// `Bearer <api_key>`, when a key is set.
+    pub(super) fn authorization(&self) -> Option<&str> {
+        self.inner.authorization.as_deref()
+    }
+
+    /// The time limits of every request.
+    pub(super) fn timeouts(&self) -> UpstreamTimeouts {
+        self.inner.timeouts
+    }
+
     /// Whether /v1/completions takes an array of prompts.
     pub fn prompt_array(&self) -> bool {
         self.inner.target.prompt_array
@@ -181,25 +191,6 @@ impl UpstreamClient {
             .limit(ERROR_BODY_BYTES_MAX)
             .read_to_vec();
         Ok(())
-    }
-
-    /// POST {base}{path} with a JSON body; a 2xx response (body unread) or the error.
-    pub(super) fn post_json(
-        &self,
-        call: &Call<'_>,
-        body: &str,
-    ) -> Result<Response<Body>, ExecError> {
-        debug_assert_eq!(call.method, "POST");
-        let mut request = self
-            .inner
-            .agent
-            .post(call.url())
-            .content_type("application/json");
-        if let Some(auth) = &self.inner.authorization {
-            request = request.header("Authorization", auth);
-        }
-        let response = request.send(body).map_err(|e| call.transport_error(e))?;
-        call.check_status(response)
     }
 }
 
@@ -259,20 +250,8 @@ impl<'a> Call<'a> {
     pub(super) fn transport_error(&self, e: ureq::Error) -> ExecError {
         let backend = self.backend();
         match e {
-            ureq::Error::Timeout(ureq::Timeout::Connect) => ExecError::Timeout {
-                backend,
-                message: self.message(format_args!(
-                    "no connection within the connect timeout ({:?})",
-                    self.client.inner.timeouts.connect.min(self.timeout)
-                )),
-            },
-            ureq::Error::Timeout(_) => ExecError::Timeout {
-                backend,
-                message: self.message(format_args!(
-                    "no complete answer within the request timeout ({:?})",
-                    self.timeout
-                )),
-            },
+            ureq::Error::Timeout(ureq::Timeout::Connect) => self.connect_timeout(),
+            ureq::Error::Timeout(_) => self.request_timeout(),
             ureq::Error::Io(io) => self.io_error(io),
             ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => ExecError::Connect {
                 backend,
@@ -287,6 +266,45 @@ impl<'a> Call<'a> {
                 backend,
                 message: self.message(other),
             },
+        }
+    }
+
+    /// No connection within the connect timeout.
+    pub(super) fn connect_timeout(&self) -> ExecError {
+        ExecError::Timeout {
+            backend: self.backend(),
+            message: self.message(format_args!(
+                "no connection within the connect timeout ({:?})",
+                self.client.inner.timeouts.connect.min(self.timeout)
+            )),
+        }
+    }
+
+    /// No whole answer within the request timeout.
+    pub(super) fn request_timeout(&self) -> ExecError {
+        ExecError::Timeout {
+            backend: self.backend(),
+            message: self.message(format_args!(
+                "no complete answer within the request timeout ({:?})",
+                self.timeout
+            )),
+        }
+    }
+
+    /// A non-2xx answer: a `Status` error carrying the backend's own message from `body`.
+    pub(super) fn status_error(&self, status: u16, body: &str) -> ExecError {
+        ExecError::Status {
+            backend: self.backend(),
+            status,
+            message: self.status_message(error_detail(body)),
+        }
+    }
+
+    /// The connection broke or the answer was not HTTP (`detail` says how).
+    pub(super) fn connection_lost(&self, detail: impl fmt::Display) -> ExecError {
+        ExecError::Connect {
+            backend: self.backend(),
+            message: self.message(format_args!("connection lost: {detail}")),
         }
     }
 
@@ -339,11 +357,7 @@ impl<'a> Call<'a> {
             .lossy_utf8(true)
             .read_to_string()
             .unwrap_or_default();
-        Err(ExecError::Status {
-            backend: self.backend(),
-            status,
-            message: self.status_message(error_detail(&body)),
-        })
+        Err(self.status_error(status, &body))
     }
 }
 

@@ -6,18 +6,18 @@
 //! (errors are per item), more than `CONCURRENT_REQUESTS_MAX` requests in flight per
 //! batch, a new request started after `stop` is set, or a token piece delivered out of order.
 
-use super::client::{Call, UpstreamClient, RESPONSE_BYTES_MAX};
+use super::client::{Call, UpstreamClient};
+use super::mux::Mux;
 use super::slot::UpstreamSlot;
-use super::sse::{SseEvent, SseReader};
 use super::wire::{self, BackendUsage, Choice, ChunkError, TextResponse};
 use crate::core::Kind;
+use crate::exec::concurrent::{ConcurrentExecutor, ItemResult, LoopShare, Progress};
 use crate::exec::{
     prompt_tokens, BatchItem, ExecError, Executor, FinishReason, Output, TokenSink, Work,
 };
 use crate::sync::AtomicBool;
-use std::io::BufReader;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Requests one batch may have in flight at once (the threads a batch may spawn).
 pub const CONCURRENT_REQUESTS_MAX: usize = 16;
@@ -26,62 +26,90 @@ const COMPLETIONS: &str = "/v1/completions";
 const CHAT: &str = "/v1/chat/completions";
 const EMBEDDINGS: &str = "/v1/embeddings";
 
-/// Runs batches against one backend. One per worker thread; the client (and its connection
-/// pool) is shared by all of the backend's workers.
+/// Runs batches against one backend: as a seat of the backend's event loop (`Mux`, shared
+/// by all its workers: see `runtime::event_loop`), or, where a runtime calls `execute` on a
+/// thread of its own, on a loop of its own, one batch at a time.
 pub struct UpstreamExecutor {
-    client: UpstreamClient,
-    /// A backend slot's cell: `client` is taken from it at the start of every batch (the
-    /// slot may have been filled with another address since the last one).
-    slot: Option<UpstreamSlot>,
+    /// The backend's cell: each batch goes to its address of the moment.
+    slot: UpstreamSlot,
     /// Set at shutdown: no new request starts once it is.
     stop: Arc<AtomicBool>,
+    /// The event loop its worker runs on, if any: then `execute` is not called in
+    /// request-level batching.
+    share: Option<Arc<LoopShare>>,
+    /// The loop `execute` runs on, made at its first call.
+    own: Option<Mux>,
 }
 
 impl UpstreamExecutor {
     pub fn new(client: UpstreamClient, stop: Arc<AtomicBool>) -> UpstreamExecutor {
-        UpstreamExecutor {
-            client,
-            slot: None,
-            stop,
-        }
+        UpstreamExecutor::in_slot(client.into(), stop)
     }
 
     /// An executor for a backend slot: each batch goes to the slot's address of the moment.
     pub fn in_slot(slot: UpstreamSlot, stop: Arc<AtomicBool>) -> UpstreamExecutor {
         UpstreamExecutor {
-            client: slot.current(),
-            slot: Some(slot),
+            slot,
             stop,
+            share: None,
+            own: None,
+        }
+    }
+
+    /// This executor, its worker a seat of `share`'s event loop.
+    pub fn on_loop(self, share: Arc<LoopShare>) -> UpstreamExecutor {
+        UpstreamExecutor {
+            share: Some(share),
+            ..self
         }
     }
 }
 
+/// `execute`'s view of its loop's progress: pieces to the sink, the results kept.
+struct Blocking<'a> {
+    tokens: &'a mut dyn TokenSink,
+    results: Option<Vec<ItemResult>>,
+}
+
+impl Progress for Blocking<'_> {
+    fn token(&mut self, _seat: usize, item: usize, offset: u32, text: String) {
+        self.tokens.token(item, offset, text);
+    }
+
+    fn done(&mut self, _seat: usize, results: Vec<ItemResult>) {
+        self.results = Some(results);
+    }
+}
+
 impl Executor for UpstreamExecutor {
+    fn event_loop(&self) -> Option<&Arc<LoopShare>> {
+        self.share.as_ref()
+    }
+
     fn execute(
         &mut self,
         items: &mut [BatchItem],
         tokens: &mut dyn TokenSink,
     ) -> Result<(), ExecError> {
-        if let Some(slot) = &self.slot {
-            self.client = slot.current();
-        }
-        let (jobs, failed) = plan(items, self.client.name(), self.client.prompt_array());
-        for (index, error) in failed {
-            items[index].error = Some(error);
-        }
-        let ctx = JobContext {
-            client: &self.client,
-            stop: &self.stop,
+        let mux = match &mut self.own {
+            Some(mux) => mux,
+            None => {
+                let mux = Mux::new(self.slot.clone(), 1, self.stop.clone()).map_err(|e| {
+                    ExecError::Backend(format!("cannot start an upstream event loop: {e}"))
+                })?;
+                self.own.insert(mux)
+            }
         };
-        if let [job] = jobs.as_slice() {
-            // The common case (one array request, or a single item): no thread, no channel.
-            let results = ctx.run(job, &mut |item, offset, text| {
-                tokens.token(item, offset, text)
-            });
-            store(items, results);
-        } else if !jobs.is_empty() {
-            ctx.run_concurrently(&jobs, items, tokens);
+        let mut progress = Blocking {
+            tokens,
+            results: None,
+        };
+        mux.start(0, items, &mut progress);
+        while progress.results.is_none() {
+            // The loop's own deadlines bound each wait; a second is only its longest nap.
+            mux.turn(Duration::from_secs(1), &mut progress);
         }
+        store(items, progress.results.take().unwrap_or_default());
         for item in items.iter_mut() {
             if item.output.is_none() && item.error.is_none() {
                 debug_assert!(false, "upstream executor left an item unanswered");
@@ -96,14 +124,14 @@ impl Executor for UpstreamExecutor {
 
 /// Which endpoint a request goes to and how its answer is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Shape {
+pub(super) enum Shape {
     Completions,
     Chat,
     Embeddings,
 }
 
 impl Shape {
-    fn path(self) -> &'static str {
+    pub(super) fn path(self) -> &'static str {
         match self {
             Shape::Completions => COMPLETIONS,
             Shape::Chat => CHAT,
@@ -115,27 +143,24 @@ impl Shape {
 /// One request to the backend (a job for `run_concurrently`'s threads), built on the calling
 /// thread before any is sent.
 #[derive(Debug)]
-struct BackendRequest {
-    shape: Shape,
-    stream: bool,
-    body: String,
+pub(super) struct BackendRequest {
+    pub(super) shape: Shape,
+    pub(super) stream: bool,
+    pub(super) body: String,
     /// The batch items it answers, in the order of its prompts (inputs). Never empty.
-    items: Vec<JobItem>,
+    pub(super) items: Vec<JobItem>,
 }
 
 #[derive(Debug)]
-struct JobItem {
+pub(super) struct JobItem {
     /// Position in the batch.
-    index: usize,
+    pub(super) index: usize,
     /// For estimating prompt tokens when the backend reports none.
     prompt: Arc<str>,
 }
 
-/// One item's answer.
-type ItemResult = (usize, Result<Output, ExecError>);
-
 /// Groups a batch into requests; items that cannot be sent at all come back as errors.
-fn plan(
+pub(super) fn plan(
     items: &[BatchItem],
     backend: &str,
     prompt_array: bool,
@@ -233,7 +258,7 @@ fn same_request(shape: Shape, a: &Work, b: &Work) -> bool {
         }
 }
 
-fn store(items: &mut [BatchItem], results: Vec<ItemResult>) {
+pub(super) fn store(items: &mut [BatchItem], results: Vec<ItemResult>) {
     for (index, result) in results {
         match result {
             Ok(output) => items[index].output = Some(output),
@@ -242,207 +267,122 @@ fn store(items: &mut [BatchItem], results: Vec<ItemResult>) {
     }
 }
 
-/// What a job thread sends the calling thread.
-enum Msg {
-    Piece {
-        item: usize,
-        offset: u32,
-        text: String,
-    },
-    Done(Vec<ItemResult>),
+/// What a stream has brought so far: the text, its pieces, the finish reason and usage.
+pub(super) struct StreamState {
+    item: usize,
+    prompt: Arc<str>,
+    chat: bool,
+    text: String,
+    pieces: u32,
+    finish: Option<FinishReason>,
+    usage: Option<BackendUsage>,
 }
 
-struct JobContext<'a> {
-    client: &'a UpstreamClient,
-    stop: &'a AtomicBool,
-}
-
-impl JobContext<'_> {
-    /// Runs `jobs` on up to `CONCURRENT_REQUESTS_MAX` scoped threads; the calling thread
-    /// relays their token pieces to `tokens` (a sink is not `Send`) and stores the results.
-    fn run_concurrently(
-        &self,
-        jobs: &[BackendRequest],
-        items: &mut [BatchItem],
-        tokens: &mut dyn TokenSink,
-    ) {
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            let (tx, rx) = mpsc::channel::<Msg>();
-            for _ in 0..jobs.len().min(CONCURRENT_REQUESTS_MAX) {
-                let tx = tx.clone();
-                let next = &next;
-                let spawned = std::thread::Builder::new()
-                    .name(format!("abe-up-{}", self.client.name()))
-                    .spawn_scoped(scope, move || {
-                        // Relaxed: the counter only hands out distinct indices; the jobs
-                        // themselves were written before the scope started.
-                        while let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                            let results = self.run(job, &mut |item, offset, text| {
-                                // The receiver outlives every sender in the scope.
-                                let _ = tx.send(Msg::Piece { item, offset, text });
-                            });
-                            let _ = tx.send(Msg::Done(results));
-                        }
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!(backend = self.client.name(), error = %e,
-                        "cannot start an upstream request thread; running with fewer");
-                    break;
-                }
-            }
-            drop(tx);
-            for msg in rx {
-                match msg {
-                    Msg::Piece { item, offset, text } => tokens.token(item, offset, text),
-                    Msg::Done(results) => store(items, results),
-                }
-            }
-        });
-        // No thread could be started: run what is left here, one after another.
-        while let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
-            let results = self.run(job, &mut |item, offset, text| {
-                tokens.token(item, offset, text)
-            });
-            store(items, results);
+impl StreamState {
+    /// The state of `job`'s stream (a streaming job has one item).
+    pub(super) fn new(job: &BackendRequest) -> StreamState {
+        StreamState {
+            item: job.items[0].index,
+            prompt: job.items[0].prompt.clone(),
+            chat: job.shape == Shape::Chat,
+            text: String::new(),
+            pieces: 0,
+            finish: None,
+            usage: None,
         }
     }
 
-    /// Sends one request and reads its answer; every item of the job gets a result.
-    fn run(
-        &self,
-        job: &BackendRequest,
-        emit: &mut dyn FnMut(usize, u32, String),
-    ) -> Vec<ItemResult> {
-        // Acquire: pairs with the Release store at shutdown (the flag guards no data, but
-        // a stale read here only starts one more request, never loses one).
-        if self.stop.load(Ordering::Acquire) {
-            let e = ExecError::Backend("shutting down".into());
-            return job
-                .items
-                .iter()
-                .map(|i| (i.index, Err(e.clone())))
-                .collect();
-        }
-        let call = Call::new(self.client, "POST", job.shape.path());
-        let outcome = if job.stream {
-            debug_assert_eq!(job.items.len(), 1);
-            self.stream(&call, job, emit)
-                .map(|o| vec![(job.items[0].index, Ok(o))])
-        } else {
-            self.request(&call, job)
-        };
-        outcome.unwrap_or_else(|e| {
-            job.items
-                .iter()
-                .map(|i| (i.index, Err(e.clone())))
-                .collect()
-        })
-    }
-
-    /// A request whose whole answer is one JSON document.
-    fn request(&self, call: &Call<'_>, job: &BackendRequest) -> Result<Vec<ItemResult>, ExecError> {
-        let mut response = self.client.post_json(call, &job.body)?;
-        let body = response
-            .body_mut()
-            .with_config()
-            .limit(RESPONSE_BYTES_MAX)
-            .read_to_string()
-            .map_err(|e| call.transport_error(e))?;
-        match job.shape {
-            Shape::Completions => {
-                let parsed = wire::parse_completions(&body).map_err(|e| call.protocol(e))?;
-                Ok(split_text(call, job, parsed))
-            }
-            Shape::Chat => {
-                let parsed = wire::parse_chat(&body).map_err(|e| call.protocol(e))?;
-                Ok(split_text(call, job, parsed))
-            }
-            Shape::Embeddings => {
-                let parsed = wire::parse_embeddings(&body).map_err(|e| call.protocol(e))?;
-                let mut vectors: Vec<Option<Vec<f32>>> = vec![None; job.items.len()];
-                for (index, vector) in parsed.data {
-                    if let Some(slot) = vectors.get_mut(index) {
-                        *slot = Some(vector);
-                    }
-                }
-                let prompt = prompt_shares(job, parsed.usage);
-                Ok(job
-                    .items
-                    .iter()
-                    .zip(vectors)
-                    .zip(prompt)
-                    .enumerate()
-                    .map(|(k, ((item, vector), prompt_tokens))| {
-                        let output = vector
-                            .map(|vector| Output::Embedding {
-                                vector,
-                                prompt_tokens,
-                            })
-                            .ok_or_else(|| {
-                                call.protocol(format_args!("no embedding for input {k}"))
-                            });
-                        (item.index, output)
-                    })
-                    .collect())
-            }
-        }
-    }
-
-    /// A streaming request: relays each piece as it arrives, answers with the whole text.
-    fn stream(
-        &self,
+    /// One event's data: its piece of text goes to `emit` (item, offset, text).
+    pub(super) fn data(
+        &mut self,
         call: &Call<'_>,
-        job: &BackendRequest,
+        data: &str,
         emit: &mut dyn FnMut(usize, u32, String),
-    ) -> Result<Output, ExecError> {
-        let item = &job.items[0];
-        let chat = job.shape == Shape::Chat;
-        let mut response = self.client.post_json(call, &job.body)?;
-        let mut events = SseReader::new(BufReader::new(response.body_mut().as_reader()));
-        let mut text = String::new();
-        let mut pieces: u32 = 0;
-        let mut finish: Option<FinishReason> = None;
-        let mut usage: Option<BackendUsage> = None;
-        loop {
-            let data = match events.next_event().map_err(|e| call.io_error(e))? {
-                SseEvent::Data(data) => data,
-                SseEvent::Done => break,
-                // Some servers end the body without [DONE]; a finish reason says it is whole.
-                SseEvent::Eof if finish.is_some() => break,
-                SseEvent::Eof => {
-                    return Err(call.protocol(format_args!(
-                        "the stream ended after {} bytes without `data: [DONE]`",
-                        text.len()
-                    )))
-                }
-            };
-            let chunk = wire::parse_chunk(data, chat).map_err(|e| match e {
-                ChunkError::Upstream(m) => {
-                    call.protocol(format_args!("error inside the stream: {m}"))
-                }
-                ChunkError::Invalid(m) => call.protocol(m),
-            })?;
-            if let Some(piece) = chunk.text {
-                let offset = u32::try_from(text.len()).unwrap_or(u32::MAX);
-                text.push_str(&piece);
-                pieces = pieces.saturating_add(1);
-                emit(item.index, offset, piece);
-            }
-            finish = chunk.finish_reason.or(finish);
-            usage = chunk.usage.or(usage);
+    ) -> Result<(), ExecError> {
+        let chunk = wire::parse_chunk(data, self.chat).map_err(|e| match e {
+            ChunkError::Upstream(m) => call.protocol(format_args!("error inside the stream: {m}")),
+            ChunkError::Invalid(m) => call.protocol(m),
+        })?;
+        if let Some(piece) = chunk.text {
+            let offset = u32::try_from(self.text.len()).unwrap_or(u32::MAX);
+            self.text.push_str(&piece);
+            self.pieces = self.pieces.saturating_add(1);
+            emit(self.item, offset, piece);
         }
-        let usage = usage.unwrap_or_default();
-        Ok(Output::Text {
-            text,
+        self.finish = chunk.finish_reason.or(self.finish);
+        self.usage = chunk.usage.or(self.usage);
+        Ok(())
+    }
+
+    /// The body ended without `[DONE]`: whole if a finish reason came (some servers end
+    /// that way), an error otherwise.
+    pub(super) fn ended(self, call: &Call<'_>) -> Result<Output, ExecError> {
+        if self.finish.is_some() {
+            return Ok(self.output());
+        }
+        Err(call.protocol(format_args!(
+            "the stream ended after {} bytes without `data: [DONE]`",
+            self.text.len()
+        )))
+    }
+
+    /// The whole answer.
+    pub(super) fn output(self) -> Output {
+        let usage = self.usage.unwrap_or_default();
+        Output::Text {
             prompt_tokens: usage
                 .prompt_tokens
-                .unwrap_or_else(|| prompt_tokens(&item.prompt)),
-            completion_tokens: usage.completion_tokens.unwrap_or(pieces),
-            finish_reason: finish.unwrap_or(FinishReason::Stop),
+                .unwrap_or_else(|| prompt_tokens(&self.prompt)),
+            completion_tokens: usage.completion_tokens.unwrap_or(self.pieces),
+            finish_reason: self.finish.unwrap_or(FinishReason::Stop),
+            text: self.text,
             tool_calls: None,
             cached_tokens: None,
-        })
+        }
+    }
+}
+
+/// Each item's answer from a backend's whole JSON answer `body` (a 2xx) to `job`.
+pub(super) fn answer(
+    call: &Call<'_>,
+    job: &BackendRequest,
+    body: &str,
+) -> Result<Vec<ItemResult>, ExecError> {
+    match job.shape {
+        Shape::Completions => {
+            let parsed = wire::parse_completions(body).map_err(|e| call.protocol(e))?;
+            Ok(split_text(call, job, parsed))
+        }
+        Shape::Chat => {
+            let parsed = wire::parse_chat(body).map_err(|e| call.protocol(e))?;
+            Ok(split_text(call, job, parsed))
+        }
+        Shape::Embeddings => {
+            let parsed = wire::parse_embeddings(body).map_err(|e| call.protocol(e))?;
+            let mut vectors: Vec<Option<Vec<f32>>> = vec![None; job.items.len()];
+            for (index, vector) in parsed.data {
+                if let Some(slot) = vectors.get_mut(index) {
+                    *slot = Some(vector);
+                }
+            }
+            let prompt = prompt_shares(job, parsed.usage);
+            Ok(job
+                .items
+                .iter()
+                .zip(vectors)
+                .zip(prompt)
+                .enumerate()
+                .map(|(k, ((item, vector), prompt_tokens))| {
+                    let output = vector
+                        .map(|vector| Output::Embedding {
+                            vector,
+                            prompt_tokens,
+                        })
+                        .ok_or_else(|| call.protocol(format_args!("no embedding for input {k}")));
+                    (item.index, output)
+                })
+                .collect())
+        }
     }
 }
 

@@ -12,6 +12,8 @@ mod executor;
 mod fuzz;
 #[cfg(any(test, feature = "testing"))]
 pub mod fuzzing;
+mod http1;
+mod mux;
 mod resolve;
 mod slot;
 mod sse;
@@ -19,4 +21,5 @@ mod wire;
 
 pub use client::{UpstreamClient, UpstreamTarget, UpstreamTimeouts};
 pub use executor::{UpstreamExecutor, CONCURRENT_REQUESTS_MAX};
+pub use mux::Mux;
 pub use slot::{SlotCell, UpstreamSlot};
