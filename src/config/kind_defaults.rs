@@ -13,12 +13,21 @@
 //! `upstream` backend runs 64 at once (BENCHMARKS.md, "Upstream defaults": at 4, abe in
 //! front of a continuous-batching server served 0.39x what the server served directly).
 //!
+//! Idle threads: the io threads and the engine yield the CPU for `engine.spin_us` before
+//! they park, which pays when answers come back within microseconds (a `sim` backend: at
+//! 8 connections 0.70x the requests a second when they park at once). Behind `upstream`
+//! backends an answer takes a network round trip and the server's own work, which the
+//! yielding threads take CPU from: a front forwarding to a server on the same 2 cores
+//! served 1.3x the requests a second with its threads parking at once (BENCHMARKS.md,
+//! "The proxy path on an event loop").
+//!
 //! A key the file sets always wins, and so does an `ABE_*` variable (applied after this).
 //! What must never happen here: changing a key the file sets, or reading anything but the
 //! file's own text (the environment is `layering`'s).
 
 use super::sections::Config;
 use crate::router::BackendKindName;
+use crate::runtime::idle::IdlePolicy;
 
 /// What each executor kind runs best with, where the user says nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,28 +38,41 @@ pub struct KindDefaults {
     pub max_concurrent_batches: u32,
     /// `engine.pin`.
     pub pin: bool,
+    /// `engine.idle`.
+    pub idle: IdlePolicy,
 }
 
 impl KindDefaults {
     /// `sim` and `upstream`: the built-in defaults (`[batching]`, `[engine]`), with the
     /// router's workers of their kind (`router::registry::concurrent_batches_default`: 4 and
-    /// 64). `embed`: one batch at a time, batches of up to 64, threads unpinned (measured
-    /// best; see the module doc).
+    /// 64), and for `upstream` idle threads that park at once. `embed`: one batch at a
+    /// time, batches of up to 64, threads unpinned (measured best; see the module doc).
     pub fn of(kind: BackendKindName) -> KindDefaults {
         let max_concurrent_batches = crate::router::registry::concurrent_batches_default(kind);
         match kind {
-            BackendKindName::Sim | BackendKindName::Upstream => {
+            BackendKindName::Sim => {
                 let c = Config::default();
                 KindDefaults {
                     max_batch_size: c.batching.max_batch_size,
                     max_concurrent_batches,
                     pin: c.engine.pin,
+                    idle: c.engine.idle,
+                }
+            }
+            BackendKindName::Upstream => {
+                let c = Config::default();
+                KindDefaults {
+                    max_batch_size: c.batching.max_batch_size,
+                    max_concurrent_batches,
+                    pin: c.engine.pin,
+                    idle: IdlePolicy::Park,
                 }
             }
             BackendKindName::Embed => KindDefaults {
                 max_batch_size: 64,
                 max_concurrent_batches,
                 pin: false,
+                idle: Config::default().engine.idle,
             },
         }
     }
@@ -62,7 +84,9 @@ impl KindDefaults {
 /// - `batching.max_batch_size`: the smallest of the backends' kinds' (one batch size serves
 ///   them all, so no kind gets batches larger than it runs well);
 /// - `engine.pin`: false if any backend's kind runs unpinned (a pinned thread would take a
-///   core that kind's compute needs), else true.
+///   core that kind's compute needs), else true;
+/// - `engine.idle`: `park` if every backend's kind parks (all `upstream`), else the
+///   built-in `adaptive`.
 ///
 /// Without `[[backends]]` (the default sim backend) nothing changes.
 pub(super) fn fill(cfg: &mut Config, file: &toml::Table) {
@@ -87,10 +111,14 @@ pub(super) fn fill(cfg: &mut Config, file: &toml::Table) {
     let kinds = || cfg.backends.iter().map(|b| KindDefaults::of(b.kind));
     let max_batch_size = kinds().map(|d| d.max_batch_size).min();
     let pin = kinds().all(|d| d.pin);
+    let park = kinds().all(|d| d.idle == IdlePolicy::Park);
     if let Some(m) = max_batch_size.filter(|_| !set("batching", "max_batch_size")) {
         cfg.batching.max_batch_size = m;
     }
     if !set("engine", "pin") {
         cfg.engine.pin = pin;
+    }
+    if park && !set("engine", "idle") {
+        cfg.engine.idle = IdlePolicy::Park;
     }
 }

@@ -993,6 +993,29 @@ fn an_upstream_backend_runs_many_requests_at_once_unless_the_user_set_it() {
     );
 }
 
+#[test]
+fn upstream_only_fronts_park_idle_threads_unless_the_user_set_it() {
+    use crate::runtime::idle::IdlePolicy;
+    let upstream = "[[backends]]\nname = \"u\"\nkind = \"upstream\"\n\
+        base_url = \"http://127.0.0.1:8000\"\n[[backends.models]]\nname = \"x\"\n\
+        context_length = 2048\n";
+    assert_eq!(
+        Config::from_toml(upstream).unwrap().engine.idle,
+        IdlePolicy::Park
+    );
+    let set = format!("[engine]\nidle = \"adaptive\"\n{upstream}");
+    assert_eq!(
+        Config::from_toml(&set).unwrap().engine.idle,
+        IdlePolicy::Adaptive
+    );
+    // A sim backend beside it answers in microseconds: the built-in policy stays.
+    let sim = "[[backends]]\nname = \"s\"\nkind = \"sim\"\n[[backends.models]]\nname = \"y\"\n\
+        context_length = 2048\n";
+    let mixed = Config::from_toml(&format!("{upstream}{sim}")).unwrap();
+    assert_eq!(mixed.engine.idle, Config::default().engine.idle);
+    assert_eq!(Config::default().engine.idle, IdlePolicy::Adaptive);
+}
+
 /// `max_lora_adapters` counts distinct adapters: replicas of one model that each list the
 /// same adapters (the usual vLLM deployment) use one id per adapter, not one per listing.
 #[test]

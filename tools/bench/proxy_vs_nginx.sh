@@ -15,7 +15,8 @@
 #         requests and forwards a batch as one upstream request with a prompt array, which
 #         nginx cannot do; FRONT_MAX_BATCH=1 forwards every request alone, as nginx does;
 #         FRONT_DEFAULTS=1 writes only the backend's name, kind, address and model, so every
-#         other key is abe's default: 64 in flight, each request alone, no prompt arrays)
+#         other key is abe's default: 64 in flight, each request alone, no prompt arrays,
+#         the engine's pinning and idle policy)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-10}"
@@ -83,7 +84,10 @@ front=""
 ngx=""
 trap 'kill $back $front $ngx 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$back_port/health" >/dev/null && break; sleep 0.1; done
-ABE_ENGINE_PIN=false RUST_LOG=warn "$bin" serve --port $front_port --config "$work/front.toml" >/dev/null &
+# On FRONT_DEFAULTS the front keeps every engine default too (pinning among them).
+front_pin=false
+if [ -n "${FRONT_DEFAULTS:-}" ]; then front_pin=""; fi
+env ${front_pin:+ABE_ENGINE_PIN=$front_pin} RUST_LOG=warn "$bin" serve --port $front_port --config "$work/front.toml" >/dev/null &
 front=$!
 nginx -c "$work/nginx.conf" &
 ngx=$!

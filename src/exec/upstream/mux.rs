@@ -59,8 +59,9 @@ pub struct Mux {
     /// The last host name looked up: `host:port`, when, its address.
     name: Option<(String, Instant, SocketAddr)>,
     buf: Vec<u8>,
-    /// Connections with events this turn (reused across turns).
-    ready: Vec<usize>,
+    /// Connections with events this turn, and whether each was readable (reused across
+    /// turns).
+    ready: Vec<(usize, bool)>,
 }
 
 struct Batch {
@@ -183,7 +184,7 @@ impl Mux {
         let conn = self.conns[index].as_mut().expect("a connection just taken");
         conn.exchange = Some(exchange);
         // Write at once: a kept-alive connection is writable, and a new one says so later.
-        self.ready(index, progress);
+        self.ready(index, false, progress);
     }
 
     /// An idle connection to `base`, if one is open.
@@ -273,7 +274,9 @@ impl Mux {
     }
 
     /// Moves connection `index` on: connects, writes, reads, finishes its exchange.
-    fn ready(&mut self, index: usize, progress: &mut dyn Progress) {
+    /// `readable`: the poll said so. A request written whole here is not followed by a read
+    /// unless it was (its answer cannot be there yet; it will come as an event).
+    fn ready(&mut self, index: usize, readable: bool, progress: &mut dyn Progress) {
         let Some(conn) = self.conns[index].as_mut() else {
             return;
         };
@@ -300,6 +303,7 @@ impl Mux {
                 Err(e) => return self.fail_io(index, e, progress),
             }
         }
+        let writing = ex.written < ex.out.len();
         while ex.written < ex.out.len() {
             match conn.stream.write(&ex.out[ex.written..]) {
                 Ok(0) => {
@@ -311,6 +315,9 @@ impl Mux {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return self.fail_io(index, e, progress),
             }
+        }
+        if writing && !readable {
+            return;
         }
         loop {
             let n = match conn.stream.read(&mut self.buf) {
@@ -622,13 +629,12 @@ impl ConcurrentExecutor for Mux {
         ready.extend(
             self.events
                 .iter()
-                .map(|e| e.token())
-                .filter(|&t| t != WAKE)
-                .map(|t| t.0 - 1),
+                .filter(|e| e.token() != WAKE)
+                .map(|e| (e.token().0 - 1, e.is_readable() || e.is_read_closed())),
         );
         let moved = !self.events.is_empty();
-        for &index in &ready {
-            self.ready(index, progress);
+        for &(index, readable) in &ready {
+            self.ready(index, readable, progress);
         }
         self.ready = ready;
         self.expire(Instant::now(), progress);
