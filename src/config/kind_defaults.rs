@@ -1,5 +1,5 @@
-//! Defaults per executor kind: the three keys whose best value depends on what the backends
-//! run (`batching.max_batch_size`, `engine.pin`, a backend's `max_concurrent_batches`), and
+//! Defaults per executor kind: the four keys whose best value depends on what the backends
+//! run (`batching.max_batch_size`, `engine.pin`, `engine.idle`, a backend's `max_concurrent_batches`), and
 //! filling them in from the backends' kinds where the config file leaves them out.
 //!
 //! Why per kind, measured (BENCHMARKS.md, "Issue 25: defaults per executor kind"): one

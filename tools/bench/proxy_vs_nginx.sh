@@ -16,7 +16,9 @@
 #         nginx cannot do; FRONT_MAX_BATCH=1 forwards every request alone, as nginx does;
 #         FRONT_DEFAULTS=1 writes only the backend's name, kind, address and model, so every
 #         other key is abe's default: 64 in flight, each request alone, no prompt arrays,
-#         the engine's pinning and idle policy)
+#         the engine's pinning and idle policy;
+#         STREAM=N sends `stream: true` completions of N tokens instead of the small POST:
+#         each request is an SSE stream of N + 2 events relayed through the front)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-10}"
@@ -37,6 +39,17 @@ front_port=18487
 ngx_port=18488
 
 . tools/bench/wrk_lib.sh # wrk_measure, wrk_warm, median
+
+# The request: post.lua's small POST, or with STREAM=N a stream of N tokens.
+script="$here/post.lua"
+if [ -n "${STREAM:-}" ]; then
+  script="$work/post_stream.lua"
+  cat >"$script" <<LUA
+wrk.method = "POST"
+wrk.body   = '{"prompt":"hi","max_tokens":$STREAM,"stream":true}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+fi
 
 {
   if [ -n "$front_max_batch" ]; then printf '[batching]\nmax_batch_size = %s\n' "$front_max_batch"; fi
@@ -103,7 +116,7 @@ done
 run() { # name front_pid url round
   local name=$1 pid=$2 url=$3 round=$4
   local m rps p50 p99 non2xx cpu_front cpu_back
-  m=$(wrk_measure "$conns" "$secs" "$here/post.lua" "$url" "$pid" "$back")
+  m=$(wrk_measure "$conns" "$secs" "$script" "$url" "$pid" "$back")
   read -r rps p50 p99 non2xx _ _ cpu_front cpu_back <<<"$m"
   if [ "$non2xx" != 0 ]; then echo "$name: $non2xx non-2xx answers" >&2; exit 1; fi
   printf "round %s  %-9s c=%-3s %9.0f req/s  p50 %6.0f us  p99 %6.0f us  CPU front %6s us/req, answering abe %6s us/req\n" \
@@ -111,9 +124,9 @@ run() { # name front_pid url round
   echo "$name $round $rps $p50 $p99 $cpu_front $cpu_back" >>"$results"
 }
 
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD); front abe: $workers upstream batches in flight, max_batch_size ${front_max_batch:-default}"
-wrk_warm "$conns" "$here/post.lua" "http://127.0.0.1:$ngx_port/v1/completions"
-wrk_warm "$conns" "$here/post.lua" "http://127.0.0.1:$front_port/v1/completions"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD); front abe: $workers upstream batches in flight, max_batch_size ${front_max_batch:-default}${STREAM:+, streams of $STREAM tokens}"
+wrk_warm "$conns" "$script" "http://127.0.0.1:$ngx_port/v1/completions"
+wrk_warm "$conns" "$script" "http://127.0.0.1:$front_port/v1/completions"
 for r in $(seq 1 "$rounds"); do
   run nginx "$ngx_worker" "http://127.0.0.1:$ngx_port/v1/completions" "$r"
   run abe-front "$front" "http://127.0.0.1:$front_port/v1/completions" "$r"
