@@ -8,8 +8,8 @@
 //! their own); each request goes on an idle connection to the batch's address or a new one.
 //! A reused connection that fails before any byte of the answer (the backend closed it while
 //! it was idle) is retried once on a new connection; nothing else is retried. A host name is
-//! looked up on this thread when a connection is opened (kept [`NAME_TTL`]), so a slow DNS
-//! server holds every request of the backend for that long.
+//! looked up on this thread the first time a connection is opened, and refreshed by a thread
+//! of its own after that (`resolve::NameCache`): only the first lookup holds the loop.
 //!
 //! What must never happen here: a blocking socket call, a batch never reported done, a
 //! request started after `stop` is set, a body read past `RESPONSE_BYTES_MAX`, or a token
@@ -19,7 +19,7 @@ use super::client::{Call, UpstreamClient, RESPONSE_BYTES_MAX};
 use super::executor::CONCURRENT_REQUESTS_MAX;
 use super::executor::{answer, plan, BackendRequest, StreamState};
 use super::http1::{self, ResponseReader};
-use super::resolve::NAME_TTL;
+use super::resolve::NameCache;
 use super::slot::UpstreamSlot;
 use super::sse::{SseEvent, SseReader, EVENT_BYTES_MAX};
 use crate::exec::concurrent::{ConcurrentExecutor, ItemResult, Progress};
@@ -28,7 +28,7 @@ use crate::sync::AtomicBool;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,8 +56,8 @@ pub struct Mux {
     batches: Vec<Option<Batch>>,
     /// The address the idle connections go to (a slot filled again closes them).
     base: String,
-    /// The last host name looked up: `host:port`, when, its address.
-    name: Option<(String, Instant, SocketAddr)>,
+    /// The backend's address, when it is a host name.
+    names: NameCache,
     buf: Vec<u8>,
     /// Connections with events this turn, and whether each was readable (reused across
     /// turns).
@@ -124,7 +124,7 @@ impl Mux {
             idle: Vec::new(),
             batches: (0..seats).map(|_| None).collect(),
             base: String::new(),
-            name: None,
+            names: NameCache::default(),
             buf: vec![0; READ_CHUNK],
             ready: Vec::new(),
         })
@@ -223,47 +223,15 @@ impl Mux {
         Ok(index)
     }
 
-    /// The socket address of `base` (`http://host:port`): an IP is parsed, a name looked up
-    /// (kept [`NAME_TTL`]).
+    /// The socket address of `base` (`http://host:port`): see `resolve::NameCache`.
     fn address(&mut self, base: &str) -> io::Result<SocketAddr> {
-        let authority = authority(base);
         if !base.starts_with("http://") {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "only http:// backends are supported",
             ));
         }
-        let host_port = if authority.rsplit_once(':').is_some_and(|(h, p)| {
-            !h.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':')
-        }) && !authority.ends_with(']')
-        {
-            authority.to_string()
-        } else {
-            format!("{authority}:80")
-        };
-        let bare = host_port
-            .rsplit_once(':')
-            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
-            .unwrap_or("");
-        if bare.parse::<std::net::IpAddr>().is_ok() {
-            if let Ok(addr) = host_port.parse::<SocketAddr>() {
-                return Ok(addr);
-            }
-        }
-        let now = Instant::now();
-        if let Some((name, at, addr)) = &self.name {
-            if *name == host_port && now.duration_since(*at) < NAME_TTL {
-                return Ok(*addr);
-            }
-        }
-        let addr = host_port.to_socket_addrs()?.next().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no address for '{host_port}'"),
-            )
-        })?;
-        self.name = Some((host_port, now, addr));
-        Ok(addr)
+        self.names.address(authority(base))
     }
 
     fn close(&mut self, index: usize) {

@@ -1,17 +1,21 @@
-//! Name resolution for an upstream backend's connection pool: an address that is already an
-//! IP (`127.0.0.1:8000`, `[::1]:8000`) is parsed, not looked up, and a host name's addresses
+//! Name resolution for an upstream backend: an address that is already an IP
+//! (`127.0.0.1:8000`, `[::1]:8000`) is parsed, not looked up, and a host name's addresses
 //! are kept for [`NAME_TTL`].
 //!
-//! Why it exists: `ureq` resolves the address before it looks in its pool, so every request
-//! resolves, even on a kept-alive connection, and with a time limit set (abe always sets
-//! one) its resolver starts a thread per lookup. Forwarding small requests one by one,
-//! that thread and `getaddrinfo` were most of the front's CPU per request.
+//! Two users: [`KeptResolver`], the resolver of the health checker's `ureq` agent (`ureq`
+//! resolves before it looks in its pool, so every probe would look up, and with a time limit
+//! set its own resolver starts a thread per lookup: forwarding small requests through
+//! `ureq`, that thread and `getaddrinfo` were most of the front's CPU per request); and
+//! [`NameCache`], the event loop's (`mux`), which must not block on a lookup it has done
+//! before: past [`NAME_TTL`] it keeps using the address it has while a thread looks again.
 //!
-//! What must never happen here: a failed lookup kept (the next request looks again), or a
-//! lookup without the request's time limit.
+//! What must never happen here: a failed lookup kept (the next request looks again), a
+//! lookup without the request's time limit (`KeptResolver`), or the event loop blocked on a
+//! name it already knows (`NameCache`).
 
-use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 use ureq::config::Config;
 use ureq::http::Uri;
@@ -65,6 +69,114 @@ impl Resolver for KeptResolver {
     }
 }
 
+/// The event loop's address of its backend (`mux`): an IP parsed, a name looked up on the
+/// loop's thread the first time only, then refreshed by a thread of its own past
+/// [`NAME_TTL`] while the address it has stays in use.
+#[derive(Debug, Default)]
+pub(super) struct NameCache {
+    /// `host:port`, when it was looked up, its address.
+    kept: Option<(String, Instant, SocketAddr)>,
+    /// A refresh in flight: its answer, for `host:port`.
+    refresh: Option<(String, mpsc::Receiver<io::Result<SocketAddr>>)>,
+    /// When the last refresh started (one a [`NAME_TTL`] at most, failed ones included).
+    refreshed_at: Option<Instant>,
+}
+
+impl NameCache {
+    /// The address of `authority` (`host:port`, or `host` for port 80).
+    pub(super) fn address(&mut self, authority: &str) -> io::Result<SocketAddr> {
+        let (host, port) = split_authority(authority);
+        if let Some(addr) = ip_literal(host, Some(port)) {
+            return Ok(addr);
+        }
+        let host_port = format!("{host}:{port}");
+        let now = Instant::now();
+        self.take_refresh(now);
+        match &self.kept {
+            Some((name, at, addr)) if *name == host_port => {
+                let addr = *addr;
+                if now.duration_since(*at) >= NAME_TTL {
+                    self.start_refresh(&host_port, now);
+                }
+                Ok(addr)
+            }
+            // The first time (or another name): nothing to use meanwhile.
+            _ => {
+                let addr = lookup(&host_port)?;
+                self.kept = Some((host_port, now, addr));
+                Ok(addr)
+            }
+        }
+    }
+
+    /// Keeps a refresh's answer if it came (a failure keeps the old address).
+    fn take_refresh(&mut self, now: Instant) {
+        let Some((name, answer)) = &self.refresh else {
+            return;
+        };
+        match answer.try_recv() {
+            Ok(Ok(addr)) => {
+                self.kept = Some((name.clone(), now, addr));
+                self.refresh = None;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(name = %name, error = %e,
+                    "looking up an upstream backend's name again failed; keeping its last address");
+                self.refresh = None;
+            }
+            Err(mpsc::TryRecvError::Empty) => {}
+            Err(mpsc::TryRecvError::Disconnected) => self.refresh = None,
+        }
+    }
+
+    fn start_refresh(&mut self, host_port: &str, now: Instant) {
+        let recent = self
+            .refreshed_at
+            .is_some_and(|at| now.duration_since(at) < NAME_TTL);
+        if self.refresh.is_some() || recent {
+            return;
+        }
+        let (tx, rx) = mpsc::channel();
+        let name = host_port.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("abe-dns".into())
+            .spawn(move || {
+                let _ = tx.send(lookup(&name));
+            });
+        self.refreshed_at = Some(now);
+        if spawned.is_ok() {
+            self.refresh = Some((host_port.to_string(), rx));
+        }
+    }
+}
+
+/// The first address of `host_port`.
+fn lookup(host_port: &str) -> io::Result<SocketAddr> {
+    host_port.to_socket_addrs()?.next().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no address for '{host_port}'"),
+        )
+    })
+}
+
+/// `host` and port of `authority` (`host:port`, `[v6]:port`, or without a port: 80).
+fn split_authority(authority: &str) -> (&str, u16) {
+    if let Some(rest) = authority.strip_prefix('[') {
+        if let Some((host, after)) = rest.split_once(']') {
+            let port = after.strip_prefix(':').and_then(|p| p.parse().ok());
+            return (host, port.unwrap_or(80));
+        }
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => match port.parse() {
+            Ok(port) => (host, port),
+            Err(_) => (authority, 80),
+        },
+        _ => (authority, 80),
+    }
+}
+
 /// `host` as an IP address (`127.0.0.1`, or `[::1]` as a URI writes it) with the port,
 /// or `None` for a name (or a URI without a port: the lookup applies the scheme's default).
 fn ip_literal(host: &str, port: Option<u16>) -> Option<SocketAddr> {
@@ -106,6 +218,37 @@ mod tests {
             vec!["[::1]:9000".parse().unwrap()]
         );
         assert!(r.kept.lock().unwrap().is_none(), "an IP is not kept");
+    }
+
+    #[test]
+    fn the_loop_s_cache_parses_ips_and_keeps_a_name() {
+        let mut names = NameCache::default();
+        assert_eq!(
+            names.address("127.0.0.1:8000").unwrap(),
+            "127.0.0.1:8000".parse().unwrap()
+        );
+        assert_eq!(
+            names.address("[::1]:9000").unwrap(),
+            "[::1]:9000".parse().unwrap()
+        );
+        assert_eq!(names.address("10.0.0.1").unwrap().port(), 80);
+        assert!(names.kept.is_none(), "an IP is not kept");
+        let addr = names.address("localhost:8000").unwrap();
+        assert!(addr.ip().is_loopback() && addr.port() == 8000);
+        // Past the TTL the kept address is still answered, and a refresh starts.
+        let old = Instant::now() - NAME_TTL - Duration::from_secs(1);
+        names.kept.as_mut().unwrap().1 = old;
+        assert_eq!(names.address("localhost:8000").unwrap(), addr);
+        assert!(names.refresh.is_some(), "a refresh in flight");
+        assert!(names.address("no-such-host.invalid:8000").is_err());
+    }
+
+    #[test]
+    fn authorities_split_into_host_and_port() {
+        assert_eq!(split_authority("vllm:8000"), ("vllm", 8000));
+        assert_eq!(split_authority("vllm"), ("vllm", 80));
+        assert_eq!(split_authority("[::1]:81"), ("::1", 81));
+        assert_eq!(split_authority("[::1]"), ("::1", 80));
     }
 
     #[test]
