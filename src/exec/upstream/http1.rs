@@ -131,23 +131,28 @@ impl ResponseReader {
     pub(super) fn feed(&mut self, mut input: &[u8]) -> Result<(), String> {
         while !input.is_empty() {
             match self.body_state {
-                Body::Head => {
-                    self.raw.extend_from_slice(input);
-                    input = &[];
-                    let Some(used) = self.parse_head()? else {
-                        if self.raw.len() > HEAD_BYTES_MAX {
-                            return Err(format!(
-                                "a response head longer than {HEAD_BYTES_MAX} bytes"
-                            ));
+                Body::Head if self.raw.is_empty() => {
+                    // The usual case, a whole head in one read: parsed where it lies.
+                    match self.parse_head(input)? {
+                        // The rest goes through the body states (or the next head, after a
+                        // 1xx).
+                        Some(used) => input = &input[used..],
+                        None => {
+                            self.raw.extend_from_slice(input);
+                            return self.head_fits();
                         }
-                        return Ok(());
-                    };
-                    let rest = self.raw.split_off(used);
-                    self.raw.clear();
-                    // The rest goes through the body states (or the next head after a 1xx).
-                    if !rest.is_empty() {
-                        self.feed(&rest)?;
                     }
+                }
+                Body::Head => {
+                    let mut raw = std::mem::take(&mut self.raw);
+                    raw.extend_from_slice(input);
+                    return match self.parse_head(&raw)? {
+                        Some(used) => self.feed(&raw[used..]),
+                        None => {
+                            self.raw = raw;
+                            self.head_fits()
+                        }
+                    };
                 }
                 Body::Length(remaining) => {
                     let n = (remaining.min(input.len() as u64)) as usize;
@@ -193,11 +198,22 @@ impl ResponseReader {
         }
     }
 
-    /// Parses the head in `raw`: the bytes it took, or `None` if incomplete.
-    fn parse_head(&mut self) -> Result<Option<usize>, String> {
+    /// An incomplete head within its limit.
+    fn head_fits(&self) -> Result<(), String> {
+        if self.raw.len() > HEAD_BYTES_MAX {
+            return Err(format!(
+                "a response head longer than {HEAD_BYTES_MAX} bytes"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Parses the head at the start of `bytes`: the bytes it took, or `None` if incomplete.
+    /// An interim answer (1xx) is taken and skipped: the state stays `Head`.
+    fn parse_head(&mut self, bytes: &[u8]) -> Result<Option<usize>, String> {
         let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
         let mut response = httparse::Response::new(&mut headers);
-        let used = match response.parse(&self.raw) {
+        let used = match response.parse(bytes) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(format!("an invalid response head: {e}")),
@@ -205,11 +221,7 @@ impl ResponseReader {
         let status = response.code.unwrap_or(0);
         if (100..200).contains(&status) {
             // An interim answer (100 Continue): the real one follows.
-            self.raw.drain(..used);
-            return match self.parse_head()? {
-                Some(n) => Ok(Some(n)),
-                None => Ok(Some(0)),
-            };
+            return Ok(Some(used));
         }
         let http11 = response.version == Some(1);
         let mut keep_alive = http11;
@@ -256,6 +268,8 @@ impl ResponseReader {
             if n == 0 {
                 Body::Done
             } else {
+                // Room for the body at once (up to a MiB: the length is the backend's word).
+                self.body.reserve(n.min(1 << 20) as usize);
                 Body::Length(n)
             }
         } else {
@@ -360,12 +374,14 @@ mod tests {
         )
         .unwrap();
         assert!(r.is_done() && !r.reusable());
-        let r = read(
-            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 1\r\n\r\nx",
-            4,
-        )
-        .unwrap();
-        assert_eq!((r.status(), r.body()), (404, &b"x"[..]));
+        for step in [4, 1000] {
+            let r = read(
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 1\r\n\r\nx",
+                step,
+            )
+            .unwrap();
+            assert_eq!((r.status(), r.body()), (404, &b"x"[..]), "step {step}");
+        }
         let mut r = read(b"HTTP/1.0 200 OK\r\n\r\npartial", 5).unwrap();
         assert!(!r.is_done());
         r.closed().unwrap();
