@@ -35,6 +35,7 @@ mod sigterm;
 mod slow_clients;
 mod tools_structured;
 mod upstream_exec;
+mod upstream_mux;
 mod upstream_routing;
 mod vllm_compat;
 mod vllm_extras;

@@ -458,7 +458,7 @@ fn a_closed_connection_is_a_connect_or_protocol_error() {
 }
 
 #[test]
-fn a_kept_alive_connection_the_backend_closed_is_retried_on_a_new_one() {
+fn a_kept_alive_connection_the_backend_closed_is_not_used_again() {
     let mock = MockUpstream::start();
     mock.set_mode(Mode::OneThenClose);
     let mut exec = executor(&mock, true);

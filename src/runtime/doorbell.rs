@@ -13,16 +13,16 @@
 use super::sync::{fence, park_timeout, unpark_in, AtomicBool, OnceSlot, Ordering, Thread};
 use std::time::Duration;
 
-/// The value in `slot`, cloned, if one was stored.
+/// Calls the wake in `slot`, if one was stored; false if none was.
 #[cfg(not(feature = "loom"))]
-fn once_cloned<T: Clone>(slot: &OnceSlot<T>) -> Option<T> {
-    slot.get().cloned()
+fn call_wake(slot: &OnceSlot<Wake>) -> bool {
+    slot.get().map(|wake| wake()).is_some()
 }
 
-/// The value in `slot`, cloned, if one was stored.
+/// Calls the wake in `slot`, if one was stored; false if none was.
 #[cfg(feature = "loom")]
-fn once_cloned<T: Clone>(slot: &OnceSlot<T>) -> Option<T> {
-    slot.get_cloned()
+fn call_wake(slot: &OnceSlot<Wake>) -> bool {
+    slot.get_cloned().map(|wake| wake()).is_some()
 }
 
 /// The sleeping half of the doorbell protocol, for consumers that sleep in something other
@@ -109,11 +109,8 @@ impl Doorbell {
     /// Producer side: call after publishing work. Cheap when the consumer is awake.
     #[inline]
     pub fn ring(&self) {
-        if self.sleeping.take_sleeper() {
-            match once_cloned(&self.wake) {
-                Some(wake) => wake(),
-                None => unpark_in(&self.consumer),
-            }
+        if self.sleeping.take_sleeper() && !call_wake(&self.wake) {
+            unpark_in(&self.consumer);
         }
     }
 

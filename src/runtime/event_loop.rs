@@ -122,8 +122,11 @@ impl EventLoop {
             }
             let bell = self.bell.clone();
             bell.sleep_with(|| {
-                // The re-check after announcing the sleep (`Doorbell` protocol).
-                if self.has_jobs() || self.exit.load(Ordering::Acquire) {
+                // The re-check after announcing the sleep (`Doorbell` protocol). At exit the
+                // batches still running are turned on until they end (the executor cuts
+                // them short once `stop` is set, which comes before `exit`).
+                let done = self.exit.load(Ordering::Acquire) && self.finished();
+                if self.has_jobs() || done {
                     return;
                 }
                 self.turn(MAX_SLEEP);

@@ -95,11 +95,6 @@ impl ResponseReader {
         self.status
     }
 
-    /// Whether any byte of the answer came.
-    pub(super) fn started(&self) -> bool {
-        self.has_head() || !self.raw.is_empty()
-    }
-
     /// Whether the head is complete.
     pub(super) fn has_head(&self) -> bool {
         self.body_state != Body::Head
@@ -325,9 +320,11 @@ impl ResponseReader {
         }
     }
 
+    /// Keeps `bytes` of the body. The limit holds what is kept: a stream whose body the
+    /// caller takes as it comes (`take_body`) may run longer.
     fn push_body(&mut self, bytes: &[u8]) -> Result<(), String> {
         self.body_total += bytes.len() as u64;
-        if self.body_total > self.limit {
+        if (self.body.len() + bytes.len()) as u64 > self.limit {
             return Err(format!(
                 "a response body over the limit of {} bytes",
                 self.limit

@@ -5,15 +5,21 @@
 //! path"); here a request costs a write, a read and a parse.
 //!
 //! A batch is planned as on a thread (`executor::plan`: array requests, chats and streams on
-//! their own); each request goes on an idle connection to the batch's address or a new one.
-//! A reused connection that fails before any byte of the answer (the backend closed it while
-//! it was idle) is retried once on a new connection; nothing else is retried. A host name is
-//! looked up on this thread the first time a connection is opened, and refreshed by a thread
-//! of its own after that (`resolve::NameCache`): only the first lookup holds the loop.
+//! their own); each request goes on an idle connection to the batch's address (one the
+//! backend has not closed: a peek says so) or a new one, to the backend's addresses in turn
+//! until one takes it. A request whose write fails on a kept-alive connection (the backend
+//! closed it meanwhile, so it did not get the request whole) goes once more, on a new
+//! connection, within its first deadline; a failure after the request went out whole is
+//! never retried here (the backend may have served it: the router retries elsewhere). A
+//! stream is answered at `data: [DONE]` (the connection is closed if its body goes on).
+//! Once `stop` is set, what is in flight fails at once and queued requests are not sent.
+//! A host name is looked up on this thread the first time a connection is opened, and
+//! refreshed by a thread of its own after that (`resolve::NameCache`): only the first lookup
+//! holds the loop.
 //!
 //! What must never happen here: a blocking socket call, a batch never reported done, a
-//! request started after `stop` is set, a body read past `RESPONSE_BYTES_MAX`, or a token
-//! piece relayed out of order.
+//! request started after `stop` is set, a request sent again after it went out whole, a
+//! body kept past `RESPONSE_BYTES_MAX`, or a token piece relayed out of order.
 
 use super::client::{Call, UpstreamClient, RESPONSE_BYTES_MAX};
 use super::executor::CONCURRENT_REQUESTS_MAX;
@@ -93,10 +99,13 @@ struct Exchange {
     connect_by: Instant,
     answer_by: Instant,
     reader: ResponseReader,
-    /// On a connection that carried an earlier request (a failure before any answer byte
-    /// is retried once, see the module doc).
+    /// On a connection that carried an earlier request (a failure while writing it is
+    /// retried once, on a new connection: see the module doc).
     reused: bool,
     retried: bool,
+    /// Addresses of the backend not tried yet for this request (a name may have several:
+    /// `localhost` is `::1` and `127.0.0.1`; a refused one moves on to the next).
+    addrs: Vec<SocketAddr>,
     /// A 2xx stream: its state, event bytes not yet a whole event, and its output once
     /// `[DONE]` came.
     stream: Option<Stream>,
@@ -136,20 +145,26 @@ impl Mux {
         seat: usize,
         client: &UpstreamClient,
         job: BackendRequest,
-        retried: bool,
         progress: &mut dyn Progress,
     ) {
         let now = Instant::now();
         let timeouts = client.timeouts();
         let mut out = Vec::with_capacity(job.body.len() + 256);
+        let (authority, prefix) = split_base(client.base_url());
+        let path = job.shape.path();
+        let target: std::borrow::Cow<'_, str> = if prefix.is_empty() {
+            path.into()
+        } else {
+            format!("{prefix}{path}").into()
+        };
         http1::post(
             &mut out,
-            authority(client.base_url()),
-            job.shape.path(),
+            authority,
+            &target,
             client.authorization(),
             &job.body,
         );
-        let mut exchange = Box::new(Exchange {
+        let exchange = Box::new(Exchange {
             seat,
             client: client.clone(),
             job,
@@ -160,48 +175,87 @@ impl Mux {
             answer_by: now + timeouts.request,
             reader: ResponseReader::new(RESPONSE_BYTES_MAX),
             reused: false,
-            retried,
+            retried: false,
+            addrs: Vec::new(),
             stream: None,
         });
-        let index = match self.take_idle(client.base_url()) {
+        self.place(exchange, progress);
+    }
+
+    /// Puts `ex` on an idle connection (not for a retry) or a new one, and writes it.
+    fn place(&mut self, mut ex: Box<Exchange>, progress: &mut dyn Progress) {
+        let idle = if ex.retried {
+            None
+        } else {
+            self.take_idle(ex.client.base_url())
+        };
+        let index = match idle {
             Some(index) => {
-                exchange.reused = true;
+                ex.reused = true;
                 index
             }
-            None => match self.connect(client.base_url()) {
-                Ok(index) => {
-                    exchange.connected = false;
-                    index
+            None => {
+                ex.reused = false;
+                ex.connected = false;
+                match self.open(&mut ex) {
+                    Ok(index) => index,
+                    Err(e) => {
+                        let error = Call::new(&ex.client, "POST", ex.job.shape.path()).io_error(e);
+                        return self.answer(ex, Err(error), progress);
+                    }
                 }
-                Err(e) => {
-                    let call = Call::new(&exchange.client, "POST", exchange.job.shape.path());
-                    let error = call.io_error(e);
-                    self.answer(exchange, Err(error), progress);
-                    return;
-                }
-            },
+            }
         };
         let conn = self.conns[index].as_mut().expect("a connection just taken");
-        conn.exchange = Some(exchange);
+        conn.exchange = Some(ex);
         // Write at once: a kept-alive connection is writable, and a new one says so later.
         self.ready(index, false, progress);
     }
 
-    /// An idle connection to `base`, if one is open.
+    /// An idle connection to `base` that the backend has not closed, if one is open.
     fn take_idle(&mut self, base: &str) -> Option<usize> {
         while let Some(index) = self.idle.pop() {
-            match &self.conns[index] {
-                Some(c) if c.exchange.is_none() && c.base == base => return Some(index),
-                Some(c) if c.exchange.is_none() => self.close(index),
-                _ => {}
+            let Some(c) = &self.conns[index] else {
+                continue;
+            };
+            if c.exchange.is_some() {
+                continue;
             }
+            // A closed connection (the backend's keep-alive timeout, a restart) reads as the
+            // end, or as bytes nobody asked for; only "nothing yet" is alive.
+            let alive = c.base == base
+                && matches!(c.stream.peek(&mut [0u8; 1]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+            if alive {
+                return Some(index);
+            }
+            self.close(index);
         }
         None
     }
 
-    /// Opens a connection to `base` (its index), registered for both directions.
-    fn connect(&mut self, base: &str) -> io::Result<usize> {
-        let addr = self.address(base)?;
+    /// Opens a connection for `ex` to the next of its backend's addresses that takes one
+    /// (its index), registered for both directions; the addresses not tried stay in `ex`.
+    fn open(&mut self, ex: &mut Exchange) -> io::Result<usize> {
+        let base = ex.client.base_url();
+        if ex.addrs.is_empty() {
+            let mut addrs = self.addresses(base)?;
+            // Tried from the back: the first address first.
+            addrs.reverse();
+            ex.addrs = addrs;
+        }
+        let mut last = None;
+        while let Some(addr) = ex.addrs.pop() {
+            match self.connect(base, addr) {
+                Ok(index) => return Ok(index),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address")))
+    }
+
+    /// A connection to `addr` for `base`, registered for both directions.
+    fn connect(&mut self, base: &str, addr: SocketAddr) -> io::Result<usize> {
         let mut stream = TcpStream::connect(addr)?;
         let index = self.free.pop().unwrap_or_else(|| {
             self.conns.push(None);
@@ -223,19 +277,24 @@ impl Mux {
         Ok(index)
     }
 
-    /// The socket address of `base` (`http://host:port`): see `resolve::NameCache`.
-    fn address(&mut self, base: &str) -> io::Result<SocketAddr> {
+    /// The socket addresses of `base` (`http://host:port`): see `resolve::NameCache`.
+    fn addresses(&mut self, base: &str) -> io::Result<Vec<SocketAddr>> {
         if !base.starts_with("http://") {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "only http:// backends are supported",
             ));
         }
-        self.names.address(authority(base))
+        self.names.addresses(split_base(base).0)
     }
 
+    /// Closes connection `index` (its exchange, if any, was taken off it first).
     fn close(&mut self, index: usize) {
         if let Some(mut conn) = self.conns[index].take() {
+            debug_assert!(
+                conn.exchange.is_none(),
+                "a connection closed under its request"
+            );
             let _ = self.poll.registry().deregister(&mut conn.stream);
             self.free.push(index);
         }
@@ -260,7 +319,7 @@ impl Mux {
         if !ex.connected {
             match conn.stream.take_error() {
                 Ok(None) => {}
-                Ok(Some(e)) | Err(e) => return self.fail_io(index, e, progress),
+                Ok(Some(e)) | Err(e) => return self.connect_failed(index, e, progress),
             }
             match conn.stream.peer_addr() {
                 Ok(_) => {
@@ -268,7 +327,7 @@ impl Mux {
                     let _ = conn.stream.set_nodelay(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
-                Err(e) => return self.fail_io(index, e, progress),
+                Err(e) => return self.connect_failed(index, e, progress),
             }
         }
         let writing = ex.written < ex.out.len();
@@ -276,12 +335,12 @@ impl Mux {
             match conn.stream.write(&ex.out[ex.written..]) {
                 Ok(0) => {
                     let e = io::Error::new(io::ErrorKind::WriteZero, "the backend took no bytes");
-                    return self.fail_io(index, e, progress);
+                    return self.write_failed(index, e, progress);
                 }
                 Ok(n) => ex.written += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return self.fail_io(index, e, progress),
+                Err(e) => return self.write_failed(index, e, progress),
             }
         }
         if writing && !readable {
@@ -300,9 +359,6 @@ impl Mux {
                 ex.reader.feed(&self.buf[..n])
             };
             if let Err(detail) = fed {
-                if n == 0 && self.retry(index, progress) {
-                    return;
-                }
                 let conn = self.conns[index].as_mut().expect("a connection in use");
                 let ex = conn.exchange.as_ref().expect("an exchange in use");
                 let call = Call::new(&ex.client, "POST", ex.job.shape.path());
@@ -316,7 +372,9 @@ impl Mux {
             if let Err(error) = relay_stream(ex, progress) {
                 return self.fail(index, error, progress);
             }
-            if ex.reader.is_done() {
+            // A stream is answered at `[DONE]`, whether or not its body ends then.
+            let streamed = ex.stream.as_ref().is_some_and(|s| s.output.is_some());
+            if ex.reader.is_done() || streamed {
                 return self.finish(index, progress);
             }
             if n == 0 {
@@ -325,40 +383,52 @@ impl Mux {
         }
     }
 
-    /// Retries connection `index`'s request on a new connection if it went on a reused one
-    /// and nothing of the answer came; true if it did.
-    fn retry(&mut self, index: usize, progress: &mut dyn Progress) -> bool {
-        let conn = self.conns[index].as_mut().expect("a connection in use");
-        let ex = conn.exchange.as_ref().expect("an exchange in use");
-        if !ex.reused || ex.retried || ex.reader.started() {
-            return false;
+    /// Connecting failed: the next address, if the backend has another, else the error.
+    fn connect_failed(&mut self, index: usize, e: io::Error, progress: &mut dyn Progress) {
+        let ex = self.take_exchange(index);
+        if ex.addrs.is_empty() {
+            let error = Call::new(&ex.client, "POST", ex.job.shape.path()).io_error(e);
+            return self.answer(ex, Err(error), progress);
         }
-        let ex = conn.exchange.take().expect("an exchange in use");
-        self.close(index);
-        let Exchange {
-            seat, client, job, ..
-        } = *ex;
-        self.send(seat, &client, job, true, progress);
-        true
+        self.place(ex, progress);
     }
 
+    /// Writing the request failed. On a kept-alive connection the backend had closed it (a
+    /// request not written whole was not served), so it goes once more, on a new connection
+    /// and within its first deadline; anything else is the error. A failure after the
+    /// request went out whole is never retried: the backend may have served it (the
+    /// router may send it elsewhere).
+    fn write_failed(&mut self, index: usize, e: io::Error, progress: &mut dyn Progress) {
+        let mut ex = self.take_exchange(index);
+        if !ex.reused || ex.retried {
+            let error = Call::new(&ex.client, "POST", ex.job.shape.path()).io_error(e);
+            return self.answer(ex, Err(error), progress);
+        }
+        ex.retried = true;
+        ex.written = 0;
+        self.place(ex, progress);
+    }
+
+    /// Reading the answer failed: the error (never retried, see `write_failed`).
     fn fail_io(&mut self, index: usize, e: io::Error, progress: &mut dyn Progress) {
-        if self.retry(index, progress) {
-            return;
-        }
-        let conn = self.conns[index].as_ref().expect("a connection in use");
-        let ex = conn.exchange.as_ref().expect("an exchange in use");
+        let ex = self.take_exchange(index);
         let error = Call::new(&ex.client, "POST", ex.job.shape.path()).io_error(e);
-        self.fail(index, error, progress);
+        self.answer(ex, Err(error), progress);
     }
 
-    /// Ends connection `index`'s exchange with `error` and closes the connection.
-    fn fail(&mut self, index: usize, error: ExecError, progress: &mut dyn Progress) {
+    /// Takes connection `index`'s exchange off it and closes it.
+    fn take_exchange(&mut self, index: usize) -> Box<Exchange> {
         let ex = self.conns[index]
             .as_mut()
             .and_then(|c| c.exchange.take())
             .expect("an exchange in use");
         self.close(index);
+        ex
+    }
+
+    /// Ends connection `index`'s exchange with `error` and closes the connection.
+    fn fail(&mut self, index: usize, error: ExecError, progress: &mut dyn Progress) {
+        let ex = self.take_exchange(index);
         self.answer(ex, Err(error), progress);
     }
 
@@ -370,6 +440,7 @@ impl Mux {
         if ex.reader.reusable() && self.idle.len() < IDLE_MAX {
             self.idle.push(index);
         } else {
+            // Not whole (a stream answered at `[DONE]`), or the backend closes it.
             self.close(index);
         }
         let outcome = outcome(&mut ex);
@@ -398,14 +469,36 @@ impl Mux {
         };
         batch.results.extend(results);
         batch.open -= 1;
+        // Acquire: as in `start`. Requests queued behind the first ones are not started
+        // once `stop` is set.
+        if self.stop.load(Ordering::Acquire) {
+            let e = ExecError::Backend("shutting down".into());
+            for job in batch.queued.drain(..) {
+                batch
+                    .results
+                    .extend(job.items.iter().map(|i| (i.index, Err(e.clone()))));
+            }
+        }
         if let Some(job) = batch.queued.pop() {
             batch.open += 1;
             let client = batch.client.clone();
-            return self.send(seat, &client, job, false, progress);
+            return self.send(seat, &client, job, progress);
         }
         if batch.open == 0 {
             let batch = self.batches[seat].take().expect("the batch just answered");
             progress.done(seat, batch.results);
+        }
+    }
+
+    /// Fails every request in flight with "shutting down" (`answer` fails the queued ones).
+    fn cut_short(&mut self, progress: &mut dyn Progress) {
+        for index in 0..self.conns.len() {
+            if self.conns[index]
+                .as_ref()
+                .is_some_and(|c| c.exchange.is_some())
+            {
+                self.fail(index, ExecError::Backend("shutting down".into()), progress);
+            }
         }
     }
 
@@ -532,10 +625,14 @@ fn last_event_end(bytes: &[u8]) -> Option<usize> {
     end
 }
 
-/// `host:port` of `http://host:port` (what the `Host` header says).
-fn authority(base: &str) -> &str {
+/// `host:port` of `http://host:port/prefix` (what the `Host` header says) and the path
+/// prefix (`/prefix`, or empty) every request's path goes under.
+fn split_base(base: &str) -> (&str, &str) {
     let rest = base.split_once("://").map_or(base, |(_, r)| r);
-    rest.split('/').next().unwrap_or(rest)
+    match rest.find('/') {
+        Some(slash) => (&rest[..slash], &rest[slash..]),
+        None => (rest, ""),
+    }
 }
 
 impl ConcurrentExecutor for Mux {
@@ -577,7 +674,7 @@ impl ConcurrentExecutor for Mux {
             client: client.clone(),
         });
         for job in jobs {
-            self.send(seat, &client, job, false, progress);
+            self.send(seat, &client, job, progress);
         }
     }
 
@@ -590,6 +687,8 @@ impl ConcurrentExecutor for Mux {
         if let Err(e) = self.poll.poll(&mut self.events, Some(wait)) {
             if e.kind() != io::ErrorKind::Interrupted {
                 tracing::warn!(error = %e, "upstream event loop: poll failed");
+                // Not a busy loop on a poll that keeps failing.
+                std::thread::sleep(wait.min(Duration::from_millis(10)));
             }
         }
         let mut ready = std::mem::take(&mut self.ready);
@@ -606,11 +705,20 @@ impl ConcurrentExecutor for Mux {
         }
         self.ready = ready;
         self.expire(Instant::now(), progress);
+        // Acquire: as in `start`. Set once the engine has given up on what is in flight
+        // (a drain's deadline, or its return): cut it short rather than wait for answers
+        // nobody takes.
+        if self.stop.load(Ordering::Acquire) {
+            self.cut_short(progress);
+        }
         moved
     }
 
     fn abandon(&mut self, progress: &mut dyn Progress) {
         for index in 0..self.conns.len() {
+            if let Some(conn) = self.conns[index].as_mut() {
+                conn.exchange = None;
+            }
             self.close(index);
         }
         self.idle.clear();
@@ -626,5 +734,121 @@ impl ConcurrentExecutor for Mux {
         Arc::new(move || {
             let _ = waker.wake();
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Kind, Ticket};
+    use crate::exec::upstream::{UpstreamTarget, UpstreamTimeouts};
+    use crate::exec::Work;
+    use std::io::{BufRead, BufReader};
+    use std::net::TcpListener;
+
+    /// What a test's batch ended with.
+    #[derive(Default)]
+    struct Done(Option<Vec<ItemResult>>);
+
+    impl Progress for Done {
+        fn token(&mut self, _seat: usize, _item: usize, _offset: u32, _text: String) {}
+        fn done(&mut self, _seat: usize, results: Vec<ItemResult>) {
+            self.0 = Some(results);
+        }
+    }
+
+    /// A backend on 127.0.0.1 that answers every completion with "hi"; its address.
+    fn backend() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(&stream);
+                    let mut length = 0;
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            let mut body = vec![0; length];
+                            reader.read_exact(&mut body).unwrap();
+                            let answer =
+                                r#"{"choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}"#;
+                            let _ = (&stream).write_all(
+                                format!(
+                                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{answer}",
+                                    answer.len()
+                                )
+                                .as_bytes(),
+                            );
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// A port on 127.0.0.1 where nothing listens (connecting is refused).
+    fn refused() -> SocketAddr {
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_refused_address_of_a_name_moves_on_to_its_next() {
+        let live = backend();
+        let base = format!("http://backend.test:{}", live.port());
+        let client = UpstreamClient::new(
+            UpstreamTarget {
+                name: "b".into(),
+                base_url: base,
+                api_key: None,
+                prompt_array: false,
+            },
+            UpstreamTimeouts {
+                connect: Duration::from_secs(2),
+                request: Duration::from_secs(5),
+            },
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut mux = Mux::new(client.into(), 1, stop).unwrap();
+        // The name's first address refuses (an IPv4-only backend behind `localhost`, whose
+        // first address is often `::1`); its second answers.
+        let first = SocketAddr::new(live.ip(), refused().port());
+        mux.names
+            .seed(&format!("backend.test:{}", live.port()), vec![first, live]);
+        let work = Work {
+            kind: Kind::Completion,
+            prompt: "x".into(),
+            max_tokens: 2,
+            model: Some("m".into()),
+            ..Work::default()
+        };
+        let items = [BatchItem::new(
+            Ticket {
+                index: 0,
+                generation: 0,
+            },
+            work,
+        )];
+        let mut done = Done::default();
+        mux.start(0, &items, &mut done);
+        let until = Instant::now() + Duration::from_secs(10);
+        while done.0.is_none() && Instant::now() < until {
+            mux.turn(Duration::from_millis(100), &mut done);
+        }
+        let results = done.0.expect("the batch ends");
+        match &results[..] {
+            [(0, Ok(Output::Text { text, .. }))] => assert_eq!(text, "hi"),
+            other => panic!("{other:?}"),
+        }
     }
 }

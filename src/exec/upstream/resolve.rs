@@ -74,39 +74,46 @@ impl Resolver for KeptResolver {
 /// [`NAME_TTL`] while the address it has stays in use.
 #[derive(Debug, Default)]
 pub(super) struct NameCache {
-    /// `host:port`, when it was looked up, its address.
-    kept: Option<(String, Instant, SocketAddr)>,
+    /// `host:port`, when it was looked up, its addresses (never empty).
+    kept: Option<(String, Instant, Vec<SocketAddr>)>,
     /// A refresh in flight: its answer, for `host:port`.
-    refresh: Option<(String, mpsc::Receiver<io::Result<SocketAddr>>)>,
+    refresh: Option<(String, mpsc::Receiver<io::Result<Vec<SocketAddr>>>)>,
     /// When the last refresh started (one a [`NAME_TTL`] at most, failed ones included).
     refreshed_at: Option<Instant>,
 }
 
 impl NameCache {
-    /// The address of `authority` (`host:port`, or `host` for port 80).
-    pub(super) fn address(&mut self, authority: &str) -> io::Result<SocketAddr> {
+    /// The addresses of `authority` (`host:port`, or `host` for port 80), in the order to
+    /// try them; never empty.
+    pub(super) fn addresses(&mut self, authority: &str) -> io::Result<Vec<SocketAddr>> {
         let (host, port) = split_authority(authority);
         if let Some(addr) = ip_literal(host, Some(port)) {
-            return Ok(addr);
+            return Ok(vec![addr]);
         }
         let host_port = format!("{host}:{port}");
         let now = Instant::now();
         self.take_refresh(now);
         match &self.kept {
-            Some((name, at, addr)) if *name == host_port => {
-                let addr = *addr;
+            Some((name, at, addrs)) if *name == host_port => {
+                let addrs = addrs.clone();
                 if now.duration_since(*at) >= NAME_TTL {
                     self.start_refresh(&host_port, now);
                 }
-                Ok(addr)
+                Ok(addrs)
             }
             // The first time (or another name): nothing to use meanwhile.
             _ => {
-                let addr = lookup(&host_port)?;
-                self.kept = Some((host_port, now, addr));
-                Ok(addr)
+                let addrs = lookup(&host_port)?;
+                self.kept = Some((host_port, now, addrs.clone()));
+                Ok(addrs)
             }
         }
+    }
+
+    /// `host_port` known as `addrs` (tests: a name with an address that refuses).
+    #[cfg(test)]
+    pub(super) fn seed(&mut self, host_port: &str, addrs: Vec<SocketAddr>) {
+        self.kept = Some((host_port.to_string(), Instant::now(), addrs));
     }
 
     /// Keeps a refresh's answer if it came (a failure keeps the old address).
@@ -115,8 +122,8 @@ impl NameCache {
             return;
         };
         match answer.try_recv() {
-            Ok(Ok(addr)) => {
-                self.kept = Some((name.clone(), now, addr));
+            Ok(Ok(addrs)) => {
+                self.kept = Some((name.clone(), now, addrs));
                 self.refresh = None;
             }
             Ok(Err(e)) => {
@@ -150,14 +157,16 @@ impl NameCache {
     }
 }
 
-/// The first address of `host_port`.
-fn lookup(host_port: &str) -> io::Result<SocketAddr> {
-    host_port.to_socket_addrs()?.next().ok_or_else(|| {
-        io::Error::new(
+/// The addresses of `host_port` (at least one).
+fn lookup(host_port: &str) -> io::Result<Vec<SocketAddr>> {
+    let addrs: Vec<SocketAddr> = host_port.to_socket_addrs()?.collect();
+    if addrs.is_empty() {
+        return Err(io::Error::new(
             io::ErrorKind::NotFound,
             format!("no address for '{host_port}'"),
-        )
-    })
+        ));
+    }
+    Ok(addrs)
 }
 
 /// `host` and port of `authority` (`host:port`, `[v6]:port`, or without a port: 80).
@@ -224,23 +233,25 @@ mod tests {
     fn the_loop_s_cache_parses_ips_and_keeps_a_name() {
         let mut names = NameCache::default();
         assert_eq!(
-            names.address("127.0.0.1:8000").unwrap(),
-            "127.0.0.1:8000".parse().unwrap()
+            names.addresses("127.0.0.1:8000").unwrap(),
+            vec!["127.0.0.1:8000".parse().unwrap()]
         );
         assert_eq!(
-            names.address("[::1]:9000").unwrap(),
-            "[::1]:9000".parse().unwrap()
+            names.addresses("[::1]:9000").unwrap(),
+            vec!["[::1]:9000".parse().unwrap()]
         );
-        assert_eq!(names.address("10.0.0.1").unwrap().port(), 80);
+        assert_eq!(names.addresses("10.0.0.1").unwrap()[0].port(), 80);
         assert!(names.kept.is_none(), "an IP is not kept");
-        let addr = names.address("localhost:8000").unwrap();
-        assert!(addr.ip().is_loopback() && addr.port() == 8000);
-        // Past the TTL the kept address is still answered, and a refresh starts.
+        let addrs = names.addresses("localhost:8000").unwrap();
+        assert!(addrs
+            .iter()
+            .all(|a| a.ip().is_loopback() && a.port() == 8000));
+        // Past the TTL the kept addresses are still answered, and a refresh starts.
         let old = Instant::now() - NAME_TTL - Duration::from_secs(1);
         names.kept.as_mut().unwrap().1 = old;
-        assert_eq!(names.address("localhost:8000").unwrap(), addr);
+        assert_eq!(names.addresses("localhost:8000").unwrap(), addrs);
         assert!(names.refresh.is_some(), "a refresh in flight");
-        assert!(names.address("no-such-host.invalid:8000").is_err());
+        assert!(names.addresses("no-such-host.invalid:8000").is_err());
     }
 
     #[test]
