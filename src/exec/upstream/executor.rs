@@ -104,6 +104,9 @@ impl Executor for UpstreamExecutor {
             tokens,
             results: None,
         };
+        // What happened since the last batch (a kept-alive connection the backend closed)
+        // is seen before this one picks a connection.
+        mux.turn(Duration::ZERO, &mut progress);
         mux.start(0, items, &mut progress);
         while progress.results.is_none() {
             // The loop's own deadlines bound each wait; a second is only its longest nap.
