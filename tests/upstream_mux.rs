@@ -4,27 +4,16 @@
 //! requests queue, and a base URL with a path. Raw TCP backends where the mock upstream
 //! cannot misbehave that way.
 use crate::common;
-use abe::config::Config;
+use crate::upstream_routing::front;
+use abe::config::Millis;
 use common::mock_upstream::{MockUpstream, Mode};
-use common::{start, test_config, Client};
+use common::{start, Client};
 use std::time::{Duration, Instant};
-
-fn front(toml: &str) -> Config {
-    let file: Config = toml::from_str(toml).expect("front config parses");
-    let mut c = test_config();
-    c.backends = file.backends;
-    c.routing = file.routing;
-    c.upstream = file.upstream;
-    c.health = file.health;
-    c.server = file.server;
-    c.server.port = 0;
-    c
-}
 
 #[test]
 fn shutdown_with_an_upstream_request_in_flight_returns_at_the_drain_deadline() {
     let mock = MockUpstream::start();
-    let abe = start(front(&format!(
+    let mut config = front(&format!(
         r#"
         [[backends]]
         name = "slow"
@@ -37,11 +26,11 @@ fn shutdown_with_an_upstream_request_in_flight_returns_at_the_drain_deadline() {
         request_timeout = "3s"
         [health]
         check_interval = "1h"
-        [server]
-        shutdown_timeout = "300ms"
         "#,
         mock.base_url()
-    )));
+    ));
+    config.server.shutdown_timeout = Millis(300);
+    let abe = start(config);
     let probed = Instant::now();
     while mock.answered("/v1/models") == 0 {
         assert!(probed.elapsed() < Duration::from_secs(30));

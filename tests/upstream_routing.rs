@@ -71,7 +71,8 @@ impl Drop for AbeProcess {
     }
 }
 
-fn front(toml: &str) -> Config {
+/// A test config whose backends, routing, upstream and health sections are `toml`'s.
+pub(crate) fn front(toml: &str) -> Config {
     let file: Config = toml::from_str(toml).expect("front config parses");
     let mut c = test_config();
     c.backends = file.backends;

@@ -521,22 +521,7 @@ impl Workers<'_> {
             spin,
             reserve: per_worker,
         };
-        let name = format!("abe-worker-{id}");
-        let core_id = self.cores[id];
-        let hook = self.cfg.on_thread_start;
-        let handle = std::thread::Builder::new()
-            .name(name.clone())
-            .spawn(move || {
-                if let Some(h) = hook {
-                    h(ThreadRole::Worker(id));
-                }
-                pin::pin_current(&name, core_id);
-                thread.run();
-            })
-            .map_err(|source| StartError::Spawn {
-                name: format!("abe-worker-{id}"),
-                source,
-            })?;
+        let handle = self.spawn_thread(format!("abe-worker-{id}"), id, move || thread.run())?;
         Ok((link, WorkerHandle { handle, bell: None }))
     }
 
@@ -575,22 +560,8 @@ impl Workers<'_> {
             reserve: per_worker,
             done: Vec::with_capacity(seats),
         };
-        let name = format!("abe-loop-{first}");
-        let core_id = self.cores[first];
-        let hook = self.cfg.on_thread_start;
-        let handle = std::thread::Builder::new()
-            .name(name.clone())
-            .spawn(move || {
-                if let Some(h) = hook {
-                    h(ThreadRole::Worker(first));
-                }
-                pin::pin_current(&name, core_id);
-                event_loop.run();
-            })
-            .map_err(|source| StartError::Spawn {
-                name: format!("abe-loop-{first}"),
-                source,
-            })?;
+        let handle =
+            self.spawn_thread(format!("abe-loop-{first}"), first, move || event_loop.run())?;
         Ok((
             links,
             WorkerHandle {
@@ -598,6 +569,30 @@ impl Workers<'_> {
                 bell: Some(bell),
             },
         ))
+    }
+}
+
+impl Workers<'_> {
+    /// Starts thread `name` for worker `id` (its start hook, its core), running `body`.
+    fn spawn_thread(
+        &self,
+        name: String,
+        id: usize,
+        body: impl FnOnce() + Send + 'static,
+    ) -> Result<JoinHandle<()>, StartError> {
+        let core_id = self.cores[id];
+        let hook = self.cfg.on_thread_start;
+        let thread_name = name.clone();
+        std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                if let Some(h) = hook {
+                    h(ThreadRole::Worker(id));
+                }
+                pin::pin_current(&thread_name, core_id);
+                body();
+            })
+            .map_err(|source| StartError::Spawn { name, source })
     }
 }
 

@@ -45,8 +45,6 @@ const WAKE: Token = Token(0);
 const READ_CHUNK: usize = 64 << 10;
 /// Idle keep-alive connections kept (as many as the default workers, each one request).
 const IDLE_MAX: usize = 64;
-/// An idle connection older than this is peeked before reuse (see `take_idle`).
-const PEEK_AFTER: Duration = Duration::from_millis(100);
 
 /// One backend's batches, on the thread that calls it.
 pub struct Mux {
@@ -90,8 +88,6 @@ struct Conn {
     exchange: Option<Box<Exchange>>,
     /// The backend closed its side (seen in an event): never reused.
     peer_closed: bool,
-    /// Since when it is idle (set when it goes back to the idle list).
-    idle_since: Option<Instant>,
 }
 
 /// One request on a connection and its answer so far.
@@ -227,17 +223,16 @@ impl Mux {
             if c.exchange.is_some() {
                 continue;
             }
-            // A closed connection (the backend's keep-alive timeout, a restart) is dropped.
-            // Its close comes as an event, which a turn handles (`ready`) or which came with
-            // its last answer (`peer_closed`); only a connection idle for a while, whose
-            // close may be on its way, is peeked (an end, or bytes nobody asked for, is not
-            // alive): a syscall a request under load would cost ~2 % of the front's
-            // requests a second.
+            // A closed connection (the backend's keep-alive timeout, a restart, a close
+            // right after its last answer) is dropped: its close may have come with that
+            // answer (`peer_closed`), or be on its way, which only a peek sees in time (an
+            // end, or bytes nobody asked for, is not alive). Peeking only connections idle
+            // for 100 ms saved ~2 % of the front's requests a second but reused a
+            // connection a backend closed right after answering (tests/upstream_exec.rs).
             let alive = c.base == base
                 && !c.peer_closed
-                && (c.idle_since.is_some_and(|t| t.elapsed() < PEEK_AFTER)
-                    || matches!(c.stream.peek(&mut [0u8; 1]),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock));
+                && matches!(c.stream.peek(&mut [0u8; 1]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock);
             if alive {
                 return Some(index);
             }
@@ -286,7 +281,6 @@ impl Mux {
             base: base.to_string(),
             exchange: None,
             peer_closed: false,
-            idle_since: None,
         });
         Ok(index)
     }
@@ -460,7 +454,6 @@ impl Mux {
         let conn = self.conns[index].as_mut().expect("a connection in use");
         let mut ex = conn.exchange.take().expect("an exchange in use");
         if ex.reader.reusable() && !conn.peer_closed && self.idle.len() < IDLE_MAX {
-            conn.idle_since = Some(Instant::now());
             self.idle.push(index);
         } else {
             // Not whole (a stream answered at `[DONE]`), or the backend closes it.
