@@ -6,7 +6,7 @@
 //! unexpected shape is an `Err(String)` naming the offending field).
 
 use crate::exec::{FinishReason, Work};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 /// The /v1/completions body for `works` (one or more requests sharing model and sampling
@@ -15,28 +15,53 @@ use serde_json::{json, Map, Value};
 pub(super) fn completions_body(model: &str, works: &[&Work], stream: bool) -> String {
     debug_assert!(!works.is_empty());
     let sampling = &works[0].sampling;
-    let prompt = match works {
-        [one] => Value::from(&*one.prompt),
-        _ => Value::Array(works.iter().map(|w| Value::from(&*w.prompt)).collect()),
+    let body = CompletionsBody {
+        model,
+        prompt: match works {
+            [one] => Prompt::One(&one.prompt),
+            _ => Prompt::Many(works),
+        },
+        max_tokens: works[0].max_tokens,
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        seed: sampling.seed,
+        stop: sampling.stop.as_deref().filter(|s| !s.is_empty()),
+        stream,
     };
-    let mut body = Map::new();
-    body.insert("model".into(), model.into());
-    body.insert("prompt".into(), prompt);
-    body.insert("max_tokens".into(), works[0].max_tokens.into());
-    if let Some(t) = sampling.temperature {
-        body.insert("temperature".into(), t.into());
+    // Serializing plain fields and strings to a String cannot fail.
+    serde_json::to_string(&body).unwrap_or_default()
+}
+
+/// The /v1/completions body, written straight from the requests (no JSON tree built).
+#[derive(Serialize)]
+struct CompletionsBody<'a> {
+    model: &'a str,
+    prompt: Prompt<'a>,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop: Option<&'a [String]>,
+    stream: bool,
+}
+
+/// One prompt as a string, several as an array.
+enum Prompt<'a> {
+    One(&'a str),
+    Many(&'a [&'a Work]),
+}
+
+impl Serialize for Prompt<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Prompt::One(p) => s.serialize_str(p),
+            Prompt::Many(works) => s.collect_seq(works.iter().map(|w| &*w.prompt)),
+        }
     }
-    if let Some(p) = sampling.top_p {
-        body.insert("top_p".into(), p.into());
-    }
-    if let Some(seed) = sampling.seed {
-        body.insert("seed".into(), seed.into());
-    }
-    if let Some(stop) = sampling.stop.as_deref().filter(|s| !s.is_empty()) {
-        body.insert("stop".into(), json!(stop));
-    }
-    body.insert("stream".into(), stream.into());
-    Value::Object(body).to_string()
 }
 
 /// The /v1/embeddings body for `inputs`; `dimensions` is sent only when non-zero.
@@ -122,7 +147,12 @@ pub(super) fn finish_reason(name: Option<&str>) -> FinishReason {
     }
 }
 
+/// `body` as a `T`, or where it is not one. Parsed plainly first (the usual case); only a
+/// body that fails is parsed again to name the offending field.
 fn parse<'de, T: Deserialize<'de>>(body: &'de str) -> Result<T, String> {
+    if let Ok(parsed) = serde_json::from_str(body) {
+        return Ok(parsed);
+    }
     let mut de = serde_json::Deserializer::from_str(body);
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
