@@ -258,6 +258,62 @@ mod raw {
         );
     }
 
+    /// A backend that ends a stream's body a little after `data: [DONE]` (its final chunk in
+    /// a write of its own): the stream is answered at `[DONE]`, and the connection, read to
+    /// the body's end, carries the next stream.
+    #[test]
+    fn a_stream_whose_body_ends_after_done_leaves_its_connection_reusable() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (ended_tx, ended) = std::sync::mpsc::channel::<()>();
+        let counted = accepted.clone();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let mut s = s.unwrap();
+                counted.fetch_add(1, Ordering::SeqCst);
+                let ended_tx = ended_tx.clone();
+                std::thread::spawn(move || {
+                    while read_request(&mut s).is_some() {
+                        let ev1 = "data: {\"choices\":[{\"index\":0,\"text\":\"hi\",\"finish_reason\":\"stop\"}]}\n\n";
+                        let ev2 = "data: [DONE]\n\n";
+                        let mut out = String::from("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
+                        for ev in [ev1, ev2] {
+                            out.push_str(&format!("{:x}\r\n{}\r\n", ev.len(), ev));
+                        }
+                        s.write_all(out.as_bytes()).unwrap();
+                        std::thread::sleep(Duration::from_millis(30));
+                        s.write_all(b"0\r\n\r\n").unwrap();
+                        let _ = ended_tx.send(());
+                    }
+                });
+            }
+        });
+        let mut exec = UpstreamExecutor::new(
+            client(base, Duration::from_secs(5)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        for round in 0..2 {
+            let mut w = completion("s");
+            w.stream = true;
+            let mut items = batch(vec![w]);
+            exec.execute(&mut items, &mut NoTokens).unwrap();
+            assert!(
+                items[0].error.is_none(),
+                "round {round}: {:?}",
+                items[0].error
+            );
+            ended
+                .recv_timeout(Duration::from_secs(5))
+                .expect("the body's end was sent");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for both"
+        );
+    }
+
     /// `stop` set while a batch of 20 requests runs: the 4 queued behind the first 16 (at
     /// most 16 of a batch go at once) are not sent.
     #[test]

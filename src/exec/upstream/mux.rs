@@ -11,7 +11,8 @@
 //! closed it meanwhile, so it did not get the request whole) goes once more, on a new
 //! connection, within its first deadline; a failure after the request went out whole is
 //! never retried here (the backend may have served it: the router retries elsewhere). A
-//! stream is answered at `data: [DONE]` (the connection is closed if its body goes on).
+//! stream is answered at `data: [DONE]`; its connection reads the body on to its end (then
+//! it is kept) or to the request's deadline (then it is closed).
 //! Once `stop` is set, what is in flight fails at once and queued requests are not sent.
 //! A host name is looked up on this thread the first time a connection is opened, and
 //! refreshed by a thread of its own after that (`resolve::NameCache`): only the first lookup
@@ -111,6 +112,9 @@ struct Exchange {
     /// A 2xx stream: its state, event bytes not yet a whole event, and its output once
     /// `[DONE]` came.
     stream: Option<Stream>,
+    /// Its results went out (a stream at `[DONE]`); the connection still reads the body to
+    /// its end, to be kept, or is closed at the deadline.
+    answered: bool,
 }
 
 struct Stream {
@@ -180,6 +184,7 @@ impl Mux {
             retried: false,
             addrs: Vec::new(),
             stream: None,
+            answered: false,
         });
         self.place(exchange, progress);
     }
@@ -362,7 +367,19 @@ impl Mux {
         if writing && !readable {
             return;
         }
+        self.read_answer(index, progress);
+    }
+
+    /// Reads connection `index`'s answer until the socket has nothing more (edge-triggered:
+    /// what is left unread would raise no event), finishing its exchange when it is whole.
+    fn read_answer(&mut self, index: usize, progress: &mut dyn Progress) {
         loop {
+            let Some(conn) = self.conns[index].as_mut() else {
+                return;
+            };
+            let Some(ex) = conn.exchange.as_mut() else {
+                return;
+            };
             let n = match conn.stream.read(&mut self.buf) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -388,10 +405,17 @@ impl Mux {
             if let Err(error) = relay_stream(ex, progress) {
                 return self.fail(index, error, progress);
             }
-            // A stream is answered at `[DONE]`, whether or not its body ends then.
-            let streamed = ex.stream.as_ref().is_some_and(|s| s.output.is_some());
-            if ex.reader.is_done() || streamed {
+            if ex.reader.is_done() {
                 return self.finish(index, progress);
+            }
+            // A stream is answered at `[DONE]`, whether or not its body ends then (some
+            // servers send its end later); the connection reads on to the end.
+            if !ex.answered && ex.stream.as_ref().is_some_and(|s| s.output.is_some()) {
+                ex.answered = true;
+                let outcome = outcome(ex);
+                let results = results_of(&ex.job, outcome);
+                let seat = ex.seat;
+                self.record(seat, results, progress);
             }
             if n == 0 {
                 return;
@@ -456,29 +480,29 @@ impl Mux {
         if ex.reader.reusable() && !conn.peer_closed && self.idle.len() < IDLE_MAX {
             self.idle.push(index);
         } else {
-            // Not whole (a stream answered at `[DONE]`), or the backend closes it.
+            // The backend closes it, or the pool is full.
             self.close(index);
         }
         let outcome = outcome(&mut ex);
         self.answer(ex, outcome, progress);
     }
 
-    /// Records `outcome` for the exchange's items; sends the batch's next queued request,
-    /// or reports the batch done once its last request is answered.
+    /// Records `outcome` for the exchange's items, unless they were answered already.
     fn answer(
         &mut self,
         ex: Box<Exchange>,
         outcome: Result<Vec<ItemResult>, ExecError>,
         progress: &mut dyn Progress,
     ) {
-        let results = outcome.unwrap_or_else(|e| {
-            ex.job
-                .items
-                .iter()
-                .map(|i| (i.index, Err(e.clone())))
-                .collect()
-        });
-        let seat = ex.seat;
+        if !ex.answered {
+            let results = results_of(&ex.job, outcome);
+            self.record(ex.seat, results, progress);
+        }
+    }
+
+    /// Adds one request's `results` to `seat`'s batch; sends the batch's next queued
+    /// request, or reports the batch done once its last request is answered.
+    fn record(&mut self, seat: usize, results: Vec<ItemResult>, progress: &mut dyn Progress) {
         let Some(batch) = self.batches[seat].as_mut() else {
             debug_assert!(false, "an answer for seat {seat} without a batch");
             return;
@@ -553,7 +577,20 @@ impl Mux {
     }
 }
 
-/// The results of a whole answer.
+/// Each of `job`'s items' result: `outcome`'s, or its error for every item.
+fn results_of(
+    job: &BackendRequest,
+    outcome: Result<Vec<ItemResult>, ExecError>,
+) -> Vec<ItemResult> {
+    outcome.unwrap_or_else(|e| {
+        job.items
+            .iter()
+            .map(|i| (i.index, Err(e.clone())))
+            .collect()
+    })
+}
+
+/// The results of a whole answer (of a stream: at `[DONE]`, or at the body's end).
 fn outcome(ex: &mut Exchange) -> Result<Vec<ItemResult>, ExecError> {
     let call = Call::new(&ex.client, "POST", ex.job.shape.path());
     let status = ex.reader.status();
@@ -585,7 +622,7 @@ fn relay_stream(ex: &mut Exchange, progress: &mut dyn Progress) -> Result<(), Ex
         output: None,
     });
     let fresh = ex.reader.take_body();
-    if stream.output.is_some() {
+    if stream.output.is_some() || ex.answered {
         // After `[DONE]`: the rest of the body is read and dropped.
         return Ok(());
     }
