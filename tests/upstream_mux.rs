@@ -146,6 +146,19 @@ mod raw {
         }
     }
 
+    /// A chunked SSE answer up to and with `data: [DONE]`, without the body's final chunk.
+    fn stream_to_done() -> String {
+        let piece =
+            "data: {\"choices\":[{\"index\":0,\"text\":\"hi\",\"finish_reason\":\"stop\"}]}\n\n";
+        let mut out = String::from(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+        );
+        for event in [piece, "data: [DONE]\n\n"] {
+            out.push_str(&format!("{:x}\r\n{}\r\n", event.len(), event));
+        }
+        out
+    }
+
     fn ok_response() -> Vec<u8> {
         format!(
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
@@ -229,13 +242,7 @@ mod raw {
                 let mut s = s.unwrap();
                 std::thread::spawn(move || {
                     read_request(&mut s).unwrap();
-                    let ev1 = "data: {\"choices\":[{\"index\":0,\"text\":\"hi\",\"finish_reason\":\"stop\"}]}\n\n";
-                    let ev2 = "data: [DONE]\n\n";
-                    let mut out = String::from("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
-                    for ev in [ev1, ev2] {
-                        out.push_str(&format!("{:x}\r\n{}\r\n", ev.len(), ev));
-                    }
-                    s.write_all(out.as_bytes()).unwrap();
+                    s.write_all(stream_to_done().as_bytes()).unwrap();
                     // The terminating chunk comes 5 s later.
                     std::thread::sleep(Duration::from_secs(5));
                     let _ = s.write_all(b"0\r\n\r\n");
@@ -275,13 +282,7 @@ mod raw {
                 let ended_tx = ended_tx.clone();
                 std::thread::spawn(move || {
                     while read_request(&mut s).is_some() {
-                        let ev1 = "data: {\"choices\":[{\"index\":0,\"text\":\"hi\",\"finish_reason\":\"stop\"}]}\n\n";
-                        let ev2 = "data: [DONE]\n\n";
-                        let mut out = String::from("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
-                        for ev in [ev1, ev2] {
-                            out.push_str(&format!("{:x}\r\n{}\r\n", ev.len(), ev));
-                        }
-                        s.write_all(out.as_bytes()).unwrap();
+                        s.write_all(stream_to_done().as_bytes()).unwrap();
                         std::thread::sleep(Duration::from_millis(30));
                         s.write_all(b"0\r\n\r\n").unwrap();
                         let _ = ended_tx.send(());
