@@ -45,6 +45,27 @@ pub trait ConcurrentExecutor: Send {
     fn waker(&self) -> Arc<dyn Fn() + Send + Sync>;
 }
 
+/// Stores `results` into their batch's `items`; an item without one fails (the executor
+/// lost it: after a panic, `ConcurrentExecutor::abandon` reports no results).
+pub fn store(items: &mut [BatchItem], results: Vec<ItemResult>) {
+    for (index, result) in results {
+        let Some(item) = items.get_mut(index) else {
+            continue;
+        };
+        match result {
+            Ok(output) => item.output = Some(output),
+            Err(error) => item.error = Some(error),
+        }
+    }
+    for item in items.iter_mut() {
+        if item.output.is_none() && item.error.is_none() {
+            item.error = Some(ExecError::Backend(
+                "the executor left the request unanswered".into(),
+            ));
+        }
+    }
+}
+
 /// The one event loop that a backend's executors share, taken once by the thread that runs
 /// it.
 pub struct LoopShare {

@@ -18,8 +18,8 @@ use super::ring::Consumer;
 use super::sync::{Arc, AtomicBool, Ordering};
 use super::worker::{batch_done, Events};
 use crate::core::{BatchId, Ticket};
-use crate::exec::concurrent::{ConcurrentExecutor, ItemResult, Progress};
-use crate::exec::{BatchItem, ExecError};
+use crate::exec::concurrent::{store, ConcurrentExecutor, ItemResult, Progress};
+use crate::exec::BatchItem;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
@@ -146,22 +146,10 @@ impl EventLoop {
             let Some(mut running) = seat.running.take() else {
                 continue;
             };
-            for (index, result) in running.results.take().unwrap_or_default() {
-                let Some(item) = running.items.get_mut(index) else {
-                    continue;
-                };
-                match result {
-                    Ok(output) => item.output = Some(output),
-                    Err(error) => item.error = Some(error),
-                }
-            }
-            for item in &mut running.items {
-                if item.output.is_none() && item.error.is_none() {
-                    item.error = Some(ExecError::Backend(
-                        "the upstream event loop left the request unanswered".into(),
-                    ));
-                }
-            }
+            store(
+                &mut running.items,
+                running.results.take().unwrap_or_default(),
+            );
             let reply = batch_done(
                 running.batch,
                 running.items,

@@ -23,9 +23,8 @@
 //! body kept past `RESPONSE_BYTES_MAX`, or a token piece relayed out of order.
 
 use super::client::{Call, UpstreamClient, RESPONSE_BYTES_MAX};
-use super::executor::CONCURRENT_REQUESTS_MAX;
-use super::executor::{answer, plan, BackendRequest, StreamState};
 use super::http1::{self, ResponseReader};
+use super::plan::{answer, plan, BackendRequest, StreamState, CONCURRENT_REQUESTS_MAX};
 use super::resolve::NameCache;
 use super::slot::UpstreamSlot;
 use super::sse::{SseEvent, SseReader, EVENT_BYTES_MAX};
