@@ -4,7 +4,7 @@
 //! spent most of a forwarded request's CPU on waking and sleeping (BENCHMARKS.md, "The proxy
 //! path"); here a request costs a write, a read and a parse.
 //!
-//! A batch is planned as on a thread (`executor::plan`: array requests, chats and streams on
+//! A batch is planned as on a thread (`plan::plan`: array requests, chats and streams on
 //! their own); each request goes on an idle connection to the batch's address (one the
 //! backend has not closed: a peek says so) or a new one, to the backend's addresses in turn
 //! until one takes it. A request whose write fails on a kept-alive connection (the backend
@@ -700,7 +700,7 @@ impl ConcurrentExecutor for Mux {
         let (mut jobs, failed) = plan(items, client.name(), client.prompt_array());
         let mut results: Vec<ItemResult> = Vec::with_capacity(items.len());
         results.extend(failed.into_iter().map(|(index, e)| (index, Err(e))));
-        // Acquire: pairs with the Release store at shutdown (see `executor::JobContext::run`).
+        // Acquire: pairs with the Release store at shutdown (`runtime::worker::signal_exit`).
         if self.stop.load(Ordering::Acquire) {
             let e = ExecError::Backend("shutting down".into());
             for job in &jobs {
