@@ -5,7 +5,7 @@
 //! What must never happen here: a body or a head read past its limit, a byte after a
 //! response taken as this response's, or any I/O (the caller reads and writes).
 
-use std::fmt::Write as _;
+use crate::http::number;
 
 /// Longest response head (status line and headers).
 const HEAD_BYTES_MAX: usize = 64 << 10;
@@ -16,20 +16,28 @@ const CHUNK_LINE_MAX: usize = 1024;
 
 /// Appends a POST of `body` (JSON) to `path` on `host` to `out`.
 pub(super) fn post(out: &mut Vec<u8>, host: &str, path: &str, auth: Option<&str>, body: &str) {
-    let mut head = String::with_capacity(160);
-    // Writing to a String cannot fail.
-    let _ = write!(
-        head,
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: abe/{}\r\nAccept: */*\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n",
-        env!("CARGO_PKG_VERSION"),
-        body.len()
+    // Pieces appended as bytes: this runs once a forwarded request (`format!` cost ~600
+    // instructions of a request's ~20,000 on the event loop).
+    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(
+        concat!(
+            "\r\nUser-Agent: abe/",
+            env!("CARGO_PKG_VERSION"),
+            "\r\nAccept: */*\r\nContent-Type: application/json\r\nContent-Length: "
+        )
+        .as_bytes(),
     );
+    number::uint(out, body.len() as u64);
+    out.extend_from_slice(b"\r\n");
     if let Some(auth) = auth {
-        let _ = write!(head, "Authorization: {auth}\r\n");
+        out.extend_from_slice(b"Authorization: ");
+        out.extend_from_slice(auth.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
-    head.push_str("\r\n");
-    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body.as_bytes());
 }
 
@@ -223,8 +231,10 @@ impl ResponseReader {
         let mut length: Option<u64> = None;
         let mut chunked = false;
         for h in response.headers.iter() {
-            let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+            // Decoded only for the three names read here (a backend sends others too).
+            let value = || std::str::from_utf8(h.value).unwrap_or("").trim();
             if h.name.eq_ignore_ascii_case("content-length") {
+                let value = value();
                 let n: u64 = value
                     .parse()
                     .map_err(|_| format!("an invalid Content-Length '{value}'"))?;
@@ -233,12 +243,12 @@ impl ResponseReader {
                 }
                 length = Some(n);
             } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                chunked = value
+                chunked = value()
                     .rsplit(',')
                     .next()
                     .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
             } else if h.name.eq_ignore_ascii_case("connection") {
-                for token in value.split(',').map(str::trim) {
+                for token in value().split(',').map(str::trim) {
                     if token.eq_ignore_ascii_case("close") {
                         keep_alive = false;
                     } else if token.eq_ignore_ascii_case("keep-alive") {

@@ -6,7 +6,8 @@
 //!
 //! A batch is planned as on a thread (`plan::plan`: array requests, chats and streams on
 //! their own); each request goes on an idle connection to the batch's address (one the
-//! backend has not closed: a peek says so) or a new one, to the backend's addresses in turn
+//! backend has not closed: an event said so, or for one idle `PEEK_AFTER_IDLE` or more, a
+//! peek) or a new one, to the backend's addresses in turn
 //! until one takes it. A request whose write fails on a kept-alive connection (the backend
 //! closed it meanwhile, so it did not get the request whole) goes once more, on a new
 //! connection, within its first deadline; a failure after the request went out whole is
@@ -45,6 +46,14 @@ const WAKE: Token = Token(0);
 const READ_CHUNK: usize = 64 << 10;
 /// Idle keep-alive connections kept (as many as the default workers, each one request).
 const IDLE_MAX: usize = 64;
+/// An idle connection kept this long or longer is peeked before reuse, in case its close
+/// came after the loop last polled; a younger one is reused on the events alone. Backends
+/// close idle connections at a keep-alive timeout of a second or more (uvicorn, under
+/// vLLM and SGLang, 5 s; nginx 75 s; Node 5 s), never within a millisecond of an answer
+/// unless they said `Connection: close` (then the connection is not kept). Under load a
+/// connection idles well under this between requests, and the peek, one system call a
+/// request, was ~1 in 7 of the loop's (`tools/bench/proxy_syscalls.sh`).
+const PEEK_AFTER_IDLE: Duration = Duration::from_millis(1);
 
 /// One backend's batches, on the thread that calls it.
 pub struct Mux {
@@ -68,6 +77,9 @@ pub struct Mux {
     /// Connections with events this turn: whether each was readable, and whether the
     /// backend closed its side (reused across turns).
     ready: Vec<(usize, bool, bool)>,
+    /// When the last poll returned: what an answer's connection goes idle at (one clock
+    /// read a turn, not one an answer; an earlier stamp only peeks sooner).
+    polled_at: Instant,
 }
 
 struct Batch {
@@ -88,6 +100,8 @@ struct Conn {
     exchange: Option<Box<Exchange>>,
     /// The backend closed its side (seen in an event): never reused.
     peer_closed: bool,
+    /// When it went idle (about: the loop's last poll before): see `PEEK_AFTER_IDLE`.
+    idle_since: Instant,
 }
 
 /// One request on a connection and its answer so far.
@@ -141,6 +155,7 @@ impl Mux {
             names: NameCache::default(),
             buf: vec![0; READ_CHUNK],
             ready: Vec::new(),
+            polled_at: Instant::now(),
         })
     }
 
@@ -220,6 +235,11 @@ impl Mux {
 
     /// An idle connection to `base` that the backend has not closed, if one is open.
     fn take_idle(&mut self, base: &str) -> Option<usize> {
+        let now = if self.idle.is_empty() {
+            return None;
+        } else {
+            Instant::now()
+        };
         while let Some(index) = self.idle.pop() {
             let Some(c) = &self.conns[index] else {
                 continue;
@@ -227,16 +247,17 @@ impl Mux {
             if c.exchange.is_some() {
                 continue;
             }
-            // A closed connection (the backend's keep-alive timeout, a restart, a close
-            // right after its last answer) is dropped: its close may have come with that
-            // answer (`peer_closed`), or be on its way, which only a peek sees in time (an
-            // end, or bytes nobody asked for, is not alive). Peeking only connections idle
-            // for 100 ms saved ~2 % of the front's requests a second but reused a
-            // connection a backend closed right after answering (tests/upstream_exec.rs).
+            // A closed connection (the backend's keep-alive timeout, a restart) is dropped:
+            // its close came with its last answer (`peer_closed`), or in an event since
+            // (then it is gone already), or after the loop last polled, which only a peek
+            // sees in time (an end, or bytes nobody asked for, is not alive). Only a
+            // connection idle for `PEEK_AFTER_IDLE` is peeked: a younger one is not at a
+            // keep-alive timeout.
             let alive = c.base == base
                 && !c.peer_closed
-                && matches!(c.stream.peek(&mut [0u8; 1]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+                && (now.saturating_duration_since(c.idle_since) < PEEK_AFTER_IDLE
+                    || matches!(c.stream.peek(&mut [0u8; 1]),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock));
             if alive {
                 return Some(index);
             }
@@ -285,6 +306,7 @@ impl Mux {
             base: base.to_string(),
             exchange: None,
             peer_closed: false,
+            idle_since: self.polled_at,
         });
         Ok(index)
     }
@@ -477,6 +499,7 @@ impl Mux {
         let conn = self.conns[index].as_mut().expect("a connection in use");
         let mut ex = conn.exchange.take().expect("an exchange in use");
         if ex.reader.reusable() && !conn.peer_closed && self.idle.len() < IDLE_MAX {
+            conn.idle_since = self.polled_at;
             self.idle.push(index);
         } else {
             // The backend closes it, or the pool is full.
@@ -743,6 +766,7 @@ impl ConcurrentExecutor for Mux {
                 std::thread::sleep(wait.min(Duration::from_millis(10)));
             }
         }
+        self.polled_at = Instant::now();
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
         ready.extend(self.events.iter().filter(|e| e.token() != WAKE).map(|e| {
@@ -809,10 +833,19 @@ mod tests {
 
     /// A backend on 127.0.0.1 that answers every completion with "hi"; its address.
     fn backend() -> SocketAddr {
+        backend_with_idle_close(None)
+    }
+
+    /// [`backend`], closing a connection once it has been idle for `idle_close` (a
+    /// keep-alive timeout, with no `Connection: close` said) when that is set.
+    fn backend_with_idle_close(idle_close: Option<Duration>) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
+                if let Some(timeout) = idle_close {
+                    stream.set_read_timeout(Some(timeout)).unwrap();
+                }
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(&stream);
                     let mut length = 0;
@@ -852,10 +885,8 @@ mod tests {
             .unwrap()
     }
 
-    #[test]
-    fn a_refused_address_of_a_name_moves_on_to_its_next() {
-        let live = backend();
-        let base = format!("http://backend.test:{}", live.port());
+    /// An upstream client for `base` with a one-seat loop over it.
+    fn mux_for(base: String) -> Mux {
         let client = UpstreamClient::new(
             UpstreamTarget {
                 name: "b".into(),
@@ -869,12 +900,11 @@ mod tests {
             },
         );
         let stop = Arc::new(AtomicBool::new(false));
-        let mut mux = Mux::new(client.into(), 1, stop).unwrap();
-        // The name's first address refuses (an IPv4-only backend behind `localhost`, whose
-        // first address is often `::1`); its second answers.
-        let first = SocketAddr::new(live.ip(), refused().port());
-        mux.names
-            .seed(&format!("backend.test:{}", live.port()), vec![first, live]);
+        Mux::new(client.into(), 1, stop).unwrap()
+    }
+
+    /// One completion item routed to model `m`.
+    fn one_item() -> [BatchItem; 1] {
         let work = Work {
             kind: Kind::Completion,
             prompt: "x".into(),
@@ -882,21 +912,55 @@ mod tests {
             model: Some("m".into()),
             ..Work::default()
         };
-        let items = [BatchItem::new(
+        [BatchItem::new(
             Ticket {
                 index: 0,
                 generation: 0,
             },
             work,
-        )];
+        )]
+    }
+
+    /// Starts `items` on `mux` and turns it until the batch ends; its results.
+    fn run_batch(mux: &mut Mux, items: &[BatchItem]) -> Vec<ItemResult> {
         let mut done = Done::default();
-        mux.start(0, &items, &mut done);
+        mux.start(0, items, &mut done);
         let until = Instant::now() + Duration::from_secs(10);
         while done.0.is_none() && Instant::now() < until {
             mux.turn(Duration::from_millis(100), &mut done);
         }
-        let results = done.0.expect("the batch ends");
-        match &results[..] {
+        done.0.expect("the batch ends")
+    }
+
+    #[test]
+    fn a_connection_closed_while_the_loop_did_not_poll_is_not_reused() {
+        // The backend closes a connection idle for 20 ms. The loop does not poll between
+        // the two batches (as under load, when jobs keep coming), so no event tells it of
+        // the close: only the peek before reuse does. Without it the second request goes
+        // out on the closed connection and fails after it was written whole.
+        let live = backend_with_idle_close(Some(Duration::from_millis(20)));
+        let mut mux = mux_for(format!("http://{live}"));
+        let items = one_item();
+        for round in 0..2 {
+            match &run_batch(&mut mux, &items)[..] {
+                [(0, Ok(Output::Text { text, .. }))] => assert_eq!(text, "hi"),
+                other => panic!("round {round}: {other:?}"),
+            }
+            // Longer than the backend's idle timeout and `PEEK_AFTER_IDLE`.
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    fn a_refused_address_of_a_name_moves_on_to_its_next() {
+        let live = backend();
+        let mut mux = mux_for(format!("http://backend.test:{}", live.port()));
+        // The name's first address refuses (an IPv4-only backend behind `localhost`, whose
+        // first address is often `::1`); its second answers.
+        let first = SocketAddr::new(live.ip(), refused().port());
+        mux.names
+            .seed(&format!("backend.test:{}", live.port()), vec![first, live]);
+        match &run_batch(&mut mux, &one_item())[..] {
             [(0, Ok(Output::Text { text, .. }))] => assert_eq!(text, "hi"),
             other => panic!("{other:?}"),
         }

@@ -288,6 +288,9 @@ fn prompt_shares(job: &BackendRequest, usage: Option<BackendUsage>) -> Vec<u32> 
 
 /// Gives each item of a completions or chat job its choice, with its share of the usage.
 fn split_text(call: &Call<'_>, job: &BackendRequest, parsed: TextResponse) -> Vec<ItemResult> {
+    if let [item] = job.items.as_slice() {
+        return vec![(item.index, alone(call, item, parsed))];
+    }
     let mut choices: Vec<Option<Choice>> = vec![None; job.items.len()];
     for choice in parsed.choices {
         if let Some(slot) = choices.get_mut(choice.index) {
@@ -322,6 +325,27 @@ fn split_text(call: &Call<'_>, job: &BackendRequest, parsed: TextResponse) -> Ve
             (item.index, output)
         })
         .collect()
+}
+
+/// The output of a job's only item (what `split_text` gives it, without splitting): its
+/// first choice for prompt 0, with the whole usage, or abe's estimates where the backend
+/// reported none.
+fn alone(call: &Call<'_>, item: &JobItem, parsed: TextResponse) -> Result<Output, ExecError> {
+    let usage = parsed.usage.unwrap_or_default();
+    let choice = parsed.choices.into_iter().find(|c| c.index == 0);
+    let choice = choice.ok_or_else(|| call.protocol(format_args!("no choice for prompt 0")))?;
+    Ok(Output::Text {
+        prompt_tokens: usage
+            .prompt_tokens
+            .unwrap_or_else(|| prompt_tokens(&item.prompt)),
+        completion_tokens: usage
+            .completion_tokens
+            .unwrap_or_else(|| prompt_tokens(&choice.text)),
+        text: choice.text,
+        finish_reason: choice.finish_reason,
+        tool_calls: choice.tool_calls,
+        cached_tokens: None,
+    })
 }
 
 #[cfg(test)]
@@ -393,6 +417,71 @@ pub(super) mod tests {
                 .filter(|j| j.shape == Shape::Completions)
                 .count(),
             5
+        );
+    }
+
+    /// The text, prompt and completion tokens of `answer`'s results, or the error's text.
+    fn answered(items: &[BatchItem], body: &str) -> Vec<Result<(String, u32, u32), String>> {
+        let client = crate::exec::upstream::UpstreamClient::new(
+            crate::exec::upstream::UpstreamTarget {
+                name: "b".into(),
+                base_url: "http://127.0.0.1:9".into(),
+                api_key: None,
+                prompt_array: true,
+            },
+            crate::exec::upstream::UpstreamTimeouts {
+                connect: std::time::Duration::from_secs(1),
+                request: std::time::Duration::from_secs(1),
+            },
+        );
+        let (jobs, _) = plan(items, "b", true);
+        let call = Call::new(&client, "POST", COMPLETIONS);
+        let results = answer(&call, &jobs[0], body).expect("a completions answer");
+        results
+            .into_iter()
+            .map(|(_, r)| match r {
+                Ok(Output::Text {
+                    text,
+                    prompt_tokens,
+                    completion_tokens,
+                    ..
+                }) => Ok((text, prompt_tokens, completion_tokens)),
+                Ok(other) => Err(format!("{other:?}")),
+                Err(e) => Err(e.to_string()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_prompt_takes_the_whole_usage_as_one_of_an_array_would() {
+        let one = [item(Kind::Completion, "one two three", Some("m"))];
+        let usage = r#","usage":{"prompt_tokens":7,"completion_tokens":5}"#;
+        let body = |choices: &str, usage: &str| format!(r#"{{"choices":[{choices}]{usage}}}"#);
+        let choice = |index: usize, text: &str| format!(r#"{{"index":{index},"text":"{text}"}}"#);
+        assert_eq!(
+            answered(&one, &body(&choice(0, "a b"), usage)),
+            [Ok(("a b".to_string(), 7, 5))]
+        );
+        // No usage: abe's estimates, as for each prompt of an array.
+        let estimated = answered(&one, &body(&choice(0, "a b"), ""));
+        let (p, c) = (prompt_tokens("one two three"), prompt_tokens("a b"));
+        assert_eq!(estimated, [Ok(("a b".to_string(), p, c))]);
+        let two = [
+            item(Kind::Completion, "one two three", Some("m")),
+            item(Kind::Completion, "x", Some("m")),
+        ];
+        let pair = format!("{},{}", choice(0, "a b"), choice(1, "y"));
+        assert_eq!(answered(&two, &body(&pair, ""))[0], estimated[0]);
+        // The first choice for the prompt wins; one for another prompt is not its answer.
+        let firsts = format!("{},{}", choice(0, "a b"), choice(0, "c"));
+        assert_eq!(
+            answered(&one, &body(&firsts, usage))[0],
+            Ok(("a b".to_string(), 7, 5))
+        );
+        let missing = answered(&one, &body(&choice(1, "a b"), usage));
+        assert!(
+            matches!(&missing[..], [Err(e)] if e.contains("no choice for prompt 0")),
+            "{missing:?}"
         );
     }
 }

@@ -8,6 +8,7 @@
 use crate::exec::{FinishReason, Work};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 
 /// The /v1/completions body for `works` (one or more requests sharing model and sampling
 /// parameters; the first one's are used). One request sends `prompt` as a string, which
@@ -161,19 +162,21 @@ fn parse<'de, T: Deserialize<'de>>(body: &'de str) -> Result<T, String> {
 }
 
 #[derive(Deserialize)]
-struct RawCompletions {
-    choices: Vec<RawCompletionChoice>,
+struct RawCompletions<'a> {
+    #[serde(borrow)]
+    choices: Vec<RawCompletionChoice<'a>>,
     #[serde(default)]
     usage: Option<BackendUsage>,
 }
 
 #[derive(Deserialize)]
-struct RawCompletionChoice {
+struct RawCompletionChoice<'a> {
     #[serde(default)]
     index: Option<usize>,
     text: String,
-    #[serde(default)]
-    finish_reason: Option<String>,
+    /// Borrowed from the body unless it has escapes (then copied).
+    #[serde(default, borrow)]
+    finish_reason: Option<Cow<'a, str>>,
 }
 
 /// A /v1/completions answer; a choice without `index` answers the prompt at its position.
