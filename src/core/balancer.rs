@@ -99,6 +99,11 @@ impl Balancer {
                 for i in 0..n {
                     if eligible(i) {
                         let p = pending(i);
+                        if p == 0 {
+                            // Nothing is below 0, and ties go to the lowest id: this one.
+                            // (An `upstream` backend has 64 workers, most of them idle.)
+                            return Some(i);
+                        }
                         if best.is_none_or(|(_, bp)| p < bp) {
                             best = Some((i, p));
                         }
@@ -151,6 +156,10 @@ mod tests {
         let load = [3, 1, 1, 0];
         assert_eq!(b.pick(4, &mut rng, |_| true, |i| load[i]), Some(3));
         assert_eq!(b.pick(4, &mut rng, |i| i != 3, |i| load[i]), Some(1));
+        // An idle worker ends the search: the first eligible one.
+        let load = [2, 0, 0, 1];
+        assert_eq!(b.pick(4, &mut rng, |_| true, |i| load[i]), Some(1));
+        assert_eq!(b.pick(4, &mut rng, |i| i != 1, |i| load[i]), Some(2));
     }
 
     #[test]

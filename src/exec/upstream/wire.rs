@@ -8,6 +8,7 @@
 use crate::exec::{FinishReason, Work};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use smallvec::SmallVec;
 use std::borrow::Cow;
 
 /// The /v1/completions body for `works` (one or more requests sharing model and sampling
@@ -163,8 +164,9 @@ fn parse<'de, T: Deserialize<'de>>(body: &'de str) -> Result<T, String> {
 
 #[derive(Deserialize)]
 struct RawCompletions<'a> {
+    /// One choice, the usual answer to a request forwarded alone, stays inline.
     #[serde(borrow)]
-    choices: Vec<RawCompletionChoice<'a>>,
+    choices: SmallVec<[RawCompletionChoice<'a>; 1]>,
     #[serde(default)]
     usage: Option<BackendUsage>,
 }
