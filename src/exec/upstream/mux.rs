@@ -52,7 +52,8 @@ const IDLE_MAX: usize = 64;
 /// vLLM and SGLang, 5 s; nginx 75 s; Node 5 s), never within a millisecond of an answer
 /// unless they said `Connection: close` (then the connection is not kept). Under load a
 /// connection idles well under this between requests, and the peek, one system call a
-/// request, was ~1 in 7 of the loop's (`tools/bench/proxy_syscalls.sh`).
+/// request, was one in three of the loop's and one in six of the front's
+/// (`tools/bench/proxy_syscalls.sh`).
 const PEEK_AFTER_IDLE: Duration = Duration::from_millis(1);
 
 /// One backend's batches, on the thread that calls it.
