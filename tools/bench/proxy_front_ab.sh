@@ -23,16 +23,9 @@ work="$(mktemp -d)"
 back_port=18491
 front_port=18492
 . tools/bench/wrk_lib.sh # median
+. tools/bench/proxy_lib.sh # front_toml
 
-cat >"$work/front.toml" <<TOML
-[[backends]]
-name = "upstream-abe"
-kind = "upstream"
-base_url = "http://127.0.0.1:$back_port"
-[[backends.models]]
-name = "abe-sim"
-context_length = 131072
-TOML
+front_toml "$work/front.toml" "$back_port"
 ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_PIN=false RUST_LOG=warn "$a_bin" serve --port $back_port >/dev/null &
 back=$!
 front=""

@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 here="$(pwd)/tools/bench"
 . tools/bench/callgrind_lib.sh # callgrind_thread_kind
+. tools/bench/proxy_lib.sh # front_toml
 conns="${1:-8}"
 bin="${2:-}"
 if [ -z "$bin" ]; then
@@ -40,15 +41,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [ -n "$back_port" ] || { echo "the answering abe did not start: $(tail -3 "$out/back.log")" >&2; exit 1; }
-cat >"$out/front.toml" <<TOML
-[[backends]]
-name = "upstream-abe"
-kind = "upstream"
-base_url = "http://127.0.0.1:$back_port"
-[[backends.models]]
-name = "abe-sim"
-context_length = 131072
-TOML
+front_toml "$out/front.toml" "$back_port"
 
 measure() { # requests -> "io engine loop" Ir
   local reqs=$1 port="" f ir io=0 engine=0 loop=0 nloop=0

@@ -18,21 +18,14 @@ if [ -z "$bin" ]; then
   bin=target/release/abe
 fi
 here="$(pwd)/tools/bench"
+. tools/bench/proxy_lib.sh # front_toml
 work="$(mktemp -d)"
 back_port=18493
 front_port=18494
 back=""
 front=""
 trap 'kill $back $front 2>/dev/null || true; rm -rf "$work"' EXIT
-cat >"$work/front.toml" <<TOML
-[[backends]]
-name = "upstream-abe"
-kind = "upstream"
-base_url = "http://127.0.0.1:$back_port"
-[[backends.models]]
-name = "abe-sim"
-context_length = 131072
-TOML
+front_toml "$work/front.toml" "$back_port"
 ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_PIN=false RUST_LOG=warn \
   "$bin" serve --port $back_port >/dev/null 2>&1 &
 back=$!
