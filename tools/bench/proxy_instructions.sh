@@ -8,16 +8,23 @@
 # idle and are not counted. The requests are keepalive_posts.py's small POST over CONNS
 # keep-alive connections.
 #
-# Usage: tools/bench/proxy_instructions.sh [CONNS] [BINARY]
+# Usage: tools/bench/proxy_instructions.sh [--nginx] [CONNS] [BINARY]
 #   (default 8 connections and `cargo build --release --bin abe`; BUDGET_LOW / BUDGET_HIGH
 #    set the two runs' requests, default 800 / 4000; CG_OUT=DIR keeps the second run's
-#    per-thread profiles there, for `callgrind_annotate`)
-# Needs valgrind, python3 and curl.
+#    per-thread profiles there, for `callgrind_annotate`. With --nginx the front is nginx
+#    `proxy_pass` to the same answering abe over keep-alive upstream connections, one
+#    worker without a master process, all of its instructions counted)
+# Needs valgrind, python3 and curl (and nginx for --nginx).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 here="$(pwd)/tools/bench"
 . tools/bench/callgrind_lib.sh # callgrind_thread_kind
 . tools/bench/proxy_lib.sh # front_toml
+nginx=0
+if [ "${1:-}" = --nginx ]; then
+  nginx=1
+  shift
+fi
 conns="${1:-8}"
 bin="${2:-}"
 if [ -z "$bin" ]; then
@@ -42,13 +49,46 @@ for _ in $(seq 1 100); do
 done
 [ -n "$back_port" ] || { echo "the answering abe did not start: $(tail -3 "$out/back.log")" >&2; exit 1; }
 front_toml "$out/front.toml" "$back_port"
+ngx_port=18496
+cat >"$out/nginx.conf" <<NGINX
+worker_processes 1;
+master_process off;
+daemon off;
+pid $out/nginx.pid;
+error_log $out/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    upstream abe_back {
+        server 127.0.0.1:$back_port;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$ngx_port;
+        location / {
+            proxy_pass http://abe_back;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering on;
+        }
+    }
+}
+NGINX
 
-measure() { # requests -> "io engine loop" Ir
+measure() { # requests -> "io engine loop" Ir (nginx: "all 0 0")
   local reqs=$1 port="" f ir io=0 engine=0 loop=0 nloop=0
   rm -f "$out"/cg.* "$out/front.log"
-  ABE_ENGINE_PIN=false RUST_LOG=warn \
-    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
-    "$bin" serve --port 0 --config "$out/front.toml" >"$out/front.log" 2>"$out/vg.log" &
+  if [ "$nginx" = 1 ]; then
+    port=$ngx_port
+    valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" \
+      nginx -c "$out/nginx.conf" >"$out/front.log" 2>"$out/vg.log" &
+  else
+    ABE_ENGINE_PIN=false RUST_LOG=warn \
+      valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
+      "$bin" serve --port 0 --config "$out/front.toml" >"$out/front.log" 2>"$out/vg.log" &
+  fi
   pid=$!
   local up=0
   for _ in $(seq 1 300); do
@@ -65,9 +105,14 @@ measure() { # requests -> "io engine loop" Ir
   done
   [ "$up" = 1 ] || { echo "the front under valgrind did not answer: $(grep -v '^==' "$out/vg.log" | tail -3)" >&2; exit 1; }
   python3 "$here/keepalive_posts.py" "$port" "$reqs" "$conns"
-  kill -TERM $pid
+  if [ "$nginx" = 1 ]; then kill -QUIT $pid; else kill -TERM $pid; fi
   wait $pid || true
   pid=""
+  if [ "$nginx" = 1 ]; then
+    for f in "$out"/cg.*; do io=$((io + $(awk '/^summary:/ {print $2}' "$f"))); done
+    echo "$io 0 0"
+    return
+  fi
   for f in "$out"/cg.*-*; do
     ir=$(awk '/^summary:/ {print $2}' "$f")
     [ -n "$ir" ] || continue
@@ -101,5 +146,10 @@ n=$((high - low))
 io=$(((io_h - io_l) / n))
 engine=$(((engine_h - engine_l) / n))
 loop=$(((loop_h - loop_l) / n))
+if [ "$nginx" = 1 ]; then
+  echo "nginx proxy_pass front, $conns connections, $(nginx -v 2>&1 | sed 's/.*: //'):"
+  echo "  instructions a forwarded request: $io"
+  exit 0
+fi
 echo "proxy front, $conns connections, $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $bin:"
 echo "  instructions a forwarded request: $((io + engine + loop)) (io $io, engine $engine, event loop $loop)"
