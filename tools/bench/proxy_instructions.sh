@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 here="$(pwd)/tools/bench"
 . tools/bench/callgrind_lib.sh # callgrind_thread_kind
-. tools/bench/proxy_lib.sh # front_toml
+. tools/bench/proxy_lib.sh # front_toml, nginx_proxy_conf
 nginx=0
 if [ "${1:-}" = --nginx ]; then
   nginx=1
@@ -50,32 +50,7 @@ done
 [ -n "$back_port" ] || { echo "the answering abe did not start: $(tail -3 "$out/back.log")" >&2; exit 1; }
 front_toml "$out/front.toml" "$back_port"
 ngx_port=18496
-cat >"$out/nginx.conf" <<NGINX
-worker_processes 1;
-master_process off;
-daemon off;
-pid $out/nginx.pid;
-error_log $out/nginx-error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    upstream abe_back {
-        server 127.0.0.1:$back_port;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$ngx_port;
-        location / {
-            proxy_pass http://abe_back;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering on;
-        }
-    }
-}
-NGINX
+nginx_proxy_conf "$out/nginx.conf" "$out" "$ngx_port" "$back_port" off
 
 measure() { # requests -> "io engine loop" Ir (nginx: "all 0 0")
   local reqs=$1 port="" f ir io=0 engine=0 loop=0 nloop=0

@@ -1,5 +1,5 @@
 # Shared by the proxy-path scripts (proxy_front_ab.sh, proxy_instructions.sh,
-# proxy_syscalls.sh); source it.
+# proxy_syscalls.sh, proxy_vs_nginx.sh); source it.
 
 # front_toml FILE BACK_PORT: an abe front's config with one `upstream` table to the
 # answering abe on 127.0.0.1:BACK_PORT, its address and model only (every other key on the
@@ -14,4 +14,37 @@ base_url = "http://127.0.0.1:$2"
 name = "abe-sim"
 context_length = 131072
 TOML
+}
+
+# nginx_proxy_conf FILE DIR LISTEN_PORT BACK_PORT [MASTER]: an nginx config, one worker in
+# the foreground, `proxy_pass` on 127.0.0.1:LISTEN_PORT to the answering abe on
+# 127.0.0.1:BACK_PORT over up to 64 kept-alive upstream connections; its pid and error log
+# in DIR. MASTER=off runs the worker without a master process (for callgrind).
+nginx_proxy_conf() {
+  cat >"$1" <<NGINX
+worker_processes 1;
+master_process ${5:-on};
+daemon off;
+pid $2/nginx.pid;
+error_log $2/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    upstream abe_back {
+        server 127.0.0.1:$4;
+        keepalive 64;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$3;
+        location / {
+            proxy_pass http://abe_back;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering on;
+        }
+    }
+}
+NGINX
 }

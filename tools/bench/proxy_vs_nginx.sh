@@ -39,6 +39,7 @@ front_port=18487
 ngx_port=18488
 
 . tools/bench/wrk_lib.sh # wrk_measure, wrk_warm, median
+. tools/bench/proxy_lib.sh # nginx_proxy_conf
 
 # The request: post.lua's small POST, or with STREAM=N a stream of N tokens.
 script="$here/post.lua"
@@ -64,31 +65,7 @@ name = "abe-sim"
 context_length = 131072
 TOML
 } >"$work/front.toml"
-cat >"$work/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    upstream abe_back {
-        server 127.0.0.1:$back_port;
-        keepalive 64;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$ngx_port;
-        location / {
-            proxy_pass http://abe_back;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering on;
-        }
-    }
-}
-NGINX
+nginx_proxy_conf "$work/nginx.conf" "$work" "$ngx_port" "$back_port"
 
 ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_PIN=false RUST_LOG=warn \
   "$bin" serve --port $back_port >/dev/null &

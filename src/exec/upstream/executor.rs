@@ -108,24 +108,15 @@ impl Executor for UpstreamExecutor {
 
 #[cfg(test)]
 mod tests {
-    use super::super::plan::tests::item;
+    use super::super::plan::tests::{client, item};
     use super::*;
     use crate::core::Kind;
 
     #[test]
     fn stop_fails_every_item_without_a_request() {
-        let target = super::super::UpstreamTarget {
-            name: "nowhere".into(),
-            // Port 9 (discard) on loopback: nothing should even be tried.
-            base_url: "http://127.0.0.1:9".into(),
-            api_key: None,
-            prompt_array: true,
-        };
-        let timeouts = super::super::UpstreamTimeouts {
-            connect: std::time::Duration::from_millis(50),
-            request: std::time::Duration::from_millis(50),
-        };
-        let client = UpstreamClient::new(target, timeouts);
+        // Port 9 (discard) on loopback: nothing should even be tried.
+        let ms50 = std::time::Duration::from_millis(50);
+        let client = client("http://127.0.0.1:9", true, ms50, ms50);
         let mut exec = UpstreamExecutor::new(client, Arc::new(AtomicBool::new(true)));
         let mut items = vec![
             item(Kind::Completion, "a", Some("m")),

@@ -201,15 +201,16 @@ impl Mux {
             stream: None,
             answered: false,
         });
-        self.place(exchange, progress);
+        self.place(exchange, now, progress);
     }
 
-    /// Puts `ex` on an idle connection (not for a retry) or a new one, and writes it.
-    fn place(&mut self, mut ex: Box<Exchange>, progress: &mut dyn Progress) {
+    /// Puts `ex` on an idle connection (not for a retry) or a new one, and writes it; `now`
+    /// is the time (what an idle connection's age is counted to).
+    fn place(&mut self, mut ex: Box<Exchange>, now: Instant, progress: &mut dyn Progress) {
         let idle = if ex.retried {
             None
         } else {
-            self.take_idle(ex.client.base_url())
+            self.take_idle(ex.client.base_url(), now)
         };
         let index = match idle {
             Some(index) => {
@@ -235,12 +236,7 @@ impl Mux {
     }
 
     /// An idle connection to `base` that the backend has not closed, if one is open.
-    fn take_idle(&mut self, base: &str) -> Option<usize> {
-        let now = if self.idle.is_empty() {
-            return None;
-        } else {
-            Instant::now()
-        };
+    fn take_idle(&mut self, base: &str, now: Instant) -> Option<usize> {
         while let Some(index) = self.idle.pop() {
             let Some(c) = &self.conns[index] else {
                 continue;
@@ -452,7 +448,7 @@ impl Mux {
             let error = Call::new(&ex.client, "POST", ex.job.shape.path()).io_error(e);
             return self.answer(ex, Err(error), progress);
         }
-        self.place(ex, progress);
+        self.place(ex, Instant::now(), progress);
     }
 
     /// Writing the request failed. On a kept-alive connection the backend had closed it (a
@@ -468,7 +464,7 @@ impl Mux {
         }
         ex.retried = true;
         ex.written = 0;
-        self.place(ex, progress);
+        self.place(ex, Instant::now(), progress);
     }
 
     /// Reading the answer failed: the error (never retried, see `write_failed`).
@@ -820,7 +816,7 @@ impl ConcurrentExecutor for Mux {
 mod tests {
     use super::*;
     use crate::core::{Kind, Ticket};
-    use crate::exec::upstream::{UpstreamTarget, UpstreamTimeouts};
+    use crate::exec::upstream::plan::tests::client;
     use crate::exec::Work;
     use std::io::{BufRead, BufReader};
     use std::net::TcpListener;
@@ -892,18 +888,7 @@ mod tests {
 
     /// An upstream client for `base` with a one-seat loop over it.
     fn mux_for(base: String) -> Mux {
-        let client = UpstreamClient::new(
-            UpstreamTarget {
-                name: "b".into(),
-                base_url: base,
-                api_key: None,
-                prompt_array: false,
-            },
-            UpstreamTimeouts {
-                connect: Duration::from_secs(2),
-                request: Duration::from_secs(5),
-            },
-        );
+        let client = client(&base, false, Duration::from_secs(2), Duration::from_secs(5));
         let stop = Arc::new(AtomicBool::new(false));
         Mux::new(client.into(), 1, stop).unwrap()
     }

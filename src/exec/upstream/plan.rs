@@ -353,6 +353,24 @@ pub(super) mod tests {
     use super::*;
     use crate::core::Ticket;
 
+    /// A client of backend `b` at `base` (test helpers of `plan`, `mux` and `executor`).
+    pub(in crate::exec::upstream) fn client(
+        base: &str,
+        prompt_array: bool,
+        connect: std::time::Duration,
+        request: std::time::Duration,
+    ) -> crate::exec::upstream::UpstreamClient {
+        crate::exec::upstream::UpstreamClient::new(
+            crate::exec::upstream::UpstreamTarget {
+                name: "b".into(),
+                base_url: base.into(),
+                api_key: None,
+                prompt_array,
+            },
+            crate::exec::upstream::UpstreamTimeouts { connect, request },
+        )
+    }
+
     /// An item of `kind` with `prompt`, routed to `model`.
     pub(in crate::exec::upstream) fn item(
         kind: Kind,
@@ -422,18 +440,8 @@ pub(super) mod tests {
 
     /// The text, prompt and completion tokens of `answer`'s results, or the error's text.
     fn answered(items: &[BatchItem], body: &str) -> Vec<Result<(String, u32, u32), String>> {
-        let client = crate::exec::upstream::UpstreamClient::new(
-            crate::exec::upstream::UpstreamTarget {
-                name: "b".into(),
-                base_url: "http://127.0.0.1:9".into(),
-                api_key: None,
-                prompt_array: true,
-            },
-            crate::exec::upstream::UpstreamTimeouts {
-                connect: std::time::Duration::from_secs(1),
-                request: std::time::Duration::from_secs(1),
-            },
-        );
+        let second = std::time::Duration::from_secs(1);
+        let client = client("http://127.0.0.1:9", true, second, second);
         let (jobs, _) = plan(items, "b", true);
         let call = Call::new(&client, "POST", COMPLETIONS);
         let results = answer(&call, &jobs[0], body).expect("a completions answer");
