@@ -70,6 +70,7 @@ impl Config {
             BatchingMode::Request => BackendKindName::Upstream,
         };
         let spare = crate::router::slots::add_spares(&mut backends, spare_slots, spare_kind)?;
+        queue_places_fit(self.batching.queue_capacity, backends.len())?;
         let (router, routing_warning) = self.check_routing(&backends)?;
         let sim_latency = self.sim_latency(&backends, &runtime)?;
         if self.server.max_model_len == 0 {
@@ -647,6 +648,25 @@ fn checked_latency(
             .map_err(|why| invalid(&key("latency_model"), "\"roofline\"", why))?;
     }
     Ok(latency)
+}
+
+/// The engine numbers every queue place of every backend (spares included) in 32 bits: a
+/// backend's places take the next power of two of `queue_capacity`, and the last number is
+/// a sentinel.
+fn queue_places_fit(queue_capacity: usize, backends: usize) -> Result<(), ConfigError> {
+    let per_backend = queue_capacity.max(1).next_power_of_two() as u64;
+    if (backends.max(1) as u64).saturating_mul(per_backend) > u64::from(u32::MAX) {
+        return Err(invalid(
+            "batching.queue_capacity",
+            queue_capacity,
+            format!(
+                "{backends} backends (spare slots included) of {per_backend} queue places \
+                 each (the capacity rounded up to a power of two) exceed 2^32 places; \
+                 lower it or the backends"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn at_least(key: &str, v: usize, min: usize) -> Result<(), ConfigError> {

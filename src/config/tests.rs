@@ -160,6 +160,28 @@ fn unknown_names_are_refused_where_they_are_read() {
 }
 
 #[test]
+fn queue_places_beyond_the_engines_32_bit_index_are_refused_with_the_count() {
+    let mut c = Config::default();
+    c.batching.queue_capacity = 1 << 31;
+    c.validate().expect("one backend of 2^31 places fits");
+    let toml = "[batching]\nqueue_capacity = 3000000000\n";
+    let e = Config::from_toml(toml)
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("batching.queue_capacity = 3000000000") && e.contains("2^32"),
+        "{e}"
+    );
+    let mut c = Config::default();
+    c.batching.queue_capacity = 1 << 31;
+    c.routing.spare_backend_slots = Some(1);
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("backends (spare slots included)"), "{e}");
+}
+
+#[test]
 fn bad_values_name_the_key_the_value_and_why() {
     let mut c = Config::default();
     c.batching.min_wait_ms = 200.0;

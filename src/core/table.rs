@@ -2,8 +2,11 @@
 //!
 //! Every admitted request lives in one slot of [`RequestTable`] from admission until its final
 //! answer. Slots are linked into at most one [`Fifo`] at a time through their `next`/`prev`
-//! fields, so queues cost no memory of their own and never allocate. The table is sized once
-//! in `new` (`queue_capacity`); nothing here may allocate after that.
+//! fields, so queues cost no memory of their own and never allocate. The table reserves its
+//! memory once in `new` (`queue_capacity`) and writes a slot only when a request first
+//! needs it: freed slots are reused first, then the next never-used one, so the slots
+//! written are the most ever live at once, and a large idle queue costs no resident memory.
+//! Nothing here may allocate after `new`.
 
 use super::request::{RequestMeta, Ticket};
 
@@ -37,39 +40,33 @@ struct Slot {
 
 /// Fixed-capacity slab of request slots with a free list.
 ///
-/// Invariant: `free_len + live == capacity`, where `live` counts slots not `Free`.
+/// Invariant: `free_len + live == slots.len() <= capacity`, where `live` counts slots not
+/// `Free` and `free_len` the slots on the free list; slots at `slots.len()..capacity` are
+/// reserved, never written.
 pub struct RequestTable {
     slots: Vec<Slot>,
+    capacity: u32,
     free_head: u32,
     free_len: u32,
 }
 
 impl RequestTable {
-    /// A table with room for `capacity` requests (at least 1).
+    /// A table with room for `capacity` requests (at least 1), its memory reserved and none
+    /// of it written.
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         assert!(capacity < NIL as usize, "queue_capacity too large");
-        let dummy = RequestMeta::new(Default::default(), Default::default(), 0, 0, 0);
-        let slots = (0..capacity)
-            .map(|i| Slot {
-                meta: dummy,
-                generation: 0,
-                state: SlotState::Free,
-                next: if i + 1 < capacity { i as u32 + 1 } else { NIL },
-                prev: NIL,
-                tag: 0,
-            })
-            .collect();
         RequestTable {
-            slots,
-            free_head: 0,
-            free_len: capacity as u32,
+            slots: Vec::with_capacity(capacity),
+            capacity: capacity as u32,
+            free_head: NIL,
+            free_len: 0,
         }
     }
 
     /// Total number of slots.
     pub fn capacity(&self) -> usize {
-        self.slots.len()
+        self.capacity as usize
     }
 
     /// Slots in use.
@@ -79,14 +76,28 @@ impl RequestTable {
 
     /// Takes a free slot for `meta`, or `None` when the table is full.
     pub fn insert(&mut self, meta: RequestMeta) -> Option<Ticket> {
-        if self.free_head == NIL {
+        let index = if self.free_head != NIL {
+            let index = self.free_head;
+            let slot = &self.slots[index as usize];
+            debug_assert_eq!(slot.state, SlotState::Free);
+            self.free_head = slot.next;
+            self.free_len -= 1;
+            index
+        } else if self.slots.len() < self.capacity as usize {
+            // The next never-used slot: within the reserved capacity, no allocation.
+            self.slots.push(Slot {
+                meta,
+                generation: 0,
+                state: SlotState::Free,
+                next: NIL,
+                prev: NIL,
+                tag: 0,
+            });
+            (self.slots.len() - 1) as u32
+        } else {
             return None;
-        }
-        let index = self.free_head;
+        };
         let slot = &mut self.slots[index as usize];
-        debug_assert_eq!(slot.state, SlotState::Free);
-        self.free_head = slot.next;
-        self.free_len -= 1;
         slot.meta = meta;
         slot.state = SlotState::Dispatched; // not in any list until pushed
         slot.next = NIL;
@@ -329,6 +340,34 @@ mod tests {
         assert_ne!(d.generation, b.generation);
         assert!(!t.is_live(b));
         assert!(t.is_live(a) && t.is_live(c) && t.is_live(d));
+    }
+
+    #[test]
+    fn slots_go_lowest_first_freed_ones_again_first_and_only_the_peak_is_written() {
+        let mut t = RequestTable::new(10_000);
+        let reserved = t.slots.as_ptr();
+        let a = t.insert(meta(1)).unwrap();
+        let b = t.insert(meta(2)).unwrap();
+        let c = t.insert(meta(3)).unwrap();
+        assert_eq!((a.index, b.index, c.index), (0, 1, 2));
+        assert!(t.remove(a) && t.remove(c));
+        // The last freed first, then the other freed one, then a never-used slot: the order
+        // a free list threaded through all 10,000 slots at start gave.
+        let order: Vec<u32> = (0..3).map(|i| t.insert(meta(i)).unwrap().index).collect();
+        assert_eq!(order, vec![2, 0, 3]);
+        assert_eq!(
+            t.slots.len(),
+            4,
+            "four live at the peak: four slots written"
+        );
+        assert_eq!((t.live(), t.capacity()), (4, 10_000));
+        while t.insert(meta(9)).is_some() {}
+        assert_eq!(t.live(), 10_000);
+        assert_eq!(t.slots.as_ptr(), reserved, "filled within what it reserved");
+        assert!(!t.is_live(Ticket {
+            index: 10_000,
+            generation: 0
+        }));
     }
 
     #[test]

@@ -61,21 +61,36 @@ struct Slot {
     older: u32,
 }
 
-/// One table entry: a tracked name and its slot, or `slot == NIL` when empty. The name is
-/// split in two `u32` halves so an entry takes 12 bytes, not 16.
+// SAFETY: every field is an integer, for which all-zero bytes are a valid value.
+unsafe impl bytemuck::Zeroable for Slot {}
+
+/// One table entry: a tracked name and its slot, or empty (slot [`NIL`]). The name is split
+/// in two `u32` halves so an entry takes 12 bytes, not 16. The slot is stored inverted, so
+/// an empty entry is all zero bytes: the table is allocated zeroed, and its pages cost no
+/// memory until an entry on them is used (an idle backend's index holds none).
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     name_lo: u32,
     name_hi: u32,
-    slot: u32,
+    /// `!slot`.
+    not_slot: u32,
 }
+
+// SAFETY: every field is an integer, for which all-zero bytes are a valid value.
+unsafe impl bytemuck::Zeroable for Entry {}
 
 impl Entry {
     const EMPTY: Entry = Entry {
         name_lo: 0,
         name_hi: 0,
-        slot: NIL,
+        not_slot: !NIL,
     };
+
+    /// The slot this entry names, [`NIL`] when empty.
+    #[inline]
+    fn slot(self) -> u32 {
+        !self.not_slot
+    }
 
     #[inline]
     fn name(self) -> BlockHash {
@@ -115,17 +130,11 @@ impl PrefixIndex {
         );
         let table_len = (2 * capacity as usize).next_power_of_two();
         PrefixIndex {
-            table: vec![Entry::EMPTY; table_len].into_boxed_slice(),
+            // Zeroed allocations: the pages are mapped as used (see `Entry`); a slot is
+            // written before it is read (`touch`), so its zero contents are never seen.
+            table: bytemuck::allocation::zeroed_slice_box(table_len),
             shift: 64 - table_len.trailing_zeros(),
-            slots: vec![
-                Slot {
-                    name: 0,
-                    newer: NIL,
-                    older: NIL,
-                };
-                capacity as usize
-            ]
-            .into_boxed_slice(),
+            slots: bytemuck::allocation::zeroed_slice_box(capacity as usize),
             len: 0,
             newest: NIL,
             oldest: NIL,
@@ -273,7 +282,7 @@ impl PrefixIndex {
     /// The slot tracking `name`.
     #[inline]
     fn find(&self, name: BlockHash) -> Option<u32> {
-        self.find_entry(name).map(|at| self.table[at].slot)
+        self.find_entry(name).map(|at| self.table[at].slot())
     }
 
     /// The table entry holding `name`'s slot.
@@ -283,7 +292,7 @@ impl PrefixIndex {
         let mut at = self.home(name);
         loop {
             let e = self.table[at];
-            if e.slot == NIL {
+            if e.slot() == NIL {
                 return None;
             }
             if e.name() == name {
@@ -298,13 +307,13 @@ impl PrefixIndex {
         let mask = self.mask();
         let name = self.slots[s as usize].name;
         let mut at = self.home(name);
-        while self.table[at].slot != NIL {
+        while self.table[at].slot() != NIL {
             at = (at + 1) & mask;
         }
         self.table[at] = Entry {
             name_lo: name as u32,
             name_hi: (name >> 32) as u32,
-            slot: s,
+            not_slot: !s,
         };
     }
 
@@ -317,7 +326,7 @@ impl PrefixIndex {
         loop {
             at = (at + 1) & mask;
             let e = self.table[at];
-            if e.slot == NIL {
+            if e.slot() == NIL {
                 return;
             }
             let home = self.home(e.name());
@@ -383,7 +392,7 @@ impl PrefixIndex {
     /// Checks every invariant (tests).
     #[cfg(test)]
     pub(crate) fn check(&self) {
-        let live = self.table.iter().filter(|e| e.slot != NIL).count();
+        let live = self.table.iter().filter(|e| e.slot() != NIL).count();
         assert_eq!(
             live, self.len as usize,
             "each tracked slot once in the table"
@@ -391,8 +400,8 @@ impl PrefixIndex {
         for s in 0..self.len {
             assert_eq!(self.find(self.slots[s as usize].name), Some(s));
         }
-        for e in self.table.iter().filter(|e| e.slot != NIL) {
-            assert_eq!(e.name(), self.slots[e.slot as usize].name);
+        for e in self.table.iter().filter(|e| e.slot() != NIL) {
+            assert_eq!(e.name(), self.slots[e.slot() as usize].name);
         }
         let (mut n, mut s, mut prev) = (0, self.newest, NIL);
         while s != NIL {

@@ -297,8 +297,8 @@ impl IterationLevel {
 impl Mode for IterationLevel {
     type Job = StepMsg;
 
-    fn table_capacity(&self) -> usize {
-        self.sched.table_capacity()
+    fn pending_lanes(&self) -> Vec<usize> {
+        vec![self.sched.table_capacity()]
     }
 
     fn workers(&self) -> usize {

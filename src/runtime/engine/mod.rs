@@ -26,6 +26,7 @@
 
 mod continuous;
 mod io;
+mod pending;
 mod request;
 mod routing;
 
@@ -53,8 +54,9 @@ pub trait Mode {
     /// What the engine sends a worker (its reply type is what comes back).
     type Job: Job;
 
-    /// Pending-table slots the mode addresses (its requests' places in `io.pending`).
-    fn table_capacity(&self) -> usize;
+    /// The capacity of each lane of the pending table, whose indexes the mode addresses
+    /// (its requests' places in `io.pending`, `pending::PendingLayout`).
+    fn pending_lanes(&self) -> Vec<usize>;
 
     /// Worker links the mode dispatches to.
     fn workers(&self) -> usize;
@@ -167,7 +169,7 @@ impl<M: Mode> Engine<M> {
             shared,
             workers,
             max_submitters,
-            mode.table_capacity(),
+            &mode.pending_lanes(),
         );
         Engine {
             mode,
@@ -276,7 +278,11 @@ impl<M: Mode> Engine<M> {
     /// Pending-table slots holding a request not yet answered (simulation checks).
     #[cfg(feature = "testing")]
     pub(crate) fn pending_live(&self) -> usize {
-        self.io.pending.iter().filter(|p| p.reply.is_some()).count()
+        self.io
+            .pending
+            .iter()
+            .filter(|(_, p)| p.reply.is_some())
+            .count()
     }
 
     /// Submissions taken from the intake rings and not yet answered, over every submitter

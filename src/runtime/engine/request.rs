@@ -11,6 +11,7 @@
 //! (error answers excepted): batch buffers are allocated here once and circulate.
 
 use super::io::{move_latency_samples, move_samples, EngineIo, SampleKind};
+use super::pending::PendingLayout;
 use super::routing::{RouteState, Routing, MAX_TRIES};
 use super::Mode;
 use crate::core::circuit::CircuitState;
@@ -87,14 +88,6 @@ impl Lane {
     }
 }
 
-/// The lane holding engine pending slot `index`, and the lane-local index.
-fn lane_of(lanes: &[Lane], index: u32) -> (usize, u32) {
-    let l = lanes
-        .partition_point(|lane| lane.pending_base <= index)
-        .saturating_sub(1);
-    (l, index - lanes[l].pending_base)
-}
-
 /// What the cores' own counters get wrong about requests that failed on one backend: a
 /// request moved to another backend is counted again there (as `readmitted`) and its first
 /// core counted it as finished; a request that failed alone in a batch its core counted as
@@ -139,8 +132,10 @@ pub struct RequestLevel {
     /// Batch buffers at home, with their direct-reply buffers (one pair per batch slot; a
     /// dispatch takes one, its reply gives it back).
     free_bufs: Vec<BatchBufs>,
-    /// Pending-table slots over all lanes.
-    table_capacity: usize,
+    /// Each lane's queue capacity: its segment of the pending table.
+    pending_lanes: Vec<usize>,
+    /// How pending-table indexes split into lanes and their cores' slots.
+    layout: PendingLayout,
     stats_fix: StatsFix,
 }
 
@@ -156,14 +151,19 @@ impl RequestLevel {
         );
         let mut lanes = Vec::with_capacity(cores.len());
         let mut worker_lane = Vec::new();
-        let (mut table, mut batch_slots, mut batch_len) = (0usize, 0usize, 0usize);
+        let pending_lanes: Vec<usize> = cores
+            .iter()
+            .map(|c| c.config().queue_capacity.max(1))
+            .collect();
+        let layout = PendingLayout::for_lanes(&pending_lanes);
+        let (mut batch_slots, mut batch_len) = (0usize, 0usize);
         for (l, core) in cores.into_iter().enumerate() {
             let cfg = core.config();
-            let (capacity, workers_here) = (cfg.queue_capacity.max(1), cfg.workers);
+            let workers_here = cfg.workers;
             batch_slots += workers_here * cfg.max_inflight_per_worker.max(1) as usize;
             batch_len = batch_len.max(core.max_batch_len());
             lanes.push(Lane {
-                pending_base: table as u32,
+                pending_base: layout.base(l),
                 worker_base: worker_lane.len() as u32,
                 holds_emitted: 0,
                 claims: Arc::new(BatchClaims::new(
@@ -171,7 +171,6 @@ impl RequestLevel {
                 )),
                 core,
             });
-            table += capacity;
             worker_lane.extend(std::iter::repeat_n(l as u16, workers_here));
         }
         RequestLevel {
@@ -186,7 +185,8 @@ impl RequestLevel {
                     )
                 })
                 .collect(),
-            table_capacity: table,
+            pending_lanes,
+            layout,
             stats_fix: StatsFix::default(),
         }
     }
@@ -312,7 +312,7 @@ impl RequestLevel {
     ) -> bool {
         let slot = &io.pending[index as usize];
         let route = slot.route;
-        let (l, _) = lane_of(&self.lanes, index);
+        let (l, _) = self.layout.lane_of(index);
         let retries_used = route
             .tried_len
             .saturating_sub(1)
@@ -376,7 +376,7 @@ impl RequestLevel {
         batch_ok: bool,
         error: RequestError,
     ) {
-        let (l, _) = lane_of(&self.lanes, index);
+        let (l, _) = self.layout.lane_of(index);
         self.routing.counters[l].failed += 1;
         if batch_ok {
             self.stats_fix.failed_in_ok_batch += 1;
@@ -565,8 +565,8 @@ fn act(
 impl Mode for RequestLevel {
     type Job = BatchMsg;
 
-    fn table_capacity(&self) -> usize {
-        self.table_capacity
+    fn pending_lanes(&self) -> Vec<usize> {
+        self.pending_lanes.clone()
     }
 
     fn workers(&self) -> usize {
@@ -708,7 +708,7 @@ impl Mode for RequestLevel {
     /// A queued request is removed and answered (cancelled); a dispatched one runs to
     /// completion (its batch is already out).
     fn cancel(&mut self, io: &mut EngineIo<BatchMsg>, now: Nanos, index: u32) {
-        let (l, local) = lane_of(&self.lanes, index);
+        let (l, local) = self.layout.lane_of(index);
         let core = &mut self.lanes[l].core;
         if let Some(ticket) = core.ticket_of(local) {
             if core.cancel(ticket) {
