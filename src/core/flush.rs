@@ -17,6 +17,18 @@ impl Core {
     /// has a worker, and returns the next instant it needs to run again by itself (`None`:
     /// only an admission or a completion can change anything).
     pub fn poll(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) -> Option<Nanos> {
+        if self.queued == 0
+            && self.in_flight_batches == 0
+            && !self.strategy.is_research()
+            && self.strategy != StrategyKind::LatencyAware
+        {
+            // Nothing to expire, dispatch or time, and no strategy timer of its own: what the
+            // full pass below would conclude, without its scans (an engine polls every
+            // backend's core each turn, idle or not: 24 in the router tier's config).
+            self.auto_hold_until = Nanos::MAX;
+            self.auto_hold_started = Nanos::MAX;
+            return None;
+        }
         self.expire_queued(now, out);
         self.expire_batches(now, out);
         if self.strategy == StrategyKind::LatencyAware

@@ -4,16 +4,24 @@
 # front_toml FILE BACK_PORT: an abe front's config with one `upstream` table to the
 # answering abe on 127.0.0.1:BACK_PORT, its address and model only (every other key on the
 # `upstream` defaults: each request forwarded alone, 64 at once, on the backend's event loop).
+# FRONT_BACKENDS=N writes N such tables (upstream-abe-0 ..), all to the same address: the
+# shape of a router tier over N replicas, for what each backend adds to a request.
 front_toml() {
-  cat >"$1" <<TOML
+  local n="${FRONT_BACKENDS:-1}" i name
+  : >"$1"
+  for i in $(seq 0 $((n - 1))); do
+    name="upstream-abe"
+    [ "$n" -gt 1 ] && name="upstream-abe-$i"
+    cat >>"$1" <<TOML
 [[backends]]
-name = "upstream-abe"
+name = "$name"
 kind = "upstream"
 base_url = "http://127.0.0.1:$2"
 [[backends.models]]
 name = "abe-sim"
 context_length = 131072
 TOML
+  done
 }
 
 # nginx_proxy_conf FILE DIR LISTEN_PORT BACK_PORT [MASTER]: an nginx config, one worker in
