@@ -7,8 +7,11 @@
 # two builds or two settings of one build. Each run prints req/s, p50, the front's CPU a
 # request and that CPU by thread (io threads, engine, event loop or workers: user + system,
 # from /proc/PID/task/TID/stat over the measured seconds); then the medians.
+# A_BACKENDS / B_BACKENDS give a side N `upstream` tables to the same answering abe
+# (`front_toml`'s FRONT_BACKENDS: a router tier's shape), default FRONT_BACKENDS or 1.
 # Needs: wrk, curl (Debian packages). Linux only (/proc).
 # Usage: A_BIN=path [A_ENV='ABE_ENGINE_IDLE=adaptive'] B_BIN=path [B_ENV=...] \
+#        [A_BACKENDS=N] [B_BACKENDS=N] \
 #        tools/bench/proxy_front_ab.sh [rounds] [seconds per run] [connections]
 #        (the answering abe is A_BIN)
 set -euo pipefail
@@ -25,7 +28,8 @@ front_port=18492
 . tools/bench/wrk_lib.sh # median
 . tools/bench/proxy_lib.sh # front_toml
 
-front_toml "$work/front.toml" "$back_port"
+FRONT_BACKENDS="${A_BACKENDS:-${FRONT_BACKENDS:-1}}" front_toml "$work/front-A.toml" "$back_port"
+FRONT_BACKENDS="${B_BACKENDS:-${FRONT_BACKENDS:-1}}" front_toml "$work/front-B.toml" "$back_port"
 ABE_WORKERS_LATENCY_MODEL=none ABE_ENGINE_PIN=false RUST_LOG=warn "$a_bin" serve --port $back_port >/dev/null &
 back=$!
 front=""
@@ -40,12 +44,12 @@ ticks() {
               END {for (k in u) print k, u[k], s[k]}' | sort
 }
 
-echo "machine: $(nproc) cores; $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD); A: $a_bin ${A_ENV:-}; B: $b_bin ${B_ENV:-}; c=$conns, ${secs} s a run"
+echo "machine: $(nproc) cores; $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD); A: $a_bin ${A_ENV:-} ($(grep -c '^\[\[backends\]\]' "$work/front-A.toml") backends); B: $b_bin ${B_ENV:-} ($(grep -c '^\[\[backends\]\]' "$work/front-B.toml") backends); c=$conns, ${secs} s a run"
 for r in $(seq 1 "$rounds"); do
   for side in A B; do
     if [ $side = A ]; then bin=$a_bin settings="${A_ENV:-}"; else bin=$b_bin settings="${B_ENV:-}"; fi
     # shellcheck disable=SC2086 # settings are words on purpose (KEY=VALUE ...)
-    env $settings RUST_LOG=warn "$bin" serve --port $front_port --config "$work/front.toml" >/dev/null &
+    env $settings RUST_LOG=warn "$bin" serve --port $front_port --config "$work/front-$side.toml" >/dev/null &
     front=$!
     for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$front_port/health" >/dev/null && break; sleep 0.1; done
     wrk_warm "$conns" "$here/post.lua" "http://127.0.0.1:$front_port/v1/completions"
