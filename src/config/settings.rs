@@ -70,7 +70,22 @@ impl Config {
             BatchingMode::Request => BackendKindName::Upstream,
         };
         let spare = crate::router::slots::add_spares(&mut backends, spare_slots, spare_kind)?;
-        queue_places_fit(self.batching.queue_capacity, backends.len())?;
+        match &runtime.continuous {
+            // One scheduler: its queue and every replica's slots, in one lane.
+            Some(c) => queue_places_fit(
+                "continuous.max_queue",
+                c.max_queue,
+                c.max_queue
+                    .saturating_add(c.replicas.saturating_mul(c.max_slots)),
+                1,
+            )?,
+            None => queue_places_fit(
+                "batching.queue_capacity",
+                self.batching.queue_capacity,
+                self.batching.queue_capacity,
+                backends.len(),
+            )?,
+        }
         let (router, routing_warning) = self.check_routing(&backends)?;
         let sim_latency = self.sim_latency(&backends, &runtime)?;
         if self.server.max_model_len == 0 {
@@ -650,19 +665,33 @@ fn checked_latency(
     Ok(latency)
 }
 
-/// The engine numbers every queue place of every backend (spares included) in 32 bits: a
-/// backend's places take the next power of two of `queue_capacity`, and the last number is
-/// a sentinel.
-fn queue_places_fit(queue_capacity: usize, backends: usize) -> Result<(), ConfigError> {
-    let per_backend = queue_capacity.max(1).next_power_of_two() as u64;
-    if (backends.max(1) as u64).saturating_mul(per_backend) > u64::from(u32::MAX) {
+/// The engine numbers every queue place of every lane in 32 bits
+/// (`runtime::engine::pending::PendingLayout`): request-level batching has a lane per backend
+/// (spare slots included) of `queue_capacity` places, continuous batching one lane of its
+/// queue and every replica's slots. A lane's places take the next power of two, and the last
+/// number is a sentinel. `key = value` is the setting named in the error.
+fn queue_places_fit(
+    key: &str,
+    value: usize,
+    places_per_lane: usize,
+    lanes: usize,
+) -> Result<(), ConfigError> {
+    let per_lane = places_per_lane
+        .max(1)
+        .checked_next_power_of_two()
+        .map_or(u64::MAX, |p| p as u64);
+    if (lanes.max(1) as u64).saturating_mul(per_lane) > u64::from(u32::MAX) {
+        let lanes_text = if lanes > 1 {
+            format!("{lanes} backends (spare slots included) of ")
+        } else {
+            String::new()
+        };
         return Err(invalid(
-            "batching.queue_capacity",
-            queue_capacity,
+            key,
+            value,
             format!(
-                "{backends} backends (spare slots included) of {per_backend} queue places \
-                 each (the capacity rounded up to a power of two) exceed 2^32 places; \
-                 lower it or the backends"
+                "{lanes_text}{per_lane} queue places (rounded up to a power of two) exceed \
+                 2^32 places in all; lower it"
             ),
         ));
     }

@@ -178,7 +178,16 @@ fn queue_places_beyond_the_engines_32_bit_index_are_refused_with_the_count() {
     c.batching.queue_capacity = 1 << 31;
     c.routing.spare_backend_slots = Some(1);
     let e = c.validate().unwrap_err().to_string();
-    assert!(e.contains("backends (spare slots included)"), "{e}");
+    assert!(e.contains("2 backends (spare slots included)"), "{e}");
+    // Continuous batching has one lane, its queue and the replicas' slots; it does not
+    // use `batching.queue_capacity`.
+    let mut c = Config::from_toml("[batching]\nmode = \"continuous\"\n").unwrap();
+    c.batching.queue_capacity = 3_000_000_000;
+    c.validate()
+        .expect("continuous batching does not read batching.queue_capacity");
+    c.continuous.max_queue = 1 << 31;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("continuous.max_queue = 2147483648"), "{e}");
 }
 
 #[test]

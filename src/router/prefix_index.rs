@@ -162,6 +162,10 @@ impl PrefixIndex {
 
     /// Forgets every block (the backend restarted, or its cache was dropped).
     pub fn clear(&mut self) {
+        if self.len == 0 {
+            // Already all empty: filling would map every page of an index never used.
+            return;
+        }
         self.table.fill(Entry::EMPTY);
         self.len = 0;
         self.newest = NIL;
