@@ -7,6 +7,7 @@
 //! buffer is the slot's, reserved in [`Core::new`], and never grows); a dispatch with no
 //! request or to a worker that cannot take it.
 
+use super::circuit::CircuitState;
 use super::lora::BatchAdapters;
 use super::pool::WorkerView;
 use super::request::{self, Nanos, Priority, Ticket, BUCKET_COUNT};
@@ -20,12 +21,25 @@ use super::{Action, BatchId, BatchState, Core};
 const LORA_SCAN_MOST: usize = 256;
 
 impl Core {
+    /// Records a failed batch against `worker`'s circuit (which may open it).
+    pub(super) fn record_worker_failure(&mut self, worker: usize, now: Nanos) {
+        let circuit = self.cfg.circuit;
+        self.workers[worker].circuit.record_failure(now, &circuit);
+        self.workers[worker].batches_failed += 1;
+        self.circuits_may_be_open = true;
+    }
+
     pub(super) fn pick_worker(&mut self, now: Nanos) -> Option<usize> {
         let circuit = self.cfg.circuit;
         let max = self.cfg.max_inflight_per_worker;
-        // Advance every circuit to `now` first, so the balancer sees current states.
-        for w in self.workers.iter_mut() {
-            w.circuit.state(now, &circuit);
+        // Advance every circuit to `now` first, so the balancer sees current states (an open
+        // one turns half-open once its recovery time passed; no other state moves by time).
+        if self.circuits_may_be_open {
+            let mut open = false;
+            for w in self.workers.iter_mut() {
+                open |= w.circuit.state(now, &circuit) == CircuitState::Open;
+            }
+            self.circuits_may_be_open = open;
         }
         let workers: &[WorkerView] = &self.workers;
         self.balancer.pick(

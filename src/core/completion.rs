@@ -30,7 +30,6 @@ impl Core {
             // Already failed and counted against the worker when it timed out.
             return Completion::Stale;
         }
-        let circuit = self.cfg.circuit;
         let service_ns = now.saturating_sub(self.batches[b].dispatched_at_ns);
         if self.strategy == StrategyKind::Auto {
             let slot = &self.batches[b];
@@ -55,10 +54,7 @@ impl Core {
                 self.workers[worker].circuit.record_success();
                 self.workers[worker].batches_ok += 1;
             }
-            BatchOutcome::Failed => {
-                self.workers[worker].circuit.record_failure(now, &circuit);
-                self.workers[worker].batches_failed += 1;
-            }
+            BatchOutcome::Failed => self.record_worker_failure(worker, now),
         }
         for i in 0..self.batches[b].tickets.len() {
             let ticket = self.batches[b].tickets[i];

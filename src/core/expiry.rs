@@ -82,9 +82,7 @@ impl Core {
         let worker = self.batches[b].worker as usize;
         self.batches[b].state = BatchState::Abandoned;
         if reason == FailReason::BatchTimeout {
-            let circuit = self.cfg.circuit;
-            self.workers[worker].circuit.record_failure(now, &circuit);
-            self.workers[worker].batches_failed += 1;
+            self.record_worker_failure(worker, now);
         }
         for i in 0..self.batches[b].tickets.len() {
             let ticket = self.batches[b].tickets[i];

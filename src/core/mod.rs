@@ -146,6 +146,11 @@ pub struct Core {
     nonempty: u32,
     strategy: StrategyKind,
     workers: Vec<WorkerView>,
+    /// Some worker's circuit may be open: set by every recorded failure
+    /// ([`Core::record_worker_failure`]), cleared by a pick that advanced every circuit and
+    /// found none open. While clear, advancing the circuits changes nothing (only an open
+    /// circuit moves by time), so a pick skips that pass over the workers.
+    circuits_may_be_open: bool,
     balancer: Balancer,
     rng: SmallRng,
     batches: Vec<BatchSlot>,
@@ -204,6 +209,7 @@ impl Core {
             nonempty: 0,
             strategy: cfg.strategy,
             workers: vec![WorkerView::default(); cfg.workers],
+            circuits_may_be_open: false,
             lora: vec![lora::LoraSlots::new(cfg.max_loras); cfg.workers],
             balancer: Balancer::new(cfg.balancer),
             rng: SmallRng::seed_from_u64(cfg.seed),
