@@ -17,16 +17,7 @@ impl Core {
     /// has a worker, and returns the next instant it needs to run again by itself (`None`:
     /// only an admission or a completion can change anything).
     pub fn poll(&mut self, now: Nanos, out: &mut impl FnMut(Action<'_>)) -> Option<Nanos> {
-        if self.queued == 0
-            && self.in_flight_batches == 0
-            && !self.strategy.is_research()
-            && self.strategy != StrategyKind::LatencyAware
-        {
-            // Nothing to expire, dispatch or time, and no strategy timer of its own: what the
-            // full pass below would conclude, without its scans (an engine polls every
-            // backend's core each turn, idle or not: 24 in the router tier's config).
-            self.auto_hold_until = Nanos::MAX;
-            self.auto_hold_started = Nanos::MAX;
+        if self.rest_if_idle() {
             return None;
         }
         self.expire_queued(now, out);
@@ -54,6 +45,25 @@ impl Core {
             self.auto_hold_started.min(now)
         };
         self.next_deadline(now)
+    }
+
+    /// A poll of a core with nothing queued, nothing out and no strategy timer of its own:
+    /// it sets what the full pass of [`Core::poll`] would set (no hold, no deadline, no
+    /// action) without its scans, and returns true; otherwise false and nothing changes. An
+    /// engine polls every backend's core each turn, idle or not (24 in the router tier's
+    /// config), and calls this first to skip an idle one.
+    #[inline]
+    pub fn rest_if_idle(&mut self) -> bool {
+        if self.queued == 0
+            && self.in_flight_batches == 0
+            && !self.strategy.is_research()
+            && self.strategy != StrategyKind::LatencyAware
+        {
+            self.auto_hold_until = Nanos::MAX;
+            self.auto_hold_started = Nanos::MAX;
+            return true;
+        }
+        false
     }
 
     /// The most urgent group that is due now, with why. Urgency: drain, critical, full,

@@ -763,6 +763,10 @@ impl Mode for RequestLevel {
         let mut next: Option<Nanos> = None;
         let mut opened = false;
         for (l, lane) in lanes.iter_mut().enumerate() {
+            if lane.core.rest_if_idle() {
+                // Its poll would do nothing and set no deadline; its holds did not move.
+                continue;
+            }
             let at = lane.at(l);
             let mut timed_out = false;
             let mut actor = Actor {
