@@ -666,21 +666,18 @@ fn checked_latency(
 }
 
 /// The engine numbers every queue place of every lane in 32 bits
-/// (`runtime::engine::pending::PendingLayout`): request-level batching has a lane per backend
-/// (spare slots included) of `queue_capacity` places, continuous batching one lane of its
-/// queue and every replica's slots. A lane's places take the next power of two, and the last
-/// number is a sentinel. `key = value` is the setting named in the error.
+/// (`runtime::engine::places_fit`): request-level batching has a lane per backend (spare
+/// slots included) of `queue_capacity` places, continuous batching one lane of its queue and
+/// every replica's slots. `key = value` is the setting named in the error.
 fn queue_places_fit(
     key: &str,
     value: usize,
     places_per_lane: usize,
     lanes: usize,
 ) -> Result<(), ConfigError> {
-    let per_lane = places_per_lane
-        .max(1)
-        .checked_next_power_of_two()
-        .map_or(u64::MAX, |p| p as u64);
-    if (lanes.max(1) as u64).saturating_mul(per_lane) > u64::from(u32::MAX) {
+    if !crate::runtime::engine::places_fit(places_per_lane, lanes) {
+        let per_lane = places_per_lane.max(1).checked_next_power_of_two();
+        let per_lane = per_lane.map_or_else(|| "over 2^63".to_string(), |p| p.to_string());
         let lanes_text = if lanes > 1 {
             format!("{lanes} backends (spare slots included) of ")
         } else {

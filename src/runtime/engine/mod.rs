@@ -27,6 +27,7 @@
 mod continuous;
 mod io;
 mod pending;
+pub use pending::places_fit;
 mod request;
 mod routing;
 

@@ -65,6 +65,17 @@ impl PendingSlot {
     }
 }
 
+/// Whether `lanes` lanes of up to `places` queue places each fit the table index: a lane
+/// takes `places` rounded up to a power of two, and `u32::MAX` stays a sentinel. The
+/// config checks this before the engine is built (`config::settings`).
+pub fn places_fit(places: usize, lanes: usize) -> bool {
+    let per_lane = places
+        .max(1)
+        .checked_next_power_of_two()
+        .map_or(u64::MAX, |p| p as u64);
+    (lanes.max(1) as u64).saturating_mul(per_lane) <= u64::from(u32::MAX)
+}
+
 /// How table indexes split into a lane and its slot: the low `slot_bits` bits are the slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct PendingLayout {
@@ -77,13 +88,14 @@ impl PendingLayout {
     /// config's bounds on `queue_capacity` keep any accepted config far inside.
     pub(super) fn for_lanes(capacities: &[usize]) -> PendingLayout {
         let largest = capacities.iter().copied().max().unwrap_or(1).max(1);
-        let slot_bits = usize::BITS - (largest - 1).leading_zeros();
-        let lanes = capacities.len().max(1) as u64;
+        let lanes = capacities.len().max(1);
         assert!(
-            (lanes << slot_bits) <= u64::from(u32::MAX),
+            places_fit(largest, lanes),
             "{lanes} lanes of {largest} queue places do not fit the engine's table index"
         );
-        PendingLayout { slot_bits }
+        PendingLayout {
+            slot_bits: usize::BITS - (largest - 1).leading_zeros(),
+        }
     }
 
     /// The table index of lane `lane`'s slot 0.

@@ -88,6 +88,14 @@ impl Lane {
     }
 }
 
+/// Each lane's queue capacity: its segment of the pending table.
+fn lane_capacities<'a>(cores: impl IntoIterator<Item = &'a Core>) -> Vec<usize> {
+    cores
+        .into_iter()
+        .map(|c| c.config().queue_capacity.max(1))
+        .collect()
+}
+
 /// What the cores' own counters get wrong about requests that failed on one backend: a
 /// request moved to another backend is counted again there (as `readmitted`) and its first
 /// core counted it as finished; a request that failed alone in a batch its core counted as
@@ -132,8 +140,6 @@ pub struct RequestLevel {
     /// Batch buffers at home, with their direct-reply buffers (one pair per batch slot; a
     /// dispatch takes one, its reply gives it back).
     free_bufs: Vec<BatchBufs>,
-    /// Each lane's queue capacity: its segment of the pending table.
-    pending_lanes: Vec<usize>,
     /// How pending-table indexes split into lanes and their cores' slots.
     layout: PendingLayout,
     stats_fix: StatsFix,
@@ -151,11 +157,7 @@ impl RequestLevel {
         );
         let mut lanes = Vec::with_capacity(cores.len());
         let mut worker_lane = Vec::new();
-        let pending_lanes: Vec<usize> = cores
-            .iter()
-            .map(|c| c.config().queue_capacity.max(1))
-            .collect();
-        let layout = PendingLayout::for_lanes(&pending_lanes);
+        let layout = PendingLayout::for_lanes(&lane_capacities(&cores));
         let (mut batch_slots, mut batch_len) = (0usize, 0usize);
         for (l, core) in cores.into_iter().enumerate() {
             let cfg = core.config();
@@ -185,7 +187,6 @@ impl RequestLevel {
                     )
                 })
                 .collect(),
-            pending_lanes,
             layout,
             stats_fix: StatsFix::default(),
         }
@@ -566,7 +567,7 @@ impl Mode for RequestLevel {
     type Job = BatchMsg;
 
     fn pending_lanes(&self) -> Vec<usize> {
-        self.pending_lanes.clone()
+        lane_capacities(self.lanes.iter().map(|l| &l.core))
     }
 
     fn workers(&self) -> usize {
