@@ -94,6 +94,12 @@ impl Idler {
         Idler { max_park, ..self }
     }
 
+    /// Whether waiting for work gives the core away (`adaptive`: a yield between polls).
+    /// A thread that found work polls once more before such a wait (`server::io_thread`).
+    pub fn yields(&self) -> bool {
+        self.policy == IdlePolicy::Adaptive
+    }
+
     /// The last poll did work: reset the spin budget.
     #[inline]
     pub fn busy(&mut self) {
