@@ -179,4 +179,14 @@ mod tests {
             assert!(!park.keep_polling(t0 + Duration::from_micros(us)));
         }
     }
+
+    #[test]
+    fn only_adaptive_gives_the_core_away_between_polls() {
+        // The io thread looks once more before such a wait; a spin keeps the core and a
+        // park's sleeping poll returns at once for what arrived.
+        let idler = |p| Idler::new(p, Duration::from_micros(20));
+        assert!(idler(IdlePolicy::Adaptive).yields());
+        assert!(!idler(IdlePolicy::Spin).yields());
+        assert!(!idler(IdlePolicy::Park).yields());
+    }
 }
