@@ -74,6 +74,29 @@ fn engine_config(workers: usize) -> RuntimeConfig {
     cfg
 }
 
+/// The engine's snapshot once `seen` holds of it, waiting up to 5 s. The engine publishes
+/// every ~50 ms (an idle one later), and a test's run can be shorter than that: a snapshot
+/// read right after it may predate every request it sent (all counts zero).
+fn snapshot_when(
+    handle: &runtime::Handle,
+    seen: impl Fn(&runtime::Snapshot) -> bool,
+) -> runtime::Snapshot {
+    let mut snap = handle.snapshot();
+    for _ in 0..500 {
+        if seen(&snap) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        snap = handle.snapshot();
+    }
+    snap
+}
+
+/// Requests routed to any backend, in a snapshot.
+fn routed_sum(snap: &runtime::Snapshot) -> u64 {
+    snap.backends.iter().map(|b| b.routed).sum()
+}
+
 /// Runs `n` requests through a submitter with at most `window` in flight.
 fn drive(sub: &mut runtime::Submitter, n: u64, window: usize, prompt: &str) {
     drive_routed(sub, n, window, prompt, &[None]);
@@ -184,7 +207,7 @@ fn engine_thread_allocates_nothing_routing_across_backends() {
     let before = COUNTED.load(Ordering::Relaxed);
     drive_routed(&mut sub, 100_000, 256, "steady state", &routes);
     let after = COUNTED.load(Ordering::Relaxed);
-    let snap = handle.snapshot();
+    let snap = snapshot_when(&handle, |s| routed_sum(s) >= 120_000);
     let report = handle.shutdown(std::time::Duration::from_secs(10));
     assert!(report.clean);
     assert_eq!(
@@ -247,16 +270,9 @@ fn engine_thread_allocates_nothing_while_backends_drain_and_come_back() {
         drive_routed(&mut sub, 10_000, 256, "steady state", &[route]);
     }
     let after = COUNTED.load(Ordering::Relaxed);
-    // The engine publishes every 50 ms, and a round can take less: wait for a snapshot that
-    // has seen the last slot change (its sequence number) rather than read an older one.
-    let mut snap = handle.snapshot();
-    for _ in 0..500 {
-        if snap.backends[1].slot_seq == seq {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        snap = handle.snapshot();
-    }
+    // A round can take less than the engine's publishing interval: wait for a snapshot
+    // that has seen the last slot change (its sequence number).
+    let snap = snapshot_when(&handle, |s| s.backends[1].slot_seq == seq);
     let report = handle.shutdown(std::time::Duration::from_secs(10));
     assert!(report.clean);
     assert_eq!(
@@ -337,7 +353,7 @@ fn engine_thread_allocates_nothing_while_tables_swap_in_new_backends_and_aliases
         drive_routed(&mut sub, 10_000, 256, "steady state", &routes);
     }
     let after = COUNTED.load(Ordering::Relaxed);
-    let snap = handle.snapshot();
+    let snap = snapshot_when(&handle, |s| routed_sum(s) >= 120_000);
     let report = handle.shutdown(std::time::Duration::from_secs(10));
     assert!(report.clean);
     assert_eq!(
@@ -390,17 +406,7 @@ fn affinity_routing_allocations(
     let before = COUNTED.load(Ordering::Relaxed);
     drive_routed(&mut sub, 50_000, 256, prompt, &routes);
     let after = COUNTED.load(Ordering::Relaxed);
-    // The snapshot is published every ~50 ms, and an idle engine publishes late: wait (up
-    // to 2 s) until it shows the 70,000 requests routed, rather than read a stale one.
-    let routed_sum = |s: &runtime::Snapshot| s.backends.iter().map(|b| b.routed).sum::<u64>();
-    let mut snap = handle.snapshot();
-    for _ in 0..200 {
-        if routed_sum(&snap) >= 70_000 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        snap = handle.snapshot();
-    }
+    let snap = snapshot_when(&handle, |s| routed_sum(s) >= 70_000);
     let report = handle.shutdown(std::time::Duration::from_secs(10));
     assert!(report.clean);
     (
@@ -448,7 +454,11 @@ fn engine_thread_allocates_nothing_in_continuous_mode() {
     let before = COUNTED.load(Ordering::Relaxed);
     drive(&mut sub, 30_000, 128, &prompt);
     let after = COUNTED.load(Ordering::Relaxed);
-    let snap = handle.snapshot();
+    let snap = snapshot_when(&handle, |s| {
+        s.continuous
+            .and_then(|c| c.prefix)
+            .is_some_and(|p| p.hit_tokens > 0)
+    });
     let report = handle.shutdown(std::time::Duration::from_secs(10));
     assert!(report.clean);
     assert_eq!(
