@@ -21,7 +21,8 @@
 //!   succeeded and no target failed alone. Otherwise it claims nothing and the engine
 //!   answers the whole batch, retries included, as without direct replies.
 //! - Claimed by the worker: it answers every target, marks each item `answered` (with the
-//!   output's token counts for the engine's books) and then returns the batch.
+//!   output's token counts for the engine's books) and then returns the batch; when every
+//!   item was answered, as their books alone ([`settle`]), the items dropped on the worker.
 //! - Claimed by the engine (it abandoned the batch): the worker answers nothing; the batch
 //!   comes back stale, as before.
 //!
@@ -29,8 +30,10 @@
 //! every request is answered exactly once and that the submitter never sleeps through an
 //! answer, with the engine abandoning the batch while the worker finishes it.
 //!
-//! Never here: a lock, an allocation after the buffers are made, a push to the engine's
-//! completion ring.
+//! Never here: a lock of abe's, an allocation after the buffers are made (the books'
+//! buffer of [`settle`] is made on its first use, then recycled), a push to the engine's
+//! completion ring. Frees are: `settle` drops answered items on the worker, so that the
+//! engine does not.
 
 use super::messages::{DirectBatch, Event, TaggedEvent};
 use super::reply_lane::ReplyLane;
@@ -89,4 +92,125 @@ pub fn deliver(
         }
     }
     direct.targets.clear();
+}
+
+/// Worker, after [`deliver`]: when it answered every item of the batch, moves what the
+/// engine's books need of each (ticket, output summary) into `direct.answered` and drops the
+/// items here. Their payloads (a prompt an io thread allocated) are then freed on the
+/// worker, not on the engine's thread, where each such free went past the thread's cache
+/// into the io thread's arena (its lock, or an atomic for small chunks) for every request
+/// (BENCHMARKS.md, "A batch answered whole comes back as its books"). A batch with an item
+/// not answered comes back whole, as before.
+pub fn settle(direct: &mut DirectBatch, items: &mut Vec<BatchItem>) {
+    debug_assert!(direct.answered.is_empty(), "emptied by the engine");
+    if direct.answered_ns == 0 || items.iter().any(|i| i.answered.is_none()) {
+        return;
+    }
+    // Grows on a buffer's first whole answer only: buffers are recycled with their capacity.
+    direct.answered.reserve(items.len());
+    direct.answered.extend(
+        items
+            .iter_mut()
+            .filter_map(|i| Some((i.ticket, i.answered.take()?))),
+    );
+    items.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::Ticket;
+    use crate::exec::{FinishReason, Output, Work};
+    use crate::runtime::batch_claim::BatchClaims;
+    use crate::runtime::messages::DirectReply;
+
+    /// A batch of `n` items (ticket index = 10 + position), the first `targets` of them
+    /// direct-reply targets into `lane`, each with an output of `i + 1` completion tokens.
+    fn batch(
+        claims: &Arc<BatchClaims>,
+        lane: &Arc<ReplyLane<TaggedEvent>>,
+        n: usize,
+        targets: usize,
+    ) -> (Vec<BatchItem>, DirectBatch) {
+        let mut items = Vec::with_capacity(n);
+        let mut direct = DirectBatch::with_capacity(n);
+        for i in 0..n {
+            let ticket = Ticket {
+                index: 10 + i as u32,
+                generation: 3,
+            };
+            let mut item = BatchItem::new(ticket, Work::default());
+            item.output = Some(Output::Text {
+                text: "word".into(),
+                prompt_tokens: 2,
+                completion_tokens: i as u32 + 1,
+                finish_reason: FinishReason::Length,
+                tool_calls: None,
+                cached_tokens: None,
+            });
+            items.push(item);
+            if i < targets {
+                direct.targets.push(DirectReply {
+                    item: i as u32,
+                    lane: lane.clone(),
+                    tag: i as u64,
+                    route: None,
+                });
+            }
+        }
+        claims.open(0);
+        direct.claims = Some(claims.clone());
+        (items, direct)
+    }
+
+    #[test]
+    fn a_batch_answered_whole_goes_back_as_its_books_and_its_items_stay_with_the_worker() {
+        let lane = Arc::new(ReplyLane::new(4, None));
+        let claims = Arc::new(BatchClaims::new(1));
+        let (mut items, mut direct) = batch(&claims, &lane, 3, 3);
+        deliver(&mut direct, &mut items, &Ok(()), || 5);
+        settle(&mut direct, &mut items);
+        assert!(items.is_empty(), "dropped on the worker");
+        let books: Vec<(u32, u32, u32)> = direct
+            .answered
+            .iter()
+            .map(|(t, s)| (t.index, t.generation, s.completion_tokens))
+            .collect();
+        assert_eq!(books, [(10, 3, 1), (11, 3, 2), (12, 3, 3)]);
+        assert_eq!(direct.answered_ns, 5);
+        let mut tags = Vec::new();
+        lane.drain(|c| tags.push(c.tag));
+        assert_eq!(tags, [0, 1, 2], "each answered once, in order");
+    }
+
+    #[test]
+    fn a_batch_with_an_item_left_to_the_engine_comes_back_whole() {
+        let lane = Arc::new(ReplyLane::new(4, None));
+        let claims = Arc::new(BatchClaims::new(1));
+        // The third item is not a target (a stream, say): the engine answers it.
+        let (mut items, mut direct) = batch(&claims, &lane, 3, 2);
+        deliver(&mut direct, &mut items, &Ok(()), || 5);
+        settle(&mut direct, &mut items);
+        assert_eq!(items.len(), 3);
+        assert!(direct.answered.is_empty());
+        assert!(items[0].answered.is_some() && items[1].answered.is_some());
+        assert!(items[2].answered.is_none() && items[2].output.is_some());
+    }
+
+    #[test]
+    fn a_batch_the_engine_claimed_comes_back_whole_and_unanswered() {
+        let lane = Arc::new(ReplyLane::new(4, None));
+        let claims = Arc::new(BatchClaims::new(1));
+        let (mut items, mut direct) = batch(&claims, &lane, 2, 2);
+        assert!(
+            claims.claim_for_engine(0),
+            "the engine abandons the batch first"
+        );
+        deliver(&mut direct, &mut items, &Ok(()), || 5);
+        settle(&mut direct, &mut items);
+        assert_eq!(items.len(), 2);
+        assert!(direct.answered.is_empty());
+        assert!(items.iter().all(|i| i.answered.is_none()));
+        assert!(lane.is_empty(), "nothing answered by the worker");
+    }
 }

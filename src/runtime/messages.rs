@@ -8,8 +8,8 @@
 use super::batch_claim::BatchClaims;
 use super::clock::Clock;
 use super::reply_lane::ReplyLane;
-use crate::core::{BatchId, FailReason, Nanos, Priority, Reject, RequestMeta};
-use crate::exec::{BatchItem, ExecError, Output, Work};
+use crate::core::{BatchId, FailReason, Nanos, Priority, Reject, RequestMeta, Ticket};
+use crate::exec::{BatchItem, ExecError, Output, OutputSummary, Work};
 use crate::router::{Decision, NameId, Need, RouteError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -203,7 +203,8 @@ pub struct BatchMsg {
 }
 
 /// A batch on its way back from a worker, outputs filled (or an error). Items the worker
-/// answered itself have `answered` set and no output.
+/// answered itself have `answered` set and no output; when it answered all of them, `items`
+/// comes back empty and `direct.answered` holds their books.
 #[derive(Debug)]
 pub struct ResultMsg {
     pub batch: BatchId,
@@ -303,10 +304,16 @@ pub struct DirectBatch {
     /// Set by the worker when it answered: the clock reading just before its first push,
     /// the instant the engine's books take as each answer's (0: none answered).
     pub answered_ns: Nanos,
+    /// Filled by the worker when it answered every item of the batch
+    /// ([`crate::runtime::direct_reply::settle`]): each item's ticket and what the books
+    /// need of its output. The items themselves are then dropped on the worker. Empty
+    /// until a batch first uses it (a buffer that never carries a whole answer, such as a
+    /// spare backend slot's, holds no memory for it); kept with its capacity after.
+    pub answered: Vec<(Ticket, OutputSummary)>,
 }
 
 impl DirectBatch {
-    /// An empty buffer for up to `capacity` targets.
+    /// An empty buffer for batches of up to `capacity` items.
     pub fn with_capacity(capacity: usize) -> DirectBatch {
         DirectBatch {
             claims: None,
@@ -314,6 +321,7 @@ impl DirectBatch {
             targets: Vec::with_capacity(capacity),
             clock: None,
             answered_ns: 0,
+            answered: Vec::new(),
         }
     }
 }

@@ -216,6 +216,7 @@ pub(super) fn batch_done(
     direct_reply::deliver(&mut direct, &mut items, &result, || {
         clock.map_or(0, |c| c.now())
     });
+    direct_reply::settle(&mut direct, &mut items);
     BatchEvent::Done(ResultMsg {
         batch,
         items,
