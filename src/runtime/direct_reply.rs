@@ -111,7 +111,7 @@ pub fn settle(direct: &mut DirectBatch, items: &mut Vec<BatchItem>) {
     direct.answered.extend(
         items
             .iter_mut()
-            .filter_map(|i| Some((i.ticket, i.answered.take()?))),
+            .map(|i| (i.ticket, i.answered.take().expect("checked above"))),
     );
     items.clear();
 }
@@ -125,13 +125,16 @@ mod tests {
     use crate::runtime::messages::DirectReply;
 
     /// A batch of `n` items (ticket index = 10 + position), the first `targets` of them
-    /// direct-reply targets into `lane`, each with an output of `i + 1` completion tokens.
-    fn batch(
-        claims: &Arc<BatchClaims>,
-        lane: &Arc<ReplyLane<TaggedEvent>>,
+    /// direct-reply targets into the returned lane, each with an output of `i + 1`
+    /// completion tokens, run through a worker's [`deliver`] and [`settle`]; with
+    /// `engine_first`, the engine abandons the batch (claims it) before the worker is done.
+    fn served(
         n: usize,
         targets: usize,
-    ) -> (Vec<BatchItem>, DirectBatch) {
+        engine_first: bool,
+    ) -> (Vec<BatchItem>, DirectBatch, Arc<ReplyLane<TaggedEvent>>) {
+        let lane = Arc::new(ReplyLane::new(4, None));
+        let claims = Arc::new(BatchClaims::new(1));
         let mut items = Vec::with_capacity(n);
         let mut direct = DirectBatch::with_capacity(n);
         for i in 0..n {
@@ -160,16 +163,20 @@ mod tests {
         }
         claims.open(0);
         direct.claims = Some(claims.clone());
-        (items, direct)
+        if engine_first {
+            assert!(
+                claims.claim_for_engine(0),
+                "the engine abandons the batch first"
+            );
+        }
+        deliver(&mut direct, &mut items, &Ok(()), || 5);
+        settle(&mut direct, &mut items);
+        (items, direct, lane)
     }
 
     #[test]
     fn a_batch_answered_whole_goes_back_as_its_books_and_its_items_stay_with_the_worker() {
-        let lane = Arc::new(ReplyLane::new(4, None));
-        let claims = Arc::new(BatchClaims::new(1));
-        let (mut items, mut direct) = batch(&claims, &lane, 3, 3);
-        deliver(&mut direct, &mut items, &Ok(()), || 5);
-        settle(&mut direct, &mut items);
+        let (items, direct, lane) = served(3, 3, false);
         assert!(items.is_empty(), "dropped on the worker");
         let books: Vec<(u32, u32, u32)> = direct
             .answered
@@ -185,12 +192,8 @@ mod tests {
 
     #[test]
     fn a_batch_with_an_item_left_to_the_engine_comes_back_whole() {
-        let lane = Arc::new(ReplyLane::new(4, None));
-        let claims = Arc::new(BatchClaims::new(1));
         // The third item is not a target (a stream, say): the engine answers it.
-        let (mut items, mut direct) = batch(&claims, &lane, 3, 2);
-        deliver(&mut direct, &mut items, &Ok(()), || 5);
-        settle(&mut direct, &mut items);
+        let (items, direct, _lane) = served(3, 2, false);
         assert_eq!(items.len(), 3);
         assert!(direct.answered.is_empty());
         assert!(items[0].answered.is_some() && items[1].answered.is_some());
@@ -199,15 +202,7 @@ mod tests {
 
     #[test]
     fn a_batch_the_engine_claimed_comes_back_whole_and_unanswered() {
-        let lane = Arc::new(ReplyLane::new(4, None));
-        let claims = Arc::new(BatchClaims::new(1));
-        let (mut items, mut direct) = batch(&claims, &lane, 2, 2);
-        assert!(
-            claims.claim_for_engine(0),
-            "the engine abandons the batch first"
-        );
-        deliver(&mut direct, &mut items, &Ok(()), || 5);
-        settle(&mut direct, &mut items);
+        let (items, direct, lane) = served(2, 2, true);
         assert_eq!(items.len(), 2);
         assert!(direct.answered.is_empty());
         assert!(items.iter().all(|i| i.answered.is_none()));
