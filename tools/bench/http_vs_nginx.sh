@@ -6,11 +6,14 @@
 # compares neighbouring runs. Prints every run (req/s, latency p50/p99, server CPU per
 # request from utime+stime in /proc) and, per concurrency, the medians and the median ratio.
 # Needs: wrk, nginx (Debian packages).
-# Usage: tools/bench/http_vs_nginx.sh [seconds per run] [rounds]
+# Usage: [CONNS="64 8"] tools/bench/http_vs_nginx.sh [seconds per run] [rounds]
+#   CONNS: the connection counts, in order (e.g. CONNS=1 for one connection at a time).
+#   abe's ABE_* settings pass through (e.g. ABE_ENGINE_IDLE=park).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-10}"
 rounds="${2:-5}"
+conns="${CONNS:-64 8}"
 cargo build --release --bin abe >/dev/null
 here="$(pwd)/tools/bench"
 results="$(mktemp)"
@@ -37,19 +40,19 @@ trap 'kill $ngx $abe 2>/dev/null || true; rm -f "$results"' EXIT
 sleep 1
 ngx_worker=$(pgrep -P "$ngx" | head -1)
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(date -u '+%F %H:%M') UTC; abe $(git rev-parse --short HEAD)"
-for c in 64 8; do # warm-up
+for c in $conns; do # warm-up
   wrk_warm "$c" "$here/post.lua" http://127.0.0.1:18481/
   wrk_warm "$c" "$here/post.lua" http://127.0.0.1:18480/v1/completions
 done
 for r in $(seq 1 "$rounds"); do
-  for c in 64 8; do
+  for c in $conns; do
     run nginx "$ngx_worker" http://127.0.0.1:18481/ "$c" "$r"
     run abe "$abe" http://127.0.0.1:18480/v1/completions "$c" "$r"
   done
 done
 col() { awk -v n="$1" -v c="$2" -v k="$3" '$1 == n && $2 == c {print $k}' "$results"; }
 echo "medians over $rounds rounds:"
-for c in 64 8; do
+for c in $conns; do
   for name in nginx abe; do
     printf "  %-6s c=%-3s %10.0f req/s  p50 %6.0f us  p99 %6.0f us  server CPU %5.2f us/req\n" \
       "$name" "$c" "$(col $name $c 4 | median)" "$(col $name $c 5 | median)" \
